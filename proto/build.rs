@@ -1,0 +1,11 @@
+//! Compiles `proto/*.proto` with a vendored protoc, so no system protoc is needed.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    if std::env::var_os("PROTOC").is_none() {
+        // SAFETY: build scripts are single-threaded at this point.
+        unsafe { std::env::set_var("PROTOC", protoc_bin_vendored::protoc_bin_path()?) };
+    }
+    println!("cargo:rerun-if-changed=proto/cluster.proto");
+    tonic_prost_build::configure().compile_protos(&["proto/cluster.proto"], &["proto"])?;
+    Ok(())
+}

@@ -1,0 +1,106 @@
+//! The error kinds of the API and how each maps to an HTTP status and a gRPC code.
+
+/// An error kind that callers can act on. Its string form is the `kind` field of an API error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// The request is malformed or a field is invalid.
+    InvalidRequest,
+    /// No token, or a token that is unknown or revoked.
+    Unauthorized,
+    /// The caller is known but lacks the right.
+    Forbidden,
+    /// The resource does not exist, or the caller may not see it.
+    NotFound,
+    /// The request conflicts with the current state (e.g. a duplicate name).
+    Conflict,
+    /// The cluster cannot serve this right now (no leader, no quorum); retry later.
+    Unavailable,
+    /// A bug or an unexpected failure; the error id points at the server log.
+    Internal,
+}
+
+impl ErrorKind {
+    /// The `kind` string of the API error.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InvalidRequest => "invalid_request",
+            Self::Unauthorized => "unauthorized",
+            Self::Forbidden => "forbidden",
+            Self::NotFound => "not_found",
+            Self::Conflict => "conflict",
+            Self::Unavailable => "unavailable",
+            Self::Internal => "internal",
+        }
+    }
+
+    /// Parses the `kind` string back (used when an error crosses a node boundary).
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "invalid_request" => Self::InvalidRequest,
+            "unauthorized" => Self::Unauthorized,
+            "forbidden" => Self::Forbidden,
+            "not_found" => Self::NotFound,
+            "conflict" => Self::Conflict,
+            "unavailable" => Self::Unavailable,
+            "internal" => Self::Internal,
+            _ => return None,
+        })
+    }
+
+    /// The HTTP status code of this kind.
+    pub fn http_status(self) -> u16 {
+        match self {
+            Self::InvalidRequest => 400,
+            Self::Unauthorized => 401,
+            Self::Forbidden => 403,
+            Self::NotFound => 404,
+            Self::Conflict => 409,
+            Self::Unavailable => 503,
+            Self::Internal => 500,
+        }
+    }
+
+    /// The gRPC status code of this kind.
+    pub fn tonic_code(self) -> tonic::Code {
+        match self {
+            Self::InvalidRequest => tonic::Code::InvalidArgument,
+            Self::Unauthorized => tonic::Code::Unauthenticated,
+            Self::Forbidden => tonic::Code::PermissionDenied,
+            Self::NotFound => tonic::Code::NotFound,
+            Self::Conflict => tonic::Code::AlreadyExists,
+            Self::Unavailable => tonic::Code::Unavailable,
+            Self::Internal => tonic::Code::Internal,
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_round_trip_and_map_to_distinct_statuses() {
+        let all = [
+            ErrorKind::InvalidRequest,
+            ErrorKind::Unauthorized,
+            ErrorKind::Forbidden,
+            ErrorKind::NotFound,
+            ErrorKind::Conflict,
+            ErrorKind::Unavailable,
+            ErrorKind::Internal,
+        ];
+        let mut statuses = std::collections::HashSet::new();
+        for k in all {
+            assert_eq!(ErrorKind::parse(k.as_str()), Some(k));
+            assert!(statuses.insert(k.http_status()), "{k} shares a status");
+        }
+        assert_eq!(ErrorKind::Forbidden.http_status(), 403);
+        assert_eq!(ErrorKind::Unauthorized.http_status(), 401);
+    }
+}

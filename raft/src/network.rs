@@ -1,0 +1,204 @@
+//! The Raft network client: one reused tonic channel per peer, a deadline on every call.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use computerd_proto::cluster::Payload;
+use computerd_proto::cluster::SnapshotChunk;
+use computerd_proto::cluster::cluster_service_client::ClusterServiceClient;
+use openraft::AnyError;
+use openraft::RaftNetworkFactory;
+use openraft::errors::NetworkError;
+use openraft::errors::RPCError;
+use openraft::errors::ReplicationClosed;
+use openraft::errors::StreamingError;
+use openraft::errors::Unreachable;
+use openraft::network::RPCOption;
+use openraft::network::v2::RaftNetworkV2;
+use openraft::raft::AppendEntriesRequest;
+use openraft::raft::AppendEntriesResponse;
+use openraft::raft::SnapshotResponse;
+use openraft::raft::VoteRequest;
+use openraft::raft::VoteResponse;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tonic::transport::Channel;
+use tonic::transport::Endpoint;
+
+use crate::NodeAddr;
+use crate::NodeId;
+use crate::TypeConfig;
+use crate::typ::Snapshot;
+use crate::typ::Vote;
+
+/// The size of one snapshot chunk on the wire.
+const SNAPSHOT_CHUNK: usize = 1 << 20;
+/// The largest message a node accepts (snapshots are chunked below this).
+pub const MAX_MESSAGE: usize = 64 << 20;
+
+/// Channels to peers, shared by the Raft network and the node's forwarding calls.
+#[derive(Clone, Default)]
+pub struct Channels {
+    inner: Arc<Mutex<HashMap<String, Channel>>>,
+}
+
+impl Channels {
+    /// The channel to `addr` (`host:port`), created lazily once and reused; it reconnects by itself.
+    pub fn get(&self, addr: &str) -> Result<ClusterServiceClient<Channel>, tonic::transport::Error> {
+        let mut map = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let channel = match map.get(addr) {
+            Some(c) => c.clone(),
+            None => {
+                let c = Endpoint::from_shared(format!("http://{addr}"))?
+                    .connect_timeout(Duration::from_millis(500))
+                    .tcp_nodelay(true)
+                    .http2_keep_alive_interval(Duration::from_secs(5))
+                    .keep_alive_timeout(Duration::from_secs(5))
+                    .connect_lazy();
+                map.insert(addr.to_string(), c.clone());
+                c
+            }
+        };
+        Ok(ClusterServiceClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE))
+    }
+}
+
+/// Creates a [`PeerClient`] per target for openraft.
+#[derive(Clone)]
+pub struct NetworkFactory {
+    channels: Channels,
+}
+
+impl NetworkFactory {
+    /// A factory over the node's shared channels.
+    pub fn new(channels: Channels) -> Self {
+        Self { channels }
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
+    type Network = PeerClient;
+
+    async fn new_client(&mut self, target: NodeId, node: &NodeAddr) -> PeerClient {
+        PeerClient { target, addr: node.grpc.clone(), channels: self.channels.clone() }
+    }
+}
+
+/// The Raft RPCs to one peer.
+pub struct PeerClient {
+    target: NodeId,
+    addr: String,
+    channels: Channels,
+}
+
+/// Encodes a message as the JSON payload of the wire protocol.
+pub fn encode<T: Serialize>(v: &T) -> Result<Payload, serde_json::Error> {
+    Ok(Payload { data: serde_json::to_vec(v)? })
+}
+
+/// Decodes a JSON payload.
+pub fn decode<T: DeserializeOwned>(p: &Payload) -> Result<T, serde_json::Error> {
+    serde_json::from_slice(&p.data)
+}
+
+fn status_to_rpc(target: NodeId, s: tonic::Status) -> RPCError<TypeConfig> {
+    match s.code() {
+        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
+            tracing::debug!(target, code = ?s.code(), "peer unreachable");
+            RPCError::Unreachable(Unreachable::new(&s))
+        }
+        _ => RPCError::Network(NetworkError::new(&s)),
+    }
+}
+
+fn bad_data(e: impl std::error::Error + 'static) -> RPCError<TypeConfig> {
+    RPCError::Network(NetworkError::new(&e))
+}
+
+impl PeerClient {
+    fn client(&self) -> Result<ClusterServiceClient<Channel>, RPCError<TypeConfig>> {
+        self.channels.get(&self.addr).map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))
+    }
+
+    fn request<T>(msg: T, ttl: Duration) -> tonic::Request<T> {
+        let mut req = tonic::Request::new(msg);
+        req.set_timeout(ttl);
+        req
+    }
+}
+
+impl RaftNetworkV2<TypeConfig> for PeerClient {
+    type SnapshotData = Vec<u8>;
+
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let payload = encode(&rpc).map_err(bad_data)?;
+        let resp = self
+            .client()?
+            .append_entries(Self::request(payload, option.hard_ttl()))
+            .await
+            .map_err(|s| status_to_rpc(self.target, s))?;
+        decode(resp.get_ref()).map_err(bad_data)
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let payload = encode(&rpc).map_err(bad_data)?;
+        let resp = self
+            .client()?
+            .vote(Self::request(payload, option.hard_ttl()))
+            .await
+            .map_err(|s| status_to_rpc(self.target, s))?;
+        decode(resp.get_ref()).map_err(bad_data)
+    }
+
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let payload = encode(&rpc).map_err(bad_data)?;
+        let resp = self
+            .client()?
+            .pre_vote(Self::request(payload, option.hard_ttl()))
+            .await
+            .map_err(|s| status_to_rpc(self.target, s))?;
+        decode(resp.get_ref()).map_err(bad_data)
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: Snapshot,
+        _cancel: impl Future<Output = ReplicationClosed> + openraft::OptionalSend + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let meta = serde_json::to_vec(&(&vote, &snapshot.meta))
+            .map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
+        let mut chunks = vec![SnapshotChunk { meta, data: Vec::new() }];
+        chunks.extend(snapshot.snapshot.chunks(SNAPSHOT_CHUNK).map(|c| SnapshotChunk { meta: Vec::new(), data: c.to_vec() }));
+        let mut client = self.client().map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
+        // A snapshot may be large: allow it several heartbeats' worth of time.
+        let ttl = option.hard_ttl().max(Duration::from_secs(30));
+        let resp = client
+            .install_snapshot(Self::request(futures::stream::iter(chunks), ttl))
+            .await
+            .map_err(|s| match status_to_rpc(self.target, s) {
+                RPCError::Unreachable(u) => StreamingError::Unreachable(u),
+                RPCError::Network(n) => StreamingError::Network(n),
+                other => StreamingError::Network(NetworkError::new(&AnyError::error(other.to_string()))),
+            })?;
+        decode(resp.get_ref()).map_err(|e| StreamingError::Network(NetworkError::new(&e)))
+    }
+}

@@ -1,0 +1,26 @@
+//! The application state machine: what the replicated store holds and how commands change it.
+//!
+//! A [`Request`] is a versioned envelope around a typed [`Command`]. [`State::apply`] is a pure,
+//! deterministic function of the state and the command: every id, secret hash and timestamp is
+//! chosen by the proposer and carried in the command, so every replica computes the same result.
+//! Rights are re-checked here, at the point of commit, against the state as it is then.
+
+mod command;
+mod identity;
+mod state;
+
+pub use command::Command;
+pub use command::Request;
+pub use command::Response;
+pub use command::Reject;
+pub use command::RejectKind;
+pub use command::REQUEST_VERSION;
+pub use identity::Bot;
+pub use identity::Member;
+pub use identity::Organization;
+pub use identity::Principal;
+pub use identity::Role;
+pub use identity::Token;
+pub use identity::hash_secret;
+pub use state::Caller;
+pub use state::State;

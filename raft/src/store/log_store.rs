@@ -1,0 +1,168 @@
+//! The Raft log on the engine: entries keyed by big-endian index, the vote and purge marks in
+//! the meta space.
+//!
+//! Durability: `save_vote` flushes before it returns. `append` writes, then hands the flush
+//! callback to one flusher thread that flushes once for every callback waiting (group commit)
+//! and only then tells openraft the entries are durable, in order.
+
+use std::fmt::Debug;
+use std::io;
+use std::ops::Bound;
+use std::ops::RangeBounds;
+use std::sync::Arc;
+use std::sync::mpsc;
+
+use openraft::LogState;
+use openraft::OptionalSend;
+use openraft::RaftLogReader;
+use openraft::entry::RaftEntry;
+use openraft::storage::IOFlushed;
+use openraft::storage::RaftLogStorage;
+
+use super::invalid_data;
+use crate::TypeConfig;
+use crate::engine::BatchOp;
+use crate::engine::KvEngine;
+use crate::engine::Space;
+use crate::typ::Entry;
+use crate::typ::LogId;
+use crate::typ::Vote;
+
+const KEY_VOTE: &[u8] = b"vote";
+const KEY_COMMITTED: &[u8] = b"committed";
+const KEY_PURGED: &[u8] = b"last_purged";
+
+/// The log storage of one node. Cheap to clone: clones share the engine and the flusher.
+#[derive(Clone)]
+pub struct LogStore {
+    engine: Arc<dyn KvEngine>,
+    flusher: mpsc::Sender<IOFlushed<TypeConfig>>,
+}
+
+impl LogStore {
+    /// Creates the log store and starts its flusher thread (it ends when the last clone drops).
+    pub fn new(engine: Arc<dyn KvEngine>) -> Self {
+        let (tx, rx) = mpsc::channel::<IOFlushed<TypeConfig>>();
+        let e = engine.clone();
+        std::thread::Builder::new()
+            .name("raft-log-flush".into())
+            .spawn(move || flusher(e, rx))
+            .expect("spawn the log flusher thread");
+        Self { engine, flusher: tx }
+    }
+
+    fn get_json<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> io::Result<Option<T>> {
+        match self.engine.get(Space::Meta, key)? {
+            Some(bytes) => Ok(Some(serde_json::from_slice(&bytes).map_err(invalid_data)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn put_json<T: serde::Serialize>(&self, key: &[u8], value: &T) -> io::Result<()> {
+        let bytes = serde_json::to_vec(value).map_err(invalid_data)?;
+        self.engine.write_batch(Space::Meta, vec![BatchOp::Put(key.to_vec(), bytes)])
+    }
+}
+
+/// Flushes once for all callbacks waiting, then completes them in arrival order.
+fn flusher(engine: Arc<dyn KvEngine>, rx: mpsc::Receiver<IOFlushed<TypeConfig>>) {
+    while let Ok(first) = rx.recv() {
+        let mut waiting = vec![first];
+        waiting.extend(rx.try_iter());
+        let res = engine.flush();
+        for cb in waiting {
+            cb.io_completed(match &res {
+                Ok(()) => Ok(()),
+                Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
+            });
+        }
+    }
+}
+
+fn index_key(i: u64) -> [u8; 8] {
+    i.to_be_bytes()
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, io::Error> {
+        let start = match range.start_bound() {
+            Bound::Included(x) => *x,
+            Bound::Excluded(x) => x.saturating_add(1),
+            Bound::Unbounded => 0,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(x) => x.saturating_add(1),
+            Bound::Excluded(x) => *x,
+            Bound::Unbounded => u64::MAX,
+        };
+        if start >= end {
+            return Ok(Vec::new());
+        }
+        let rows = self.engine.scan(Space::Log, &index_key(start), &index_key(end), usize::MAX)?;
+        rows.into_iter().map(|(_, v)| serde_json::from_slice::<Entry>(&v).map_err(invalid_data)).collect()
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
+        self.get_json(KEY_VOTE)
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, io::Error> {
+        let last_purged_log_id: Option<LogId> = self.get_json(KEY_PURGED)?;
+        let last = match self.engine.last(Space::Log)? {
+            Some((_, v)) => Some(serde_json::from_slice::<Entry>(&v).map_err(invalid_data)?.log_id()),
+            None => None,
+        };
+        Ok(LogState { last_log_id: last.or_else(|| last_purged_log_id.clone()), last_purged_log_id })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
+        self.put_json(KEY_VOTE, vote)?;
+        let engine = self.engine.clone();
+        tokio::task::spawn_blocking(move || engine.flush()).await.map_err(io::Error::other)?
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), io::Error> {
+        // Not flushed on purpose: it only speeds up recovery; openraft tolerates an older value.
+        self.put_json(KEY_COMMITTED, &committed)
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, io::Error> {
+        Ok(self.get_json::<Option<LogId>>(KEY_COMMITTED)?.flatten())
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> Result<(), io::Error>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut ops = Vec::new();
+        for entry in entries {
+            let bytes = serde_json::to_vec(&entry).map_err(invalid_data)?;
+            ops.push(BatchOp::Put(index_key(entry.index()).to_vec(), bytes));
+        }
+        self.engine.write_batch(Space::Log, ops)?;
+        self.flusher.send(callback).map_err(|_| io::Error::other("the log flusher has stopped"))
+    }
+
+    async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), io::Error> {
+        let from = last_log_id.map(|l| l.index() + 1).unwrap_or(0);
+        self.engine.remove_range(Space::Log, &index_key(from), &index_key(u64::MAX))
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
+        // The mark first: a crash between the two leaves extra entries, never a gap.
+        self.put_json(KEY_PURGED, &log_id)?;
+        self.engine.remove_range(Space::Log, &index_key(0), &index_key(log_id.index() + 1))
+    }
+}

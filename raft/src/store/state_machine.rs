@@ -1,0 +1,190 @@
+//! The state machine on the engine: the [`State`] lives in memory; snapshots of it are written
+//! to the engine (flushed) and the log is replayed on top of the latest one at start.
+
+use std::io;
+use std::sync::Arc;
+use std::sync::RwLock;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
+
+use futures::Stream;
+use futures::TryStreamExt;
+use openraft::EntryPayload;
+use openraft::OptionalSend;
+use openraft::RaftSnapshotBuilder;
+use openraft::storage::EntryResponder;
+use openraft::storage::RaftStateMachine;
+use serde::Deserialize;
+use serde::Serialize;
+
+use super::invalid_data;
+use crate::TypeConfig;
+use crate::engine::BatchOp;
+use crate::engine::KvEngine;
+use crate::engine::Space;
+use crate::sm::Response;
+use crate::sm::State;
+use crate::typ::LogId;
+use crate::typ::Snapshot;
+use crate::typ::SnapshotMeta;
+use crate::typ::StoredMembership;
+
+const KEY_SNAPSHOT: &[u8] = b"current";
+/// The format of a stored snapshot; bump when [`SnapshotFile`] changes shape.
+const SNAPSHOT_FORMAT: u32 = 1;
+
+/// What the state machine holds besides the application state.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct Applied {
+    last_applied: Option<LogId>,
+    last_membership: StoredMembership,
+    state: State,
+}
+
+/// A snapshot as stored in the engine and sent to followers.
+#[derive(Serialize, Deserialize)]
+struct SnapshotFile {
+    format: u32,
+    meta: SnapshotMeta,
+    /// JSON of [`Applied`].
+    data: Vec<u8>,
+}
+
+struct Shared {
+    applied: RwLock<Applied>,
+    engine: Arc<dyn KvEngine>,
+    /// How many snapshots this process built (observability and tests).
+    snapshots_built: AtomicU64,
+}
+
+/// The state machine handed to openraft. Clones share the state.
+#[derive(Clone)]
+pub struct StateMachineStore {
+    shared: Arc<Shared>,
+}
+
+/// A read handle on the applied state for the rest of the node.
+#[derive(Clone)]
+pub struct StateReader {
+    shared: Arc<Shared>,
+}
+
+impl StateReader {
+    /// Runs `f` on the state as applied now (not necessarily current: see the cluster's
+    /// linearizable read for that).
+    pub fn read<T>(&self, f: impl FnOnce(&State) -> T) -> T {
+        let guard = self.shared.applied.read().unwrap_or_else(|p| p.into_inner());
+        f(&guard.state)
+    }
+}
+
+impl StateMachineStore {
+    /// Loads the latest stored snapshot, if any.
+    pub fn load(engine: Arc<dyn KvEngine>) -> io::Result<Self> {
+        let mut applied = Applied::default();
+        if let Some(bytes) = engine.get(Space::Snapshot, KEY_SNAPSHOT)? {
+            let file: SnapshotFile = decode_file(&bytes)?;
+            applied = serde_json::from_slice(&file.data).map_err(invalid_data)?;
+        }
+        Ok(Self {
+            shared: Arc::new(Shared { applied: RwLock::new(applied), engine, snapshots_built: AtomicU64::new(0) }),
+        })
+    }
+
+    /// A read handle for the node.
+    pub fn reader(&self) -> StateReader {
+        StateReader { shared: self.shared.clone() }
+    }
+
+    fn store_file(&self, file: &SnapshotFile) -> io::Result<()> {
+        let bytes = serde_json::to_vec(file).map_err(invalid_data)?;
+        self.shared.engine.write_batch(Space::Snapshot, vec![BatchOp::Put(KEY_SNAPSHOT.to_vec(), bytes)])?;
+        self.shared.engine.flush()
+    }
+}
+
+fn decode_file(bytes: &[u8]) -> io::Result<SnapshotFile> {
+    let file: SnapshotFile = serde_json::from_slice(bytes).map_err(invalid_data)?;
+    if file.format != SNAPSHOT_FORMAT {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("unknown snapshot format {}", file.format)));
+    }
+    Ok(file)
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
+    type SnapshotData = Vec<u8>;
+
+    async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
+        let (data, last_applied, last_membership) = {
+            let a = self.shared.applied.read().unwrap_or_else(|p| p.into_inner());
+            (serde_json::to_vec(&*a).map_err(invalid_data)?, a.last_applied.clone(), a.last_membership.clone())
+        };
+        self.shared.snapshots_built.fetch_add(1, Ordering::Relaxed);
+        let meta = SnapshotMeta { last_log_id: last_applied, last_membership };
+        let file = SnapshotFile { format: SNAPSHOT_FORMAT, meta: meta.clone(), data };
+        let this = self.clone();
+        let file = tokio::task::spawn_blocking(move || this.store_file(&file).map(|_| file))
+            .await
+            .map_err(io::Error::other)??;
+        Ok(Snapshot { meta, snapshot: serde_json::to_vec(&file).map_err(invalid_data)? })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotData = Vec<u8>;
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), io::Error> {
+        let a = self.shared.applied.read().unwrap_or_else(|p| p.into_inner());
+        Ok((a.last_applied.clone(), a.last_membership.clone()))
+    }
+
+    async fn apply<Strm>(&mut self, mut entries: Strm) -> Result<(), io::Error>
+    where Strm: Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>> + Unpin + OptionalSend {
+        while let Some((entry, responder)) = entries.try_next().await? {
+            let response = {
+                let mut a = self.shared.applied.write().unwrap_or_else(|p| p.into_inner());
+                a.last_applied = Some(entry.log_id.clone());
+                match entry.payload {
+                    EntryPayload::Blank => Response::Ok,
+                    EntryPayload::Normal(req) => a.state.apply(req.command()),
+                    EntryPayload::Membership(mem) => {
+                        a.last_membership = StoredMembership::new(Some(entry.log_id.clone()), mem);
+                        Response::Ok
+                    }
+                }
+            };
+            if let Some(responder) = responder {
+                responder.send(response);
+            }
+        }
+        Ok(())
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: Vec<u8>) -> Result<(), io::Error> {
+        let file = decode_file(&snapshot)?;
+        let applied: Applied = serde_json::from_slice(&file.data).map_err(invalid_data)?;
+        if applied.last_applied != meta.last_log_id {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "snapshot data does not match its meta"));
+        }
+        let file = SnapshotFile { format: SNAPSHOT_FORMAT, meta: meta.clone(), data: file.data };
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || this.store_file(&file)).await.map_err(io::Error::other)??;
+        *self.shared.applied.write().unwrap_or_else(|p| p.into_inner()) = applied;
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, io::Error> {
+        match self.shared.engine.get(Space::Snapshot, KEY_SNAPSHOT)? {
+            Some(bytes) => {
+                let file = decode_file(&bytes)?;
+                Ok(Some(Snapshot { meta: file.meta, snapshot: bytes }))
+            }
+            None => Ok(None),
+        }
+    }
+}
