@@ -347,7 +347,7 @@ impl Cluster {
         };
         if leader.0 != self.id() {
             let mut client = self.channels().get(&leader.1.grpc).map_err(|e| ClusterError::Invalid(e.to_string()))?;
-            let mut r = tonic::Request::new(JoinRequest { node_id, http_addr: addr.http, grpc_addr: addr.grpc });
+            let mut r = tonic::Request::new(JoinRequest { node_id, http_addr: addr.http, grpc_addr: addr.grpc, check_only: false });
             r.set_timeout(JOIN_TIMEOUT);
             let reply = client.join(r).await.map_err(|s| ClusterError::Unavailable(s.message().to_string()))?;
             return Ok(reply.into_inner().cluster_id);
@@ -381,6 +381,33 @@ impl Cluster {
         Ok(cluster_id)
     }
 
+    /// The cluster id, read after a linearizable barrier.
+    pub async fn cluster_id(&self) -> Result<String, ClusterError> {
+        self.read_barrier().await?;
+        self.state()
+            .read(|s| s.cluster_id.clone())
+            .ok_or_else(|| ClusterError::Unavailable("the cluster is not bootstrapped yet".into()))
+    }
+
+    /// Asks the member at `grpc_addr` to add this node, or (with `check_only`) only for its cluster id.
+    pub async fn join_through(
+        &self,
+        grpc_addr: &str,
+        addr: &NodeAddr,
+        check_only: bool,
+    ) -> Result<String, ClusterError> {
+        let mut client = self.channels().get(grpc_addr).map_err(|e| ClusterError::Invalid(e.to_string()))?;
+        let mut r = tonic::Request::new(JoinRequest {
+            node_id: self.id(),
+            http_addr: addr.http.clone(),
+            grpc_addr: addr.grpc.clone(),
+            check_only,
+        });
+        r.set_timeout(JOIN_TIMEOUT);
+        let reply = client.join(r).await.map_err(|s| ClusterError::Unavailable(s.message().to_string()))?;
+        Ok(reply.into_inner().cluster_id)
+    }
+
     /// Removes a node from the membership (through the leader).
     pub async fn leave(&self, node_id: NodeId) -> Result<(), ClusterError> {
         let Some(leader) = self.leader() else {
@@ -388,7 +415,7 @@ impl Cluster {
         };
         if leader.0 != self.id() {
             let mut client = self.channels().get(&leader.1.grpc).map_err(|e| ClusterError::Invalid(e.to_string()))?;
-            let mut r = tonic::Request::new(JoinRequest { node_id, http_addr: String::new(), grpc_addr: String::new() });
+            let mut r = tonic::Request::new(JoinRequest { node_id, http_addr: String::new(), grpc_addr: String::new(), check_only: false });
             r.set_timeout(JOIN_TIMEOUT);
             client.leave(r).await.map_err(|s| ClusterError::Unavailable(s.message().to_string()))?;
             return Ok(());

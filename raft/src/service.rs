@@ -110,6 +110,10 @@ impl ClusterService for Service {
 
     async fn join(&self, req: Request<JoinRequest>) -> Result<tonic::Response<JoinReply>, Status> {
         let r = req.into_inner();
+        if r.check_only {
+            let cluster_id = self.cluster.cluster_id().await.map_err(cluster_status)?;
+            return Ok(tonic::Response::new(JoinReply { cluster_id }));
+        }
         let addr = NodeAddr { http: r.http_addr, grpc: r.grpc_addr };
         let cluster_id = self.cluster.join(r.node_id, addr).await.map_err(cluster_status)?;
         Ok(tonic::Response::new(JoinReply { cluster_id }))

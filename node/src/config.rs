@@ -1,0 +1,74 @@
+//! Command-line configuration. Every flag has a `COMPUTERD_*` environment equivalent.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use clap::Parser;
+use clap::Subcommand;
+use computerd_raft::cluster::Tuning;
+
+/// The computerd control-plane node.
+#[derive(Debug, Parser)]
+#[command(name = "computerd", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a cluster node.
+    Serve(ServeConfig),
+}
+
+/// `computerd serve`.
+#[derive(Debug, Clone, Args)]
+pub struct ServeConfig {
+    /// This node's id in the cluster, stable across restarts.
+    #[arg(long, env = "COMPUTERD_NODE_ID")]
+    pub node_id: u64,
+    /// The data directory (created if missing; never re-initialised if it holds something else).
+    #[arg(long, env = "COMPUTERD_DATA")]
+    pub data: PathBuf,
+    /// Address of the HTTP API.
+    #[arg(long, env = "COMPUTERD_HTTP", default_value = "127.0.0.1:8080")]
+    pub http: String,
+    /// Address of the node-to-node gRPC service.
+    #[arg(long, env = "COMPUTERD_GRPC", default_value = "127.0.0.1:9090")]
+    pub grpc: String,
+    /// The HTTP address other nodes and clients use for this node (default: the bound one).
+    #[arg(long, env = "COMPUTERD_ADVERTISE_HTTP")]
+    pub advertise_http: Option<String>,
+    /// The gRPC address other nodes use for this node (default: the bound one).
+    #[arg(long, env = "COMPUTERD_ADVERTISE_GRPC")]
+    pub advertise_grpc: Option<String>,
+    /// The gRPC address of any member to join; without it, the first start bootstraps a cluster.
+    #[arg(long, env = "COMPUTERD_JOIN")]
+    pub join: Option<String>,
+    /// Raft heartbeat interval in ms.
+    #[arg(long, env = "COMPUTERD_HEARTBEAT_MS", default_value_t = Tuning::default().heartbeat_ms)]
+    pub heartbeat_ms: u64,
+    /// Minimum Raft election timeout in ms (the maximum is twice this).
+    #[arg(long, env = "COMPUTERD_ELECTION_MS", default_value_t = Tuning::default().election_min_ms)]
+    pub election_ms: u64,
+    /// Build a snapshot every this many log entries.
+    #[arg(long, env = "COMPUTERD_SNAPSHOT_EVERY", default_value_t = Tuning::default().snapshot_every)]
+    pub snapshot_every: u64,
+    /// Log entries kept behind a snapshot for slow followers.
+    #[arg(long, env = "COMPUTERD_KEEP_LOGS", default_value_t = Tuning::default().keep_logs)]
+    pub keep_logs: u64,
+}
+
+impl ServeConfig {
+    /// The Raft tuning given on the command line.
+    pub fn tuning(&self) -> Tuning {
+        Tuning {
+            heartbeat_ms: self.heartbeat_ms,
+            election_min_ms: self.election_ms,
+            snapshot_every: self.snapshot_every,
+            keep_logs: self.keep_logs,
+        }
+    }
+}

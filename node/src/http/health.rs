@@ -1,0 +1,46 @@
+//! `GET /v1/health` (no auth) and cluster membership administration.
+
+use axum::Json;
+use axum::extract::Path;
+use axum::extract::State;
+use axum::http::StatusCode;
+use serde_json::Value;
+use serde_json::json;
+
+use super::ApiError;
+use super::AppState;
+use super::Auth;
+
+/// The node's view of the cluster.
+pub async fn health(State(state): State<AppState>) -> Json<Value> {
+    let v = state.cluster.view();
+    let members: Vec<Value> = v
+        .members
+        .iter()
+        .map(|m| json!({"id": m.id, "http": m.addr.http, "grpc": m.addr.grpc, "voter": m.voter}))
+        .collect();
+    Json(json!({
+        "nodeId": v.node_id,
+        "leaderId": v.leader_id,
+        "term": v.term,
+        "lastApplied": v.last_applied,
+        "snapshotIndex": v.snapshot,
+        "purgedIndex": v.purged,
+        "members": members,
+    }))
+}
+
+/// `DELETE /v1/cluster/nodes/:id`: removes a node from the membership (owner/admin).
+pub async fn remove_node(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    auth.current(&state).await?.check_admin_write()?;
+    let id: u64 = id.parse().map_err(|_| ApiError::invalid("a node id is a number"))?;
+    state.cluster.leave(id).await.map_err(|e| match e {
+        computerd_raft::cluster::ClusterError::Invalid(m) => ApiError::not_found(m),
+        other => other.into(),
+    })?;
+    Ok(StatusCode::NO_CONTENT)
+}

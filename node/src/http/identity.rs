@@ -1,0 +1,264 @@
+//! Identity routes (owner/admin only): members, bots, API tokens.
+
+use axum::Json;
+use axum::extract::Path;
+use axum::extract::State;
+use axum::extract::rejection::JsonRejection;
+use axum::http::StatusCode;
+use computerd_raft::sm::Bot;
+use computerd_raft::sm::Command;
+use computerd_raft::sm::Member;
+use computerd_raft::sm::Principal;
+use computerd_raft::sm::Request;
+use computerd_raft::sm::Response;
+use computerd_raft::sm::Role;
+use computerd_raft::sm::Token;
+use computerd_raft::sm::hash_secret;
+use serde::Deserialize;
+use serde::Serialize;
+use serde_json::Value;
+use serde_json::json;
+
+use super::ApiError;
+use super::AppState;
+use super::Auth;
+use crate::ids::new_id;
+use crate::ids::new_secret;
+use crate::ids::now_ms;
+
+type Body<T> = Result<Json<T>, JsonRejection>;
+
+/// Proposes a command; a refusal becomes the matching API error.
+async fn apply(state: &AppState, cmd: Command) -> Result<(), ApiError> {
+    match state.cluster.propose(Request::new(cmd)).await? {
+        Response::Ok => Ok(()),
+        Response::Rejected(r) => Err(r.into()),
+    }
+}
+
+fn check_name(name: &str) -> Result<String, ApiError> {
+    let name = name.trim();
+    if name.is_empty() || name.chars().count() > 200 || name.chars().any(char::is_control) {
+        return Err(ApiError::invalid("name must be 1 to 200 printable characters"));
+    }
+    Ok(name.to_string())
+}
+
+fn check_id(id: &str, prefix: &str, what: &str) -> Result<(), ApiError> {
+    let ok = id.len() <= 100
+        && id.strip_prefix(prefix).and_then(|r| r.strip_prefix('_')).is_some_and(|r| {
+            !r.is_empty() && r.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        });
+    if ok { Ok(()) } else { Err(ApiError::invalid(format!("{what} must be an id starting with {prefix}_"))) }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct NewMember {
+    name: String,
+    email: Option<String>,
+    #[serde(default = "default_role")]
+    role: Role,
+}
+
+fn default_role() -> Role {
+    Role::Member
+}
+
+/// `POST /v1/members`
+pub async fn create_member(
+    State(state): State<AppState>,
+    auth: Auth,
+    body: Body<NewMember>,
+) -> Result<(StatusCode, Json<Member>), ApiError> {
+    let caller = auth.for_write(&state).await?;
+    caller.check_admin_write()?;
+    let Json(body) = body?;
+    let email = match body.email.map(|e| e.trim().to_lowercase()) {
+        Some(e) if e.len() > 254 || e.split('@').count() != 2 || e.starts_with('@') || e.ends_with('@') => {
+            return Err(ApiError::invalid("email is not a valid address"));
+        }
+        other => other,
+    };
+    let member = Member { id: new_id("mem"), name: check_name(&body.name)?, email, role: body.role, created_at: now_ms() };
+    apply(&state, Command::CreateMember { by: caller.token.id, member: member.clone() }).await?;
+    Ok((StatusCode::CREATED, Json(member)))
+}
+
+/// `GET /v1/members`
+pub async fn list_members(State(state): State<AppState>, auth: Auth) -> Result<Json<Value>, ApiError> {
+    auth.current(&state).await?.check_admin_read()?;
+    let members: Vec<Member> = state.cluster.state().read(|s| s.members.values().cloned().collect());
+    Ok(Json(json!({ "members": members })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct NewBot {
+    name: String,
+    member_id: Option<String>,
+}
+
+/// `POST /v1/bots`: the bot belongs to `memberId` (default: the caller).
+pub async fn create_bot(
+    State(state): State<AppState>,
+    auth: Auth,
+    body: Body<NewBot>,
+) -> Result<(StatusCode, Json<Bot>), ApiError> {
+    let caller = auth.for_write(&state).await?;
+    caller.check_admin_write()?;
+    let Json(body) = body?;
+    let member_id = match body.member_id {
+        Some(m) => {
+            check_id(&m, "mem", "memberId")?;
+            m
+        }
+        None => caller.member.id.clone(),
+    };
+    let bot = Bot { id: new_id("bot"), name: check_name(&body.name)?, member_id, created_at: now_ms(), archived_at: None };
+    apply(&state, Command::CreateBot { by: caller.token.id, bot: bot.clone() }).await?;
+    Ok((StatusCode::CREATED, Json(bot)))
+}
+
+/// `GET /v1/bots`
+pub async fn list_bots(State(state): State<AppState>, auth: Auth) -> Result<Json<Value>, ApiError> {
+    auth.current(&state).await?.check_admin_read()?;
+    let bots: Vec<Bot> = state.cluster.state().read(|s| s.bots.values().cloned().collect());
+    Ok(Json(json!({ "bots": bots })))
+}
+
+/// `POST /v1/bots/:id/archive`: idempotent; answers the archived bot.
+pub async fn archive_bot(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path(id): Path<String>,
+) -> Result<Json<Bot>, ApiError> {
+    let caller = auth.for_write(&state).await?;
+    caller.check_admin_write()?;
+    check_id(&id, "bot", "bot id").map_err(|_| ApiError::not_found("no such bot"))?;
+    apply(&state, Command::ArchiveBot { by: caller.token.id, bot_id: id.clone(), at_ms: now_ms() }).await?;
+    state.cluster.read_barrier().await?;
+    let bot = state.cluster.state().read(|s| s.bots.get(&id).cloned());
+    bot.map(Json).ok_or_else(|| ApiError::not_found("no such bot"))
+}
+
+/// A token as shown to callers: never its hash.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenView {
+    id: String,
+    name: String,
+    principal: Principal,
+    read_only: bool,
+    computers: Option<Vec<String>>,
+    created_at: u64,
+    revoked_at: Option<u64>,
+}
+
+impl From<&Token> for TokenView {
+    fn from(t: &Token) -> Self {
+        Self {
+            id: t.id.clone(),
+            name: t.name.clone(),
+            principal: t.principal.clone(),
+            read_only: t.read_only,
+            computers: t.computers.clone(),
+            created_at: t.created_at,
+            revoked_at: t.revoked_at,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct NewToken {
+    name: String,
+    member_id: Option<String>,
+    bot_id: Option<String>,
+    #[serde(default)]
+    read_only: bool,
+    computers: Option<Vec<String>>,
+}
+
+/// `POST /v1/tokens`: answers the secret once; only its hash is stored.
+pub async fn create_token(
+    State(state): State<AppState>,
+    auth: Auth,
+    body: Body<NewToken>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let caller = auth.for_write(&state).await?;
+    caller.check_admin_write()?;
+    let Json(body) = body?;
+    let principal = match (body.member_id, body.bot_id) {
+        (Some(_), Some(_)) => return Err(ApiError::invalid("give memberId or botId, not both")),
+        (Some(m), None) => {
+            check_id(&m, "mem", "memberId")?;
+            Principal::Member(m)
+        }
+        (None, Some(b)) => {
+            check_id(&b, "bot", "botId")?;
+            Principal::Bot(b)
+        }
+        (None, None) => Principal::Member(caller.member.id.clone()),
+    };
+    if let Some(list) = &body.computers {
+        if list.len() > 1000 {
+            return Err(ApiError::invalid("computers may list at most 1000 ids"));
+        }
+        for c in list {
+            check_id(c, "cmp", "computers[]")?;
+        }
+    }
+    let secret = new_secret();
+    let token = Token {
+        id: new_id("tok"),
+        name: check_name(&body.name)?,
+        hash: hash_secret(&secret),
+        principal,
+        read_only: body.read_only,
+        computers: body.computers,
+        created_at: now_ms(),
+        revoked_at: None,
+    };
+    apply(&state, Command::CreateToken { by: caller.token.id, token: token.clone() }).await?;
+    Ok((StatusCode::CREATED, Json(json!({ "token": TokenView::from(&token), "secret": secret }))))
+}
+
+/// `GET /v1/tokens`
+pub async fn list_tokens(State(state): State<AppState>, auth: Auth) -> Result<Json<Value>, ApiError> {
+    auth.current(&state).await?.check_admin_read()?;
+    let tokens: Vec<TokenView> = state.cluster.state().read(|s| s.tokens.values().map(TokenView::from).collect());
+    Ok(Json(json!({ "tokens": tokens })))
+}
+
+/// `DELETE /v1/tokens/:id`: idempotent; answers the revoked token.
+pub async fn revoke_token(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path(id): Path<String>,
+) -> Result<Json<TokenView>, ApiError> {
+    let caller = auth.for_write(&state).await?;
+    caller.check_admin_write()?;
+    check_id(&id, "tok", "token id").map_err(|_| ApiError::not_found("no such token"))?;
+    apply(&state, Command::RevokeToken { by: caller.token.id, token_id: id.clone(), at_ms: now_ms() }).await?;
+    state.cluster.read_barrier().await?;
+    let token = state.cluster.state().read(|s| s.tokens.get(&id).map(TokenView::from));
+    token.map(Json).ok_or_else(|| ApiError::not_found("no such token"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_ids_are_checked() {
+        assert!(check_name("  ok  ").is_ok_and(|n| n == "ok"));
+        assert!(check_name("").is_err());
+        assert!(check_name("a\u{7}b").is_err());
+        assert!(check_name(&"x".repeat(201)).is_err());
+        assert!(check_id("bot_abc", "bot", "x").is_ok());
+        assert!(check_id("bot_", "bot", "x").is_err());
+        assert!(check_id("mem_abc", "bot", "x").is_err());
+        assert!(check_id("bot_a/b", "bot", "x").is_err());
+    }
+}

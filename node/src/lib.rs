@@ -1,0 +1,17 @@
+//! A computerd node: configuration, the data directory, start-up as straight-line steps, and
+//! the HTTP API. The binary only parses flags and calls [`serve`]; tests call [`run`] with their
+//! own listeners and shutdown signal.
+
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod datadir;
+pub mod http;
+pub mod ids;
+mod server;
+
+pub use server::Listeners;
+pub use server::NodeError;
+pub use server::run;
+pub use server::serve;
+pub use server::shutdown_signal;

@@ -1,0 +1,28 @@
+//! `computerd`: parses the command line and runs a node.
+
+use clap::Parser;
+use computerd_node::config::Cli;
+use computerd_node::config::Command;
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("COMPUTERD_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn,sled=warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve(cfg) => computerd_node::serve(cfg, computerd_node::shutdown_signal()).await,
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("computerd: {e}");
+            tracing::error!(error = %e, "node stopped");
+            std::process::ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,265 @@
+//! Node start-up and shutdown, as straight-line steps:
+//!
+//! 1. open and check the data dir; 2. open the store and start Raft; 3. serve gRPC;
+//! 4. bootstrap, join, or resume; 5. serve HTTP; 6. on the shutdown signal, stop HTTP, Raft
+//! and gRPC, in that order.
+
+use std::future::Future;
+use std::time::Duration;
+
+use computerd_raft::NodeAddr;
+use computerd_raft::cluster::Cluster;
+use computerd_raft::cluster::ClusterError;
+use computerd_raft::service::Service;
+use computerd_raft::sm::Command;
+use computerd_raft::sm::Member;
+use computerd_raft::sm::Organization;
+use computerd_raft::sm::Principal;
+use computerd_raft::sm::Request;
+use computerd_raft::sm::Response;
+use computerd_raft::sm::Role;
+use computerd_raft::sm::Token;
+use computerd_raft::sm::hash_secret;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::config::ServeConfig;
+use crate::datadir::DataDir;
+use crate::datadir::DataDirError;
+use crate::http;
+use crate::ids::new_id;
+use crate::ids::new_secret;
+use crate::ids::now_ms;
+
+/// How long a joining node keeps trying to reach the cluster.
+const JOIN_PATIENCE: Duration = Duration::from_secs(60);
+
+/// Why a node could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// The data directory was refused.
+    #[error(transparent)]
+    DataDir(#[from] DataDirError),
+    /// A listener could not be bound or read.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The replicated store failed.
+    #[error("store: {0}")]
+    Cluster(#[from] ClusterError),
+    /// The data dir belongs to another cluster than the one joined.
+    #[error("the data dir belongs to cluster {ours}, but the member at {join} is in cluster {theirs}")]
+    OtherCluster {
+        /// The cluster in the data dir.
+        ours: String,
+        /// The cluster of the member.
+        theirs: String,
+        /// The member asked.
+        join: String,
+    },
+    /// Bootstrapping the organization was refused.
+    #[error("bootstrap refused: {0}")]
+    Bootstrap(String),
+    /// A server task failed.
+    #[error("server: {0}")]
+    Server(String),
+}
+
+/// The listeners a node serves on, bound by the caller.
+pub struct Listeners {
+    /// The HTTP API.
+    pub http: TcpListener,
+    /// Node-to-node gRPC.
+    pub grpc: TcpListener,
+}
+
+/// Binds the configured addresses and runs the node until `shutdown` completes.
+pub async fn serve(cfg: ServeConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), NodeError> {
+    let bind = |addr: String| async move {
+        TcpListener::bind(&addr).await.map_err(|source| NodeError::Listen { addr, source })
+    };
+    let listeners = Listeners { http: bind(cfg.http.clone()).await?, grpc: bind(cfg.grpc.clone()).await? };
+    run(cfg, listeners, shutdown).await
+}
+
+/// Completes on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::SignalKind;
+    use tokio::signal::unix::signal;
+    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {},
+                _ = int.recv() => {},
+            }
+        }
+        _ => std::future::pending::<()>().await,
+    }
+    tracing::info!("shutdown signal received");
+}
+
+/// Runs a node on the given listeners until `shutdown` completes.
+pub async fn run(
+    cfg: ServeConfig,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), NodeError> {
+    // 1. The data dir.
+    let mut dir = DataDir::open(&cfg.data, cfg.node_id)?;
+    let local = |l: &TcpListener, what: &str| {
+        l.local_addr().map(|a| a.to_string()).map_err(|source| NodeError::Listen { addr: what.to_string(), source })
+    };
+    let addr = NodeAddr {
+        http: cfg.advertise_http.clone().map_or_else(|| local(&listeners.http, "http"), Ok)?,
+        grpc: cfg.advertise_grpc.clone().map_or_else(|| local(&listeners.grpc, "grpc"), Ok)?,
+    };
+
+    // 2. The store.
+    let cluster = Cluster::start(cfg.node_id, &dir.store_dir(), &cfg.tuning()).await?;
+
+    // 3. gRPC, so peers can reach this node while it joins.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let grpc = {
+        let mut stop = stop_rx.clone();
+        let incoming = tonic::transport::server::TcpIncoming::from(listeners.grpc).with_nodelay(Some(true));
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(Service::server(cluster.clone()))
+                .serve_with_incoming_shutdown(incoming, async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                }),
+        )
+    };
+
+    // 4. Bootstrap, join or resume.
+    if let Err(e) = membership(&cfg, &mut dir, &cluster, &addr).await {
+        let _ = stop_tx.send(true);
+        cluster.shutdown().await;
+        let _ = grpc.await;
+        return Err(e);
+    }
+    tracing::info!(node_id = cfg.node_id, %addr, "node serving");
+
+    // 5. HTTP.
+    let app = http::router(http::AppState { cluster: cluster.clone() });
+    let mut http_stop = stop_rx.clone();
+    let http = tokio::spawn(
+        axum::serve(listeners.http, app)
+            .with_graceful_shutdown(async move {
+                let _ = http_stop.wait_for(|s| *s).await;
+            })
+            .into_future(),
+    );
+
+    // 6. Shutdown.
+    shutdown.await;
+    let _ = stop_tx.send(true);
+    let http_result = http.await;
+    cluster.shutdown().await;
+    let grpc_result = grpc.await;
+    tracing::info!(node_id = cfg.node_id, "node stopped");
+    match (http_result, grpc_result) {
+        (Ok(Ok(())), Ok(Ok(()))) => Ok(()),
+        (h, g) => Err(NodeError::Server(format!("http: {h:?}, grpc: {g:?}"))),
+    }
+}
+
+/// Step 4: a fresh node bootstraps (no `--join`) or joins; a known node resumes.
+async fn membership(cfg: &ServeConfig, dir: &mut DataDir, cluster: &Cluster, addr: &NodeAddr) -> Result<(), NodeError> {
+    let initialized = cluster.is_initialized().await?;
+    match (&cfg.join, initialized) {
+        (None, false) => {
+            if dir.node.cluster_id.is_some() {
+                return Err(NodeError::Bootstrap(
+                    "the data dir belongs to a cluster but its store is empty; start it with --join".into(),
+                ));
+            }
+            cluster.initialize(addr.clone()).await?;
+            bootstrap(dir, cluster).await
+        }
+        (None, true) => {
+            // Resume. A crash between initialize and bootstrap leaves an unbootstrapped store.
+            if dir.node.cluster_id.is_none() && cluster.view().members.len() == 1 {
+                return bootstrap(dir, cluster).await;
+            }
+            check_recovered_cluster(dir, cluster).await
+        }
+        (Some(join), _) => {
+            if let Some(ours) = dir.node.cluster_id.clone() {
+                let theirs = with_patience(|| cluster.join_through(join, addr, true)).await?;
+                if theirs != ours {
+                    return Err(NodeError::OtherCluster { ours, theirs, join: join.clone() });
+                }
+            }
+            // Joining is idempotent: a member keeps its place and gets its new addresses.
+            let cluster_id = with_patience(|| cluster.join_through(join, addr, false)).await?;
+            if dir.node.cluster_id.as_deref() != Some(cluster_id.as_str()) {
+                dir.set_cluster_id(&cluster_id)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Retries a call to another member while it is not reachable yet (it may be starting too).
+async fn with_patience<F, Fut>(mut call: F) -> Result<String, NodeError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<String, ClusterError>>,
+{
+    let deadline = tokio::time::Instant::now() + JOIN_PATIENCE;
+    loop {
+        match call().await {
+            Ok(v) => return Ok(v),
+            Err(ClusterError::Unavailable(m)) if tokio::time::Instant::now() < deadline => {
+                tracing::info!(reason = %m, "cluster not reachable yet; retrying");
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// A restarted node checks that its store and its data dir agree on the cluster.
+async fn check_recovered_cluster(dir: &mut DataDir, cluster: &Cluster) -> Result<(), NodeError> {
+    let _ = cluster.raft().wait_for_recovery(Some(Duration::from_secs(10))).await;
+    let stored = cluster.state().read(|s| s.cluster_id.clone());
+    match (stored, dir.node.cluster_id.clone()) {
+        (Some(s), Some(d)) if s != d => Err(NodeError::OtherCluster { ours: d, theirs: s, join: "its own store".into() }),
+        (Some(s), None) => Ok(dir.set_cluster_id(&s)?),
+        _ => Ok(()),
+    }
+}
+
+/// Creates the organization, the first owner and the owner token (written to `admin.token`).
+async fn bootstrap(dir: &mut DataDir, cluster: &Cluster) -> Result<(), NodeError> {
+    let cluster_id = new_id("cls");
+    let now = now_ms();
+    let owner = Member { id: new_id("mem"), name: "owner".into(), email: None, role: Role::Owner, created_at: now };
+    let secret = new_secret();
+    let token = Token {
+        id: new_id("tok"),
+        name: "bootstrap owner token".into(),
+        hash: hash_secret(&secret),
+        principal: Principal::Member(owner.id.clone()),
+        read_only: false,
+        computers: None,
+        created_at: now,
+        revoked_at: None,
+    };
+    let org = Organization { id: new_id("org"), name: "default".into(), created_at: now };
+    // The file first: if we crash before the command applies, the next start writes a new one.
+    dir.write_admin_token(&secret)?;
+    let cmd = Command::Bootstrap { cluster_id: cluster_id.clone(), org, owner, token };
+    match cluster.propose(Request::new(cmd)).await? {
+        Response::Ok => {}
+        Response::Rejected(r) => return Err(NodeError::Bootstrap(r.message)),
+    }
+    dir.set_cluster_id(&cluster_id)?;
+    tracing::info!(cluster_id = %cluster_id, path = %dir.admin_token_path().display(), "cluster bootstrapped; owner token written");
+    Ok(())
+}
