@@ -1,0 +1,2 @@
+//! Placeholder: the store benchmark is being written.
+fn main() {}

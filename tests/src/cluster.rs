@@ -1,0 +1,323 @@
+//! Real `computerd` node processes for tests and benchmarks.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::net::TcpListener;
+use std::path::Path;
+use std::path::PathBuf;
+use std::process::Child;
+use std::process::Command;
+use std::process::Stdio;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use nix::sys::signal::kill;
+use nix::unistd::Pid;
+use serde_json::Value;
+use serde_json::json;
+
+use crate::wait::wait_for;
+
+/// The `computerd` binary, built once per test process (a no-op when it is up to date).
+pub fn computerd_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Ok(p) = std::env::var("COMPUTERD_BIN") {
+            return PathBuf::from(p);
+        }
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf();
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .args(["build", "-q", "-p", "computerd-node", "--bin", "computerd"])
+            .current_dir(&root)
+            .status()
+            .expect("run cargo build");
+        assert!(status.success(), "building computerd failed");
+        let target = std::env::var("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|_| root.join("target"));
+        target.join("debug").join("computerd")
+    })
+    .clone()
+}
+
+/// A free loopback port (bound, read, released).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+}
+
+/// One node process and what it needs to be restarted the same way.
+pub struct Node {
+    /// Node id.
+    pub id: u64,
+    /// Its data dir.
+    pub data: PathBuf,
+    /// `127.0.0.1:port` of the HTTP API.
+    pub http: String,
+    /// `127.0.0.1:port` of gRPC.
+    pub grpc: String,
+    /// The running process, if any.
+    pub child: Option<Child>,
+    /// Where its stderr goes.
+    pub log: PathBuf,
+    /// The member it joins through (None for the bootstrap node).
+    pub join: Option<String>,
+}
+
+/// A cluster of real node processes in a temporary directory.
+pub struct TestCluster {
+    /// The temp dir holding data dirs and logs.
+    pub dir: tempfile::TempDir,
+    /// Nodes by id.
+    pub nodes: BTreeMap<u64, Node>,
+    /// HTTP client.
+    pub http: reqwest::Client,
+    /// The owner token written by the bootstrap node.
+    pub token: String,
+    /// Extra flags for every node.
+    pub flags: Vec<String>,
+}
+
+impl TestCluster {
+    /// Starts `n` nodes: node 1 bootstraps, the others join through node 1; waits until all are
+    /// voters.
+    pub async fn start(n: u64) -> Self {
+        Self::start_with(n, &[]).await
+    }
+
+    /// Like [`TestCluster::start`], with extra `computerd serve` flags for every node.
+    pub async fn start_with(n: u64, flags: &[&str]) -> Self {
+        let dir = tempfile::Builder::new().prefix("computerd-test-").tempdir().expect("tempdir");
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .pool_max_idle_per_host(256)
+            .build()
+            .expect("client");
+        let mut c = TestCluster {
+            dir,
+            nodes: BTreeMap::new(),
+            http,
+            token: String::new(),
+            flags: flags.iter().map(|s| s.to_string()).collect(),
+        };
+        c.add_node(1, None);
+        c.spawn(1);
+        let token_path = c.nodes[&1].data.join("admin.token");
+        let token = wait_for("the admin token", Duration::from_secs(60), || {
+            let p = token_path.clone();
+            async move { fs::read_to_string(&p).ok().filter(|t| t.ends_with('\n')) }
+        })
+        .await;
+        c.token = token.trim().to_string();
+        let first_grpc = c.nodes[&1].grpc.clone();
+        for id in 2..=n {
+            c.add_node(id, Some(first_grpc.clone()));
+            c.spawn(id);
+        }
+        c.wait_voters(n as usize).await;
+        c
+    }
+
+    fn add_node(&mut self, id: u64, join: Option<String>) {
+        let data = self.dir.path().join(format!("node{id}"));
+        let log = self.dir.path().join(format!("node{id}.log"));
+        let node = Node {
+            id,
+            data,
+            http: format!("127.0.0.1:{}", free_port()),
+            grpc: format!("127.0.0.1:{}", free_port()),
+            child: None,
+            log,
+            join,
+        };
+        self.nodes.insert(id, node);
+    }
+
+    /// Adds and starts a new node that joins through `via`.
+    pub async fn join_new(&mut self, id: u64, via: u64) {
+        let grpc = self.nodes[&via].grpc.clone();
+        self.add_node(id, Some(grpc));
+        self.spawn(id);
+    }
+
+    /// Starts (or restarts) node `id` with its data dir and ports.
+    pub fn spawn(&mut self, id: u64) {
+        let flags = self.flags.clone();
+        let node = self.nodes.get_mut(&id).expect("known node");
+        assert!(node.child.is_none(), "node {id} already runs");
+        let log = fs::OpenOptions::new().create(true).append(true).open(&node.log).expect("log file");
+        let mut cmd = Command::new(computerd_bin());
+        cmd.arg("serve")
+            .args(["--node-id", &id.to_string()])
+            .arg("--data")
+            .arg(&node.data)
+            .args(["--http", &node.http, "--grpc", &node.grpc])
+            .args(&flags)
+            .env("COMPUTERD_LOG", std::env::var("COMPUTERD_LOG").unwrap_or_else(|_| "info,openraft=warn".into()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log));
+        if let Some(j) = &node.join {
+            cmd.args(["--join", j]);
+        }
+        node.child = Some(cmd.spawn().expect("spawn computerd"));
+    }
+
+    /// Runs `computerd serve` for node `id` to completion (for start-up refusals); answers the exit
+    /// code and what it printed.
+    pub fn run_to_exit(&self, id: u64, extra: &[&str]) -> (i32, String) {
+        let node = &self.nodes[&id];
+        let out = Command::new(computerd_bin())
+            .arg("serve")
+            .args(["--node-id", &id.to_string()])
+            .arg("--data")
+            .arg(&node.data)
+            .args(["--http", &node.http, "--grpc", &node.grpc])
+            .args(extra)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run computerd");
+        (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+
+    /// Sends `sig` to node `id`.
+    pub fn signal(&self, id: u64, sig: Signal) {
+        let child = self.nodes[&id].child.as_ref().expect("node runs");
+        kill(Pid::from_raw(child.id() as i32), sig).expect("signal");
+    }
+
+    /// SIGKILLs node `id` and reaps it.
+    pub fn kill(&mut self, id: u64) {
+        let node = self.nodes.get_mut(&id).expect("known node");
+        if let Some(mut child) = node.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERMs node `id` and answers its exit code.
+    pub async fn terminate(&mut self, id: u64) -> Option<i32> {
+        self.signal(id, Signal::SIGTERM);
+        let mut child = self.nodes.get_mut(&id).and_then(|n| n.child.take()).expect("node runs");
+        let status = wait_for("the node to exit", Duration::from_secs(30), || {
+            let s = child.try_wait().expect("try_wait");
+            async move { s }
+        })
+        .await;
+        status.code()
+    }
+
+    /// Deletes node `id`'s data dir (the node must be stopped).
+    pub fn wipe(&mut self, id: u64) {
+        let node = &self.nodes[&id];
+        assert!(node.child.is_none(), "stop node {id} before wiping it");
+        fs::remove_dir_all(&node.data).expect("wipe");
+    }
+
+    /// Ids of the nodes that run.
+    pub fn alive(&self) -> Vec<u64> {
+        self.nodes.values().filter(|n| n.child.is_some()).map(|n| n.id).collect()
+    }
+
+    /// `http://…/path` on node `id`.
+    pub fn url(&self, id: u64, path: &str) -> String {
+        format!("http://{}{}", self.nodes[&id].http, path)
+    }
+
+    /// `GET /v1/health` of node `id`, if it answers.
+    pub async fn health(&self, id: u64) -> Option<Value> {
+        let r = self.http.get(self.url(id, "/v1/health")).timeout(Duration::from_secs(2)).send().await.ok()?;
+        r.json().await.ok()
+    }
+
+    /// Waits until every running node knows `n` voters and the same leader.
+    pub async fn wait_voters(&self, n: usize) -> u64 {
+        wait_for(&format!("{n} voters and one leader"), Duration::from_secs(60), || async move {
+            let mut leader = None;
+            for id in self.alive() {
+                let h = self.health(id).await?;
+                let voters = h["members"].as_array()?.iter().filter(|m| m["voter"] == true).count();
+                let l = h["leaderId"].as_u64()?;
+                if voters != n || leader.is_some_and(|x| x != l) {
+                    return None;
+                }
+                leader = Some(l);
+            }
+            leader
+        })
+        .await
+    }
+
+    /// Waits until the running nodes agree on a leader that runs; answers it.
+    pub async fn leader(&self) -> u64 {
+        wait_for("a leader all running nodes agree on", Duration::from_secs(30), || async move {
+            let alive = self.alive();
+            let mut leader = None;
+            for id in &alive {
+                let l = self.health(*id).await?["leaderId"].as_u64()?;
+                if !alive.contains(&l) || leader.is_some_and(|x| x != l) {
+                    return None;
+                }
+                leader = Some(l);
+            }
+            leader
+        })
+        .await
+    }
+
+    /// Waits until node `id` has applied at least `index`.
+    pub async fn wait_applied(&self, id: u64, index: u64) {
+        wait_for(&format!("node {id} to apply {index}"), Duration::from_secs(60), || async move {
+            (self.health(id).await?["lastApplied"].as_u64()? >= index).then_some(())
+        })
+        .await
+    }
+
+    /// An authenticated request builder on node `id`.
+    pub fn req(&self, method: reqwest::Method, id: u64, path: &str, token: &str) -> reqwest::RequestBuilder {
+        self.http.request(method, self.url(id, path)).bearer_auth(token)
+    }
+
+    /// `POST /v1/bots` on node `id` with the owner token; answers status and body.
+    pub async fn create_bot(&self, id: u64, name: &str) -> Result<(u16, Value), reqwest::Error> {
+        let r = self.req(reqwest::Method::POST, id, "/v1/bots", &self.token).json(&json!({"name": name})).send().await?;
+        let status = r.status().as_u16();
+        Ok((status, r.json().await.unwrap_or(Value::Null)))
+    }
+
+    /// The bot ids listed by node `id` (a linearizable read).
+    pub async fn bot_ids(&self, id: u64) -> Option<Vec<String>> {
+        let r = self.req(reqwest::Method::GET, id, "/v1/bots", &self.token).send().await.ok()?;
+        if !r.status().is_success() {
+            return None;
+        }
+        let v: Value = r.json().await.ok()?;
+        Some(v["bots"].as_array()?.iter().filter_map(|b| b["id"].as_str().map(String::from)).collect())
+    }
+
+    /// The last lines of node `id`'s log.
+    pub fn log_tail(&self, id: u64, lines: usize) -> String {
+        let text = fs::read_to_string(&self.nodes[&id].log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        let ids: Vec<u64> = self.nodes.keys().copied().collect();
+        if std::thread::panicking() {
+            for id in &ids {
+                eprintln!("---- node {id} log tail ----\n{}", self.log_tail(*id, 40));
+            }
+        }
+        for id in ids {
+            if let Some(n) = self.nodes.get(&id)
+                && let Some(c) = &n.child
+            {
+                // Resume a stopped process so the kill is delivered.
+                let _ = kill(Pid::from_raw(c.id() as i32), Signal::SIGCONT);
+            }
+            self.kill(id);
+        }
+    }
+}

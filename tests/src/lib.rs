@@ -1,0 +1,13 @@
+//! The cluster harness: starts real `computerd` processes on free loopback ports, waits on
+//! predicates (never fixed sleeps), and injects faults (SIGKILL, SIGSTOP, restart, wipe).
+//!
+//! Used by the integration tests in `tests/tests/` and by the benchmarks in `bench/`.
+
+pub mod cluster;
+pub mod wait;
+
+pub use cluster::Node;
+pub use cluster::TestCluster;
+pub use cluster::computerd_bin;
+pub use cluster::free_port;
+pub use wait::wait_for;
