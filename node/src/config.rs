@@ -21,6 +21,42 @@ pub struct Cli {
 pub enum Command {
     /// Run a cluster node.
     Serve(ServeConfig),
+    /// Run one node with a local data dir for trying computerd out; prints the URL and token.
+    Dev(DevConfig),
+}
+
+/// `computerd dev`.
+#[derive(Debug, Clone, Args)]
+pub struct DevConfig {
+    /// The data directory.
+    #[arg(long, env = "COMPUTERD_DATA", default_value = "computerd-data")]
+    pub data: PathBuf,
+    /// Address of the HTTP API.
+    #[arg(long, env = "COMPUTERD_HTTP", default_value = "127.0.0.1:8080")]
+    pub http: String,
+    /// Address of the node-to-node gRPC service (nobody else needs it in dev).
+    #[arg(long, env = "COMPUTERD_GRPC", default_value = "127.0.0.1:0")]
+    pub grpc: String,
+}
+
+impl DevConfig {
+    /// The one-node serve configuration this stands for.
+    pub fn serve_config(&self) -> ServeConfig {
+        let t = Tuning::default();
+        ServeConfig {
+            node_id: 1,
+            data: self.data.clone(),
+            http: self.http.clone(),
+            grpc: self.grpc.clone(),
+            advertise_http: None,
+            advertise_grpc: None,
+            join: None,
+            heartbeat_ms: t.heartbeat_ms,
+            election_ms: t.election_min_ms,
+            snapshot_every: t.snapshot_every,
+            keep_logs: t.keep_logs,
+        }
+    }
 }
 
 /// `computerd serve`.

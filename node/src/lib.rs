@@ -8,8 +8,10 @@ pub mod config;
 pub mod datadir;
 pub mod http;
 pub mod ids;
+mod dev;
 mod server;
 
+pub use dev::dev;
 pub use server::Listeners;
 pub use server::NodeError;
 pub use server::run;

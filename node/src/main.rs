@@ -16,6 +16,7 @@ async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(cfg) => computerd_node::serve(cfg, computerd_node::shutdown_signal()).await,
+        Command::Dev(cfg) => computerd_node::dev(cfg, computerd_node::shutdown_signal()).await,
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

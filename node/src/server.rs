@@ -186,7 +186,9 @@ async fn membership(cfg: &ServeConfig, dir: &mut DataDir, cluster: &Cluster, add
             if dir.node.cluster_id.is_none() && cluster.view().members.len() == 1 {
                 return bootstrap(dir, cluster).await;
             }
-            check_recovered_cluster(dir, cluster).await
+            check_recovered_cluster(dir, cluster).await?;
+            refresh_own_address(cluster, addr);
+            Ok(())
         }
         (Some(join), _) => {
             if let Some(ours) = dir.node.cluster_id.clone() {
@@ -222,6 +224,22 @@ where
             Err(e) => return Err(e.into()),
         }
     }
+}
+
+/// A node restarted on other addresses updates them in the membership, in the background: the
+/// cluster may need this very node to regain a quorum, so start-up must not wait for it.
+fn refresh_own_address(cluster: &Cluster, addr: &NodeAddr) {
+    let stored = cluster.view().members.into_iter().find(|m| m.id == cluster.id()).map(|m| m.addr);
+    if stored.as_ref() == Some(addr) {
+        return;
+    }
+    let (cluster, addr) = (cluster.clone(), addr.clone());
+    tokio::spawn(async move {
+        match with_patience(|| cluster.join(cluster.id(), addr.clone())).await {
+            Ok(_) => tracing::info!(%addr, "own address updated in the membership"),
+            Err(e) => tracing::warn!(error = %e, "could not update own address in the membership"),
+        }
+    });
 }
 
 /// A restarted node checks that its store and its data dir agree on the cluster.

@@ -377,7 +377,7 @@ impl Cluster {
             let ids = std::collections::BTreeSet::from([node_id]);
             self.raft().change_membership(ChangeMembers::AddVoterIds(ids), true).await.map_err(change)?;
         }
-        tracing::info!(node_id, %addr, "node joined as a voter");
+        tracing::info!(node_id, %addr, "node is a voter with these addresses");
         Ok(cluster_id)
     }
 
