@@ -6,9 +6,9 @@
 
 pub mod config;
 pub mod datadir;
+mod dev;
 pub mod http;
 pub mod ids;
-mod dev;
 mod server;
 
 pub use dev::dev;

@@ -11,8 +11,8 @@ use computerd_proto::ErrorKind;
 use computerd_raft::sm::Caller;
 use computerd_raft::sm::hash_secret;
 
-use super::AppState;
 use super::ApiError;
+use super::AppState;
 
 /// The hash of the bearer token of a request (the secret itself is dropped at once).
 pub struct Auth {
@@ -23,19 +23,31 @@ impl FromRequestParts<AppState> for Auth {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &AppState) -> Result<Self, ApiError> {
-        let header = parts
-            .headers
-            .get(AUTHORIZATION)
-            .ok_or_else(|| ApiError::new(ErrorKind::Unauthorized, "missing Authorization: Bearer <token>"))?;
-        let value = header
-            .to_str()
-            .map_err(|_| ApiError::new(ErrorKind::Unauthorized, "the Authorization header is not valid"))?;
+        let header = parts.headers.get(AUTHORIZATION).ok_or_else(|| {
+            ApiError::new(
+                ErrorKind::Unauthorized,
+                "missing Authorization: Bearer <token>",
+            )
+        })?;
+        let value = header.to_str().map_err(|_| {
+            ApiError::new(
+                ErrorKind::Unauthorized,
+                "the Authorization header is not valid",
+            )
+        })?;
         let secret = value
             .strip_prefix("Bearer ")
             .map(str::trim)
             .filter(|s| !s.is_empty())
-            .ok_or_else(|| ApiError::new(ErrorKind::Unauthorized, "missing Authorization: Bearer <token>"))?;
-        Ok(Auth { hash: hash_secret(secret) })
+            .ok_or_else(|| {
+                ApiError::new(
+                    ErrorKind::Unauthorized,
+                    "missing Authorization: Bearer <token>",
+                )
+            })?;
+        Ok(Auth {
+            hash: hash_secret(secret),
+        })
     }
 }
 
@@ -43,7 +55,10 @@ impl Auth {
     /// The caller as of a linearizable read: for decisions made outside the state machine.
     pub async fn current(&self, state: &AppState) -> Result<Caller, ApiError> {
         state.cluster.read_barrier().await?;
-        Ok(state.cluster.state().read(|s| s.caller_by_hash(&self.hash))?)
+        Ok(state
+            .cluster
+            .state()
+            .read(|s| s.caller_by_hash(&self.hash))?)
     }
 
     /// The caller as this replica knows it; if it does not, as of a linearizable read (the token

@@ -25,7 +25,10 @@ pub struct ApiError {
 impl ApiError {
     /// An error of `kind`.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Self { kind, message: message.into() }
+        Self {
+            kind,
+            message: message.into(),
+        }
     }
 
     /// 400 `invalid_request`.
@@ -57,7 +60,10 @@ impl From<ClusterError> for ApiError {
         match e {
             ClusterError::Unavailable(m) => Self::new(ErrorKind::Unavailable, m),
             ClusterError::Invalid(m) => Self::new(ErrorKind::Internal, m),
-            ClusterError::Fatal(m) => Self::new(ErrorKind::Unavailable, format!("the store has stopped: {m}")),
+            ClusterError::Fatal(m) => Self::new(
+                ErrorKind::Unavailable,
+                format!("the store has stopped: {m}"),
+            ),
         }
     }
 }
@@ -71,7 +77,8 @@ impl From<JsonRejection> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let error_id = new_id("err");
-        let status = StatusCode::from_u16(self.kind.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let status = StatusCode::from_u16(self.kind.http_status())
+            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         if status.is_server_error() {
             tracing::warn!(error_id = %error_id, kind = %self.kind, message = %self.message, "request failed");
         } else {

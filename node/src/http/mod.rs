@@ -25,10 +25,19 @@ pub struct AppState {
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/health", get(health::health))
-        .route("/v1/members", post(identity::create_member).get(identity::list_members))
-        .route("/v1/bots", post(identity::create_bot).get(identity::list_bots))
+        .route(
+            "/v1/members",
+            post(identity::create_member).get(identity::list_members),
+        )
+        .route(
+            "/v1/bots",
+            post(identity::create_bot).get(identity::list_bots),
+        )
         .route("/v1/bots/{id}/archive", post(identity::archive_bot))
-        .route("/v1/tokens", post(identity::create_token).get(identity::list_tokens))
+        .route(
+            "/v1/tokens",
+            post(identity::create_token).get(identity::list_tokens),
+        )
         .route("/v1/tokens/{id}", delete(identity::revoke_token))
         .route("/v1/cluster/nodes/{id}", delete(health::remove_node))
         .fallback(|| async { ApiError::not_found("no such route") })

@@ -10,11 +10,11 @@ mod identity;
 mod state;
 
 pub use command::Command;
-pub use command::Request;
-pub use command::Response;
+pub use command::REQUEST_VERSION;
 pub use command::Reject;
 pub use command::RejectKind;
-pub use command::REQUEST_VERSION;
+pub use command::Request;
+pub use command::Response;
 pub use identity::Bot;
 pub use identity::Member;
 pub use identity::Organization;

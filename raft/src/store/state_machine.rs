@@ -73,7 +73,11 @@ impl StateReader {
     /// Runs `f` on the state as applied now (not necessarily current: see the cluster's
     /// linearizable read for that).
     pub fn read<T>(&self, f: impl FnOnce(&State) -> T) -> T {
-        let guard = self.shared.applied.read().unwrap_or_else(|p| p.into_inner());
+        let guard = self
+            .shared
+            .applied
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
         f(&guard.state)
     }
 }
@@ -87,18 +91,27 @@ impl StateMachineStore {
             applied = serde_json::from_slice(&file.data).map_err(invalid_data)?;
         }
         Ok(Self {
-            shared: Arc::new(Shared { applied: RwLock::new(applied), engine, snapshots_built: AtomicU64::new(0) }),
+            shared: Arc::new(Shared {
+                applied: RwLock::new(applied),
+                engine,
+                snapshots_built: AtomicU64::new(0),
+            }),
         })
     }
 
     /// A read handle for the node.
     pub fn reader(&self) -> StateReader {
-        StateReader { shared: self.shared.clone() }
+        StateReader {
+            shared: self.shared.clone(),
+        }
     }
 
     fn store_file(&self, file: &SnapshotFile) -> io::Result<()> {
         let bytes = serde_json::to_vec(file).map_err(invalid_data)?;
-        self.shared.engine.write_batch(Space::Snapshot, vec![BatchOp::Put(KEY_SNAPSHOT.to_vec(), bytes)])?;
+        self.shared.engine.write_batch(
+            Space::Snapshot,
+            vec![BatchOp::Put(KEY_SNAPSHOT.to_vec(), bytes)],
+        )?;
         self.shared.engine.flush()
     }
 }
@@ -106,7 +119,10 @@ impl StateMachineStore {
 fn decode_file(bytes: &[u8]) -> io::Result<SnapshotFile> {
     let file: SnapshotFile = serde_json::from_slice(bytes).map_err(invalid_data)?;
     if file.format != SNAPSHOT_FORMAT {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("unknown snapshot format {}", file.format)));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("unknown snapshot format {}", file.format),
+        ));
     }
     Ok(file)
 }
@@ -116,17 +132,35 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
 
     async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
         let (data, last_applied, last_membership) = {
-            let a = self.shared.applied.read().unwrap_or_else(|p| p.into_inner());
-            (serde_json::to_vec(&*a).map_err(invalid_data)?, a.last_applied.clone(), a.last_membership.clone())
+            let a = self
+                .shared
+                .applied
+                .read()
+                .unwrap_or_else(|p| p.into_inner());
+            (
+                serde_json::to_vec(&*a).map_err(invalid_data)?,
+                a.last_applied,
+                a.last_membership.clone(),
+            )
         };
         self.shared.snapshots_built.fetch_add(1, Ordering::Relaxed);
-        let meta = SnapshotMeta { last_log_id: last_applied, last_membership };
-        let file = SnapshotFile { format: SNAPSHOT_FORMAT, meta: meta.clone(), data };
+        let meta = SnapshotMeta {
+            last_log_id: last_applied,
+            last_membership,
+        };
+        let file = SnapshotFile {
+            format: SNAPSHOT_FORMAT,
+            meta: meta.clone(),
+            data,
+        };
         let this = self.clone();
         let file = tokio::task::spawn_blocking(move || this.store_file(&file).map(|_| file))
             .await
             .map_err(io::Error::other)??;
-        Ok(Snapshot { meta, snapshot: serde_json::to_vec(&file).map_err(invalid_data)? })
+        Ok(Snapshot {
+            meta,
+            snapshot: serde_json::to_vec(&file).map_err(invalid_data)?,
+        })
     }
 }
 
@@ -135,21 +169,31 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     type SnapshotBuilder = Self;
 
     async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), io::Error> {
-        let a = self.shared.applied.read().unwrap_or_else(|p| p.into_inner());
-        Ok((a.last_applied.clone(), a.last_membership.clone()))
+        let a = self
+            .shared
+            .applied
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
+        Ok((a.last_applied, a.last_membership.clone()))
     }
 
     async fn apply<Strm>(&mut self, mut entries: Strm) -> Result<(), io::Error>
-    where Strm: Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>> + Unpin + OptionalSend {
+    where
+        Strm: Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>> + Unpin + OptionalSend,
+    {
         while let Some((entry, responder)) = entries.try_next().await? {
             let response = {
-                let mut a = self.shared.applied.write().unwrap_or_else(|p| p.into_inner());
-                a.last_applied = Some(entry.log_id.clone());
+                let mut a = self
+                    .shared
+                    .applied
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner());
+                a.last_applied = Some(entry.log_id);
                 match entry.payload {
                     EntryPayload::Blank => Response::Ok,
                     EntryPayload::Normal(req) => a.state.apply(req.command()),
                     EntryPayload::Membership(mem) => {
-                        a.last_membership = StoredMembership::new(Some(entry.log_id.clone()), mem);
+                        a.last_membership = StoredMembership::new(Some(entry.log_id), mem);
                         Response::Ok
                     }
                 }
@@ -165,16 +209,33 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         self.clone()
     }
 
-    async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: Vec<u8>) -> Result<(), io::Error> {
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Vec<u8>,
+    ) -> Result<(), io::Error> {
         let file = decode_file(&snapshot)?;
         let applied: Applied = serde_json::from_slice(&file.data).map_err(invalid_data)?;
         if applied.last_applied != meta.last_log_id {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "snapshot data does not match its meta"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "snapshot data does not match its meta",
+            ));
         }
-        let file = SnapshotFile { format: SNAPSHOT_FORMAT, meta: meta.clone(), data: file.data };
+        let file = SnapshotFile {
+            format: SNAPSHOT_FORMAT,
+            meta: meta.clone(),
+            data: file.data,
+        };
         let this = self.clone();
-        tokio::task::spawn_blocking(move || this.store_file(&file)).await.map_err(io::Error::other)??;
-        *self.shared.applied.write().unwrap_or_else(|p| p.into_inner()) = applied;
+        tokio::task::spawn_blocking(move || this.store_file(&file))
+            .await
+            .map_err(io::Error::other)??;
+        *self
+            .shared
+            .applied
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = applied;
         Ok(())
     }
 
@@ -182,7 +243,10 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         match self.shared.engine.get(Space::Snapshot, KEY_SNAPSHOT)? {
             Some(bytes) => {
                 let file = decode_file(&bytes)?;
-                Ok(Some(Snapshot { meta: file.meta, snapshot: bytes }))
+                Ok(Some(Snapshot {
+                    meta: file.meta,
+                    snapshot: bytes,
+                }))
             }
             None => Ok(None),
         }
