@@ -7,6 +7,11 @@ use super::identity::Bot;
 use super::identity::Member;
 use super::identity::Organization;
 use super::identity::Token;
+use super::lifecycle::Outcome;
+use super::lifecycle::Submit;
+use super::model::ExecutionState;
+use super::model::Provider;
+use super::model::Rule;
 
 /// The version of [`Request`] this build writes. Older versions stay readable forever: a log
 /// written by an older node must apply the same way on a newer one.
@@ -96,12 +101,147 @@ pub enum Command {
         /// When (unix ms), chosen by the proposer.
         at_ms: u64,
     },
+    /// Adds a sandbox provider.
+    CreateProvider {
+        /// The token id of the caller.
+        by: String,
+        /// The provider.
+        provider: Provider,
+    },
+    /// Stores a lifecycle command (create/pause/resume/delete), idempotent by command key.
+    SubmitExecution(Box<Submit>),
+    /// A driver claims a pending execution (or takes over an undispatched one).
+    ClaimExecution {
+        /// Execution id.
+        execution_id: String,
+        /// The driver's claim; later steps must carry it.
+        claim: String,
+        /// Unix ms.
+        at_ms: u64,
+    },
+    /// Records, before the provider call, that it is being sent (rights re-checked here).
+    DispatchExecution {
+        /// Execution id.
+        execution_id: String,
+        /// The driver's claim.
+        claim: String,
+        /// Unix ms.
+        at_ms: u64,
+    },
+    /// The provider's answer (or its loss).
+    FinishExecution {
+        /// Execution id.
+        execution_id: String,
+        /// The driver's claim.
+        claim: String,
+        /// What happened.
+        outcome: Outcome,
+        /// Unix ms.
+        at_ms: u64,
+    },
+    /// A taking-over driver declares a dispatched, unanswered call unknown.
+    MarkUnknown {
+        /// Execution id.
+        execution_id: String,
+        /// The claim the taking-over driver saw.
+        claim: String,
+        /// Why.
+        reason: String,
+        /// Unix ms.
+        at_ms: u64,
+    },
+    /// A member resolves an unknown outcome.
+    DecideExecution {
+        /// The token id of the caller.
+        by: String,
+        /// Execution id.
+        execution_id: String,
+        /// `succeeded` or `failed`.
+        outcome: ExecutionState,
+        /// Why.
+        reason: String,
+        /// Unix ms.
+        at_ms: u64,
+    },
+    /// Stop on an unknown-outcome pause: the Computer becomes failed.
+    StopComputer {
+        /// The token id of the caller.
+        by: String,
+        /// Computer id.
+        computer_id: String,
+        /// Unix ms.
+        at_ms: u64,
+    },
+    /// Grants a bot the right to use a Computer.
+    PutGrant {
+        /// The token id of the caller.
+        by: String,
+        /// Computer id.
+        computer_id: String,
+        /// Bot id.
+        bot_id: String,
+        /// Unix ms.
+        at_ms: u64,
+    },
+    /// Revokes (or, by the bot itself, releases) a grant.
+    DeleteGrant {
+        /// The token id of the caller.
+        by: String,
+        /// Computer id.
+        computer_id: String,
+        /// Bot id.
+        bot_id: String,
+    },
+    /// A bot asks for the right to use an existing Computer (capability `computers.acquire`).
+    Acquire {
+        /// The bot token id.
+        by: String,
+        /// Computer id.
+        computer_id: String,
+        /// The id to use if a decider asks for an approval.
+        approval_id: String,
+        /// The bot's reason.
+        reason: Option<String>,
+        /// Unix ms.
+        at_ms: u64,
+    },
+    /// A member approves or rejects a parked request.
+    DecideApproval {
+        /// The token id of the caller.
+        by: String,
+        /// Approval id.
+        approval_id: String,
+        /// Approve (true) or reject.
+        approve: bool,
+        /// Unix ms.
+        at_ms: u64,
+    },
+    /// Replaces the capability rules.
+    SetRules {
+        /// The token id of the caller.
+        by: String,
+        /// The new rules, in order.
+        rules: Vec<Rule>,
+    },
 }
 
 impl Command {
     /// A short name for logs.
     pub fn name(&self) -> &'static str {
         match self {
+            Command::CreateProvider { .. } => "create_provider",
+            Command::SubmitExecution(_) => "submit_execution",
+            Command::ClaimExecution { .. } => "claim_execution",
+            Command::DispatchExecution { .. } => "dispatch_execution",
+            Command::FinishExecution { .. } => "finish_execution",
+            Command::MarkUnknown { .. } => "mark_unknown",
+            Command::DecideExecution { .. } => "decide_execution",
+            Command::StopComputer { .. } => "stop_computer",
+            Command::PutGrant { .. } => "put_grant",
+            Command::DeleteGrant { .. } => "delete_grant",
+            Command::Acquire { .. } => "acquire",
+            Command::DecideApproval { .. } => "decide_approval",
+            Command::SetRules { .. } => "set_rules",
             Command::Bootstrap { .. } => "bootstrap",
             Command::CreateMember { .. } => "create_member",
             Command::CreateBot { .. } => "create_bot",
@@ -126,6 +266,12 @@ pub enum RejectKind {
     Conflict,
     /// The command is invalid for this state.
     Invalid,
+    /// The command key was used with another request.
+    IdempotencyKeyReused,
+    /// Another lifecycle execution holds the Computer.
+    ComputerConflict,
+    /// The Computer's source cannot do this.
+    Unsupported,
 }
 
 /// A refusal with a message safe to show the caller.
@@ -135,14 +281,14 @@ pub struct Reject {
     pub kind: RejectKind,
     /// A message for the caller.
     pub message: String,
+    /// For a conflict: the execution that holds the Computer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub execution_id: Option<String>,
 }
 
 impl Reject {
     pub(crate) fn new(kind: RejectKind, message: impl Into<String>) -> Self {
-        Self {
-            kind,
-            message: message.into(),
-        }
+        Self { kind, message: message.into(), execution_id: None }
     }
 }
 
@@ -151,6 +297,9 @@ impl Reject {
 pub enum Response {
     /// The command applied (or had already applied: commands are idempotent by id).
     Ok,
+    /// The command applied and names a record (the execution of a submit, the approval of an
+    /// acquire that waits for one).
+    Id(String),
     /// The command was refused and changed nothing.
     Rejected(Reject),
 }

@@ -5,11 +5,21 @@
 //! chosen by the proposer and carried in the command, so every replica computes the same result.
 //! Rights are re-checked here, at the point of commit, against the state as it is then.
 
+mod access;
 mod command;
 mod identity;
+mod lifecycle;
+mod model;
 mod state;
 
+pub use access::Decided;
+pub use access::decide;
+pub use access::default_rules;
 pub use command::Command;
+pub use lifecycle::EVENT_LOG_LEN;
+pub use lifecycle::Outcome;
+pub use lifecycle::Submit;
+pub use model::*;
 pub use command::REQUEST_VERSION;
 pub use command::Reject;
 pub use command::RejectKind;

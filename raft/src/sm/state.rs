@@ -1,6 +1,7 @@
 //! The state held by every replica and the pure function that changes it.
 
 use std::collections::BTreeMap;
+use std::collections::VecDeque;
 
 use serde::Deserialize;
 use serde::Serialize;
@@ -15,6 +16,14 @@ use super::identity::Organization;
 use super::identity::Principal;
 use super::identity::Role;
 use super::identity::Token;
+use super::model::Approval;
+use super::model::Computer;
+use super::model::Event;
+use super::model::Execution;
+use super::model::Grant;
+use super::model::Provider;
+use super::model::Rule;
+use super::model::UsageSpan;
 
 /// Everything the state machine holds. Serialized whole into snapshots.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -31,6 +40,36 @@ pub struct State {
     pub tokens: BTreeMap<String, Token>,
     /// Token id by secret hash, to authenticate a call in one lookup.
     pub token_by_hash: BTreeMap<String, String>,
+    /// Providers by id.
+    #[serde(default)]
+    pub providers: BTreeMap<String, Provider>,
+    /// Computers by id (deleted ones stay as tombstones).
+    #[serde(default)]
+    pub computers: BTreeMap<String, Computer>,
+    /// Lifecycle executions by id.
+    #[serde(default)]
+    pub executions: BTreeMap<String, Execution>,
+    /// Execution id by idempotency scope ("principal\ncommandKey"). Keys never expire.
+    #[serde(default)]
+    pub execution_keys: BTreeMap<String, String>,
+    /// Grants: computer id -> bot id -> grant.
+    #[serde(default)]
+    pub grants: BTreeMap<String, BTreeMap<String, Grant>>,
+    /// Run spans by computer id.
+    #[serde(default)]
+    pub usage: BTreeMap<String, Vec<UsageSpan>>,
+    /// The bounded event log, oldest first.
+    #[serde(default)]
+    pub events: VecDeque<Event>,
+    /// The seq of the last event pushed.
+    #[serde(default)]
+    pub next_event_seq: u64,
+    /// Capability rules; `None` = the built-in defaults.
+    #[serde(default)]
+    pub rules: Option<Vec<Rule>>,
+    /// Approvals by id.
+    #[serde(default)]
+    pub approvals: BTreeMap<String, Approval>,
 }
 
 /// An authenticated caller: a live token and what it speaks for.
@@ -114,14 +153,50 @@ impl State {
 
     /// Applies one command. Pure and deterministic; a rejected command changes nothing.
     pub fn apply(&mut self, cmd: &Command) -> Response {
-        match self.try_apply(cmd) {
-            Ok(()) => Response::Ok,
+        // Lifecycle steps validate everything before their first change, so a refusal leaves the
+        // state as it was.
+        let with_id = match cmd {
+            Command::SubmitExecution(s) => Some(self.submit(s).map(Some)),
+            Command::Acquire { by, computer_id, approval_id, reason, at_ms } => {
+                Some(self.acquire(by, computer_id, approval_id, reason.as_deref(), *at_ms))
+            }
+            _ => None,
+        };
+        let result = match with_id {
+            Some(r) => r,
+            None => self.try_apply(cmd).map(|()| None),
+        };
+        match result {
+            Ok(None) => Response::Ok,
+            Ok(Some(id)) => Response::Id(id),
             Err(r) => Response::Rejected(r),
         }
     }
 
     fn try_apply(&mut self, cmd: &Command) -> Result<(), Reject> {
         match cmd {
+            Command::SubmitExecution(_) | Command::Acquire { .. } => {
+                Err(Reject::new(RejectKind::Invalid, "handled in apply"))
+            }
+            Command::CreateProvider { by, provider } => self.create_provider(by, provider),
+            Command::ClaimExecution { execution_id, claim, at_ms } => self.claim(execution_id, claim, *at_ms),
+            Command::DispatchExecution { execution_id, claim, at_ms } => self.dispatch(execution_id, claim, *at_ms),
+            Command::FinishExecution { execution_id, claim, outcome, at_ms } => {
+                self.finish(execution_id, claim, outcome, *at_ms)
+            }
+            Command::MarkUnknown { execution_id, claim, reason, at_ms } => {
+                self.mark_unknown(execution_id, claim, reason, *at_ms)
+            }
+            Command::DecideExecution { by, execution_id, outcome, reason, at_ms } => {
+                self.decide(by, execution_id, *outcome, reason, *at_ms)
+            }
+            Command::StopComputer { by, computer_id, at_ms } => self.stop(by, computer_id, *at_ms),
+            Command::PutGrant { by, computer_id, bot_id, at_ms } => self.put_grant(by, computer_id, bot_id, *at_ms),
+            Command::DeleteGrant { by, computer_id, bot_id } => self.delete_grant(by, computer_id, bot_id),
+            Command::DecideApproval { by, approval_id, approve, at_ms } => {
+                self.decide_approval(by, approval_id, *approve, *at_ms)
+            }
+            Command::SetRules { by, rules } => self.set_rules(by, rules),
             Command::Bootstrap {
                 cluster_id,
                 org,
@@ -224,6 +299,11 @@ impl State {
         if bot.archived_at.is_none() {
             bot.archived_at = Some(at_ms);
         }
+        // Archiving ends the bot's rights; the Computers stay.
+        for grants in self.grants.values_mut() {
+            grants.remove(bot_id);
+        }
+        self.grants.retain(|_, g| !g.is_empty());
         Ok(())
     }
 
@@ -348,7 +428,7 @@ mod tests {
     fn rejected(r: Response) -> RejectKind {
         match r {
             Response::Rejected(r) => r.kind,
-            Response::Ok => panic!("expected a rejection"),
+            other => panic!("expected a rejection, got {other:?}"),
         }
     }
 

@@ -1,0 +1,729 @@
+//! Lifecycle executions: submit (idempotent by command key), claim, dispatch (rights re-checked
+//! at the commit point, recorded before the provider call), finish, unknown outcomes, decisions,
+//! stop, plus the usage spans and events they leave.
+
+use serde::Deserialize;
+use serde::Serialize;
+
+use super::command::Reject;
+use super::command::RejectKind;
+use super::identity::Role;
+use super::model::Capability;
+use super::model::Computer;
+use super::model::ComputerState;
+use super::model::Decision;
+use super::model::Effect;
+use super::model::Event;
+use super::model::Execution;
+use super::model::ExecutionError;
+use super::model::ExecutionKind;
+use super::model::ExecutionState;
+use super::model::Source;
+use super::model::SpanEnd;
+use super::model::UsageSpan;
+use super::state::State;
+
+/// How many events the log keeps.
+pub const EVENT_LOG_LEN: usize = 10_000;
+
+/// What a provider call ended with, as reported by the driver.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The provider confirmed; for a create, its sandbox reference.
+    Succeeded {
+        /// The sandbox reference (create).
+        sandbox: Option<String>,
+    },
+    /// Nothing was done: failed before sending, or the provider refused.
+    Failed {
+        /// Why.
+        error: ExecutionError,
+    },
+    /// Sent, but the answer was lost or timed out.
+    Unknown {
+        /// What happened.
+        reason: String,
+    },
+}
+
+/// A submitted lifecycle command, as the proposer prepared it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Submit {
+    /// The caller's token id.
+    pub by: String,
+    /// The execution (pending), with its key and body hash.
+    pub execution: Execution,
+    /// For a create: the new Computer.
+    pub computer: Option<Computer>,
+    /// The id to use if a decider asks for an approval.
+    pub approval_id: String,
+    /// The bot's reason, if any.
+    pub reason: Option<String>,
+    /// Unix ms.
+    pub at_ms: u64,
+}
+
+impl State {
+    pub(crate) fn push_event(
+        &mut self,
+        at: u64,
+        kind: &str,
+        computer_id: &str,
+        execution_id: Option<&str>,
+        data: serde_json::Value,
+    ) {
+        self.next_event_seq += 1;
+        self.events.push_back(Event {
+            seq: self.next_event_seq,
+            at,
+            kind: kind.to_string(),
+            computer_id: computer_id.to_string(),
+            execution_id: execution_id.map(String::from),
+            data,
+        });
+        while self.events.len() > EVENT_LOG_LEN {
+            self.events.pop_front();
+        }
+    }
+
+    fn set_computer_state(&mut self, id: &str, state: ComputerState, at: u64) {
+        let Some(c) = self.computers.get_mut(id) else { return };
+        if c.state == state {
+            return;
+        }
+        let from = c.state;
+        c.state = state;
+        self.push_event(at, "ComputerStateChanged", id, None, serde_json::json!({"from": from, "to": state}));
+    }
+
+    fn open_span(&mut self, computer_id: &str, at: u64, outcome_unknown: bool) {
+        let spans = self.usage.entry(computer_id.to_string()).or_default();
+        if spans.last().is_some_and(|s| s.end.is_none()) {
+            return;
+        }
+        spans.push(UsageSpan { start: at, end: None, ended_by: None, outcome_unknown });
+    }
+
+    fn close_span(&mut self, computer_id: &str, at: u64, how: SpanEnd) {
+        if let Some(s) = self.usage.get_mut(computer_id).and_then(|v| v.last_mut()).filter(|s| s.end.is_none()) {
+            s.end = Some(at.max(s.start));
+            s.ended_by = Some(how);
+            s.outcome_unknown = false;
+        }
+    }
+
+    fn flag_span(&mut self, computer_id: &str, flag: bool) {
+        if let Some(s) = self.usage.get_mut(computer_id).and_then(|v| v.last_mut()).filter(|s| s.end.is_none()) {
+            s.outcome_unknown = flag;
+        }
+    }
+
+    /// The idempotency scope of a caller: its bot, or its member.
+    fn key_scope(bot: Option<&str>, member: &str, key: &str) -> String {
+        format!("{}\n{key}", bot.unwrap_or(member))
+    }
+
+    /// Stores a lifecycle command. Answers the execution id: the new one, or the existing one for a
+    /// retry with the same key and body.
+    pub(crate) fn submit(&mut self, s: &Submit) -> Result<String, Reject> {
+        let caller = self.caller_by_token_id(&s.by)?;
+        let exe = &s.execution;
+        let scope = Self::key_scope(caller.bot.as_ref().map(|b| b.id.as_str()), &caller.member.id, &exe.command_key);
+        if let Some(existing) = self.execution_keys.get(&scope).and_then(|id| self.executions.get(id)) {
+            return if existing.body_hash == exe.body_hash {
+                Ok(existing.id.clone())
+            } else {
+                Err(Reject::new(RejectKind::IdempotencyKeyReused, "this commandKey was used with another request"))
+            };
+        }
+        if self.executions.contains_key(&exe.id) {
+            return Err(Reject::new(RejectKind::Conflict, "execution id collision"));
+        }
+        caller.check_writable()?;
+        let effect = match exe.kind {
+            ExecutionKind::Create => {
+                let c = s.computer.as_ref().ok_or_else(|| Reject::new(RejectKind::Invalid, "a create needs a computer"))?;
+                if c.id != exe.computer_id || self.computers.contains_key(&c.id) {
+                    return Err(Reject::new(RejectKind::Invalid, "computer id mismatch or collision"));
+                }
+                if caller.token.computers.is_some() {
+                    return Err(Reject::new(RejectKind::Forbidden, "a token limited to computers cannot create one"));
+                }
+                if c.shared && (caller.bot.is_some() || caller.member.role < Role::Admin) {
+                    return Err(Reject::new(RejectKind::Forbidden, "only an owner or admin may create a shared computer"));
+                }
+                if c.owner != caller.member.id {
+                    return Err(Reject::new(RejectKind::Invalid, "a computer belongs to its creator's member"));
+                }
+                match &c.source {
+                    Source::Provider { provider, .. } => {
+                        if !self.providers.contains_key(provider) {
+                            return Err(Reject::new(RejectKind::NotFound, "no such provider"));
+                        }
+                        self.decide_capability(&caller, Capability::Create, provider)?
+                    }
+                    Source::Paired => {
+                        if caller.bot.is_some() {
+                            return Err(Reject::new(RejectKind::Invalid, "a bot creates provider sandboxes only"));
+                        }
+                        Effect::Allow
+                    }
+                }
+            }
+            kind => {
+                let c = self.visible_computer(&caller, &exe.computer_id)?.clone();
+                if let Some(active) = &c.active_execution {
+                    return Err(Reject {
+                        kind: RejectKind::ComputerConflict,
+                        message: format!("execution {active} is still running on this computer"),
+                        execution_id: Some(active.clone()),
+                    });
+                }
+                let paired = c.source == Source::Paired;
+                match kind {
+                    ExecutionKind::Pause | ExecutionKind::Resume if paired => {
+                        return Err(Reject::new(RejectKind::Unsupported, "own machines never pause"));
+                    }
+                    ExecutionKind::Pause if c.state != ComputerState::Running => {
+                        return Err(Reject::new(RejectKind::Conflict, format!("the computer is {:?}, not running", c.state).to_lowercase()));
+                    }
+                    ExecutionKind::Resume if c.state != ComputerState::Paused => {
+                        return Err(Reject::new(RejectKind::Conflict, format!("the computer is {:?}, not paused", c.state).to_lowercase()));
+                    }
+                    ExecutionKind::Delete => self.decide_capability(&caller, Capability::Delete, &c.id)?,
+                    _ => Effect::Allow,
+                }
+            }
+        };
+        let mut exe = exe.clone();
+        exe.state = ExecutionState::Pending;
+        exe.requester = caller.requester();
+        exe.approval = None;
+        if let Some(c) = &s.computer {
+            let mut c = c.clone();
+            c.state = ComputerState::Starting;
+            c.active_execution = Some(exe.id.clone());
+            c.sandbox = None;
+            self.computers.insert(c.id.clone(), c);
+            if let Some(bot) = &caller.bot {
+                self.insert_grant(&exe.computer_id, &bot.id, &caller.member.id, s.at_ms);
+            }
+        } else if let Some(c) = self.computers.get_mut(&exe.computer_id) {
+            c.active_execution = Some(exe.id.clone());
+        }
+        let id = exe.id.clone();
+        let computer_id = exe.computer_id.clone();
+        self.execution_keys.insert(scope, id.clone());
+        let cap = if exe.kind == ExecutionKind::Create { Capability::Create } else { Capability::Delete };
+        let target = match (&exe.kind, s.computer.as_ref().map(|c| &c.source)) {
+            (ExecutionKind::Create, Some(Source::Provider { provider, .. })) => provider.clone(),
+            _ => computer_id.clone(),
+        };
+        self.executions.insert(id.clone(), exe);
+        if effect == Effect::Ask {
+            if let Some(e) = self.executions.get_mut(&id) {
+                e.approval = Some(s.approval_id.clone());
+            }
+            self.open_approval(&s.approval_id, cap, &target, &caller, Some(&id), s.reason.as_deref(), s.at_ms);
+        }
+        Ok(id)
+    }
+
+    /// Whether a pending execution may be claimed now (its approval, if any, was granted).
+    pub fn claimable(&self, exe: &Execution) -> bool {
+        exe.state == ExecutionState::Pending
+            && exe.approval.as_ref().is_none_or(|a| self.approvals.get(a).is_some_and(|a| a.state == "approved"))
+    }
+
+    /// A driver claims a pending execution, or takes over one whose call was never dispatched.
+    pub(crate) fn claim(&mut self, exe_id: &str, claim: &str, at: u64) -> Result<(), Reject> {
+        let exe = self.executions.get(exe_id).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such execution"))?;
+        let takeover = exe.state == ExecutionState::Running && exe.dispatched_at.is_none();
+        if !(self.claimable(exe) || takeover) {
+            return Err(Reject::new(RejectKind::Conflict, "the execution cannot be claimed"));
+        }
+        let computer_id = exe.computer_id.clone();
+        let kind = exe.kind;
+        if let Some(e) = self.executions.get_mut(exe_id) {
+            e.state = ExecutionState::Running;
+            e.claim = Some(claim.to_string());
+        }
+        if !takeover {
+            self.push_event(at, "ExecutionStarted", &computer_id, Some(exe_id), serde_json::json!({"kind": kind}));
+        }
+        Ok(())
+    }
+
+    /// Records that the provider call is about to be sent, after re-checking the requester's
+    /// current rights. Without rights the execution fails and nothing is sent.
+    pub(crate) fn dispatch(&mut self, exe_id: &str, claim: &str, at: u64) -> Result<(), Reject> {
+        let exe = self.executions.get(exe_id).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such execution"))?.clone();
+        if exe.state != ExecutionState::Running || exe.claim.as_deref() != Some(claim) || exe.dispatched_at.is_some() {
+            return Err(Reject::new(RejectKind::Conflict, "stale claim"));
+        }
+        let rights = self.caller_by_token_id(&exe.requester.token_id).and_then(|caller| {
+            caller.check_writable()?;
+            if exe.kind == ExecutionKind::Create {
+                // The Computer is new: the creator's right to it is its own token's.
+                return Ok(());
+            }
+            self.check_operate(&caller, &exe.computer_id)
+        });
+        if let Err(r) = rights {
+            let err = ExecutionError { kind: "forbidden".into(), message: format!("the requester lost the right: {}", r.message) };
+            self.finish_failed(exe_id, err, at);
+            return Err(Reject::new(RejectKind::Forbidden, "the requester lost the right; nothing was sent"));
+        }
+        if let Some(e) = self.executions.get_mut(exe_id) {
+            e.dispatched_at = Some(at);
+        }
+        Ok(())
+    }
+
+    /// The driver reports the provider's answer (or its loss).
+    pub(crate) fn finish(&mut self, exe_id: &str, claim: &str, outcome: &Outcome, at: u64) -> Result<(), Reject> {
+        let exe = self.executions.get(exe_id).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such execution"))?.clone();
+        if exe.claim.as_deref() != Some(claim) {
+            return Err(Reject::new(RejectKind::Conflict, "stale claim"));
+        }
+        match (exe.state, outcome) {
+            (ExecutionState::Running, Outcome::Succeeded { sandbox }) => {
+                self.finish_succeeded(exe_id, sandbox.clone(), at);
+                Ok(())
+            }
+            (ExecutionState::Running, Outcome::Failed { error }) => {
+                self.finish_failed(exe_id, error.clone(), at);
+                Ok(())
+            }
+            (ExecutionState::Running, Outcome::Unknown { reason }) => {
+                self.mark_unknown_now(exe_id, reason, at);
+                Ok(())
+            }
+            // A late answer after the outcome was declared unknown: keep it as evidence; a create
+            // keeps its sandbox reference and its usage record. The state waits for a decision.
+            (ExecutionState::OutcomeUnknown, Outcome::Succeeded { sandbox }) => {
+                if let Some(e) = self.executions.get_mut(exe_id) {
+                    e.late_answer = Some(format!("succeeded{}", sandbox.as_ref().map(|s| format!(" ({s})")).unwrap_or_default()));
+                }
+                if exe.kind == ExecutionKind::Create {
+                    if let Some(c) = self.computers.get_mut(&exe.computer_id) {
+                        c.sandbox = sandbox.clone();
+                    }
+                    self.open_span(&exe.computer_id, exe.dispatched_at.unwrap_or(at), true);
+                }
+                Ok(())
+            }
+            (ExecutionState::OutcomeUnknown, Outcome::Failed { error }) => {
+                if let Some(e) = self.executions.get_mut(exe_id) {
+                    e.late_answer = Some(format!("failed: {}", error.message));
+                }
+                Ok(())
+            }
+            _ => Err(Reject::new(RejectKind::Conflict, "the execution already finished")),
+        }
+    }
+
+    /// A driver taking over declares a dispatched, unanswered call unknown (never re-sends it).
+    pub(crate) fn mark_unknown(&mut self, exe_id: &str, seen_claim: &str, reason: &str, at: u64) -> Result<(), Reject> {
+        let exe = self.executions.get(exe_id).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such execution"))?;
+        if exe.state != ExecutionState::Running || exe.dispatched_at.is_none() || exe.claim.as_deref() != Some(seen_claim) {
+            return Err(Reject::new(RejectKind::Conflict, "not a dispatched, running execution"));
+        }
+        self.mark_unknown_now(exe_id, reason, at);
+        Ok(())
+    }
+
+    fn mark_unknown_now(&mut self, exe_id: &str, reason: &str, at: u64) {
+        let Some(e) = self.executions.get_mut(exe_id) else { return };
+        e.state = ExecutionState::OutcomeUnknown;
+        e.error = Some(ExecutionError { kind: "outcome_unknown".into(), message: reason.to_string() });
+        let (computer_id, kind) = (e.computer_id.clone(), e.kind);
+        if matches!(kind, ExecutionKind::Pause | ExecutionKind::Delete) {
+            self.flag_span(&computer_id, true);
+        }
+        self.push_event(at, "DecisionNeeded", &computer_id, Some(exe_id), serde_json::json!({"kind": kind, "reason": reason}));
+    }
+
+    fn finish_succeeded(&mut self, exe_id: &str, sandbox: Option<String>, at: u64) {
+        let Some(e) = self.executions.get_mut(exe_id) else { return };
+        e.state = ExecutionState::Succeeded;
+        e.finished_at = Some(at);
+        let (computer_id, kind, started) = (e.computer_id.clone(), e.kind, e.dispatched_at.unwrap_or(at));
+        let paired = self.computers.get(&computer_id).is_some_and(|c| c.source == Source::Paired);
+        if let Some(c) = self.computers.get_mut(&computer_id) {
+            c.active_execution = None;
+            if sandbox.is_some() {
+                c.sandbox = sandbox;
+            }
+        }
+        self.push_event(at, "ExecutionFinished", &computer_id, Some(exe_id), serde_json::json!({"kind": kind, "state": "succeeded"}));
+        match kind {
+            ExecutionKind::Create if paired => self.set_computer_state(&computer_id, ComputerState::Offline, at),
+            ExecutionKind::Create => {
+                self.open_span(&computer_id, started, false);
+                self.set_computer_state(&computer_id, ComputerState::Running, at);
+            }
+            ExecutionKind::Resume => {
+                self.open_span(&computer_id, at, false);
+                self.set_computer_state(&computer_id, ComputerState::Running, at);
+            }
+            ExecutionKind::Pause => {
+                self.close_span(&computer_id, started, SpanEnd::Pause);
+                self.set_computer_state(&computer_id, ComputerState::Paused, at);
+            }
+            ExecutionKind::Delete => {
+                self.close_span(&computer_id, started, SpanEnd::Delete);
+                self.set_computer_state(&computer_id, ComputerState::Deleted, at);
+                self.grants.remove(&computer_id);
+            }
+        }
+    }
+
+    pub(crate) fn finish_failed(&mut self, exe_id: &str, error: ExecutionError, at: u64) {
+        let Some(e) = self.executions.get_mut(exe_id) else { return };
+        e.state = ExecutionState::Failed;
+        e.finished_at = Some(at);
+        e.error = Some(error);
+        let (computer_id, kind) = (e.computer_id.clone(), e.kind);
+        if let Some(c) = self.computers.get_mut(&computer_id) {
+            c.active_execution = None;
+        }
+        self.flag_span(&computer_id, false);
+        self.push_event(at, "ExecutionFinished", &computer_id, Some(exe_id), serde_json::json!({"kind": kind, "state": "failed"}));
+        if kind == ExecutionKind::Create {
+            // The Computer stays, failed, so its receipt and history remain readable.
+            self.set_computer_state(&computer_id, ComputerState::Failed, at);
+        }
+    }
+
+    /// A member with write rights resolves an unknown outcome.
+    pub(crate) fn decide(&mut self, by: &str, exe_id: &str, outcome: ExecutionState, reason: &str, at: u64) -> Result<(), Reject> {
+        let caller = self.caller_by_token_id(by)?;
+        let exe = self.executions.get(exe_id).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such execution"))?.clone();
+        self.visible_computer(&caller, &exe.computer_id).map_err(|_| Reject::new(RejectKind::NotFound, "no such execution"))?;
+        if caller.bot.is_some() {
+            return Err(Reject::new(RejectKind::Forbidden, "only a member decides an unknown outcome"));
+        }
+        caller.check_writable()?;
+        if exe.state != ExecutionState::OutcomeUnknown {
+            return Err(Reject::new(RejectKind::Conflict, "the execution's outcome is not unknown"));
+        }
+        let decision = Decision { outcome, reason: reason.to_string(), by: caller.member.id.clone(), at };
+        if let Some(e) = self.executions.get_mut(exe_id) {
+            e.decision = Some(decision);
+            e.state = ExecutionState::Running; // finish_* move it on from here
+        }
+        match outcome {
+            ExecutionState::Succeeded => {
+                let sandbox = if exe.kind == ExecutionKind::Create {
+                    self.computers.get(&exe.computer_id).and_then(|c| c.sandbox.clone())
+                } else {
+                    None
+                };
+                self.finish_succeeded(exe_id, sandbox, at);
+            }
+            _ => {
+                let err = ExecutionError { kind: "decided_failed".into(), message: reason.to_string() };
+                self.finish_failed(exe_id, err, at);
+            }
+        }
+        Ok(())
+    }
+
+    /// Stop on an unknown-outcome pause: the Computer becomes `failed` (the sandbox may still run).
+    pub(crate) fn stop(&mut self, by: &str, computer_id: &str, at: u64) -> Result<(), Reject> {
+        let caller = self.caller_by_token_id(by)?;
+        let c = self.visible_computer(&caller, computer_id)?.clone();
+        if caller.bot.is_some() {
+            return Err(Reject::new(RejectKind::Forbidden, "only a member may stop a computer"));
+        }
+        caller.check_writable()?;
+        let exe = c.active_execution.as_ref().and_then(|e| self.executions.get(e)).cloned();
+        let Some(exe) = exe.filter(|e| e.kind == ExecutionKind::Pause && e.state == ExecutionState::OutcomeUnknown) else {
+            return Err(Reject::new(RejectKind::Conflict, "stop applies to a pause of unknown outcome"));
+        };
+        if let Some(e) = self.executions.get_mut(&exe.id) {
+            e.state = ExecutionState::Failed;
+            e.finished_at = Some(at);
+            e.decision = Some(Decision {
+                outcome: ExecutionState::Failed,
+                reason: "stopped: the computer is marked failed; the sandbox may still run".into(),
+                by: caller.member.id.clone(),
+                at,
+            });
+        }
+        if let Some(c) = self.computers.get_mut(computer_id) {
+            c.active_execution = None;
+        }
+        // The span stays open and flagged: a stop does not prove the sandbox is idle.
+        self.push_event(at, "ExecutionFinished", computer_id, Some(&exe.id), serde_json::json!({"kind": "pause", "state": "stopped"}));
+        self.set_computer_state(computer_id, ComputerState::Failed, at);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sm::Command;
+    use crate::sm::Response;
+    use crate::sm::hash_secret;
+    use crate::sm::identity::Bot;
+    use crate::sm::identity::Member;
+    use crate::sm::identity::Organization;
+    use crate::sm::identity::Principal;
+    use crate::sm::identity::Token;
+    use crate::sm::model::Provider;
+    use crate::sm::model::ProviderKind;
+    use crate::sm::model::Requester;
+
+    const OWNER: &str = "tok_owner";
+
+    fn token(id: &str, principal: Principal) -> Token {
+        Token {
+            id: id.into(),
+            name: id.into(),
+            hash: hash_secret(id),
+            principal,
+            read_only: false,
+            computers: None,
+            created_at: 1,
+            revoked_at: None,
+        }
+    }
+
+    fn ok(r: Response) -> Option<String> {
+        match r {
+            Response::Ok => None,
+            Response::Id(id) => Some(id),
+            Response::Rejected(r) => panic!("rejected: {r:?}"),
+        }
+    }
+
+    fn rejected(r: Response) -> Reject {
+        match r {
+            Response::Rejected(r) => r,
+            other => panic!("expected a rejection, got {other:?}"),
+        }
+    }
+
+    fn world() -> State {
+        let mut s = State::default();
+        let owner = Member { id: "mem_o".into(), name: "o".into(), email: None, role: Role::Owner, created_at: 1 };
+        ok(s.apply(&Command::Bootstrap {
+            cluster_id: "c".into(),
+            org: Organization { id: "org".into(), name: "o".into(), created_at: 1 },
+            owner,
+            token: token(OWNER, Principal::Member("mem_o".into())),
+        }));
+        let provider = Provider {
+            id: "cpp_1".into(),
+            kind: ProviderKind::Fake,
+            name: "p".into(),
+            config: Default::default(),
+            secrets: Default::default(),
+            created_by: "mem_o".into(),
+            created_at: 1,
+        };
+        ok(s.apply(&Command::CreateProvider { by: OWNER.into(), provider }));
+        let bot = Bot { id: "bot_1".into(), name: "b".into(), member_id: "mem_o".into(), created_at: 1, archived_at: None };
+        ok(s.apply(&Command::CreateBot { by: OWNER.into(), bot }));
+        ok(s.apply(&Command::CreateToken { by: OWNER.into(), token: token("tok_bot", Principal::Bot("bot_1".into())) }));
+        s
+    }
+
+    fn submit(by: &str, kind: ExecutionKind, computer: &str, key: &str, body: &str) -> Command {
+        let n = format!("{key}-{body}-{by}");
+        let exe = Execution {
+            id: format!("exe_{n}"),
+            command_key: key.into(),
+            body_hash: body.into(),
+            kind,
+            computer_id: computer.into(),
+            state: ExecutionState::Pending,
+            requester: Requester { token_id: String::new(), member_id: String::new(), bot_id: None },
+            approval: None,
+            claim: None,
+            dispatched_at: None,
+            error: None,
+            decision: None,
+            late_answer: None,
+            pairing_code: None,
+            pairing_expires_at: None,
+            created_at: 1,
+            finished_at: None,
+        };
+        let owner = if by == OWNER || by.starts_with("tok_bot") { "mem_o" } else { "mem_x" };
+        let c = (kind == ExecutionKind::Create).then(|| Computer {
+            id: computer.into(),
+            name: "c".into(),
+            owner: owner.into(),
+            shared: false,
+            source: Source::Provider { provider: "cpp_1".into(), template: None },
+            desktop: false,
+            pause_after: Some(600),
+            state: ComputerState::Starting,
+            sandbox: None,
+            active_execution: None,
+            created_at: 1,
+        });
+        Command::SubmitExecution(Box::new(Submit {
+            by: by.into(),
+            execution: exe,
+            computer: c,
+            approval_id: format!("apr_{n}"),
+            reason: None,
+            at_ms: 10,
+        }))
+    }
+
+    fn run(s: &mut State, exe: &str, outcome: Outcome) {
+        ok(s.apply(&Command::ClaimExecution { execution_id: exe.into(), claim: "k".into(), at_ms: 20 }));
+        ok(s.apply(&Command::DispatchExecution { execution_id: exe.into(), claim: "k".into(), at_ms: 30 }));
+        ok(s.apply(&Command::FinishExecution { execution_id: exe.into(), claim: "k".into(), outcome, at_ms: 40 }));
+    }
+
+    fn created(s: &mut State) -> String {
+        let exe = ok(s.apply(&submit(OWNER, ExecutionKind::Create, "cmp_1", "k1", "a"))).expect("id");
+        run(s, &exe, Outcome::Succeeded { sandbox: Some("sbx".into()) });
+        exe
+    }
+
+    #[test]
+    fn same_key_same_body_replays_and_other_body_is_refused() {
+        let mut s = world();
+        let first = ok(s.apply(&submit(OWNER, ExecutionKind::Create, "cmp_1", "k1", "a"))).expect("id");
+        let before = s.clone();
+        let again = ok(s.apply(&submit(OWNER, ExecutionKind::Create, "cmp_2", "k1", "a"))).expect("id");
+        assert_eq!(again, first, "a retry answers the first execution");
+        assert_eq!(s, before, "a retry changes nothing");
+        let r = rejected(s.apply(&submit(OWNER, ExecutionKind::Create, "cmp_3", "k1", "b")));
+        assert_eq!(r.kind, RejectKind::IdempotencyKeyReused);
+        assert_eq!(s, before);
+    }
+
+    #[test]
+    fn create_runs_to_running_with_an_open_span_and_events() {
+        let mut s = world();
+        let exe = created(&mut s);
+        assert_eq!(s.executions[&exe].state, ExecutionState::Succeeded);
+        let c = &s.computers["cmp_1"];
+        assert_eq!((c.state, c.sandbox.as_deref(), c.active_execution.as_ref()), (ComputerState::Running, Some("sbx"), None));
+        assert_eq!(s.usage["cmp_1"], vec![UsageSpan { start: 30, end: None, ended_by: None, outcome_unknown: false }]);
+        let kinds: Vec<&str> = s.events.iter().map(|e| e.kind.as_str()).collect();
+        assert_eq!(kinds, vec!["ExecutionStarted", "ExecutionFinished", "ComputerStateChanged"]);
+    }
+
+    #[test]
+    fn a_second_lifecycle_command_conflicts_with_the_running_one() {
+        let mut s = world();
+        created(&mut s);
+        let del = ok(s.apply(&submit(OWNER, ExecutionKind::Delete, "cmp_1", "k2", "d"))).expect("id");
+        let r = rejected(s.apply(&submit(OWNER, ExecutionKind::Pause, "cmp_1", "k3", "p")));
+        assert_eq!((r.kind, r.execution_id), (RejectKind::ComputerConflict, Some(del)));
+    }
+
+    #[test]
+    fn rights_are_rechecked_at_dispatch_and_nothing_is_sent_without_them() {
+        let mut s = world();
+        created(&mut s);
+        ok(s.apply(&Command::CreateToken { by: OWNER.into(), token: token("tok_2", Principal::Member("mem_o".into())) }));
+        let exe = ok(s.apply(&submit("tok_2", ExecutionKind::Pause, "cmp_1", "k2", "p"))).expect("id");
+        ok(s.apply(&Command::RevokeToken { by: OWNER.into(), token_id: "tok_2".into(), at_ms: 15 }));
+        ok(s.apply(&Command::ClaimExecution { execution_id: exe.clone(), claim: "k".into(), at_ms: 20 }));
+        let r = rejected(s.apply(&Command::DispatchExecution { execution_id: exe.clone(), claim: "k".into(), at_ms: 30 }));
+        assert_eq!(r.kind, RejectKind::Forbidden);
+        let e = &s.executions[&exe];
+        assert_eq!((e.state, e.dispatched_at), (ExecutionState::Failed, None));
+        assert_eq!(e.error.as_ref().map(|e| e.kind.as_str()), Some("forbidden"));
+        assert_eq!(s.computers["cmp_1"].state, ComputerState::Running, "the computer stays");
+    }
+
+    #[test]
+    fn lost_answer_is_unknown_until_decided_and_stale_claims_are_fenced() {
+        let mut s = world();
+        created(&mut s);
+        let exe = ok(s.apply(&submit(OWNER, ExecutionKind::Pause, "cmp_1", "k2", "p"))).expect("id");
+        ok(s.apply(&Command::ClaimExecution { execution_id: exe.clone(), claim: "old".into(), at_ms: 20 }));
+        ok(s.apply(&Command::DispatchExecution { execution_id: exe.clone(), claim: "old".into(), at_ms: 30 }));
+        // A takeover must not re-claim a dispatched call; it declares it unknown.
+        rejected(s.apply(&Command::ClaimExecution { execution_id: exe.clone(), claim: "new".into(), at_ms: 35 }));
+        ok(s.apply(&Command::MarkUnknown {
+            execution_id: exe.clone(),
+            claim: "old".into(),
+            reason: "driver lost".into(),
+            at_ms: 36,
+        }));
+        assert_eq!(s.executions[&exe].state, ExecutionState::OutcomeUnknown);
+        assert!(s.usage["cmp_1"][0].outcome_unknown, "the span stays open, flagged");
+        assert_eq!(s.events.back().map(|e| e.kind.as_str()), Some("DecisionNeeded"));
+        let r = rejected(s.apply(&submit(OWNER, ExecutionKind::Delete, "cmp_1", "k3", "d")));
+        assert_eq!(r.kind, RejectKind::ComputerConflict, "an unknown outcome holds the computer");
+        ok(s.apply(&Command::DecideExecution {
+            by: OWNER.into(),
+            execution_id: exe.clone(),
+            outcome: ExecutionState::Succeeded,
+            reason: "the provider shows it paused".into(),
+            at_ms: 50,
+        }));
+        assert_eq!(s.computers["cmp_1"].state, ComputerState::Paused);
+        let span = &s.usage["cmp_1"][0];
+        assert_eq!((span.end, span.ended_by, span.outcome_unknown), (Some(30), Some(SpanEnd::Pause), false));
+    }
+
+    #[test]
+    fn late_create_answer_keeps_the_sandbox_and_usage() {
+        let mut s = world();
+        let exe = ok(s.apply(&submit(OWNER, ExecutionKind::Create, "cmp_1", "k1", "a"))).expect("id");
+        ok(s.apply(&Command::ClaimExecution { execution_id: exe.clone(), claim: "k".into(), at_ms: 20 }));
+        ok(s.apply(&Command::DispatchExecution { execution_id: exe.clone(), claim: "k".into(), at_ms: 30 }));
+        let lost = Outcome::Unknown { reason: "timeout".into() };
+        ok(s.apply(&Command::FinishExecution { execution_id: exe.clone(), claim: "k".into(), outcome: lost, at_ms: 40 }));
+        let late = Outcome::Succeeded { sandbox: Some("sbx-late".into()) };
+        ok(s.apply(&Command::FinishExecution { execution_id: exe.clone(), claim: "k".into(), outcome: late, at_ms: 45 }));
+        assert_eq!(s.executions[&exe].state, ExecutionState::OutcomeUnknown, "still waits for a person");
+        assert_eq!(s.computers["cmp_1"].sandbox.as_deref(), Some("sbx-late"));
+        assert_eq!(s.usage["cmp_1"].len(), 1);
+    }
+
+    #[test]
+    fn stop_on_an_unknown_pause_fails_the_computer() {
+        let mut s = world();
+        created(&mut s);
+        let exe = ok(s.apply(&submit(OWNER, ExecutionKind::Pause, "cmp_1", "k2", "p"))).expect("id");
+        run(&mut s, &exe, Outcome::Unknown { reason: "lost".into() });
+        ok(s.apply(&Command::StopComputer { by: OWNER.into(), computer_id: "cmp_1".into(), at_ms: 60 }));
+        let c = &s.computers["cmp_1"];
+        assert_eq!((c.state, c.active_execution.as_ref()), (ComputerState::Failed, None));
+        assert!(s.usage["cmp_1"][0].outcome_unknown && s.usage["cmp_1"][0].end.is_none());
+    }
+
+    #[test]
+    fn bots_ask_and_wait_for_approval_and_see_only_granted_computers() {
+        let mut s = world();
+        created(&mut s);
+        let bot = s.caller_by_token_id("tok_bot").expect("bot");
+        assert!(!s.can_see(&bot, &s.computers["cmp_1"]));
+        let exe = ok(s.apply(&submit("tok_bot", ExecutionKind::Create, "cmp_b", "kb", "x"))).expect("id");
+        let e = s.executions[&exe].clone();
+        let approval = e.approval.clone().expect("parked for approval");
+        assert!(!s.claimable(&e));
+        ok(s.apply(&Command::DecideApproval { by: OWNER.into(), approval_id: approval, approve: true, at_ms: 12 }));
+        assert!(s.claimable(&s.executions[&exe]));
+        assert!(s.can_see(&bot, &s.computers["cmp_b"]), "the creating bot holds a grant");
+        // Acquire asks; archiving the bot ends its rights.
+        let apr = ok(s.apply(&Command::Acquire {
+            by: "tok_bot".into(),
+            computer_id: "cmp_1".into(),
+            approval_id: "apr_acq".into(),
+            reason: Some("need it".into()),
+            at_ms: 13,
+        }));
+        assert_eq!(apr.as_deref(), Some("apr_acq"));
+        ok(s.apply(&Command::DecideApproval { by: OWNER.into(), approval_id: "apr_acq".into(), approve: true, at_ms: 14 }));
+        assert!(s.has_grant("cmp_1", "bot_1"));
+        ok(s.apply(&Command::ArchiveBot { by: OWNER.into(), bot_id: "bot_1".into(), at_ms: 15 }));
+        assert!(!s.has_grant("cmp_1", "bot_1") && !s.has_grant("cmp_b", "bot_1"));
+    }
+}

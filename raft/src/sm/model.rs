@@ -1,0 +1,357 @@
+//! Records of the Computers API: providers, Computers, lifecycle executions, grants, usage
+//! spans, events, capability rules and approvals.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use serde::Serialize;
+
+/// The kinds of sandbox provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProviderKind {
+    /// The Docker engine of the host.
+    Docker,
+    /// E2B.
+    E2b,
+    /// Daytona.
+    Daytona,
+    /// A provider that only exists in tests, with injectable faults (enabled per node by flag).
+    Fake,
+}
+
+/// A configured provider. `secrets` are write-only: stored, given to the adapter, never shown.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Provider {
+    /// `cpp_…`
+    pub id: String,
+    /// The kind.
+    pub kind: ProviderKind,
+    /// Display name.
+    pub name: String,
+    /// Config fields that may be shown.
+    pub config: BTreeMap<String, serde_json::Value>,
+    /// Credential fields: never answered, never logged.
+    pub secrets: BTreeMap<String, serde_json::Value>,
+    /// The member who added it.
+    pub created_by: String,
+    /// Unix ms.
+    pub created_at: u64,
+}
+
+/// Where a Computer runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "_tag")]
+pub enum Source {
+    /// A sandbox at a provider.
+    Provider {
+        /// `cpp_…`
+        provider: String,
+        /// A provider image/template name, if any.
+        template: Option<String>,
+    },
+    /// The user's own machine, paired once.
+    Paired,
+}
+
+/// A Computer's state as users see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ComputerState {
+    /// Being created.
+    Starting,
+    /// Up.
+    Running,
+    /// Paused at the provider.
+    Paused,
+    /// An own machine that is not connected.
+    Offline,
+    /// Failed; see its executions.
+    Failed,
+    /// Deleted (kept as a tombstone for usage and receipts; hidden from the API).
+    Deleted,
+}
+
+/// A Computer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Computer {
+    /// `cmp_…`
+    pub id: String,
+    /// Display name.
+    pub name: String,
+    /// The member who owns it (the bot's member when a bot created it).
+    pub owner: String,
+    /// Owned by the organization: every member may use it.
+    pub shared: bool,
+    /// Where it runs.
+    pub source: Source,
+    /// Screenshots, mouse, keyboard.
+    pub desktop: bool,
+    /// Seconds without work before an idle pause; `None` = never.
+    pub pause_after: Option<u64>,
+    /// State.
+    pub state: ComputerState,
+    /// The provider's reference to the sandbox, once known.
+    pub sandbox: Option<String>,
+    /// The lifecycle execution that holds the Computer (pending, running or of unknown outcome).
+    pub active_execution: Option<String>,
+    /// Unix ms.
+    pub created_at: u64,
+}
+
+/// The lifecycle commands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExecutionKind {
+    /// Create the sandbox (or a pairing code).
+    Create,
+    /// Pause.
+    Pause,
+    /// Resume.
+    Resume,
+    /// Delete the sandbox and the Computer.
+    Delete,
+}
+
+/// An execution's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExecutionState {
+    /// Stored; not started (or waiting for an approval).
+    Pending,
+    /// A driver claimed it.
+    Running,
+    /// Done.
+    Succeeded,
+    /// Failed; the error says why.
+    Failed,
+    /// The provider call was sent and its answer lost: a person decides.
+    OutcomeUnknown,
+}
+
+/// Who asked for something, as of the request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Requester {
+    /// The token used.
+    pub token_id: String,
+    /// The member (the bot's member for a bot).
+    pub member_id: String,
+    /// The bot, if a bot asked.
+    pub bot_id: Option<String>,
+}
+
+/// Why an execution failed, safe to show.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecutionError {
+    /// An error kind (`forbidden`, `provider_rejected`, `not_sent`, ...).
+    pub kind: String,
+    /// Message.
+    pub message: String,
+}
+
+/// A human decision on an unknown outcome.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Decision {
+    /// What the person found at the provider.
+    pub outcome: ExecutionState,
+    /// Why.
+    pub reason: String,
+    /// Member who decided.
+    pub by: String,
+    /// Unix ms.
+    pub at: u64,
+}
+
+/// A lifecycle execution: one command on one Computer, keyed by its command key.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Execution {
+    /// `exe_…`
+    pub id: String,
+    /// The caller's idempotency key.
+    pub command_key: String,
+    /// Hex SHA-256 of the normalized request, to tell a retry from a reuse of the key.
+    pub body_hash: String,
+    /// Which command.
+    pub kind: ExecutionKind,
+    /// The Computer.
+    pub computer_id: String,
+    /// State.
+    pub state: ExecutionState,
+    /// Who asked.
+    pub requester: Requester,
+    /// The approval it waits for, if a decider asked a person.
+    pub approval: Option<String>,
+    /// The claim of the driver that runs it (fences out a deposed driver).
+    pub claim: Option<String>,
+    /// Set when the provider call is about to be sent: a driver that takes over never re-sends.
+    pub dispatched_at: Option<u64>,
+    /// Why it failed.
+    pub error: Option<ExecutionError>,
+    /// The decision on an unknown outcome.
+    pub decision: Option<Decision>,
+    /// An answer that arrived after the outcome was declared unknown (kept as evidence).
+    pub late_answer: Option<String>,
+    /// For a paired create: the one-time pairing code (cleared when redeemed or expired).
+    pub pairing_code: Option<String>,
+    /// When the pairing code expires, unix ms.
+    pub pairing_expires_at: Option<u64>,
+    /// Unix ms.
+    pub created_at: u64,
+    /// Unix ms.
+    pub finished_at: Option<u64>,
+}
+
+impl Execution {
+    /// Pending, running or of unknown outcome: it still holds its Computer.
+    pub fn is_open(&self) -> bool {
+        matches!(self.state, ExecutionState::Pending | ExecutionState::Running | ExecutionState::OutcomeUnknown)
+    }
+}
+
+/// A bot's right to use a Computer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Grant {
+    /// The Computer.
+    pub computer_id: String,
+    /// The bot.
+    pub bot_id: String,
+    /// The member who granted (or approved an acquire).
+    pub granted_by: String,
+    /// Unix ms.
+    pub created_at: u64,
+}
+
+/// How a run span ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SpanEnd {
+    /// A confirmed pause.
+    Pause,
+    /// A confirmed delete.
+    Delete,
+    /// A failure.
+    Failure,
+}
+
+/// A time span in which a sandbox ran (the provider bills it; we only record).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UsageSpan {
+    /// Unix ms.
+    pub start: u64,
+    /// Unix ms, once ended.
+    pub end: Option<u64>,
+    /// How it ended.
+    pub ended_by: Option<SpanEnd>,
+    /// A pause or delete of unknown outcome touched this span: it is open but uncertain.
+    pub outcome_unknown: bool,
+}
+
+/// A lifecycle event in the bounded event log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Event {
+    /// Cursor: strictly increasing.
+    pub seq: u64,
+    /// Unix ms.
+    pub at: u64,
+    /// `ExecutionStarted`, `ExecutionFinished`, `DecisionNeeded`, `ComputerStateChanged`, ...
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The Computer concerned.
+    pub computer_id: String,
+    /// The execution concerned, if any.
+    pub execution_id: Option<String>,
+    /// Details.
+    pub data: serde_json::Value,
+}
+
+/// The four capabilities decided by the decider chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Capability {
+    /// Create a sandbox (target: provider id).
+    #[serde(rename = "computers.create")]
+    Create,
+    /// Get the right to use an existing Computer (target: computer id).
+    #[serde(rename = "computers.acquire")]
+    Acquire,
+    /// Delete a Computer (target: computer id).
+    #[serde(rename = "computers.delete")]
+    Delete,
+    /// Give a port a public address (target: computer id).
+    #[serde(rename = "computers.expose")]
+    Expose,
+}
+
+/// What a rule decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Effect {
+    /// Run.
+    Allow,
+    /// Refuse.
+    Deny,
+    /// Park as a pending approval for a member.
+    Ask,
+}
+
+/// Who a rule applies to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ActorKind {
+    /// Members acting with member tokens.
+    Member,
+    /// Bots acting with bot tokens.
+    Bot,
+}
+
+/// A configured rule; the first rule that matches decides. Unset fields match anything.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Rule {
+    /// The capability, or `None` for all four.
+    pub capability: Option<Capability>,
+    /// The decision.
+    pub effect: Effect,
+    /// Members or bots.
+    pub actor: Option<ActorKind>,
+    /// One member (`mem_…`), matching members and bots of that member.
+    pub member: Option<String>,
+    /// One bot.
+    pub bot: Option<String>,
+    /// One provider (target of `computers.create`).
+    pub provider: Option<String>,
+    /// One Computer (target of the other three).
+    pub computer: Option<String>,
+}
+
+/// A request parked by an `ask` decision.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Approval {
+    /// `apr_…`
+    pub id: String,
+    /// What is asked.
+    pub capability: Capability,
+    /// The provider or Computer id.
+    pub target: String,
+    /// Who asked.
+    pub requester: Requester,
+    /// The execution waiting for it (create/delete), if any.
+    pub execution_id: Option<String>,
+    /// `pending`, `approved` or `rejected`.
+    pub state: String,
+    /// The member who decided.
+    pub decided_by: Option<String>,
+    /// Why the bot asked (`reason` of the tool call), if given.
+    pub reason: Option<String>,
+    /// Unix ms.
+    pub created_at: u64,
+}
