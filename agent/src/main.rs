@@ -5,8 +5,6 @@
 //! agent.
 
 fn main() -> std::process::ExitCode {
-    eprintln!(
-        "computer-agent: not implemented yet (pairing and the link come with the agent issue)"
-    );
+    eprintln!("computer-agent: not implemented yet (pairing and the link come with the agent issue)");
     std::process::ExitCode::from(2)
 }

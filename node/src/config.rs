@@ -55,6 +55,7 @@ impl DevConfig {
             election_ms: t.election_min_ms,
             snapshot_every: t.snapshot_every,
             keep_logs: t.keep_logs,
+            fake_provider_dir: None,
         }
     }
 }
@@ -95,6 +96,10 @@ pub struct ServeConfig {
     /// Log entries kept behind a snapshot for slow followers.
     #[arg(long, env = "COMPUTERD_KEEP_LOGS", default_value_t = Tuning::default().keep_logs)]
     pub keep_logs: u64,
+    /// Enables the fault-injecting `fake` provider kind, journaling its effects in this directory
+    /// (for tests; every node of a cluster needs the same directory).
+    #[arg(long, env = "COMPUTERD_FAKE_PROVIDER_DIR")]
+    pub fake_provider_dir: Option<PathBuf>,
 }
 
 impl ServeConfig {

@@ -72,10 +72,7 @@ pub struct DataDir {
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> DataDirError + '_ {
-    move |source| DataDirError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
+    move |source| DataDirError::Io { path: path.to_path_buf(), source }
 }
 
 impl DataDir {
@@ -86,14 +83,12 @@ impl DataDir {
             fs::set_permissions(root, fs::Permissions::from_mode(0o700)).map_err(io_err(root))?;
         }
         let file = root.join(NODE_FILE);
-        let entries: Vec<_> = fs::read_dir(root)
-            .map_err(io_err(root))?
-            .collect::<Result<_, _>>()
-            .map_err(io_err(root))?;
+        let entries: Vec<_> =
+            fs::read_dir(root).map_err(io_err(root))?.collect::<Result<_, _>>().map_err(io_err(root))?;
         let node = match fs::read(&file) {
             Ok(bytes) => {
-                let node: NodeFile = serde_json::from_slice(&bytes)
-                    .map_err(|_| DataDirError::Corrupt(root.to_path_buf()))?;
+                let node: NodeFile =
+                    serde_json::from_slice(&bytes).map_err(|_| DataDirError::Corrupt(root.to_path_buf()))?;
                 if node.format != FORMAT {
                     return Err(DataDirError::Corrupt(root.to_path_buf()));
                 }
@@ -110,24 +105,13 @@ impl DataDir {
                 if !entries.is_empty() {
                     return Err(DataDirError::Foreign(root.to_path_buf()));
                 }
-                let node = NodeFile {
-                    format: FORMAT,
-                    node_id,
-                    cluster_id: None,
-                };
-                write_atomic(
-                    &file,
-                    &serde_json::to_vec_pretty(&node).map_err(|e| io_err(&file)(e.into()))?,
-                    0o600,
-                )?;
+                let node = NodeFile { format: FORMAT, node_id, cluster_id: None };
+                write_atomic(&file, &serde_json::to_vec_pretty(&node).map_err(|e| io_err(&file)(e.into()))?, 0o600)?;
                 node
             }
             Err(e) => return Err(io_err(&file)(e)),
         };
-        Ok(Self {
-            root: root.to_path_buf(),
-            node,
-        })
+        Ok(Self { root: root.to_path_buf(), node })
     }
 
     /// Where the Raft store lives.
@@ -150,11 +134,7 @@ impl DataDir {
 
     /// Writes the owner token secret with mode 0600 (never readable by others, even briefly).
     pub fn write_admin_token(&self, secret: &str) -> Result<(), DataDirError> {
-        write_atomic(
-            &self.admin_token_path(),
-            format!("{secret}\n").as_bytes(),
-            0o600,
-        )
+        write_atomic(&self.admin_token_path(), format!("{secret}\n").as_bytes(), 0o600)
     }
 }
 
@@ -162,19 +142,12 @@ impl DataDir {
 fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), DataDirError> {
     let tmp = path.with_extension("tmp");
     let _ = fs::remove_file(&tmp);
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(&tmp)
-        .map_err(io_err(&tmp))?;
+    let mut f = fs::OpenOptions::new().write(true).create_new(true).mode(mode).open(&tmp).map_err(io_err(&tmp))?;
     f.write_all(bytes).map_err(io_err(&tmp))?;
     f.sync_all().map_err(io_err(&tmp))?;
     fs::rename(&tmp, path).map_err(io_err(path))?;
     if let Some(dir) = path.parent() {
-        fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io_err(dir))?;
+        fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io_err(dir))?;
     }
     Ok(())
 }
@@ -192,11 +165,7 @@ mod tests {
         d.set_cluster_id("c").expect("set");
         let again = DataDir::open(&root, 3).expect("reopen");
         assert_eq!(again.node.cluster_id.as_deref(), Some("c"));
-        let mode = fs::metadata(root.join(NODE_FILE))
-            .expect("meta")
-            .permissions()
-            .mode()
-            & 0o777;
+        let mode = fs::metadata(root.join(NODE_FILE)).expect("meta").permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
     }
 
@@ -204,31 +173,15 @@ mod tests {
     fn foreign_other_node_and_corrupt_dirs_are_refused() {
         let t = tempfile::tempdir().expect("tempdir");
         fs::write(t.path().join("something"), b"x").expect("write");
-        assert!(matches!(
-            DataDir::open(t.path(), 1),
-            Err(DataDirError::Foreign(_))
-        ));
+        assert!(matches!(DataDir::open(t.path(), 1), Err(DataDirError::Foreign(_))));
 
         let t2 = tempfile::tempdir().expect("tempdir");
         DataDir::open(t2.path(), 1).expect("open");
-        assert!(matches!(
-            DataDir::open(t2.path(), 2),
-            Err(DataDirError::OtherNode {
-                found: 1,
-                wanted: 2,
-                ..
-            })
-        ));
+        assert!(matches!(DataDir::open(t2.path(), 2), Err(DataDirError::OtherNode { found: 1, wanted: 2, .. })));
 
         fs::write(t2.path().join(NODE_FILE), b"{not json").expect("write");
-        assert!(matches!(
-            DataDir::open(t2.path(), 1),
-            Err(DataDirError::Corrupt(_))
-        ));
+        assert!(matches!(DataDir::open(t2.path(), 1), Err(DataDirError::Corrupt(_))));
         // Nothing was re-initialised.
-        assert_eq!(
-            fs::read(t2.path().join(NODE_FILE)).expect("read"),
-            b"{not json"
-        );
+        assert_eq!(fs::read(t2.path().join(NODE_FILE)).expect("read"), b"{not json");
     }
 }

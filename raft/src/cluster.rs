@@ -72,12 +72,7 @@ pub struct Tuning {
 
 impl Default for Tuning {
     fn default() -> Self {
-        Self {
-            heartbeat_ms: 100,
-            election_min_ms: 600,
-            snapshot_every: 10_000,
-            keep_logs: 1_000,
-        }
+        Self { heartbeat_ms: 100, election_min_ms: 600, snapshot_every: 10_000, keep_logs: 1_000 }
     }
 }
 
@@ -146,8 +141,7 @@ impl Cluster {
     /// Opens the store in `dir` and starts the Raft node (not yet serving RPCs: add
     /// [`crate::service::Service`] to a gRPC server).
     pub async fn start(id: NodeId, dir: &Path, tuning: &Tuning) -> Result<Cluster, ClusterError> {
-        let (log, sm) = store::open(dir)
-            .map_err(|e| ClusterError::Fatal(format!("cannot open the store: {e}")))?;
+        let (log, sm) = store::open(dir).map_err(|e| ClusterError::Fatal(format!("cannot open the store: {e}")))?;
         let reader = sm.reader();
         let config = Config {
             cluster_name: "computerd".into(),
@@ -158,23 +152,12 @@ impl Cluster {
             max_in_snapshot_log_to_keep: tuning.keep_logs,
             ..Default::default()
         };
-        let config = Arc::new(
-            config
-                .validate()
-                .map_err(|e| ClusterError::Invalid(e.to_string()))?,
-        );
+        let config = Arc::new(config.validate().map_err(|e| ClusterError::Invalid(e.to_string()))?);
         let channels = Channels::default();
         let raft = Raft::new(id, config, NetworkFactory::new(channels.clone()), log, sm)
             .await
             .map_err(|e| ClusterError::Fatal(e.to_string()))?;
-        Ok(Cluster {
-            inner: Arc::new(Inner {
-                id,
-                raft,
-                reader,
-                channels,
-            }),
-        })
+        Ok(Cluster { inner: Arc::new(Inner { id, raft, reader, channels }) })
     }
 
     /// The Raft handle.
@@ -199,19 +182,13 @@ impl Cluster {
 
     /// True once this node has a membership (bootstrapped or joined).
     pub async fn is_initialized(&self) -> Result<bool, ClusterError> {
-        self.raft()
-            .is_initialized()
-            .await
-            .map_err(|e| ClusterError::Fatal(e.to_string()))
+        self.raft().is_initialized().await.map_err(|e| ClusterError::Fatal(e.to_string()))
     }
 
     /// Makes this node a one-node cluster.
     pub async fn initialize(&self, addr: NodeAddr) -> Result<(), ClusterError> {
         let members = std::collections::BTreeMap::from([(self.id(), addr)]);
-        self.raft()
-            .initialize(members)
-            .await
-            .map_err(|e| ClusterError::Fatal(e.to_string()))
+        self.raft().initialize(members).await.map_err(|e| ClusterError::Fatal(e.to_string()))
     }
 
     /// The current view from this node's Raft metrics.
@@ -221,11 +198,7 @@ impl Cluster {
         let voters: std::collections::BTreeSet<NodeId> = membership.voter_ids().collect();
         let members = membership
             .nodes()
-            .map(|(id, addr)| MemberView {
-                id: *id,
-                addr: addr.clone(),
-                voter: voters.contains(id),
-            })
+            .map(|(id, addr)| MemberView { id: *id, addr: addr.clone(), voter: voters.contains(id) })
             .collect();
         ClusterView {
             node_id: self.id(),
@@ -262,9 +235,7 @@ impl Cluster {
         let payload = encode(&req).map_err(|e| ClusterError::Invalid(e.to_string()))?;
         loop {
             if Instant::now() >= deadline {
-                return Err(ClusterError::Unavailable(
-                    "no leader accepted the write in time".into(),
-                ));
+                return Err(ClusterError::Unavailable("no leader accepted the write in time".into()));
             }
             let leader = match self.leader() {
                 Some(l) => l,
@@ -276,16 +247,12 @@ impl Cluster {
             let reply = if leader.0 == self.id() {
                 self.propose_local(req.clone()).await?
             } else {
-                let mut client = self
-                    .channels()
-                    .get(&leader.1.grpc)
-                    .map_err(|e| ClusterError::Invalid(e.to_string()))?;
+                let mut client =
+                    self.channels().get(&leader.1.grpc).map_err(|e| ClusterError::Invalid(e.to_string()))?;
                 let mut r = tonic::Request::new(payload.clone());
                 r.set_timeout(deadline.saturating_duration_since(Instant::now()));
                 match client.propose(r).await {
-                    Ok(resp) => {
-                        decode(resp.get_ref()).map_err(|e| ClusterError::Fatal(e.to_string()))?
-                    }
+                    Ok(resp) => decode(resp.get_ref()).map_err(|e| ClusterError::Fatal(e.to_string()))?,
                     Err(status) => {
                         // The answer may be lost after the command applied; commands are
                         // idempotent, so sending it again is safe.
@@ -321,9 +288,7 @@ impl Cluster {
         let deadline = Instant::now() + READ_TIMEOUT;
         loop {
             if Instant::now() >= deadline {
-                return Err(ClusterError::Unavailable(
-                    "no quorum confirmed the read in time".into(),
-                ));
+                return Err(ClusterError::Unavailable("no quorum confirmed the read in time".into()));
             }
             let Some(leader) = self.leader() else {
                 self.wait_for_leader(deadline).await?;
@@ -332,16 +297,12 @@ impl Cluster {
             let reply = if leader.0 == self.id() {
                 self.read_index_local().await?
             } else {
-                let mut client = self
-                    .channels()
-                    .get(&leader.1.grpc)
-                    .map_err(|e| ClusterError::Invalid(e.to_string()))?;
+                let mut client =
+                    self.channels().get(&leader.1.grpc).map_err(|e| ClusterError::Invalid(e.to_string()))?;
                 let mut r = tonic::Request::new(Empty {});
                 r.set_timeout(deadline.saturating_duration_since(Instant::now()));
                 match client.read_index(r).await {
-                    Ok(resp) => {
-                        decode(resp.get_ref()).map_err(|e| ClusterError::Fatal(e.to_string()))?
-                    }
+                    Ok(resp) => decode(resp.get_ref()).map_err(|e| ClusterError::Fatal(e.to_string()))?,
                     Err(status) => {
                         tracing::debug!(leader = leader.0, %status, "read index failed; retrying");
                         tokio::time::sleep(RETRY_PAUSE).await;
@@ -369,15 +330,11 @@ impl Cluster {
     pub async fn read_index_local(&self) -> Result<ReadIndexReply, ClusterError> {
         let fut = self.raft().get_read_log_id(ReadPolicy::ReadIndex);
         match tokio::time::timeout(READ_TIMEOUT, fut).await {
-            Err(_) => Err(ClusterError::Unavailable(
-                "no quorum confirmed the read in time".into(),
-            )),
-            Ok(Ok((read_log_id, _applied))) => {
-                Ok(ReadIndexReply::Index(Some(read_log_id.log_id().index)))
+            Err(_) => Err(ClusterError::Unavailable("no quorum confirmed the read in time".into())),
+            Ok(Ok((read_log_id, _applied))) => Ok(ReadIndexReply::Index(Some(read_log_id.log_id().index))),
+            Ok(Err(RaftError::APIError(openraft::errors::LinearizableReadError::ForwardToLeader(f)))) => {
+                Ok(ReadIndexReply::NotLeader(f.leader_id.zip(f.leader_node)))
             }
-            Ok(Err(RaftError::APIError(
-                openraft::errors::LinearizableReadError::ForwardToLeader(f),
-            ))) => Ok(ReadIndexReply::NotLeader(f.leader_id.zip(f.leader_node))),
             Ok(Err(RaftError::APIError(e))) => Err(ClusterError::Unavailable(e.to_string())),
             Ok(Err(RaftError::Fatal(e))) => Err(ClusterError::Fatal(e.to_string())),
         }
@@ -388,15 +345,10 @@ impl Cluster {
     pub async fn join(&self, node_id: NodeId, addr: NodeAddr) -> Result<String, ClusterError> {
         let Some(leader) = self.leader() else {
             self.wait_for_leader(Instant::now() + READ_TIMEOUT).await?;
-            return Err(ClusterError::Unavailable(
-                "no leader yet; retry the join".into(),
-            ));
+            return Err(ClusterError::Unavailable("no leader yet; retry the join".into()));
         };
         if leader.0 != self.id() {
-            let mut client = self
-                .channels()
-                .get(&leader.1.grpc)
-                .map_err(|e| ClusterError::Invalid(e.to_string()))?;
+            let mut client = self.channels().get(&leader.1.grpc).map_err(|e| ClusterError::Invalid(e.to_string()))?;
             let mut r = tonic::Request::new(JoinRequest {
                 node_id,
                 http_addr: addr.http,
@@ -404,47 +356,33 @@ impl Cluster {
                 check_only: false,
             });
             r.set_timeout(JOIN_TIMEOUT);
-            let reply = client
-                .join(r)
-                .await
-                .map_err(|s| ClusterError::Unavailable(s.message().to_string()))?;
+            let reply = client.join(r).await.map_err(|s| ClusterError::Unavailable(s.message().to_string()))?;
             return Ok(reply.into_inner().cluster_id);
         }
-        let cluster_id = self.state().read(|s| s.cluster_id.clone()).ok_or_else(|| {
-            ClusterError::Unavailable("the cluster is not bootstrapped yet".into())
-        })?;
+        let cluster_id = self
+            .state()
+            .read(|s| s.cluster_id.clone())
+            .ok_or_else(|| ClusterError::Unavailable("the cluster is not bootstrapped yet".into()))?;
         let view = self.view();
         let known = view.members.iter().find(|m| m.id == node_id);
-        let change = |e: RaftError<crate::TypeConfig, ClientWriteError<crate::TypeConfig>>| match e
-        {
-            RaftError::APIError(ClientWriteError::ForwardToLeader(_)) => {
-                ClusterError::Unavailable(e.to_string())
-            }
+        let change = |e: RaftError<crate::TypeConfig, ClientWriteError<crate::TypeConfig>>| match e {
+            RaftError::APIError(ClientWriteError::ForwardToLeader(_)) => ClusterError::Unavailable(e.to_string()),
             RaftError::APIError(e) => ClusterError::Invalid(e.to_string()),
             RaftError::Fatal(e) => ClusterError::Fatal(e.to_string()),
         };
         match known {
             Some(m) if m.addr != addr => {
                 let nodes = std::collections::BTreeMap::from([(node_id, addr.clone())]);
-                self.raft()
-                    .change_membership(ChangeMembers::SetNodes(nodes), true)
-                    .await
-                    .map_err(change)?;
+                self.raft().change_membership(ChangeMembers::SetNodes(nodes), true).await.map_err(change)?;
             }
             Some(_) => {}
             None => {
-                self.raft()
-                    .add_learner(node_id, addr.clone(), true)
-                    .await
-                    .map_err(change)?;
+                self.raft().add_learner(node_id, addr.clone(), true).await.map_err(change)?;
             }
         }
         if !known.is_some_and(|m| m.voter) {
             let ids = std::collections::BTreeSet::from([node_id]);
-            self.raft()
-                .change_membership(ChangeMembers::AddVoterIds(ids), true)
-                .await
-                .map_err(change)?;
+            self.raft().change_membership(ChangeMembers::AddVoterIds(ids), true).await.map_err(change)?;
         }
         tracing::info!(node_id, %addr, "node is a voter with these addresses");
         Ok(cluster_id)
@@ -465,10 +403,7 @@ impl Cluster {
         addr: &NodeAddr,
         check_only: bool,
     ) -> Result<String, ClusterError> {
-        let mut client = self
-            .channels()
-            .get(grpc_addr)
-            .map_err(|e| ClusterError::Invalid(e.to_string()))?;
+        let mut client = self.channels().get(grpc_addr).map_err(|e| ClusterError::Invalid(e.to_string()))?;
         let mut r = tonic::Request::new(JoinRequest {
             node_id: self.id(),
             http_addr: addr.http.clone(),
@@ -476,10 +411,7 @@ impl Cluster {
             check_only,
         });
         r.set_timeout(JOIN_TIMEOUT);
-        let reply = client
-            .join(r)
-            .await
-            .map_err(|s| ClusterError::Unavailable(s.message().to_string()))?;
+        let reply = client.join(r).await.map_err(|s| ClusterError::Unavailable(s.message().to_string()))?;
         Ok(reply.into_inner().cluster_id)
     }
 
@@ -489,10 +421,7 @@ impl Cluster {
             return Err(ClusterError::Unavailable("no leader".into()));
         };
         if leader.0 != self.id() {
-            let mut client = self
-                .channels()
-                .get(&leader.1.grpc)
-                .map_err(|e| ClusterError::Invalid(e.to_string()))?;
+            let mut client = self.channels().get(&leader.1.grpc).map_err(|e| ClusterError::Invalid(e.to_string()))?;
             let mut r = tonic::Request::new(JoinRequest {
                 node_id,
                 http_addr: String::new(),
@@ -500,27 +429,18 @@ impl Cluster {
                 check_only: false,
             });
             r.set_timeout(JOIN_TIMEOUT);
-            client
-                .leave(r)
-                .await
-                .map_err(|s| ClusterError::Unavailable(s.message().to_string()))?;
+            client.leave(r).await.map_err(|s| ClusterError::Unavailable(s.message().to_string()))?;
             return Ok(());
         }
         let view = self.view();
         let Some(m) = view.members.iter().find(|m| m.id == node_id) else {
-            return Err(ClusterError::Invalid(format!(
-                "node {node_id} is not a member"
-            )));
+            return Err(ClusterError::Invalid(format!("node {node_id} is not a member")));
         };
         let ids = std::collections::BTreeSet::from([node_id]);
         let res = if m.voter {
-            self.raft()
-                .change_membership(ChangeMembers::RemoveVoters(ids), false)
-                .await
+            self.raft().change_membership(ChangeMembers::RemoveVoters(ids), false).await
         } else {
-            self.raft()
-                .change_membership(ChangeMembers::RemoveNodes(ids), false)
-                .await
+            self.raft().change_membership(ChangeMembers::RemoveNodes(ids), false).await
         };
         res.map_err(|e| ClusterError::Unavailable(e.to_string()))?;
         tracing::info!(node_id, "node removed");

@@ -39,13 +39,7 @@ pub trait KvEngine: Send + Sync + 'static {
     /// Removes every key in `[from, to)`.
     fn remove_range(&self, space: Space, from: &[u8], to: &[u8]) -> io::Result<()>;
     /// Reads up to `limit` pairs with keys in `[from, to)`, in key order.
-    fn scan(
-        &self,
-        space: Space,
-        from: &[u8],
-        to: &[u8],
-        limit: usize,
-    ) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>>;
+    fn scan(&self, space: Space, from: &[u8], to: &[u8], limit: usize) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>>;
     /// The pair with the greatest key, if any.
     fn last(&self, space: Space) -> io::Result<Option<(Vec<u8>, Vec<u8>)>>;
     /// Makes every write so far durable (fsync).
@@ -96,11 +90,7 @@ fn sled_err(e: sled::Error) -> io::Error {
 
 impl KvEngine for SledEngine {
     fn get(&self, space: Space, key: &[u8]) -> io::Result<Option<Vec<u8>>> {
-        Ok(self
-            .tree(space)
-            .get(key)
-            .map_err(sled_err)?
-            .map(|v| v.to_vec()))
+        Ok(self.tree(space).get(key).map_err(sled_err)?.map(|v| v.to_vec()))
     }
 
     fn write_batch(&self, space: Space, ops: Vec<BatchOp>) -> io::Result<()> {
@@ -124,13 +114,7 @@ impl KvEngine for SledEngine {
         tree.apply_batch(batch).map_err(sled_err)
     }
 
-    fn scan(
-        &self,
-        space: Space,
-        from: &[u8],
-        to: &[u8],
-        limit: usize,
-    ) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    fn scan(&self, space: Space, from: &[u8], to: &[u8], limit: usize) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
         let mut out = Vec::new();
         for item in self.tree(space).range(from..to).take(limit) {
             let (k, v) = item.map_err(sled_err)?;
@@ -140,11 +124,7 @@ impl KvEngine for SledEngine {
     }
 
     fn last(&self, space: Space) -> io::Result<Option<(Vec<u8>, Vec<u8>)>> {
-        Ok(self
-            .tree(space)
-            .last()
-            .map_err(sled_err)?
-            .map(|(k, v)| (k.to_vec(), v.to_vec())))
+        Ok(self.tree(space).last().map_err(sled_err)?.map(|(k, v)| (k.to_vec(), v.to_vec())))
     }
 
     fn flush(&self) -> io::Result<()> {
@@ -161,29 +141,16 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         {
             let e = SledEngine::open(dir.path()).expect("open");
-            let ops = (0u64..10)
-                .map(|i| BatchOp::Put(i.to_be_bytes().to_vec(), vec![i as u8]))
-                .collect();
+            let ops = (0u64..10).map(|i| BatchOp::Put(i.to_be_bytes().to_vec(), vec![i as u8])).collect();
             e.write_batch(Space::Log, ops).expect("batch");
-            e.remove_range(Space::Log, &3u64.to_be_bytes(), &5u64.to_be_bytes())
-                .expect("range");
+            e.remove_range(Space::Log, &3u64.to_be_bytes(), &5u64.to_be_bytes()).expect("range");
             e.flush().expect("flush");
         }
         let e = SledEngine::open(dir.path()).expect("reopen");
-        let all = e
-            .scan(
-                Space::Log,
-                &0u64.to_be_bytes(),
-                &u64::MAX.to_be_bytes(),
-                100,
-            )
-            .expect("scan");
+        let all = e.scan(Space::Log, &0u64.to_be_bytes(), &u64::MAX.to_be_bytes(), 100).expect("scan");
         let keys: Vec<u8> = all.iter().map(|(_, v)| v[0]).collect();
         assert_eq!(keys, vec![0, 1, 2, 5, 6, 7, 8, 9]);
-        assert_eq!(
-            e.last(Space::Log).expect("last").map(|(_, v)| v),
-            Some(vec![9])
-        );
+        assert_eq!(e.last(Space::Log).expect("last").map(|(_, v)| v), Some(vec![9]));
         assert_eq!(e.get(Space::Meta, b"nothing").expect("get"), None);
     }
 }

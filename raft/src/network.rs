@@ -47,10 +47,7 @@ pub struct Channels {
 
 impl Channels {
     /// The channel to `addr` (`host:port`), created lazily once and reused; it reconnects by itself.
-    pub fn get(
-        &self,
-        addr: &str,
-    ) -> Result<ClusterServiceClient<Channel>, tonic::transport::Error> {
+    pub fn get(&self, addr: &str) -> Result<ClusterServiceClient<Channel>, tonic::transport::Error> {
         let mut map = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let channel = match map.get(addr) {
             Some(c) => c.clone(),
@@ -88,11 +85,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, node: &NodeAddr) -> PeerClient {
-        PeerClient {
-            target,
-            addr: node.grpc.clone(),
-            channels: self.channels.clone(),
-        }
+        PeerClient { target, addr: node.grpc.clone(), channels: self.channels.clone() }
     }
 }
 
@@ -105,9 +98,7 @@ pub struct PeerClient {
 
 /// Encodes a message as the JSON payload of the wire protocol.
 pub fn encode<T: Serialize>(v: &T) -> Result<Payload, serde_json::Error> {
-    Ok(Payload {
-        data: serde_json::to_vec(v)?,
-    })
+    Ok(Payload { data: serde_json::to_vec(v)? })
 }
 
 /// Decodes a JSON payload.
@@ -131,9 +122,7 @@ fn bad_data(e: impl std::error::Error + 'static) -> RPCError<TypeConfig> {
 
 impl PeerClient {
     fn client(&self) -> Result<ClusterServiceClient<Channel>, RPCError<TypeConfig>> {
-        self.channels
-            .get(&self.addr)
-            .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))
+        self.channels.get(&self.addr).map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))
     }
 
     fn request<T>(msg: T, ttl: Duration) -> tonic::Request<T> {
@@ -195,36 +184,22 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         _cancel: impl Future<Output = ReplicationClosed> + openraft::OptionalSend + 'static,
         option: RPCOption,
     ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
-        let meta = serde_json::to_vec(&(&vote, &snapshot.meta))
-            .map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
-        let mut chunks = vec![SnapshotChunk {
-            meta,
-            data: Vec::new(),
-        }];
+        let meta =
+            serde_json::to_vec(&(&vote, &snapshot.meta)).map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
+        let mut chunks = vec![SnapshotChunk { meta, data: Vec::new() }];
         chunks.extend(
-            snapshot
-                .snapshot
-                .chunks(SNAPSHOT_CHUNK)
-                .map(|c| SnapshotChunk {
-                    meta: Vec::new(),
-                    data: c.to_vec(),
-                }),
+            snapshot.snapshot.chunks(SNAPSHOT_CHUNK).map(|c| SnapshotChunk { meta: Vec::new(), data: c.to_vec() }),
         );
-        let mut client = self
-            .client()
-            .map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
+        let mut client = self.client().map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
         // A snapshot may be large: allow it several heartbeats' worth of time.
         let ttl = option.hard_ttl().max(Duration::from_secs(30));
-        let resp = client
-            .install_snapshot(Self::request(futures::stream::iter(chunks), ttl))
-            .await
-            .map_err(|s| match status_to_rpc(self.target, s) {
+        let resp = client.install_snapshot(Self::request(futures::stream::iter(chunks), ttl)).await.map_err(|s| {
+            match status_to_rpc(self.target, s) {
                 RPCError::Unreachable(u) => StreamingError::Unreachable(u),
                 RPCError::Network(n) => StreamingError::Network(n),
-                other => {
-                    StreamingError::Network(NetworkError::new(&AnyError::error(other.to_string())))
-                }
-            })?;
+                other => StreamingError::Network(NetworkError::new(&AnyError::error(other.to_string()))),
+            }
+        })?;
         decode(resp.get_ref()).map_err(|e| StreamingError::Network(NetworkError::new(&e)))
     }
 }

@@ -58,17 +58,9 @@ fn cluster_status(e: ClusterError) -> Status {
 
 #[tonic::async_trait]
 impl ClusterService for Service {
-    async fn append_entries(
-        &self,
-        req: Request<Payload>,
-    ) -> Result<tonic::Response<Payload>, Status> {
+    async fn append_entries(&self, req: Request<Payload>) -> Result<tonic::Response<Payload>, Status> {
         let rpc = decode(req.get_ref()).map_err(bad_request)?;
-        let resp = self
-            .cluster
-            .raft()
-            .append_entries(rpc)
-            .await
-            .map_err(internal)?;
+        let resp = self.cluster.raft().append_entries(rpc).await.map_err(internal)?;
         Ok(tonic::Response::new(encode(&resp).map_err(internal)?))
     }
 
@@ -89,12 +81,8 @@ impl ClusterService for Service {
         req: Request<Streaming<SnapshotChunk>>,
     ) -> Result<tonic::Response<Payload>, Status> {
         let mut stream = req.into_inner();
-        let first = stream
-            .next()
-            .await
-            .ok_or_else(|| Status::invalid_argument("empty snapshot stream"))??;
-        let (vote, meta): (Vote, SnapshotMeta) =
-            serde_json::from_slice(&first.meta).map_err(bad_request)?;
+        let first = stream.next().await.ok_or_else(|| Status::invalid_argument("empty snapshot stream"))??;
+        let (vote, meta): (Vote, SnapshotMeta) = serde_json::from_slice(&first.meta).map_err(bad_request)?;
         let mut data = first.data;
         while let Some(chunk) = stream.next().await {
             let chunk = chunk?;
@@ -106,13 +94,7 @@ impl ClusterService for Service {
         let resp = self
             .cluster
             .raft()
-            .install_full_snapshot(
-                vote,
-                Snapshot {
-                    meta,
-                    snapshot: data,
-                },
-            )
+            .install_full_snapshot(vote, Snapshot { meta, snapshot: data })
             .await
             .map_err(internal)?;
         Ok(tonic::Response::new(encode(&resp).map_err(internal)?))
@@ -120,20 +102,12 @@ impl ClusterService for Service {
 
     async fn propose(&self, req: Request<Payload>) -> Result<tonic::Response<Payload>, Status> {
         let request = decode(req.get_ref()).map_err(bad_request)?;
-        let reply = self
-            .cluster
-            .propose_local(request)
-            .await
-            .map_err(cluster_status)?;
+        let reply = self.cluster.propose_local(request).await.map_err(cluster_status)?;
         Ok(tonic::Response::new(encode(&reply).map_err(internal)?))
     }
 
     async fn read_index(&self, _req: Request<Empty>) -> Result<tonic::Response<Payload>, Status> {
-        let reply = self
-            .cluster
-            .read_index_local()
-            .await
-            .map_err(cluster_status)?;
+        let reply = self.cluster.read_index_local().await.map_err(cluster_status)?;
         Ok(tonic::Response::new(encode(&reply).map_err(internal)?))
     }
 
@@ -143,23 +117,13 @@ impl ClusterService for Service {
             let cluster_id = self.cluster.cluster_id().await.map_err(cluster_status)?;
             return Ok(tonic::Response::new(JoinReply { cluster_id }));
         }
-        let addr = NodeAddr {
-            http: r.http_addr,
-            grpc: r.grpc_addr,
-        };
-        let cluster_id = self
-            .cluster
-            .join(r.node_id, addr)
-            .await
-            .map_err(cluster_status)?;
+        let addr = NodeAddr { http: r.http_addr, grpc: r.grpc_addr };
+        let cluster_id = self.cluster.join(r.node_id, addr).await.map_err(cluster_status)?;
         Ok(tonic::Response::new(JoinReply { cluster_id }))
     }
 
     async fn leave(&self, req: Request<JoinRequest>) -> Result<tonic::Response<Empty>, Status> {
-        self.cluster
-            .leave(req.into_inner().node_id)
-            .await
-            .map_err(cluster_status)?;
+        self.cluster.leave(req.into_inner().node_id).await.map_err(cluster_status)?;
         Ok(tonic::Response::new(Empty {}))
     }
 }

@@ -26,10 +26,7 @@ pub fn computerd_bin() -> PathBuf {
         if let Ok(p) = std::env::var("COMPUTERD_BIN") {
             return PathBuf::from(p);
         }
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .parent()
-            .expect("workspace root")
-            .to_path_buf();
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf();
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let status = Command::new(cargo)
             .args(["build", "-q", "-p", "computerd-node", "--bin", "computerd"])
@@ -37,9 +34,7 @@ pub fn computerd_bin() -> PathBuf {
             .status()
             .expect("run cargo build");
         assert!(status.success(), "building computerd failed");
-        let target = std::env::var("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|_| root.join("target"));
+        let target = std::env::var("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|_| root.join("target"));
         target.join("debug").join("computerd")
     })
     .clone()
@@ -47,10 +42,7 @@ pub fn computerd_bin() -> PathBuf {
 
 /// A free loopback port (bound, read, released).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
 }
 
 /// One node process and what it needs to be restarted the same way.
@@ -94,10 +86,7 @@ impl TestCluster {
 
     /// Like [`TestCluster::start`], with extra `computerd serve` flags for every node.
     pub async fn start_with(n: u64, flags: &[&str]) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("computerd-test-")
-            .tempdir()
-            .expect("tempdir");
+        let dir = tempfile::Builder::new().prefix("computerd-test-").tempdir().expect("tempdir");
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(30))
             .pool_max_idle_per_host(256)
@@ -155,11 +144,7 @@ impl TestCluster {
         let flags = self.flags.clone();
         let node = self.nodes.get_mut(&id).expect("known node");
         assert!(node.child.is_none(), "node {id} already runs");
-        let log = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&node.log)
-            .expect("log file");
+        let log = fs::OpenOptions::new().create(true).append(true).open(&node.log).expect("log file");
         let mut cmd = Command::new(computerd_bin());
         cmd.arg("serve")
             .args(["--node-id", &id.to_string()])
@@ -167,10 +152,7 @@ impl TestCluster {
             .arg(&node.data)
             .args(["--http", &node.http, "--grpc", &node.grpc])
             .args(&flags)
-            .env(
-                "COMPUTERD_LOG",
-                std::env::var("COMPUTERD_LOG").unwrap_or_else(|_| "info,openraft=warn".into()),
-            )
+            .env("COMPUTERD_LOG", std::env::var("COMPUTERD_LOG").unwrap_or_else(|_| "info,openraft=warn".into()))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log));
@@ -194,10 +176,7 @@ impl TestCluster {
             .stdin(Stdio::null())
             .output()
             .expect("run computerd");
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
+        (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
     }
 
     /// Sends `sig` to node `id`.
@@ -218,11 +197,7 @@ impl TestCluster {
     /// SIGTERMs node `id` and answers its exit code.
     pub async fn terminate(&mut self, id: u64) -> Option<i32> {
         self.signal(id, Signal::SIGTERM);
-        let mut child = self
-            .nodes
-            .get_mut(&id)
-            .and_then(|n| n.child.take())
-            .expect("node runs");
+        let mut child = self.nodes.get_mut(&id).and_then(|n| n.child.take()).expect("node runs");
         let status = wait_for("the node to exit", Duration::from_secs(30), || {
             let s = child.try_wait().expect("try_wait");
             async move { s }
@@ -240,11 +215,7 @@ impl TestCluster {
 
     /// Ids of the nodes that run.
     pub fn alive(&self) -> Vec<u64> {
-        self.nodes
-            .values()
-            .filter(|n| n.child.is_some())
-            .map(|n| n.id)
-            .collect()
+        self.nodes.values().filter(|n| n.child.is_some()).map(|n| n.id).collect()
     }
 
     /// `http://…/path` on node `id`.
@@ -254,60 +225,42 @@ impl TestCluster {
 
     /// `GET /v1/health` of node `id`, if it answers.
     pub async fn health(&self, id: u64) -> Option<Value> {
-        let r = self
-            .http
-            .get(self.url(id, "/v1/health"))
-            .timeout(Duration::from_secs(2))
-            .send()
-            .await
-            .ok()?;
+        let r = self.http.get(self.url(id, "/v1/health")).timeout(Duration::from_secs(2)).send().await.ok()?;
         r.json().await.ok()
     }
 
     /// Waits until every running node knows `n` voters and the same leader.
     pub async fn wait_voters(&self, n: usize) -> u64 {
-        wait_for(
-            &format!("{n} voters and one leader"),
-            Duration::from_secs(60),
-            || async move {
-                let mut leader = None;
-                for id in self.alive() {
-                    let h = self.health(id).await?;
-                    let voters = h["members"]
-                        .as_array()?
-                        .iter()
-                        .filter(|m| m["voter"] == true)
-                        .count();
-                    let l = h["leaderId"].as_u64()?;
-                    if voters != n || leader.is_some_and(|x| x != l) {
-                        return None;
-                    }
-                    leader = Some(l);
+        wait_for(&format!("{n} voters and one leader"), Duration::from_secs(60), || async move {
+            let mut leader = None;
+            for id in self.alive() {
+                let h = self.health(id).await?;
+                let voters = h["members"].as_array()?.iter().filter(|m| m["voter"] == true).count();
+                let l = h["leaderId"].as_u64()?;
+                if voters != n || leader.is_some_and(|x| x != l) {
+                    return None;
                 }
-                leader
-            },
-        )
+                leader = Some(l);
+            }
+            leader
+        })
         .await
     }
 
     /// Waits until the running nodes agree on a leader that runs; answers it.
     pub async fn leader(&self) -> u64 {
-        wait_for(
-            "a leader all running nodes agree on",
-            Duration::from_secs(30),
-            || async move {
-                let alive = self.alive();
-                let mut leader = None;
-                for id in &alive {
-                    let l = self.health(*id).await?["leaderId"].as_u64()?;
-                    if !alive.contains(&l) || leader.is_some_and(|x| x != l) {
-                        return None;
-                    }
-                    leader = Some(l);
+        wait_for("a leader all running nodes agree on", Duration::from_secs(30), || async move {
+            let alive = self.alive();
+            let mut leader = None;
+            for id in &alive {
+                let l = self.health(*id).await?["leaderId"].as_u64()?;
+                if !alive.contains(&l) || leader.is_some_and(|x| x != l) {
+                    return None;
                 }
-                leader
-            },
-        )
+                leader = Some(l);
+            }
+            leader
+        })
         .await
     }
 
@@ -320,47 +273,26 @@ impl TestCluster {
     }
 
     /// An authenticated request builder on node `id`.
-    pub fn req(
-        &self,
-        method: reqwest::Method,
-        id: u64,
-        path: &str,
-        token: &str,
-    ) -> reqwest::RequestBuilder {
-        self.http
-            .request(method, self.url(id, path))
-            .bearer_auth(token)
+    pub fn req(&self, method: reqwest::Method, id: u64, path: &str, token: &str) -> reqwest::RequestBuilder {
+        self.http.request(method, self.url(id, path)).bearer_auth(token)
     }
 
     /// `POST /v1/bots` on node `id` with the owner token; answers status and body.
     pub async fn create_bot(&self, id: u64, name: &str) -> Result<(u16, Value), reqwest::Error> {
-        let r = self
-            .req(reqwest::Method::POST, id, "/v1/bots", &self.token)
-            .json(&json!({"name": name}))
-            .send()
-            .await?;
+        let r =
+            self.req(reqwest::Method::POST, id, "/v1/bots", &self.token).json(&json!({"name": name})).send().await?;
         let status = r.status().as_u16();
         Ok((status, r.json().await.unwrap_or(Value::Null)))
     }
 
     /// The bot ids listed by node `id` (a linearizable read).
     pub async fn bot_ids(&self, id: u64) -> Option<Vec<String>> {
-        let r = self
-            .req(reqwest::Method::GET, id, "/v1/bots", &self.token)
-            .send()
-            .await
-            .ok()?;
+        let r = self.req(reqwest::Method::GET, id, "/v1/bots", &self.token).send().await.ok()?;
         if !r.status().is_success() {
             return None;
         }
         let v: Value = r.json().await.ok()?;
-        Some(
-            v["bots"]
-                .as_array()?
-                .iter()
-                .filter_map(|b| b["id"].as_str().map(String::from))
-                .collect(),
-        )
+        Some(v["bots"].as_array()?.iter().filter_map(|b| b["id"].as_str().map(String::from)).collect())
     }
 
     /// The last lines of node `id`'s log.

@@ -26,19 +26,12 @@ async fn t10_three_nodes_form_and_forward() {
         assert_eq!(h["leaderId"], leader);
     }
     for n in 0..20 {
-        let (s, bot) = c
-            .create_bot(followers[0], &format!("b{n}"))
-            .await
-            .expect("create");
+        let (s, bot) = c.create_bot(followers[0], &format!("b{n}")).await.expect("create");
         assert_eq!(s, 201, "{bot}");
         let id = bot["id"].as_str().expect("id").to_string();
         // Read right away on the other follower: it must already see the write.
         let seen = c.bot_ids(followers[1]).await.expect("list");
-        assert!(
-            seen.contains(&id),
-            "follower {} missed an acknowledged write",
-            followers[1]
-        );
+        assert!(seen.contains(&id), "follower {} missed an acknowledged write", followers[1]);
     }
 }
 
@@ -49,31 +42,20 @@ async fn t20_leader_kill_then_catch_up() {
     let mut c = TestCluster::start(3).await;
     let old = c.leader().await;
     for n in 0..10 {
-        assert_eq!(
-            c.create_bot(old, &format!("before{n}"))
-                .await
-                .expect("create")
-                .0,
-            201
-        );
+        assert_eq!(c.create_bot(old, &format!("before{n}")).await.expect("create").0, 201);
     }
     c.kill(old);
     let new = c.leader().await;
     assert_ne!(new, old);
     let mut acked = Vec::new();
     for n in 0..10 {
-        let (s, bot) = c
-            .create_bot(new, &format!("after{n}"))
-            .await
-            .expect("create");
+        let (s, bot) = c.create_bot(new, &format!("after{n}")).await.expect("create");
         assert_eq!(s, 201);
         acked.push(bot["id"].as_str().expect("id").to_string());
     }
     c.spawn(old);
     c.wait_voters(3).await;
-    let target = c.health(new).await.expect("health")["lastApplied"]
-        .as_u64()
-        .expect("applied");
+    let target = c.health(new).await.expect("health")["lastApplied"].as_u64().expect("applied");
     c.wait_applied(old, target).await;
     let seen = c.bot_ids(old).await.expect("list");
     assert_eq!(seen.len(), 20);
@@ -87,47 +69,26 @@ async fn t30_wiped_node_rejoins_through_snapshot() {
     let mut c = TestCluster::start_with(3, &["--snapshot-every", "20", "--keep-logs", "5"]).await;
     let victim = {
         let leader = c.leader().await;
-        (1..=3)
-            .find(|i| *i != leader && *i != 1)
-            .unwrap_or(if leader == 2 { 3 } else { 2 })
+        (1..=3).find(|i| *i != leader && *i != 1).unwrap_or(if leader == 2 { 3 } else { 2 })
     };
     c.kill(victim);
     let writer = c.alive()[0];
     for n in 0..100 {
-        assert_eq!(
-            c.create_bot(writer, &format!("w{n}"))
-                .await
-                .expect("create")
-                .0,
-            201
-        );
+        assert_eq!(c.create_bot(writer, &format!("w{n}")).await.expect("create").0, 201);
     }
     let leader = c.leader().await;
-    let purged = wait_for(
-        "the leader to purge its log",
-        Duration::from_secs(30),
-        || async {
-            c.health(leader).await?["purgedIndex"]
-                .as_u64()
-                .filter(|p| *p > 20)
-        },
-    )
+    let purged = wait_for("the leader to purge its log", Duration::from_secs(30), || async {
+        c.health(leader).await?["purgedIndex"].as_u64().filter(|p| *p > 20)
+    })
     .await;
     c.wipe(victim);
     c.spawn(victim); // joins again through node 1 (or a peer) with an empty data dir
     c.wait_voters(3).await;
-    let target = c.health(leader).await.expect("health")["lastApplied"]
-        .as_u64()
-        .expect("applied");
+    let target = c.health(leader).await.expect("health")["lastApplied"].as_u64().expect("applied");
     c.wait_applied(victim, target).await;
     let h = c.health(victim).await.expect("health");
-    let snap = h["snapshotIndex"]
-        .as_u64()
-        .expect("the rejoined node installed a snapshot");
-    assert!(
-        snap >= purged,
-        "snapshot {snap} does not cover the purged log {purged}"
-    );
+    let snap = h["snapshotIndex"].as_u64().expect("the rejoined node installed a snapshot");
+    assert!(snap >= purged, "snapshot {snap} does not cover the purged log {purged}");
     assert_eq!(c.bot_ids(victim).await.expect("list").len(), 100);
 }
 
@@ -135,24 +96,13 @@ async fn t30_wiped_node_rejoins_through_snapshot() {
 #[tokio::test]
 async fn t40_remove_a_node() {
     let mut c = TestCluster::start(3).await;
-    let r = c
-        .req(Method::DELETE, 1, "/v1/cluster/nodes/3", &c.token)
-        .send()
-        .await
-        .expect("send");
+    let r = c.req(Method::DELETE, 1, "/v1/cluster/nodes/3", &c.token).send().await.expect("send");
     assert_eq!(r.status().as_u16(), 204);
     c.kill(3);
     c.nodes.remove(&3);
     c.wait_voters(2).await;
-    assert_eq!(
-        c.create_bot(2, "after-removal").await.expect("create").0,
-        201
-    );
-    let r = c
-        .req(Method::DELETE, 1, "/v1/cluster/nodes/42", &c.token)
-        .send()
-        .await
-        .expect("send");
+    assert_eq!(c.create_bot(2, "after-removal").await.expect("create").0, 201);
+    let r = c.req(Method::DELETE, 1, "/v1/cluster/nodes/42", &c.token).send().await.expect("send");
     assert_eq!(r.status().as_u16(), 404);
 }
 
@@ -167,13 +117,7 @@ async fn t50_random_kill_restart_loses_no_acknowledged_write() {
     let stop = Arc::new(AtomicBool::new(false));
     let mut writers = Vec::new();
     for w in 0..4 {
-        let (http, token, urls, acked, stop) = (
-            http.clone(),
-            token.clone(),
-            urls.clone(),
-            acked.clone(),
-            stop.clone(),
-        );
+        let (http, token, urls, acked, stop) = (http.clone(), token.clone(), urls.clone(), acked.clone(), stop.clone());
         writers.push(tokio::spawn(async move {
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
@@ -205,21 +149,13 @@ async fn t50_random_kill_restart_loses_no_acknowledged_write() {
         })
         .await;
         let leader = c.leader().await;
-        let victim = if round % 2 == 0 {
-            leader
-        } else {
-            rand::rng().random_range(1..=3)
-        };
+        let victim = if round % 2 == 0 { leader } else { rand::rng().random_range(1..=3) };
         c.kill(victim);
         let after_kill = acked.lock().expect("lock").len();
-        wait_for(
-            "writes to resume after the kill",
-            Duration::from_secs(30),
-            || {
-                let n = acked.lock().expect("lock").len();
-                async move { (n >= after_kill + 10).then_some(()) }
-            },
-        )
+        wait_for("writes to resume after the kill", Duration::from_secs(30), || {
+            let n = acked.lock().expect("lock").len();
+            async move { (n >= after_kill + 10).then_some(()) }
+        })
         .await;
         c.spawn(victim);
         c.wait_voters(3).await;
@@ -229,20 +165,11 @@ async fn t50_random_kill_restart_loses_no_acknowledged_write() {
         w.await.expect("writer");
     }
     let acked: BTreeSet<String> = acked.lock().expect("lock").iter().cloned().collect();
-    assert!(
-        acked.len() >= 100,
-        "only {} writes acknowledged",
-        acked.len()
-    );
+    assert!(acked.len() >= 100, "only {} writes acknowledged", acked.len());
     for id in 1..=3 {
         let seen: BTreeSet<String> = c.bot_ids(id).await.expect("list").into_iter().collect();
         let lost: Vec<&String> = acked.difference(&seen).collect();
-        assert!(
-            lost.is_empty(),
-            "node {id} lost {} acknowledged writes: {:?}",
-            lost.len(),
-            &lost[..lost.len().min(5)]
-        );
+        assert!(lost.is_empty(), "node {id} lost {} acknowledged writes: {:?}", lost.len(), &lost[..lost.len().min(5)]);
     }
 }
 
@@ -257,9 +184,5 @@ async fn t60_data_dir_of_another_cluster_is_refused() {
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("belongs to cluster"), "{err}");
     let h = a.health(1).await.expect("health");
-    assert_eq!(
-        h["members"].as_array().expect("members").len(),
-        1,
-        "cluster a did not change"
-    );
+    assert_eq!(h["members"].as_array().expect("members").len(), 1, "cluster a did not change");
 }

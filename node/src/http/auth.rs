@@ -23,42 +23,32 @@ impl FromRequestParts<AppState> for Auth {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &AppState) -> Result<Self, ApiError> {
-        let header = parts.headers.get(AUTHORIZATION).ok_or_else(|| {
-            ApiError::new(
-                ErrorKind::Unauthorized,
-                "missing Authorization: Bearer <token>",
-            )
-        })?;
-        let value = header.to_str().map_err(|_| {
-            ApiError::new(
-                ErrorKind::Unauthorized,
-                "the Authorization header is not valid",
-            )
-        })?;
+        let header = parts
+            .headers
+            .get(AUTHORIZATION)
+            .ok_or_else(|| ApiError::new(ErrorKind::Unauthorized, "missing Authorization: Bearer <token>"))?;
+        let value = header
+            .to_str()
+            .map_err(|_| ApiError::new(ErrorKind::Unauthorized, "the Authorization header is not valid"))?;
         let secret = value
             .strip_prefix("Bearer ")
             .map(str::trim)
             .filter(|s| !s.is_empty())
-            .ok_or_else(|| {
-                ApiError::new(
-                    ErrorKind::Unauthorized,
-                    "missing Authorization: Bearer <token>",
-                )
-            })?;
-        Ok(Auth {
-            hash: hash_secret(secret),
-        })
+            .ok_or_else(|| ApiError::new(ErrorKind::Unauthorized, "missing Authorization: Bearer <token>"))?;
+        Ok(Auth { hash: hash_secret(secret) })
     }
 }
 
 impl Auth {
+    /// The hash of the bearer secret.
+    pub fn hash(&self) -> &str {
+        &self.hash
+    }
+
     /// The caller as of a linearizable read: for decisions made outside the state machine.
     pub async fn current(&self, state: &AppState) -> Result<Caller, ApiError> {
         state.cluster.read_barrier().await?;
-        Ok(state
-            .cluster
-            .state()
-            .read(|s| s.caller_by_hash(&self.hash))?)
+        Ok(state.cluster.state().read(|s| s.caller_by_hash(&self.hash))?)
     }
 
     /// The caller as this replica knows it; if it does not, as of a linearizable read (the token

@@ -20,15 +20,14 @@ pub struct ApiError {
     pub kind: ErrorKind,
     /// A message safe to show the caller.
     pub message: String,
+    /// For `ComputerConflict`: the execution that holds the Computer.
+    pub execution_id: Option<String>,
 }
 
 impl ApiError {
     /// An error of `kind`.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Self {
-            kind,
-            message: message.into(),
-        }
+        Self { kind, message: message.into(), execution_id: None }
     }
 
     /// 400 `invalid_request`.
@@ -50,8 +49,11 @@ impl From<Reject> for ApiError {
             RejectKind::NotFound => ErrorKind::NotFound,
             RejectKind::Conflict => ErrorKind::Conflict,
             RejectKind::Invalid => ErrorKind::InvalidRequest,
+            RejectKind::IdempotencyKeyReused => ErrorKind::IdempotencyKeyReused,
+            RejectKind::ComputerConflict => ErrorKind::ComputerConflict,
+            RejectKind::Unsupported => ErrorKind::ComputerUnsupported,
         };
-        Self::new(kind, r.message)
+        Self { kind, message: r.message, execution_id: r.execution_id }
     }
 }
 
@@ -60,10 +62,7 @@ impl From<ClusterError> for ApiError {
         match e {
             ClusterError::Unavailable(m) => Self::new(ErrorKind::Unavailable, m),
             ClusterError::Invalid(m) => Self::new(ErrorKind::Internal, m),
-            ClusterError::Fatal(m) => Self::new(
-                ErrorKind::Unavailable,
-                format!("the store has stopped: {m}"),
-            ),
+            ClusterError::Fatal(m) => Self::new(ErrorKind::Unavailable, format!("the store has stopped: {m}")),
         }
     }
 }
@@ -77,16 +76,17 @@ impl From<JsonRejection> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let error_id = new_id("err");
-        let status = StatusCode::from_u16(self.kind.http_status())
-            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let status = StatusCode::from_u16(self.kind.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         if status.is_server_error() {
             tracing::warn!(error_id = %error_id, kind = %self.kind, message = %self.message, "request failed");
         } else {
             tracing::debug!(error_id = %error_id, kind = %self.kind, message = %self.message, "request refused");
         }
-        let body = serde_json::json!({
-            "error": { "kind": self.kind.as_str(), "message": self.message, "errorId": error_id }
-        });
+        let mut error = serde_json::json!({ "kind": self.kind.as_str(), "message": self.message, "errorId": error_id });
+        if let Some(e) = self.execution_id {
+            error["executionId"] = e.into();
+        }
+        let body = serde_json::json!({ "error": error });
         (status, Json(body)).into_response()
     }
 }

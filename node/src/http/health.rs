@@ -37,9 +37,7 @@ pub async fn remove_node(
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     auth.current(&state).await?.check_admin_write()?;
-    let id: u64 = id
-        .parse()
-        .map_err(|_| ApiError::invalid("a node id is a number"))?;
+    let id: u64 = id.parse().map_err(|_| ApiError::invalid("a node id is a number"))?;
     state.cluster.leave(id).await.map_err(|e| match e {
         computerd_raft::cluster::ClusterError::Invalid(m) => ApiError::not_found(m),
         other => other.into(),

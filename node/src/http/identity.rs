@@ -3,14 +3,11 @@
 use axum::Json;
 use axum::extract::Path;
 use axum::extract::State;
-use axum::extract::rejection::JsonRejection;
 use axum::http::StatusCode;
 use computerd_raft::sm::Bot;
 use computerd_raft::sm::Command;
 use computerd_raft::sm::Member;
 use computerd_raft::sm::Principal;
-use computerd_raft::sm::Request;
-use computerd_raft::sm::Response;
 use computerd_raft::sm::Role;
 use computerd_raft::sm::Token;
 use computerd_raft::sm::hash_secret;
@@ -22,48 +19,13 @@ use serde_json::json;
 use super::ApiError;
 use super::AppState;
 use super::Auth;
+use super::util::Body;
+use super::util::apply;
+use super::util::check_id;
+use super::util::check_name;
 use crate::ids::new_id;
 use crate::ids::new_secret;
 use crate::ids::now_ms;
-
-type Body<T> = Result<Json<T>, JsonRejection>;
-
-/// Proposes a command; a refusal becomes the matching API error.
-async fn apply(state: &AppState, cmd: Command) -> Result<(), ApiError> {
-    match state.cluster.propose(Request::new(cmd)).await? {
-        Response::Ok => Ok(()),
-        Response::Rejected(r) => Err(r.into()),
-    }
-}
-
-fn check_name(name: &str) -> Result<String, ApiError> {
-    let name = name.trim();
-    if name.is_empty() || name.chars().count() > 200 || name.chars().any(char::is_control) {
-        return Err(ApiError::invalid(
-            "name must be 1 to 200 printable characters",
-        ));
-    }
-    Ok(name.to_string())
-}
-
-fn check_id(id: &str, prefix: &str, what: &str) -> Result<(), ApiError> {
-    let ok = id.len() <= 100
-        && id
-            .strip_prefix(prefix)
-            .and_then(|r| r.strip_prefix('_'))
-            .is_some_and(|r| {
-                !r.is_empty()
-                    && r.chars()
-                        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-            });
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::invalid(format!(
-            "{what} must be an id starting with {prefix}_"
-        )))
-    }
-}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -88,44 +50,21 @@ pub async fn create_member(
     caller.check_admin_write()?;
     let Json(body) = body?;
     let email = match body.email.map(|e| e.trim().to_lowercase()) {
-        Some(e)
-            if e.len() > 254
-                || e.split('@').count() != 2
-                || e.starts_with('@')
-                || e.ends_with('@') =>
-        {
+        Some(e) if e.len() > 254 || e.split('@').count() != 2 || e.starts_with('@') || e.ends_with('@') => {
             return Err(ApiError::invalid("email is not a valid address"));
         }
         other => other,
     };
-    let member = Member {
-        id: new_id("mem"),
-        name: check_name(&body.name)?,
-        email,
-        role: body.role,
-        created_at: now_ms(),
-    };
-    apply(
-        &state,
-        Command::CreateMember {
-            by: caller.token.id,
-            member: member.clone(),
-        },
-    )
-    .await?;
+    let member =
+        Member { id: new_id("mem"), name: check_name(&body.name)?, email, role: body.role, created_at: now_ms() };
+    apply(&state, Command::CreateMember { by: caller.token.id, member: member.clone() }).await?;
     Ok((StatusCode::CREATED, Json(member)))
 }
 
 /// `GET /v1/members`
-pub async fn list_members(
-    State(state): State<AppState>,
-    auth: Auth,
-) -> Result<Json<Value>, ApiError> {
+pub async fn list_members(State(state): State<AppState>, auth: Auth) -> Result<Json<Value>, ApiError> {
     auth.current(&state).await?.check_admin_read()?;
-    let members: Vec<Member> = state
-        .cluster
-        .state()
-        .read(|s| s.members.values().cloned().collect());
+    let members: Vec<Member> = state.cluster.state().read(|s| s.members.values().cloned().collect());
     Ok(Json(json!({ "members": members })))
 }
 
@@ -152,31 +91,16 @@ pub async fn create_bot(
         }
         None => caller.member.id.clone(),
     };
-    let bot = Bot {
-        id: new_id("bot"),
-        name: check_name(&body.name)?,
-        member_id,
-        created_at: now_ms(),
-        archived_at: None,
-    };
-    apply(
-        &state,
-        Command::CreateBot {
-            by: caller.token.id,
-            bot: bot.clone(),
-        },
-    )
-    .await?;
+    let bot =
+        Bot { id: new_id("bot"), name: check_name(&body.name)?, member_id, created_at: now_ms(), archived_at: None };
+    apply(&state, Command::CreateBot { by: caller.token.id, bot: bot.clone() }).await?;
     Ok((StatusCode::CREATED, Json(bot)))
 }
 
 /// `GET /v1/bots`
 pub async fn list_bots(State(state): State<AppState>, auth: Auth) -> Result<Json<Value>, ApiError> {
     auth.current(&state).await?.check_admin_read()?;
-    let bots: Vec<Bot> = state
-        .cluster
-        .state()
-        .read(|s| s.bots.values().cloned().collect());
+    let bots: Vec<Bot> = state.cluster.state().read(|s| s.bots.values().cloned().collect());
     Ok(Json(json!({ "bots": bots })))
 }
 
@@ -189,19 +113,10 @@ pub async fn archive_bot(
     let caller = auth.for_write(&state).await?;
     caller.check_admin_write()?;
     check_id(&id, "bot", "bot id").map_err(|_| ApiError::not_found("no such bot"))?;
-    apply(
-        &state,
-        Command::ArchiveBot {
-            by: caller.token.id,
-            bot_id: id.clone(),
-            at_ms: now_ms(),
-        },
-    )
-    .await?;
+    apply(&state, Command::ArchiveBot { by: caller.token.id, bot_id: id.clone(), at_ms: now_ms() }).await?;
     state.cluster.read_barrier().await?;
     let bot = state.cluster.state().read(|s| s.bots.get(&id).cloned());
-    bot.map(Json)
-        .ok_or_else(|| ApiError::not_found("no such bot"))
+    bot.map(Json).ok_or_else(|| ApiError::not_found("no such bot"))
 }
 
 /// A token as shown to callers: never its hash.
@@ -282,30 +197,14 @@ pub async fn create_token(
         created_at: now_ms(),
         revoked_at: None,
     };
-    apply(
-        &state,
-        Command::CreateToken {
-            by: caller.token.id,
-            token: token.clone(),
-        },
-    )
-    .await?;
-    Ok((
-        StatusCode::CREATED,
-        Json(json!({ "token": TokenView::from(&token), "secret": secret })),
-    ))
+    apply(&state, Command::CreateToken { by: caller.token.id, token: token.clone() }).await?;
+    Ok((StatusCode::CREATED, Json(json!({ "token": TokenView::from(&token), "secret": secret }))))
 }
 
 /// `GET /v1/tokens`
-pub async fn list_tokens(
-    State(state): State<AppState>,
-    auth: Auth,
-) -> Result<Json<Value>, ApiError> {
+pub async fn list_tokens(State(state): State<AppState>, auth: Auth) -> Result<Json<Value>, ApiError> {
     auth.current(&state).await?.check_admin_read()?;
-    let tokens: Vec<TokenView> = state
-        .cluster
-        .state()
-        .read(|s| s.tokens.values().map(TokenView::from).collect());
+    let tokens: Vec<TokenView> = state.cluster.state().read(|s| s.tokens.values().map(TokenView::from).collect());
     Ok(Json(json!({ "tokens": tokens })))
 }
 
@@ -318,38 +217,8 @@ pub async fn revoke_token(
     let caller = auth.for_write(&state).await?;
     caller.check_admin_write()?;
     check_id(&id, "tok", "token id").map_err(|_| ApiError::not_found("no such token"))?;
-    apply(
-        &state,
-        Command::RevokeToken {
-            by: caller.token.id,
-            token_id: id.clone(),
-            at_ms: now_ms(),
-        },
-    )
-    .await?;
+    apply(&state, Command::RevokeToken { by: caller.token.id, token_id: id.clone(), at_ms: now_ms() }).await?;
     state.cluster.read_barrier().await?;
-    let token = state
-        .cluster
-        .state()
-        .read(|s| s.tokens.get(&id).map(TokenView::from));
-    token
-        .map(Json)
-        .ok_or_else(|| ApiError::not_found("no such token"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_and_ids_are_checked() {
-        assert!(check_name("  ok  ").is_ok_and(|n| n == "ok"));
-        assert!(check_name("").is_err());
-        assert!(check_name("a\u{7}b").is_err());
-        assert!(check_name(&"x".repeat(201)).is_err());
-        assert!(check_id("bot_abc", "bot", "x").is_ok());
-        assert!(check_id("bot_", "bot", "x").is_err());
-        assert!(check_id("mem_abc", "bot", "x").is_err());
-        assert!(check_id("bot_a/b", "bot", "x").is_err());
-    }
+    let token = state.cluster.state().read(|s| s.tokens.get(&id).map(TokenView::from));
+    token.map(Json).ok_or_else(|| ApiError::not_found("no such token"))
 }

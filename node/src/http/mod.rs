@@ -1,9 +1,16 @@
 //! The HTTP API (axum): routes, the error body every route answers with, and authentication.
 
+mod approvals;
 mod auth;
+mod computers;
 mod error;
+mod events;
+mod executions;
+mod grants;
 mod health;
 mod identity;
+mod providers;
+mod util;
 
 pub use auth::Auth;
 pub use error::ApiError;
@@ -12,6 +19,7 @@ use axum::Router;
 use axum::routing::delete;
 use axum::routing::get;
 use axum::routing::post;
+use axum::routing::put;
 use computerd_raft::cluster::Cluster;
 
 /// What every handler gets.
@@ -19,27 +27,37 @@ use computerd_raft::cluster::Cluster;
 pub struct AppState {
     /// The replicated store.
     pub cluster: Cluster,
+    /// Whether this node accepts fake (test) providers.
+    pub fake_providers: bool,
 }
 
 /// The API router.
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/health", get(health::health))
-        .route(
-            "/v1/members",
-            post(identity::create_member).get(identity::list_members),
-        )
-        .route(
-            "/v1/bots",
-            post(identity::create_bot).get(identity::list_bots),
-        )
+        .route("/v1/members", post(identity::create_member).get(identity::list_members))
+        .route("/v1/bots", post(identity::create_bot).get(identity::list_bots))
         .route("/v1/bots/{id}/archive", post(identity::archive_bot))
-        .route(
-            "/v1/tokens",
-            post(identity::create_token).get(identity::list_tokens),
-        )
+        .route("/v1/tokens", post(identity::create_token).get(identity::list_tokens))
         .route("/v1/tokens/{id}", delete(identity::revoke_token))
         .route("/v1/cluster/nodes/{id}", delete(health::remove_node))
+        .route("/v1/computer-providers", post(providers::create).get(providers::list))
+        .route("/v1/computers", post(computers::create).get(computers::list))
+        .route("/v1/computers/{id}", get(computers::get).delete(computers::delete))
+        .route("/v1/computers/{id}/pause", post(computers::pause))
+        .route("/v1/computers/{id}/resume", post(computers::resume))
+        .route("/v1/computers/{id}/stop", post(computers::stop))
+        .route("/v1/computers/{id}/usage", get(computers::usage))
+        .route("/v1/computers/{id}/acquire", post(computers::acquire))
+        .route("/v1/computers/{id}/release", post(computers::release))
+        .route("/v1/computers/{id}/bots", get(grants::list))
+        .route("/v1/computers/{id}/bots/{bot}", put(grants::put).get(grants::get).delete(grants::delete))
+        .route("/v1/executions/{id}", get(executions::get))
+        .route("/v1/executions/{id}/decision", post(executions::decide))
+        .route("/v1/events", get(events::events))
+        .route("/v1/approvals", get(approvals::list))
+        .route("/v1/approvals/{id}", post(approvals::decide))
+        .route("/v1/capability-rules", get(approvals::get_rules).put(approvals::put_rules))
         .fallback(|| async { ApiError::not_found("no such route") })
         .with_state(state)
 }

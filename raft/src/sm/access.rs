@@ -76,11 +76,7 @@ impl Caller {
 
     /// Refuses read-only tokens.
     pub fn check_writable(&self) -> Result<(), Reject> {
-        if self.token.read_only {
-            Err(Reject::new(RejectKind::Forbidden, "this token is read-only"))
-        } else {
-            Ok(())
-        }
+        if self.token.read_only { Err(Reject::new(RejectKind::Forbidden, "this token is read-only")) } else { Ok(()) }
     }
 }
 
@@ -97,13 +93,25 @@ impl State {
 
     /// May `caller` see this Computer? Checked before any row is read for lists.
     pub fn can_see(&self, caller: &Caller, c: &Computer) -> bool {
-        if c.state == ComputerState::Deleted || !caller.token_allows(&c.id) {
+        c.state != ComputerState::Deleted && self.could_see(caller, c)
+    }
+
+    /// [`State::can_see`], also for a deleted Computer (its history: usage, events).
+    pub fn could_see(&self, caller: &Caller, c: &Computer) -> bool {
+        if !caller.token_allows(&c.id) {
             return false;
         }
         match &caller.bot {
-            Some(bot) => self.has_grant(&c.id, &bot.id),
+            Some(bot) => self.has_grant(&c.id, &bot.id) || self.grant_history_allows(c, &bot.id),
             None => c.owner == caller.member.id || c.shared || caller.member.role >= Role::Admin,
         }
+    }
+
+    /// A bot's grant ends with a deleted Computer; its history stays visible to the bot if the
+    /// bot asked for the delete.
+    fn grant_history_allows(&self, c: &Computer, bot_id: &str) -> bool {
+        c.state == ComputerState::Deleted
+            && self.executions.values().any(|e| e.computer_id == c.id && e.requester.bot_id.as_deref() == Some(bot_id))
     }
 
     /// The Computer, if `caller` may see it; otherwise `not_found` (never `forbidden`).
@@ -187,7 +195,10 @@ impl State {
         caller.check_writable()?;
         let not_found = || Reject::new(RejectKind::NotFound, "no such computer");
         let c = self.computers.get(computer_id).ok_or_else(not_found)?;
-        if c.state == ComputerState::Deleted || !caller.token_allows(computer_id) || !(c.owner == bot.member_id || c.shared) {
+        if c.state == ComputerState::Deleted
+            || !caller.token_allows(computer_id)
+            || !(c.owner == bot.member_id || c.shared)
+        {
             return Err(not_found());
         }
         if self.has_grant(computer_id, &bot.id) {
@@ -210,11 +221,14 @@ impl State {
     pub(crate) fn decide_capability(&self, caller: &Caller, cap: Capability, target: &str) -> Result<Effect, Reject> {
         let name = serde_json::to_value(cap).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default();
         match decide(&self.rules(), cap, caller, target) {
-            Decided::Effect(Effect::Deny) => Err(Reject::new(RejectKind::Forbidden, format!("{name} is denied by a rule"))),
-            Decided::Effect(e) => Ok(e),
-            Decided::Undecided => {
-                Err(Reject::new(RejectKind::Forbidden, format!("no rule decides {name} for this caller; it does not run")))
+            Decided::Effect(Effect::Deny) => {
+                Err(Reject::new(RejectKind::Forbidden, format!("{name} is denied by a rule")))
             }
+            Decided::Effect(e) => Ok(e),
+            Decided::Undecided => Err(Reject::new(
+                RejectKind::Forbidden,
+                format!("no rule decides {name} for this caller; it does not run"),
+            )),
         }
     }
 
@@ -383,7 +397,8 @@ mod tests {
             provider: Some("cpp_x".into()),
             computer: None,
         };
-        let allow_bot = Rule { effect: Effect::Allow, provider: None, actor: Some(ActorKind::Bot), ..deny_provider.clone() };
+        let allow_bot =
+            Rule { effect: Effect::Allow, provider: None, actor: Some(ActorKind::Bot), ..deny_provider.clone() };
         let rules = vec![deny_provider, allow_bot];
         assert_eq!(decide(&rules, Capability::Create, &caller(true), "cpp_x"), Decided::Effect(Effect::Deny));
         assert_eq!(decide(&rules, Capability::Create, &caller(true), "cpp_y"), Decided::Effect(Effect::Allow));

@@ -310,16 +310,9 @@ mod tests {
 
     #[test]
     fn request_wire_form_is_versioned_and_stable() {
-        let r = Request::new(Command::RevokeToken {
-            by: "tok_a".into(),
-            token_id: "tok_b".into(),
-            at_ms: 7,
-        });
+        let r = Request::new(Command::RevokeToken { by: "tok_a".into(), token_id: "tok_b".into(), at_ms: 7 });
         let json = serde_json::to_string(&r).expect("encode");
-        assert_eq!(
-            json,
-            r#"{"v":"1","cmd":{"revoke_token":{"by":"tok_a","token_id":"tok_b","at_ms":7}}}"#
-        );
+        assert_eq!(json, r#"{"v":"1","cmd":{"revoke_token":{"by":"tok_a","token_id":"tok_b","at_ms":7}}}"#);
         let back: Request = serde_json::from_str(&json).expect("decode");
         assert_eq!(back, r);
         assert!(serde_json::from_str::<Request>(r#"{"v":"99","cmd":{}}"#).is_err());

@@ -103,9 +103,6 @@ mod tests {
 
     #[test]
     fn hash_is_sha256_hex() {
-        assert_eq!(
-            hash_secret("abc"),
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
+        assert_eq!(hash_secret("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
     }
 }

@@ -143,7 +143,8 @@ impl State {
         caller.check_writable()?;
         let effect = match exe.kind {
             ExecutionKind::Create => {
-                let c = s.computer.as_ref().ok_or_else(|| Reject::new(RejectKind::Invalid, "a create needs a computer"))?;
+                let c =
+                    s.computer.as_ref().ok_or_else(|| Reject::new(RejectKind::Invalid, "a create needs a computer"))?;
                 if c.id != exe.computer_id || self.computers.contains_key(&c.id) {
                     return Err(Reject::new(RejectKind::Invalid, "computer id mismatch or collision"));
                 }
@@ -151,7 +152,10 @@ impl State {
                     return Err(Reject::new(RejectKind::Forbidden, "a token limited to computers cannot create one"));
                 }
                 if c.shared && (caller.bot.is_some() || caller.member.role < Role::Admin) {
-                    return Err(Reject::new(RejectKind::Forbidden, "only an owner or admin may create a shared computer"));
+                    return Err(Reject::new(
+                        RejectKind::Forbidden,
+                        "only an owner or admin may create a shared computer",
+                    ));
                 }
                 if c.owner != caller.member.id {
                     return Err(Reject::new(RejectKind::Invalid, "a computer belongs to its creator's member"));
@@ -186,10 +190,16 @@ impl State {
                         return Err(Reject::new(RejectKind::Unsupported, "own machines never pause"));
                     }
                     ExecutionKind::Pause if c.state != ComputerState::Running => {
-                        return Err(Reject::new(RejectKind::Conflict, format!("the computer is {:?}, not running", c.state).to_lowercase()));
+                        return Err(Reject::new(
+                            RejectKind::Conflict,
+                            format!("the computer is {:?}, not running", c.state).to_lowercase(),
+                        ));
                     }
                     ExecutionKind::Resume if c.state != ComputerState::Paused => {
-                        return Err(Reject::new(RejectKind::Conflict, format!("the computer is {:?}, not paused", c.state).to_lowercase()));
+                        return Err(Reject::new(
+                            RejectKind::Conflict,
+                            format!("the computer is {:?}, not paused", c.state).to_lowercase(),
+                        ));
                     }
                     ExecutionKind::Delete => self.decide_capability(&caller, Capability::Delete, &c.id)?,
                     _ => Effect::Allow,
@@ -258,7 +268,8 @@ impl State {
     /// Records that the provider call is about to be sent, after re-checking the requester's
     /// current rights. Without rights the execution fails and nothing is sent.
     pub(crate) fn dispatch(&mut self, exe_id: &str, claim: &str, at: u64) -> Result<(), Reject> {
-        let exe = self.executions.get(exe_id).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such execution"))?.clone();
+        let exe =
+            self.executions.get(exe_id).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such execution"))?.clone();
         if exe.state != ExecutionState::Running || exe.claim.as_deref() != Some(claim) || exe.dispatched_at.is_some() {
             return Err(Reject::new(RejectKind::Conflict, "stale claim"));
         }
@@ -271,7 +282,10 @@ impl State {
             self.check_operate(&caller, &exe.computer_id)
         });
         if let Err(r) = rights {
-            let err = ExecutionError { kind: "forbidden".into(), message: format!("the requester lost the right: {}", r.message) };
+            let err = ExecutionError {
+                kind: "forbidden".into(),
+                message: format!("the requester lost the right: {}", r.message),
+            };
             self.finish_failed(exe_id, err, at);
             return Err(Reject::new(RejectKind::Forbidden, "the requester lost the right; nothing was sent"));
         }
@@ -283,7 +297,8 @@ impl State {
 
     /// The driver reports the provider's answer (or its loss).
     pub(crate) fn finish(&mut self, exe_id: &str, claim: &str, outcome: &Outcome, at: u64) -> Result<(), Reject> {
-        let exe = self.executions.get(exe_id).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such execution"))?.clone();
+        let exe =
+            self.executions.get(exe_id).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such execution"))?.clone();
         if exe.claim.as_deref() != Some(claim) {
             return Err(Reject::new(RejectKind::Conflict, "stale claim"));
         }
@@ -304,7 +319,8 @@ impl State {
             // keeps its sandbox reference and its usage record. The state waits for a decision.
             (ExecutionState::OutcomeUnknown, Outcome::Succeeded { sandbox }) => {
                 if let Some(e) = self.executions.get_mut(exe_id) {
-                    e.late_answer = Some(format!("succeeded{}", sandbox.as_ref().map(|s| format!(" ({s})")).unwrap_or_default()));
+                    e.late_answer =
+                        Some(format!("succeeded{}", sandbox.as_ref().map(|s| format!(" ({s})")).unwrap_or_default()));
                 }
                 if exe.kind == ExecutionKind::Create {
                     if let Some(c) = self.computers.get_mut(&exe.computer_id) {
@@ -327,7 +343,10 @@ impl State {
     /// A driver taking over declares a dispatched, unanswered call unknown (never re-sends it).
     pub(crate) fn mark_unknown(&mut self, exe_id: &str, seen_claim: &str, reason: &str, at: u64) -> Result<(), Reject> {
         let exe = self.executions.get(exe_id).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such execution"))?;
-        if exe.state != ExecutionState::Running || exe.dispatched_at.is_none() || exe.claim.as_deref() != Some(seen_claim) {
+        if exe.state != ExecutionState::Running
+            || exe.dispatched_at.is_none()
+            || exe.claim.as_deref() != Some(seen_claim)
+        {
             return Err(Reject::new(RejectKind::Conflict, "not a dispatched, running execution"));
         }
         self.mark_unknown_now(exe_id, reason, at);
@@ -342,7 +361,13 @@ impl State {
         if matches!(kind, ExecutionKind::Pause | ExecutionKind::Delete) {
             self.flag_span(&computer_id, true);
         }
-        self.push_event(at, "DecisionNeeded", &computer_id, Some(exe_id), serde_json::json!({"kind": kind, "reason": reason}));
+        self.push_event(
+            at,
+            "DecisionNeeded",
+            &computer_id,
+            Some(exe_id),
+            serde_json::json!({"kind": kind, "reason": reason}),
+        );
     }
 
     fn finish_succeeded(&mut self, exe_id: &str, sandbox: Option<String>, at: u64) {
@@ -357,7 +382,13 @@ impl State {
                 c.sandbox = sandbox;
             }
         }
-        self.push_event(at, "ExecutionFinished", &computer_id, Some(exe_id), serde_json::json!({"kind": kind, "state": "succeeded"}));
+        self.push_event(
+            at,
+            "ExecutionFinished",
+            &computer_id,
+            Some(exe_id),
+            serde_json::json!({"kind": kind, "state": "succeeded"}),
+        );
         match kind {
             ExecutionKind::Create if paired => self.set_computer_state(&computer_id, ComputerState::Offline, at),
             ExecutionKind::Create => {
@@ -390,7 +421,13 @@ impl State {
             c.active_execution = None;
         }
         self.flag_span(&computer_id, false);
-        self.push_event(at, "ExecutionFinished", &computer_id, Some(exe_id), serde_json::json!({"kind": kind, "state": "failed"}));
+        self.push_event(
+            at,
+            "ExecutionFinished",
+            &computer_id,
+            Some(exe_id),
+            serde_json::json!({"kind": kind, "state": "failed"}),
+        );
         if kind == ExecutionKind::Create {
             // The Computer stays, failed, so its receipt and history remain readable.
             self.set_computer_state(&computer_id, ComputerState::Failed, at);
@@ -398,10 +435,19 @@ impl State {
     }
 
     /// A member with write rights resolves an unknown outcome.
-    pub(crate) fn decide(&mut self, by: &str, exe_id: &str, outcome: ExecutionState, reason: &str, at: u64) -> Result<(), Reject> {
+    pub(crate) fn decide(
+        &mut self,
+        by: &str,
+        exe_id: &str,
+        outcome: ExecutionState,
+        reason: &str,
+        at: u64,
+    ) -> Result<(), Reject> {
         let caller = self.caller_by_token_id(by)?;
-        let exe = self.executions.get(exe_id).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such execution"))?.clone();
-        self.visible_computer(&caller, &exe.computer_id).map_err(|_| Reject::new(RejectKind::NotFound, "no such execution"))?;
+        let exe =
+            self.executions.get(exe_id).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such execution"))?.clone();
+        self.visible_computer(&caller, &exe.computer_id)
+            .map_err(|_| Reject::new(RejectKind::NotFound, "no such execution"))?;
         if caller.bot.is_some() {
             return Err(Reject::new(RejectKind::Forbidden, "only a member decides an unknown outcome"));
         }
@@ -440,7 +486,8 @@ impl State {
         }
         caller.check_writable()?;
         let exe = c.active_execution.as_ref().and_then(|e| self.executions.get(e)).cloned();
-        let Some(exe) = exe.filter(|e| e.kind == ExecutionKind::Pause && e.state == ExecutionState::OutcomeUnknown) else {
+        let Some(exe) = exe.filter(|e| e.kind == ExecutionKind::Pause && e.state == ExecutionState::OutcomeUnknown)
+        else {
             return Err(Reject::new(RejectKind::Conflict, "stop applies to a pause of unknown outcome"));
         };
         if let Some(e) = self.executions.get_mut(&exe.id) {
@@ -457,7 +504,13 @@ impl State {
             c.active_execution = None;
         }
         // The span stays open and flagged: a stop does not prove the sandbox is idle.
-        self.push_event(at, "ExecutionFinished", computer_id, Some(&exe.id), serde_json::json!({"kind": "pause", "state": "stopped"}));
+        self.push_event(
+            at,
+            "ExecutionFinished",
+            computer_id,
+            Some(&exe.id),
+            serde_json::json!({"kind": "pause", "state": "stopped"}),
+        );
         self.set_computer_state(computer_id, ComputerState::Failed, at);
         Ok(())
     }
@@ -527,9 +580,13 @@ mod tests {
             created_at: 1,
         };
         ok(s.apply(&Command::CreateProvider { by: OWNER.into(), provider }));
-        let bot = Bot { id: "bot_1".into(), name: "b".into(), member_id: "mem_o".into(), created_at: 1, archived_at: None };
+        let bot =
+            Bot { id: "bot_1".into(), name: "b".into(), member_id: "mem_o".into(), created_at: 1, archived_at: None };
         ok(s.apply(&Command::CreateBot { by: OWNER.into(), bot }));
-        ok(s.apply(&Command::CreateToken { by: OWNER.into(), token: token("tok_bot", Principal::Bot("bot_1".into())) }));
+        ok(s.apply(&Command::CreateToken {
+            by: OWNER.into(),
+            token: token("tok_bot", Principal::Bot("bot_1".into())),
+        }));
         s
     }
 
@@ -609,7 +666,10 @@ mod tests {
         let exe = created(&mut s);
         assert_eq!(s.executions[&exe].state, ExecutionState::Succeeded);
         let c = &s.computers["cmp_1"];
-        assert_eq!((c.state, c.sandbox.as_deref(), c.active_execution.as_ref()), (ComputerState::Running, Some("sbx"), None));
+        assert_eq!(
+            (c.state, c.sandbox.as_deref(), c.active_execution.as_ref()),
+            (ComputerState::Running, Some("sbx"), None)
+        );
         assert_eq!(s.usage["cmp_1"], vec![UsageSpan { start: 30, end: None, ended_by: None, outcome_unknown: false }]);
         let kinds: Vec<&str> = s.events.iter().map(|e| e.kind.as_str()).collect();
         assert_eq!(kinds, vec!["ExecutionStarted", "ExecutionFinished", "ComputerStateChanged"]);
@@ -628,11 +688,15 @@ mod tests {
     fn rights_are_rechecked_at_dispatch_and_nothing_is_sent_without_them() {
         let mut s = world();
         created(&mut s);
-        ok(s.apply(&Command::CreateToken { by: OWNER.into(), token: token("tok_2", Principal::Member("mem_o".into())) }));
+        ok(s.apply(&Command::CreateToken {
+            by: OWNER.into(),
+            token: token("tok_2", Principal::Member("mem_o".into())),
+        }));
         let exe = ok(s.apply(&submit("tok_2", ExecutionKind::Pause, "cmp_1", "k2", "p"))).expect("id");
         ok(s.apply(&Command::RevokeToken { by: OWNER.into(), token_id: "tok_2".into(), at_ms: 15 }));
         ok(s.apply(&Command::ClaimExecution { execution_id: exe.clone(), claim: "k".into(), at_ms: 20 }));
-        let r = rejected(s.apply(&Command::DispatchExecution { execution_id: exe.clone(), claim: "k".into(), at_ms: 30 }));
+        let r =
+            rejected(s.apply(&Command::DispatchExecution { execution_id: exe.clone(), claim: "k".into(), at_ms: 30 }));
         assert_eq!(r.kind, RejectKind::Forbidden);
         let e = &s.executions[&exe];
         assert_eq!((e.state, e.dispatched_at), (ExecutionState::Failed, None));
@@ -679,9 +743,19 @@ mod tests {
         ok(s.apply(&Command::ClaimExecution { execution_id: exe.clone(), claim: "k".into(), at_ms: 20 }));
         ok(s.apply(&Command::DispatchExecution { execution_id: exe.clone(), claim: "k".into(), at_ms: 30 }));
         let lost = Outcome::Unknown { reason: "timeout".into() };
-        ok(s.apply(&Command::FinishExecution { execution_id: exe.clone(), claim: "k".into(), outcome: lost, at_ms: 40 }));
+        ok(s.apply(&Command::FinishExecution {
+            execution_id: exe.clone(),
+            claim: "k".into(),
+            outcome: lost,
+            at_ms: 40,
+        }));
         let late = Outcome::Succeeded { sandbox: Some("sbx-late".into()) };
-        ok(s.apply(&Command::FinishExecution { execution_id: exe.clone(), claim: "k".into(), outcome: late, at_ms: 45 }));
+        ok(s.apply(&Command::FinishExecution {
+            execution_id: exe.clone(),
+            claim: "k".into(),
+            outcome: late,
+            at_ms: 45,
+        }));
         assert_eq!(s.executions[&exe].state, ExecutionState::OutcomeUnknown, "still waits for a person");
         assert_eq!(s.computers["cmp_1"].sandbox.as_deref(), Some("sbx-late"));
         assert_eq!(s.usage["cmp_1"].len(), 1);
@@ -721,7 +795,12 @@ mod tests {
             at_ms: 13,
         }));
         assert_eq!(apr.as_deref(), Some("apr_acq"));
-        ok(s.apply(&Command::DecideApproval { by: OWNER.into(), approval_id: "apr_acq".into(), approve: true, at_ms: 14 }));
+        ok(s.apply(&Command::DecideApproval {
+            by: OWNER.into(),
+            approval_id: "apr_acq".into(),
+            approve: true,
+            at_ms: 14,
+        }));
         assert!(s.has_grant("cmp_1", "bot_1"));
         ok(s.apply(&Command::ArchiveBot { by: OWNER.into(), bot_id: "bot_1".into(), at_ms: 15 }));
         assert!(!s.has_grant("cmp_1", "bot_1") && !s.has_grant("cmp_b", "bot_1"));

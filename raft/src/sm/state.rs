@@ -94,10 +94,7 @@ impl Caller {
         if self.may_administer() {
             Ok(())
         } else {
-            Err(Reject::new(
-                RejectKind::Forbidden,
-                "only an owner or admin may do this",
-            ))
+            Err(Reject::new(RejectKind::Forbidden, "only an owner or admin may do this"))
         }
     }
 
@@ -105,10 +102,7 @@ impl Caller {
     pub fn check_admin_write(&self) -> Result<(), Reject> {
         self.check_admin_read()?;
         if self.token.read_only {
-            return Err(Reject::new(
-                RejectKind::Forbidden,
-                "this token is read-only",
-            ));
+            return Err(Reject::new(RejectKind::Forbidden, "this token is read-only"));
         }
         Ok(())
     }
@@ -133,21 +127,14 @@ impl State {
             }
         };
         let member = self.members.get(member_id).ok_or_else(unauthorized)?;
-        Ok(Caller {
-            token: token.clone(),
-            member: member.clone(),
-            bot,
-        })
+        Ok(Caller { token: token.clone(), member: member.clone(), bot })
     }
 
     /// Resolves a secret's hash to a live caller.
     pub fn caller_by_hash(&self, hash: &str) -> Result<Caller, Reject> {
         match self.token_by_hash.get(hash) {
             Some(id) => self.caller_by_token_id(id),
-            None => Err(Reject::new(
-                RejectKind::Unauthorized,
-                "the token is not valid",
-            )),
+            None => Err(Reject::new(RejectKind::Unauthorized, "the token is not valid")),
         }
     }
 
@@ -197,46 +184,25 @@ impl State {
                 self.decide_approval(by, approval_id, *approve, *at_ms)
             }
             Command::SetRules { by, rules } => self.set_rules(by, rules),
-            Command::Bootstrap {
-                cluster_id,
-                org,
-                owner,
-                token,
-            } => self.bootstrap(cluster_id, org, owner, token),
+            Command::Bootstrap { cluster_id, org, owner, token } => self.bootstrap(cluster_id, org, owner, token),
             Command::CreateMember { by, member } => self.create_member(by, member),
             Command::CreateBot { by, bot } => self.create_bot(by, bot),
             Command::ArchiveBot { by, bot_id, at_ms } => self.archive_bot(by, bot_id, *at_ms),
             Command::CreateToken { by, token } => self.create_token(by, token),
-            Command::RevokeToken {
-                by,
-                token_id,
-                at_ms,
-            } => self.revoke_token(by, token_id, *at_ms),
+            Command::RevokeToken { by, token_id, at_ms } => self.revoke_token(by, token_id, *at_ms),
         }
     }
 
-    fn bootstrap(
-        &mut self,
-        cluster_id: &str,
-        org: &Organization,
-        owner: &Member,
-        token: &Token,
-    ) -> Result<(), Reject> {
+    fn bootstrap(&mut self, cluster_id: &str, org: &Organization, owner: &Member, token: &Token) -> Result<(), Reject> {
         if let Some(existing) = &self.cluster_id {
             // A replay of the same bootstrap is a no-op; another one is refused.
             if existing == cluster_id && self.tokens.contains_key(&token.id) {
                 return Ok(());
             }
-            return Err(Reject::new(
-                RejectKind::Conflict,
-                "the cluster is already bootstrapped",
-            ));
+            return Err(Reject::new(RejectKind::Conflict, "the cluster is already bootstrapped"));
         }
         if owner.role != Role::Owner || token.principal != Principal::Member(owner.id.clone()) {
-            return Err(Reject::new(
-                RejectKind::Invalid,
-                "bootstrap needs an owner and the owner's token",
-            ));
+            return Err(Reject::new(RejectKind::Invalid, "bootstrap needs an owner and the owner's token"));
         }
         self.cluster_id = Some(cluster_id.to_string());
         self.org = Some(org.clone());
@@ -249,24 +215,15 @@ impl State {
         let caller = self.caller_by_token_id(by)?;
         caller.check_admin_write()?;
         if member.role == Role::Owner && caller.member.role != Role::Owner {
-            return Err(Reject::new(
-                RejectKind::Forbidden,
-                "only an owner may add an owner",
-            ));
+            return Err(Reject::new(RejectKind::Forbidden, "only an owner may add an owner"));
         }
         if let Some(existing) = self.members.get(&member.id) {
             return same_or_conflict(existing == member, "member");
         }
         if let Some(email) = &member.email
-            && self
-                .members
-                .values()
-                .any(|m| m.email.as_deref() == Some(email))
+            && self.members.values().any(|m| m.email.as_deref() == Some(email))
         {
-            return Err(Reject::new(
-                RejectKind::Conflict,
-                "a member with this email exists",
-            ));
+            return Err(Reject::new(RejectKind::Conflict, "a member with this email exists"));
         }
         self.members.insert(member.id.clone(), member.clone());
         Ok(())
@@ -281,10 +238,7 @@ impl State {
             return Err(Reject::new(RejectKind::NotFound, "no such member"));
         }
         if bot.archived_at.is_some() {
-            return Err(Reject::new(
-                RejectKind::Invalid,
-                "a new bot cannot be archived",
-            ));
+            return Err(Reject::new(RejectKind::Invalid, "a new bot cannot be archived"));
         }
         self.bots.insert(bot.id.clone(), bot.clone());
         Ok(())
@@ -292,10 +246,7 @@ impl State {
 
     fn archive_bot(&mut self, by: &str, bot_id: &str, at_ms: u64) -> Result<(), Reject> {
         self.caller_by_token_id(by)?.check_admin_write()?;
-        let bot = self
-            .bots
-            .get_mut(bot_id)
-            .ok_or_else(|| Reject::new(RejectKind::NotFound, "no such bot"))?;
+        let bot = self.bots.get_mut(bot_id).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such bot"))?;
         if bot.archived_at.is_none() {
             bot.archived_at = Some(at_ms);
         }
@@ -314,20 +265,14 @@ impl State {
             return same_or_conflict(existing == token, "token");
         }
         if token.revoked_at.is_some() {
-            return Err(Reject::new(
-                RejectKind::Invalid,
-                "a new token cannot be revoked",
-            ));
+            return Err(Reject::new(RejectKind::Invalid, "a new token cannot be revoked"));
         }
         if self.token_by_hash.contains_key(&token.hash) {
             return Err(Reject::new(RejectKind::Conflict, "token secret collision"));
         }
         match &token.principal {
             Principal::Member(m) => {
-                let target = self
-                    .members
-                    .get(m)
-                    .ok_or_else(|| Reject::new(RejectKind::NotFound, "no such member"))?;
+                let target = self.members.get(m).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such member"))?;
                 // A token acts as its member: only an owner may mint one for somebody else.
                 if target.id != caller.member.id && caller.member.role != Role::Owner {
                     return Err(Reject::new(
@@ -337,10 +282,7 @@ impl State {
                 }
             }
             Principal::Bot(b) => {
-                let bot = self
-                    .bots
-                    .get(b)
-                    .ok_or_else(|| Reject::new(RejectKind::NotFound, "no such bot"))?;
+                let bot = self.bots.get(b).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such bot"))?;
                 if bot.archived_at.is_some() {
                     return Err(Reject::new(RejectKind::Invalid, "the bot is archived"));
                 }
@@ -352,10 +294,7 @@ impl State {
 
     fn revoke_token(&mut self, by: &str, token_id: &str, at_ms: u64) -> Result<(), Reject> {
         self.caller_by_token_id(by)?.check_admin_write()?;
-        let token = self
-            .tokens
-            .get_mut(token_id)
-            .ok_or_else(|| Reject::new(RejectKind::NotFound, "no such token"))?;
+        let token = self.tokens.get_mut(token_id).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such token"))?;
         if token.revoked_at.is_none() {
             token.revoked_at = Some(at_ms);
         }
@@ -363,8 +302,7 @@ impl State {
     }
 
     fn insert_token(&mut self, token: &Token) {
-        self.token_by_hash
-            .insert(token.hash.clone(), token.id.clone());
+        self.token_by_hash.insert(token.hash.clone(), token.id.clone());
         self.tokens.insert(token.id.clone(), token.clone());
     }
 }
@@ -374,10 +312,7 @@ fn same_or_conflict(same: bool, what: &str) -> Result<(), Reject> {
     if same {
         Ok(())
     } else {
-        Err(Reject::new(
-            RejectKind::Conflict,
-            format!("a different {what} with this id exists"),
-        ))
+        Err(Reject::new(RejectKind::Conflict, format!("a different {what} with this id exists")))
     }
 }
 
@@ -387,13 +322,7 @@ mod tests {
     use crate::sm::hash_secret;
 
     fn member(id: &str, role: Role) -> Member {
-        Member {
-            id: id.into(),
-            name: id.into(),
-            email: None,
-            role,
-            created_at: 1,
-        }
+        Member { id: id.into(), name: id.into(), email: None, role, created_at: 1 }
     }
 
     fn token(id: &str, principal: Principal) -> Token {
@@ -413,11 +342,7 @@ mod tests {
         let mut s = State::default();
         let r = s.apply(&Command::Bootstrap {
             cluster_id: "c1".into(),
-            org: Organization {
-                id: "org_1".into(),
-                name: "o".into(),
-                created_at: 1,
-            },
+            org: Organization { id: "org_1".into(), name: "o".into(), created_at: 1 },
             owner: member("mem_owner", Role::Owner),
             token: token("tok_owner", Principal::Member("mem_owner".into())),
         });
@@ -437,11 +362,7 @@ mod tests {
         let mut s = booted();
         let again = Command::Bootstrap {
             cluster_id: "c2".into(),
-            org: Organization {
-                id: "org_2".into(),
-                name: "o".into(),
-                created_at: 1,
-            },
+            org: Organization { id: "org_2".into(), name: "o".into(), created_at: 1 },
             owner: member("mem_x", Role::Owner),
             token: token("tok_x", Principal::Member("mem_x".into())),
         };
@@ -454,16 +375,10 @@ mod tests {
     fn admin_creates_member_and_bot_and_replay_is_idempotent() {
         let mut s = booted();
         let m = member("mem_a", Role::Admin);
-        let cmd = Command::CreateMember {
-            by: "tok_owner".into(),
-            member: m.clone(),
-        };
+        let cmd = Command::CreateMember { by: "tok_owner".into(), member: m.clone() };
         assert_eq!(s.apply(&cmd), Response::Ok);
         assert_eq!(s.apply(&cmd), Response::Ok, "replay of the same create");
-        let other = Command::CreateMember {
-            by: "tok_owner".into(),
-            member: member("mem_a", Role::Member),
-        };
+        let other = Command::CreateMember { by: "tok_owner".into(), member: member("mem_a", Role::Member) };
         assert_eq!(rejected(s.apply(&other)), RejectKind::Conflict);
         assert_eq!(s.members["mem_a"], m);
     }
@@ -471,14 +386,8 @@ mod tests {
     #[test]
     fn member_role_cannot_administer_and_admin_cannot_add_owner() {
         let mut s = booted();
-        s.apply(&Command::CreateMember {
-            by: "tok_owner".into(),
-            member: member("mem_m", Role::Member),
-        });
-        s.apply(&Command::CreateMember {
-            by: "tok_owner".into(),
-            member: member("mem_a", Role::Admin),
-        });
+        s.apply(&Command::CreateMember { by: "tok_owner".into(), member: member("mem_m", Role::Member) });
+        s.apply(&Command::CreateMember { by: "tok_owner".into(), member: member("mem_a", Role::Admin) });
         s.apply(&Command::CreateToken {
             by: "tok_owner".into(),
             token: token("tok_m", Principal::Member("mem_m".into())),
@@ -488,24 +397,13 @@ mod tests {
             token: token("tok_a", Principal::Member("mem_a".into())),
         });
         let before = s.clone();
-        let by_member = Command::CreateMember {
-            by: "tok_m".into(),
-            member: member("mem_z", Role::Member),
-        };
+        let by_member = Command::CreateMember { by: "tok_m".into(), member: member("mem_z", Role::Member) };
         assert_eq!(rejected(s.apply(&by_member)), RejectKind::Forbidden);
-        let admin_adds_owner = Command::CreateMember {
-            by: "tok_a".into(),
-            member: member("mem_o2", Role::Owner),
-        };
+        let admin_adds_owner = Command::CreateMember { by: "tok_a".into(), member: member("mem_o2", Role::Owner) };
         assert_eq!(rejected(s.apply(&admin_adds_owner)), RejectKind::Forbidden);
-        let admin_mints_for_other = Command::CreateToken {
-            by: "tok_a".into(),
-            token: token("tok_x", Principal::Member("mem_m".into())),
-        };
-        assert_eq!(
-            rejected(s.apply(&admin_mints_for_other)),
-            RejectKind::Forbidden
-        );
+        let admin_mints_for_other =
+            Command::CreateToken { by: "tok_a".into(), token: token("tok_x", Principal::Member("mem_m".into())) };
+        assert_eq!(rejected(s.apply(&admin_mints_for_other)), RejectKind::Forbidden);
         assert_eq!(s, before);
     }
 
@@ -516,23 +414,14 @@ mod tests {
         ro.read_only = true;
         let mut limited = token("tok_lim", Principal::Member("mem_owner".into()));
         limited.computers = Some(vec!["cmp_1".into()]);
-        s.apply(&Command::CreateToken {
-            by: "tok_owner".into(),
-            token: ro,
-        });
-        s.apply(&Command::CreateToken {
-            by: "tok_owner".into(),
-            token: limited,
-        });
+        s.apply(&Command::CreateToken { by: "tok_owner".into(), token: ro });
+        s.apply(&Command::CreateToken { by: "tok_owner".into(), token: limited });
         let c = s.caller_by_token_id("tok_ro").expect("caller");
         assert!(c.check_admin_read().is_ok());
         assert!(c.check_admin_write().is_err());
         let l = s.caller_by_token_id("tok_lim").expect("caller");
         assert!(l.check_admin_read().is_err());
-        let cmd = Command::CreateMember {
-            by: "tok_ro".into(),
-            member: member("mem_z", Role::Member),
-        };
+        let cmd = Command::CreateMember { by: "tok_ro".into(), member: member("mem_z", Role::Member) };
         assert_eq!(rejected(s.apply(&cmd)), RejectKind::Forbidden);
     }
 
@@ -546,13 +435,7 @@ mod tests {
             created_at: 1,
             archived_at: None,
         };
-        assert_eq!(
-            s.apply(&Command::CreateBot {
-                by: "tok_owner".into(),
-                bot
-            }),
-            Response::Ok
-        );
+        assert_eq!(s.apply(&Command::CreateBot { by: "tok_owner".into(), bot }), Response::Ok);
         assert_eq!(
             s.apply(&Command::CreateToken {
                 by: "tok_owner".into(),
@@ -562,32 +445,17 @@ mod tests {
         );
         assert!(s.caller_by_hash(&hash_secret("tok_b")).is_ok());
         assert_eq!(
-            s.apply(&Command::ArchiveBot {
-                by: "tok_owner".into(),
-                bot_id: "bot_1".into(),
-                at_ms: 5
-            }),
+            s.apply(&Command::ArchiveBot { by: "tok_owner".into(), bot_id: "bot_1".into(), at_ms: 5 }),
             Response::Ok
         );
+        assert_eq!(s.caller_by_hash(&hash_secret("tok_b")).map_err(|r| r.kind), Err(RejectKind::Unauthorized));
         assert_eq!(
-            s.caller_by_hash(&hash_secret("tok_b")).map_err(|r| r.kind),
-            Err(RejectKind::Unauthorized)
-        );
-        assert_eq!(
-            s.apply(&Command::RevokeToken {
-                by: "tok_owner".into(),
-                token_id: "tok_owner".into(),
-                at_ms: 6
-            }),
+            s.apply(&Command::RevokeToken { by: "tok_owner".into(), token_id: "tok_owner".into(), at_ms: 6 }),
             Response::Ok
         );
         assert!(s.caller_by_token_id("tok_owner").is_err());
         // The revoked token can no longer act.
-        let cmd = Command::ArchiveBot {
-            by: "tok_owner".into(),
-            bot_id: "bot_1".into(),
-            at_ms: 7,
-        };
+        let cmd = Command::ArchiveBot { by: "tok_owner".into(), bot_id: "bot_1".into(), at_ms: 7 };
         assert_eq!(rejected(s.apply(&cmd)), RejectKind::Unauthorized);
     }
 }

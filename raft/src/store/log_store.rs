@@ -48,10 +48,7 @@ impl LogStore {
             .name("raft-log-flush".into())
             .spawn(move || flusher(e, rx))
             .expect("spawn the log flusher thread");
-        Self {
-            engine,
-            flusher: tx,
-        }
+        Self { engine, flusher: tx }
     }
 
     fn get_json<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> io::Result<Option<T>> {
@@ -63,8 +60,7 @@ impl LogStore {
 
     fn put_json<T: serde::Serialize>(&self, key: &[u8], value: &T) -> io::Result<()> {
         let bytes = serde_json::to_vec(value).map_err(invalid_data)?;
-        self.engine
-            .write_batch(Space::Meta, vec![BatchOp::Put(key.to_vec(), bytes)])
+        self.engine.write_batch(Space::Meta, vec![BatchOp::Put(key.to_vec(), bytes)])
     }
 }
 
@@ -105,12 +101,8 @@ impl RaftLogReader<TypeConfig> for LogStore {
         if start >= end {
             return Ok(Vec::new());
         }
-        let rows = self
-            .engine
-            .scan(Space::Log, &index_key(start), &index_key(end), usize::MAX)?;
-        rows.into_iter()
-            .map(|(_, v)| serde_json::from_slice::<Entry>(&v).map_err(invalid_data))
-            .collect()
+        let rows = self.engine.scan(Space::Log, &index_key(start), &index_key(end), usize::MAX)?;
+        rows.into_iter().map(|(_, v)| serde_json::from_slice::<Entry>(&v).map_err(invalid_data)).collect()
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
@@ -124,17 +116,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, io::Error> {
         let last_purged_log_id: Option<LogId> = self.get_json(KEY_PURGED)?;
         let last = match self.engine.last(Space::Log)? {
-            Some((_, v)) => Some(
-                serde_json::from_slice::<Entry>(&v)
-                    .map_err(invalid_data)?
-                    .log_id(),
-            ),
+            Some((_, v)) => Some(serde_json::from_slice::<Entry>(&v).map_err(invalid_data)?.log_id()),
             None => None,
         };
-        Ok(LogState {
-            last_log_id: last.or(last_purged_log_id),
-            last_purged_log_id,
-        })
+        Ok(LogState { last_log_id: last.or(last_purged_log_id), last_purged_log_id })
     }
 
     async fn get_log_reader(&mut self) -> Self::LogReader {
@@ -144,9 +129,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
         self.put_json(KEY_VOTE, vote)?;
         let engine = self.engine.clone();
-        tokio::task::spawn_blocking(move || engine.flush())
-            .await
-            .map_err(io::Error::other)?
+        tokio::task::spawn_blocking(move || engine.flush()).await.map_err(io::Error::other)?
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), io::Error> {
@@ -158,11 +141,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         Ok(self.get_json::<Option<LogId>>(KEY_COMMITTED)?.flatten())
     }
 
-    async fn append<I>(
-        &mut self,
-        entries: I,
-        callback: IOFlushed<TypeConfig>,
-    ) -> Result<(), io::Error>
+    async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> Result<(), io::Error>
     where
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
@@ -173,21 +152,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             ops.push(BatchOp::Put(index_key(entry.index()).to_vec(), bytes));
         }
         self.engine.write_batch(Space::Log, ops)?;
-        self.flusher
-            .send(callback)
-            .map_err(|_| io::Error::other("the log flusher has stopped"))
+        self.flusher.send(callback).map_err(|_| io::Error::other("the log flusher has stopped"))
     }
 
     async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), io::Error> {
         let from = last_log_id.map(|l| l.index() + 1).unwrap_or(0);
-        self.engine
-            .remove_range(Space::Log, &index_key(from), &index_key(u64::MAX))
+        self.engine.remove_range(Space::Log, &index_key(from), &index_key(u64::MAX))
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
         // The mark first: a crash between the two leaves extra entries, never a gap.
         self.put_json(KEY_PURGED, &log_id)?;
-        self.engine
-            .remove_range(Space::Log, &index_key(0), &index_key(log_id.index() + 1))
+        self.engine.remove_range(Space::Log, &index_key(0), &index_key(log_id.index() + 1))
     }
 }

@@ -43,10 +43,7 @@ mod conformance {
     struct Builder;
 
     impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, tempfile::TempDir> for Builder {
-        async fn build(
-            &self,
-        ) -> Result<(tempfile::TempDir, LogStore, StateMachineStore), StorageError<TypeConfig>>
-        {
+        async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachineStore), StorageError<TypeConfig>> {
             let dir = tempfile::tempdir().expect("tempdir");
             let (log, sm) = open(dir.path()).expect("open store");
             Ok((dir, log, sm))

@@ -55,6 +55,8 @@ struct Shared {
     engine: Arc<dyn KvEngine>,
     /// How many snapshots this process built (observability and tests).
     snapshots_built: AtomicU64,
+    /// The last applied index, for whoever waits on state changes (drivers, event streams).
+    applied_tx: tokio::sync::watch::Sender<u64>,
 }
 
 /// The state machine handed to openraft. Clones share the state.
@@ -73,12 +75,13 @@ impl StateReader {
     /// Runs `f` on the state as applied now (not necessarily current: see the cluster's
     /// linearizable read for that).
     pub fn read<T>(&self, f: impl FnOnce(&State) -> T) -> T {
-        let guard = self
-            .shared
-            .applied
-            .read()
-            .unwrap_or_else(|p| p.into_inner());
+        let guard = self.shared.applied.read().unwrap_or_else(|p| p.into_inner());
         f(&guard.state)
+    }
+
+    /// A receiver that changes whenever the state machine applies something.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.shared.applied_tx.subscribe()
     }
 }
 
@@ -95,23 +98,19 @@ impl StateMachineStore {
                 applied: RwLock::new(applied),
                 engine,
                 snapshots_built: AtomicU64::new(0),
+                applied_tx: tokio::sync::watch::Sender::new(0),
             }),
         })
     }
 
     /// A read handle for the node.
     pub fn reader(&self) -> StateReader {
-        StateReader {
-            shared: self.shared.clone(),
-        }
+        StateReader { shared: self.shared.clone() }
     }
 
     fn store_file(&self, file: &SnapshotFile) -> io::Result<()> {
         let bytes = serde_json::to_vec(file).map_err(invalid_data)?;
-        self.shared.engine.write_batch(
-            Space::Snapshot,
-            vec![BatchOp::Put(KEY_SNAPSHOT.to_vec(), bytes)],
-        )?;
+        self.shared.engine.write_batch(Space::Snapshot, vec![BatchOp::Put(KEY_SNAPSHOT.to_vec(), bytes)])?;
         self.shared.engine.flush()
     }
 }
@@ -119,10 +118,7 @@ impl StateMachineStore {
 fn decode_file(bytes: &[u8]) -> io::Result<SnapshotFile> {
     let file: SnapshotFile = serde_json::from_slice(bytes).map_err(invalid_data)?;
     if file.format != SNAPSHOT_FORMAT {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("unknown snapshot format {}", file.format),
-        ));
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("unknown snapshot format {}", file.format)));
     }
     Ok(file)
 }
@@ -132,35 +128,17 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
 
     async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
         let (data, last_applied, last_membership) = {
-            let a = self
-                .shared
-                .applied
-                .read()
-                .unwrap_or_else(|p| p.into_inner());
-            (
-                serde_json::to_vec(&*a).map_err(invalid_data)?,
-                a.last_applied,
-                a.last_membership.clone(),
-            )
+            let a = self.shared.applied.read().unwrap_or_else(|p| p.into_inner());
+            (serde_json::to_vec(&*a).map_err(invalid_data)?, a.last_applied, a.last_membership.clone())
         };
         self.shared.snapshots_built.fetch_add(1, Ordering::Relaxed);
-        let meta = SnapshotMeta {
-            last_log_id: last_applied,
-            last_membership,
-        };
-        let file = SnapshotFile {
-            format: SNAPSHOT_FORMAT,
-            meta: meta.clone(),
-            data,
-        };
+        let meta = SnapshotMeta { last_log_id: last_applied, last_membership };
+        let file = SnapshotFile { format: SNAPSHOT_FORMAT, meta: meta.clone(), data };
         let this = self.clone();
         let file = tokio::task::spawn_blocking(move || this.store_file(&file).map(|_| file))
             .await
             .map_err(io::Error::other)??;
-        Ok(Snapshot {
-            meta,
-            snapshot: serde_json::to_vec(&file).map_err(invalid_data)?,
-        })
+        Ok(Snapshot { meta, snapshot: serde_json::to_vec(&file).map_err(invalid_data)? })
     }
 }
 
@@ -169,11 +147,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     type SnapshotBuilder = Self;
 
     async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), io::Error> {
-        let a = self
-            .shared
-            .applied
-            .read()
-            .unwrap_or_else(|p| p.into_inner());
+        let a = self.shared.applied.read().unwrap_or_else(|p| p.into_inner());
         Ok((a.last_applied, a.last_membership.clone()))
     }
 
@@ -182,12 +156,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         Strm: Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>> + Unpin + OptionalSend,
     {
         while let Some((entry, responder)) = entries.try_next().await? {
+            let index = entry.log_id.index;
             let response = {
-                let mut a = self
-                    .shared
-                    .applied
-                    .write()
-                    .unwrap_or_else(|p| p.into_inner());
+                let mut a = self.shared.applied.write().unwrap_or_else(|p| p.into_inner());
                 a.last_applied = Some(entry.log_id);
                 match entry.payload {
                     EntryPayload::Blank => Response::Ok,
@@ -201,6 +172,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             if let Some(responder) = responder {
                 responder.send(response);
             }
+            self.shared.applied_tx.send_replace(index);
         }
         Ok(())
     }
@@ -209,33 +181,17 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         self.clone()
     }
 
-    async fn install_snapshot(
-        &mut self,
-        meta: &SnapshotMeta,
-        snapshot: Vec<u8>,
-    ) -> Result<(), io::Error> {
+    async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: Vec<u8>) -> Result<(), io::Error> {
         let file = decode_file(&snapshot)?;
         let applied: Applied = serde_json::from_slice(&file.data).map_err(invalid_data)?;
         if applied.last_applied != meta.last_log_id {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "snapshot data does not match its meta",
-            ));
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "snapshot data does not match its meta"));
         }
-        let file = SnapshotFile {
-            format: SNAPSHOT_FORMAT,
-            meta: meta.clone(),
-            data: file.data,
-        };
+        let file = SnapshotFile { format: SNAPSHOT_FORMAT, meta: meta.clone(), data: file.data };
         let this = self.clone();
-        tokio::task::spawn_blocking(move || this.store_file(&file))
-            .await
-            .map_err(io::Error::other)??;
-        *self
-            .shared
-            .applied
-            .write()
-            .unwrap_or_else(|p| p.into_inner()) = applied;
+        tokio::task::spawn_blocking(move || this.store_file(&file)).await.map_err(io::Error::other)??;
+        *self.shared.applied.write().unwrap_or_else(|p| p.into_inner()) = applied;
+        self.shared.applied_tx.send_replace(meta.last_log_id.map(|l| l.index).unwrap_or(0));
         Ok(())
     }
 
@@ -243,10 +199,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         match self.shared.engine.get(Space::Snapshot, KEY_SNAPSHOT)? {
             Some(bytes) => {
                 let file = decode_file(&bytes)?;
-                Ok(Some(Snapshot {
-                    meta: file.meta,
-                    snapshot: bytes,
-                }))
+                Ok(Some(Snapshot { meta: file.meta, snapshot: bytes }))
             }
             None => Ok(None),
         }

@@ -1,0 +1,213 @@
+//! `ComputerActor`: drives the lifecycle executions of one Computer, one at a time.
+//!
+//! Owns nothing durable: every step is a command in the replicated store. The driver
+//! ([`crate::driver`]) sends it [`ComputerMessage::Run`] for executions it may claim. A run is:
+//! claim (fences out other drivers) → dispatch (rights re-checked at commit; recorded before
+//! the call) → one provider call under a deadline → finish. It never re-sends a dispatched call.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use computerd_raft::cluster::Cluster;
+use computerd_raft::sm::Command;
+use computerd_raft::sm::ExecutionError;
+use computerd_raft::sm::ExecutionKind;
+use computerd_raft::sm::Outcome;
+use computerd_raft::sm::Request;
+use computerd_raft::sm::Response;
+use computerd_raft::sm::Source;
+use ractor::Actor;
+use ractor::ActorProcessingErr;
+use ractor::ActorRef;
+
+use crate::factory::ProviderFactory;
+use crate::provider::CreateSpec;
+use crate::provider::ProviderError;
+
+/// How long a finished call's answer is retried into the store before giving up (a taking-over
+/// driver then declares it unknown).
+const FINISH_PATIENCE: Duration = Duration::from_secs(60);
+
+/// The actor behaviour (no config of its own).
+pub struct ComputerActor;
+
+/// What a Computer actor is started with.
+pub struct ComputerArgs {
+    /// The Computer.
+    pub computer_id: String,
+    /// The store.
+    pub cluster: Cluster,
+    /// Builds provider adapters.
+    pub providers: ProviderFactory,
+    /// Executions this process drives now (shared with the driver, which must not re-send them).
+    pub inflight: Arc<Mutex<HashSet<String>>>,
+}
+
+/// Messages of a Computer actor.
+pub enum ComputerMessage {
+    /// Claim and run this execution to its end (no-op if it cannot be claimed).
+    Run(String),
+}
+
+/// The state of a Computer actor.
+pub struct ComputerState {
+    args: ComputerArgs,
+}
+
+impl Actor for ComputerActor {
+    type Msg = ComputerMessage;
+    type State = ComputerState;
+    type Arguments = ComputerArgs;
+
+    async fn pre_start(
+        &self,
+        _me: ActorRef<Self::Msg>,
+        args: ComputerArgs,
+    ) -> Result<ComputerState, ActorProcessingErr> {
+        Ok(ComputerState { args })
+    }
+
+    async fn handle(
+        &self,
+        _me: ActorRef<Self::Msg>,
+        msg: ComputerMessage,
+        state: &mut ComputerState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            ComputerMessage::Run(exe) => {
+                state.handle_run(&exe).await;
+                state.args.inflight.lock().unwrap_or_else(|p| p.into_inner()).remove(&exe);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+fn new_claim() -> String {
+    format!("clm_{}", hex::encode(rand::random::<[u8; 12]>()))
+}
+
+impl ComputerState {
+    async fn propose(&self, cmd: Command) -> Option<Response> {
+        match self.args.cluster.propose(Request::new(cmd)).await {
+            Ok(r) => Some(r),
+            Err(e) => {
+                tracing::warn!(computer_id = %self.args.computer_id, error = %e, "store unavailable");
+                None
+            }
+        }
+    }
+
+    async fn handle_run(&mut self, exe_id: &str) {
+        let claim = new_claim();
+        let claimed = Command::ClaimExecution { execution_id: exe_id.into(), claim: claim.clone(), at_ms: now_ms() };
+        if !matches!(self.propose(claimed).await, Some(Response::Ok)) {
+            return;
+        }
+        let snapshot = self.args.cluster.state().read(|s| {
+            let exe = s.executions.get(exe_id)?.clone();
+            let computer = s.computers.get(&exe.computer_id)?.clone();
+            let provider = match &computer.source {
+                Source::Provider { provider, .. } => s.providers.get(provider).cloned(),
+                Source::Paired => None,
+            };
+            Some((exe, computer, provider))
+        });
+        let Some((exe, computer, provider)) = snapshot else { return };
+        let span =
+            tracing::info_span!("execution", execution_id = %exe_id, computer_id = %computer.id, kind = ?exe.kind);
+        let _g = span.enter();
+
+        // A provider sandbox needs an adapter; failing to build one is a failure before sending.
+        let adapter = match (&computer.source, &provider) {
+            (Source::Paired, _) => None,
+            (Source::Provider { .. }, Some(p)) => Some(self.args.providers.build(p)),
+            (Source::Provider { .. }, None) => {
+                let error = ExecutionError { kind: "not_sent".into(), message: "the provider no longer exists".into() };
+                self.finish(exe_id, &claim, Outcome::Failed { error }).await;
+                return;
+            }
+        };
+        let dispatch =
+            Command::DispatchExecution { execution_id: exe_id.into(), claim: claim.clone(), at_ms: now_ms() };
+        match self.propose(dispatch).await {
+            Some(Response::Ok) => {}
+            Some(Response::Rejected(r)) => {
+                tracing::info!(reason = %r.message, "not dispatched");
+                return;
+            }
+            _ => return, // Not recorded: nothing is sent; a takeover will claim it again.
+        }
+
+        let outcome = match adapter {
+            // Own machines: nothing to call; the pairing code was stored with the execution.
+            None => Outcome::Succeeded { sandbox: None },
+            Some((adapter, timeout)) => {
+                let sandbox = computer.sandbox.clone().unwrap_or_default();
+                let call = async {
+                    match exe.kind {
+                        ExecutionKind::Create => {
+                            let (template, desktop) = match &computer.source {
+                                Source::Provider { template, .. } => (template.clone(), computer.desktop),
+                                Source::Paired => (None, false),
+                            };
+                            let spec = CreateSpec {
+                                computer_id: computer.id.clone(),
+                                command_key: exe.command_key.clone(),
+                                template,
+                                desktop,
+                            };
+                            adapter.create(&spec).await.map(Some)
+                        }
+                        ExecutionKind::Pause => adapter.pause(&sandbox).await.map(|()| None),
+                        ExecutionKind::Resume => adapter.resume(&sandbox).await.map(|()| None),
+                        ExecutionKind::Delete => adapter.delete(&sandbox).await.map(|()| None),
+                    }
+                };
+                match tokio::time::timeout(timeout, call).await {
+                    Ok(Ok(sandbox)) => Outcome::Succeeded { sandbox },
+                    Ok(Err(ProviderError::NotSent(m))) => {
+                        Outcome::Failed { error: ExecutionError { kind: "not_sent".into(), message: m } }
+                    }
+                    Ok(Err(ProviderError::Rejected(m))) => {
+                        Outcome::Failed { error: ExecutionError { kind: "provider_rejected".into(), message: m } }
+                    }
+                    Ok(Err(ProviderError::Lost(m))) => Outcome::Unknown { reason: m },
+                    Err(_) => Outcome::Unknown { reason: format!("no answer within {timeout:?}") },
+                }
+            }
+        };
+        tracing::info!(outcome = ?outcome, "provider call ended");
+        self.finish(exe_id, &claim, outcome).await;
+    }
+
+    /// Records the outcome, retrying while the store is unavailable (finishing twice is refused
+    /// harmlessly by the claim check).
+    async fn finish(&self, exe_id: &str, claim: &str, outcome: Outcome) {
+        let deadline = tokio::time::Instant::now() + FINISH_PATIENCE;
+        loop {
+            let cmd = Command::FinishExecution {
+                execution_id: exe_id.into(),
+                claim: claim.into(),
+                outcome: outcome.clone(),
+                at_ms: now_ms(),
+            };
+            match self.propose(cmd).await {
+                Some(Response::Rejected(r)) => tracing::info!(reason = %r.message, "finish refused"),
+                Some(_) => {}
+                None if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+                None => tracing::warn!("could not record the outcome; a takeover will declare it unknown"),
+            }
+            return;
+        }
+    }
+}

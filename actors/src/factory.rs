@@ -1,0 +1,43 @@
+//! Builds the adapter of a stored provider record.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use computerd_raft::sm::Provider as ProviderRecord;
+use computerd_raft::sm::ProviderKind;
+
+use crate::fake::FakeProvider;
+use crate::provider::Provider;
+use crate::provider::Unavailable;
+
+/// The default deadline of one provider call; a call past it is a lost answer.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Node-level provider options.
+#[derive(Debug, Clone, Default)]
+pub struct ProviderFactory {
+    /// Where fake providers keep their journals; `None` disables the fake kind.
+    pub fake_dir: Option<PathBuf>,
+}
+
+impl ProviderFactory {
+    /// The adapter and the call deadline for a provider record.
+    pub fn build(&self, p: &ProviderRecord) -> (Arc<dyn Provider>, Duration) {
+        let timeout = p
+            .config
+            .get("timeoutMs")
+            .and_then(|v| v.as_u64())
+            .map(Duration::from_millis)
+            .unwrap_or(DEFAULT_CALL_TIMEOUT);
+        let adapter: Arc<dyn Provider> = match (p.kind, &self.fake_dir) {
+            (ProviderKind::Fake, Some(dir)) => {
+                let cfg: serde_json::Map<String, serde_json::Value> = p.config.clone().into_iter().collect();
+                Arc::new(FakeProvider::new(dir.join(format!("{}.jsonl", p.id)), &cfg))
+            }
+            (ProviderKind::Fake, None) => Arc::new(Unavailable("fake providers are disabled on this node".into())),
+            (kind, _) => Arc::new(Unavailable(format!("the {kind:?} adapter is not available in this build"))),
+        };
+        (adapter, timeout)
+    }
+}

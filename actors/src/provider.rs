@@ -1,0 +1,84 @@
+//! The contract every sandbox provider adapter implements.
+//!
+//! Contract: an adapter makes exactly one attempt per call. It never retries, and it never
+//! resumes (or otherwise changes) a sandbox on its own. It says precisely how a call ended:
+//! before anything was sent ([`ProviderError::NotSent`]), answered with a refusal
+//! ([`ProviderError::Rejected`]), or sent without a usable answer ([`ProviderError::Lost`]). Only
+//! the last leaves the outcome unknown. Calls may be cancelled by the caller's deadline, which
+//! the caller then treats as [`ProviderError::Lost`].
+
+use async_trait::async_trait;
+
+/// What a create needs to know.
+#[derive(Debug, Clone)]
+pub struct CreateSpec {
+    /// The Computer id (adapters label sandboxes with it, so an inspection can find them).
+    pub computer_id: String,
+    /// The command key of the create (also a label).
+    pub command_key: String,
+    /// The template/image, if any.
+    pub template: Option<String>,
+    /// Whether a desktop is wanted.
+    pub desktop: bool,
+}
+
+/// How a provider call failed.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum ProviderError {
+    /// Nothing was sent: the call had no effect.
+    #[error("not sent: {0}")]
+    NotSent(String),
+    /// The provider answered and refused: the call had no effect.
+    #[error("rejected by the provider: {0}")]
+    Rejected(String),
+    /// Sent, but the answer was lost or came too late: the effect is unknown.
+    #[error("answer lost: {0}")]
+    Lost(String),
+}
+
+/// What an inspection finds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxInfo {
+    /// The provider's reference.
+    pub sandbox: String,
+    /// The provider's state name.
+    pub state: String,
+}
+
+/// A sandbox provider adapter.
+#[async_trait]
+pub trait Provider: Send + Sync {
+    /// Creates a sandbox; answers its reference.
+    async fn create(&self, spec: &CreateSpec) -> Result<String, ProviderError>;
+    /// Pauses a sandbox (memory and processes kept where the provider can).
+    async fn pause(&self, sandbox: &str) -> Result<(), ProviderError>;
+    /// Resumes a paused sandbox.
+    async fn resume(&self, sandbox: &str) -> Result<(), ProviderError>;
+    /// Deletes a sandbox and its files.
+    async fn delete(&self, sandbox: &str) -> Result<(), ProviderError>;
+    /// Looks up the sandbox of a Computer (by its labels), to settle an unknown outcome.
+    async fn inspect(&self, computer_id: &str) -> Result<Option<SandboxInfo>, ProviderError>;
+}
+
+/// The adapter of a provider kind that this build cannot drive yet: every call fails before
+/// anything is sent, so executions fail cleanly and the Computer stays.
+pub struct Unavailable(pub String);
+
+#[async_trait]
+impl Provider for Unavailable {
+    async fn create(&self, _spec: &CreateSpec) -> Result<String, ProviderError> {
+        Err(ProviderError::NotSent(self.0.clone()))
+    }
+    async fn pause(&self, _sandbox: &str) -> Result<(), ProviderError> {
+        Err(ProviderError::NotSent(self.0.clone()))
+    }
+    async fn resume(&self, _sandbox: &str) -> Result<(), ProviderError> {
+        Err(ProviderError::NotSent(self.0.clone()))
+    }
+    async fn delete(&self, _sandbox: &str) -> Result<(), ProviderError> {
+        Err(ProviderError::NotSent(self.0.clone()))
+    }
+    async fn inspect(&self, _computer_id: &str) -> Result<Option<SandboxInfo>, ProviderError> {
+        Err(ProviderError::NotSent(self.0.clone()))
+    }
+}

@@ -1,0 +1,102 @@
+//! Capability approvals (`GET/POST /v1/approvals`) and the capability rules
+//! (`GET/PUT /v1/capability-rules`).
+
+use axum::Json;
+use axum::extract::Path;
+use axum::extract::State;
+use computerd_raft::sm::Command;
+use computerd_raft::sm::Rule;
+use serde::Deserialize;
+use serde_json::Value;
+use serde_json::json;
+
+use super::ApiError;
+use super::AppState;
+use super::Auth;
+use super::util::Body;
+use super::util::apply;
+use crate::ids::now_ms;
+
+/// `GET /v1/approvals`: those the caller may decide, and those its bot asked for.
+pub async fn list(State(state): State<AppState>, auth: Auth) -> Result<Json<Value>, ApiError> {
+    let caller = auth.current(&state).await?;
+    let rows: Vec<Value> = state.cluster.state().read(|s| {
+        s.approvals
+            .values()
+            .filter(|a| {
+                s.can_decide_approval(&caller, a)
+                    || (caller.bot.is_some() && a.requester.bot_id == caller.bot.as_ref().map(|b| b.id.clone()))
+            })
+            .map(|a| json!(a))
+            .collect()
+    });
+    Ok(Json(json!({ "approvals": rows })))
+}
+
+/// `POST /v1/approvals/:id` body.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecideIn {
+    decision: ApprovalDecision,
+}
+
+/// Approve or reject.
+#[derive(Deserialize, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ApprovalDecision {
+    /// Let it run.
+    Approve,
+    /// Refuse it.
+    Reject,
+}
+
+/// `POST /v1/approvals/:id`
+pub async fn decide(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path(id): Path<String>,
+    body: Body<DecideIn>,
+) -> Result<Json<Value>, ApiError> {
+    let caller = auth.for_write(&state).await?;
+    let Json(b) = body?;
+    let cmd = Command::DecideApproval {
+        by: caller.token.id.clone(),
+        approval_id: id.clone(),
+        approve: b.decision == ApprovalDecision::Approve,
+        at_ms: now_ms(),
+    };
+    apply(&state, cmd).await?;
+    state.cluster.read_barrier().await?;
+    let a = state.cluster.state().read(|s| s.approvals.get(&id).cloned());
+    a.map(|a| Json(json!(a))).ok_or_else(|| ApiError::not_found("no such approval"))
+}
+
+/// `GET /v1/capability-rules` (owner/admin)
+pub async fn get_rules(State(state): State<AppState>, auth: Auth) -> Result<Json<Value>, ApiError> {
+    auth.current(&state).await?.check_admin_read()?;
+    let (rules, custom) = state.cluster.state().read(|s| (s.rules(), s.rules.is_some()));
+    Ok(Json(json!({ "rules": rules, "default": !custom })))
+}
+
+/// `PUT /v1/capability-rules` body.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RulesIn {
+    rules: Vec<Rule>,
+}
+
+/// `PUT /v1/capability-rules` (owner/admin): replaces the rules; the first match decides.
+pub async fn put_rules(
+    State(state): State<AppState>,
+    auth: Auth,
+    body: Body<RulesIn>,
+) -> Result<Json<Value>, ApiError> {
+    let caller = auth.for_write(&state).await?;
+    caller.check_admin_write()?;
+    let Json(b) = body?;
+    if b.rules.len() > 1000 {
+        return Err(ApiError::invalid("at most 1000 rules"));
+    }
+    apply(&state, Command::SetRules { by: caller.token.id.clone(), rules: b.rules.clone() }).await?;
+    Ok(Json(json!({ "rules": b.rules, "default": false })))
+}

@@ -1,0 +1,404 @@
+//! Computers and their lifecycle: create, list, read, pause, resume, delete, stop, usage,
+//! acquire and release. Lifecycle commands answer 202 with an execution receipt.
+
+use axum::Json;
+use axum::extract::Path;
+use axum::extract::State;
+use axum::http::StatusCode;
+use computerd_raft::sm::Caller;
+use computerd_raft::sm::Command;
+use computerd_raft::sm::Computer;
+use computerd_raft::sm::ComputerState;
+use computerd_raft::sm::Execution;
+use computerd_raft::sm::ExecutionKind;
+use computerd_raft::sm::ExecutionState;
+use computerd_raft::sm::Requester;
+use computerd_raft::sm::Source;
+use computerd_raft::sm::Submit;
+use serde::Deserialize;
+use serde_json::Value;
+use serde_json::json;
+use sha2::Digest;
+
+use super::ApiError;
+use super::AppState;
+use super::Auth;
+use super::util::Body;
+use super::util::apply;
+use super::util::check_id;
+use super::util::check_name;
+use crate::ids::new_id;
+use crate::ids::now_ms;
+
+/// The longest `pauseAfter` (30 days), in seconds.
+const MAX_PAUSE_AFTER: u64 = 30 * 24 * 3600;
+/// How long a pairing code stays valid.
+const PAIRING_VALID_MS: u64 = 10 * 60 * 1000;
+
+/// A Computer as callers see it.
+pub fn computer_view(c: &Computer) -> Value {
+    json!({
+        "id": c.id,
+        "name": c.name,
+        "state": c.state,
+        "source": c.source,
+        "desktop": c.desktop,
+        "pauseAfter": c.pause_after,
+        "shared": c.shared,
+        "owner": c.owner,
+        "sandboxId": c.sandbox,
+        "activeExecution": c.active_execution,
+        "createdAt": c.created_at,
+    })
+}
+
+/// The receipt of an execution; the pairing code only for its requester, once it succeeded.
+pub fn receipt(e: &Execution, caller: &Caller, now: u64) -> Value {
+    let mut v = json!({
+        "executionId": e.id,
+        "commandKey": e.command_key,
+        "kind": e.kind,
+        "state": e.state,
+        "resource": {"type": "computer", "id": e.computer_id},
+        "createdAt": e.created_at,
+        "finishedAt": e.finished_at,
+        "error": e.error,
+        "decision": e.decision,
+        "approvalId": e.approval,
+        "lateAnswer": e.late_answer,
+    });
+    let mine = e.requester.token_id == caller.token.id
+        || (e.requester.member_id == caller.member.id && e.requester.bot_id.is_none() && caller.bot.is_none());
+    if e.state == ExecutionState::Succeeded
+        && mine
+        && let (Some(code), Some(exp)) = (&e.pairing_code, e.pairing_expires_at)
+        && now < exp
+    {
+        v["pairingCode"] = code.clone().into();
+        v["pairingExpiresAt"] = exp.into();
+    }
+    v
+}
+
+fn check_key(key: &str) -> Result<(), ApiError> {
+    if key.is_empty() || key.len() > 200 || key.chars().any(char::is_control) {
+        return Err(ApiError::invalid("commandKey must be 1 to 200 printable characters"));
+    }
+    Ok(())
+}
+
+fn body_hash(v: &Value) -> String {
+    hex::encode(sha2::Sha256::digest(v.to_string().as_bytes()))
+}
+
+/// `source` as the API takes it.
+#[derive(Deserialize)]
+#[serde(tag = "_tag", deny_unknown_fields)]
+enum SourceIn {
+    Provider {
+        provider: String,
+        #[serde(default)]
+        template: Option<String>,
+    },
+    Paired,
+}
+
+/// `POST /v1/computers` body.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct NewComputer {
+    command_key: String,
+    name: Option<String>,
+    source: SourceIn,
+    #[serde(default)]
+    desktop: bool,
+    /// Absent = 600; `null` = never.
+    #[serde(default = "absent")]
+    pause_after: Value,
+    #[serde(default)]
+    shared: bool,
+    /// Why (bots).
+    reason: Option<String>,
+}
+
+fn absent() -> Value {
+    json!("absent")
+}
+
+/// Submits an execution and answers 202 with its receipt (the existing one for a retry).
+async fn submit(state: &AppState, caller: &Caller, submit: Submit) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let id = apply(state, Command::SubmitExecution(Box::new(submit)))
+        .await?
+        .ok_or_else(|| ApiError::new(computerd_proto::ErrorKind::Internal, "the store named no execution"))?;
+    state.cluster.read_barrier().await?;
+    let now = now_ms();
+    let r = state.cluster.state().read(|s| s.executions.get(&id).map(|e| receipt(e, caller, now)));
+    let r = r.ok_or_else(|| ApiError::not_found("no such execution"))?;
+    Ok((StatusCode::ACCEPTED, Json(r)))
+}
+
+fn new_execution(key: &str, hash: String, kind: ExecutionKind, computer_id: &str, now: u64) -> Execution {
+    Execution {
+        id: new_id("exe"),
+        command_key: key.to_string(),
+        body_hash: hash,
+        kind,
+        computer_id: computer_id.to_string(),
+        state: ExecutionState::Pending,
+        requester: Requester { token_id: String::new(), member_id: String::new(), bot_id: None },
+        approval: None,
+        claim: None,
+        dispatched_at: None,
+        error: None,
+        decision: None,
+        late_answer: None,
+        pairing_code: None,
+        pairing_expires_at: None,
+        created_at: now,
+        finished_at: None,
+    }
+}
+
+/// `POST /v1/computers`
+pub async fn create(
+    State(state): State<AppState>,
+    auth: Auth,
+    body: Body<NewComputer>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let caller = auth.for_write(&state).await?;
+    let Json(b) = body?;
+    check_key(&b.command_key)?;
+    let pause_after = match &b.pause_after {
+        Value::String(s) if s == "absent" => Some(600),
+        Value::Null => None,
+        Value::Number(n) => match n.as_u64() {
+            Some(s) if (1..=MAX_PAUSE_AFTER).contains(&s) => Some(s),
+            _ => return Err(ApiError::invalid(format!("pauseAfter must be 1..={MAX_PAUSE_AFTER} seconds, or null"))),
+        },
+        _ => return Err(ApiError::invalid("pauseAfter must be a number of seconds, or null")),
+    };
+    let source = match b.source {
+        SourceIn::Provider { provider, template } => {
+            check_id(&provider, "cpp", "source.provider")?;
+            if let Some(t) = &template {
+                check_name(t)
+                    .map_err(|_| ApiError::invalid("source.template must be 1 to 200 printable characters"))?;
+            }
+            Source::Provider { provider, template }
+        }
+        SourceIn::Paired => Source::Paired,
+    };
+    let name = match &b.name {
+        Some(n) => check_name(n)?,
+        None => "computer".to_string(),
+    };
+    if let Some(r) = &b.reason
+        && r.len() > 2000
+    {
+        return Err(ApiError::invalid("reason must be at most 2000 bytes"));
+    }
+    let normalized = json!({
+        "kind": "create", "name": name, "source": source, "desktop": b.desktop,
+        "pauseAfter": pause_after, "shared": b.shared, "reason": b.reason,
+    });
+    let now = now_ms();
+    let computer = Computer {
+        id: new_id("cmp"),
+        name,
+        owner: caller.member.id.clone(),
+        shared: b.shared,
+        desktop: b.desktop,
+        pause_after: if source == Source::Paired { None } else { pause_after },
+        source,
+        state: ComputerState::Starting,
+        sandbox: None,
+        active_execution: None,
+        created_at: now,
+    };
+    let mut exe = new_execution(&b.command_key, body_hash(&normalized), ExecutionKind::Create, &computer.id, now);
+    if computer.source == Source::Paired {
+        exe.pairing_code = Some(pairing_code());
+        exe.pairing_expires_at = Some(now + PAIRING_VALID_MS);
+    }
+    let s = Submit {
+        by: caller.token.id.clone(),
+        execution: exe,
+        computer: Some(computer),
+        approval_id: new_id("apr"),
+        reason: b.reason,
+        at_ms: now,
+    };
+    submit(&state, &caller, s).await
+}
+
+/// A one-time pairing code: 10 characters of an unambiguous alphabet, grouped for reading.
+fn pairing_code() -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHJKLMNPQRSTUVWXYZ23456789";
+    let bytes: [u8; 10] = rand::random();
+    let chars: String = bytes.iter().map(|b| ALPHABET[(*b as usize) % ALPHABET.len()] as char).collect();
+    format!("{}-{}", &chars[..5], &chars[5..])
+}
+
+/// `{"commandKey": …}` of pause, resume and delete.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct KeyOnly {
+    command_key: String,
+}
+
+async fn lifecycle(
+    state: AppState,
+    auth: Auth,
+    id: String,
+    kind: ExecutionKind,
+    body: Body<KeyOnly>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let caller = auth.for_write(&state).await?;
+    let Json(b) = body?;
+    check_key(&b.command_key)?;
+    check_id(&id, "cmp", "computer id").map_err(|_| ApiError::not_found("no such computer"))?;
+    let normalized = json!({"kind": kind, "computer": id});
+    let now = now_ms();
+    let exe = new_execution(&b.command_key, body_hash(&normalized), kind, &id, now);
+    let s = Submit {
+        by: caller.token.id.clone(),
+        execution: exe,
+        computer: None,
+        approval_id: new_id("apr"),
+        reason: None,
+        at_ms: now,
+    };
+    submit(&state, &caller, s).await
+}
+
+/// `POST /v1/computers/:id/pause`
+pub async fn pause(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path(id): Path<String>,
+    body: Body<KeyOnly>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    lifecycle(state, auth, id, ExecutionKind::Pause, body).await
+}
+
+/// `POST /v1/computers/:id/resume`
+pub async fn resume(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path(id): Path<String>,
+    body: Body<KeyOnly>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    lifecycle(state, auth, id, ExecutionKind::Resume, body).await
+}
+
+/// `DELETE /v1/computers/:id`
+pub async fn delete(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path(id): Path<String>,
+    body: Body<KeyOnly>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    lifecycle(state, auth, id, ExecutionKind::Delete, body).await
+}
+
+/// `GET /v1/computers`: only rows the caller may see are read.
+pub async fn list(State(state): State<AppState>, auth: Auth) -> Result<Json<Value>, ApiError> {
+    let caller = auth.current(&state).await?;
+    let rows: Vec<Value> = state
+        .cluster
+        .state()
+        .read(|s| s.computers.values().filter(|c| s.can_see(&caller, c)).map(computer_view).collect());
+    Ok(Json(json!({ "computers": rows })))
+}
+
+/// `GET /v1/computers/:id`: 404 when the caller may not see it.
+pub async fn get(State(state): State<AppState>, auth: Auth, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let caller = auth.current(&state).await?;
+    let v = state.cluster.state().read(|s| s.visible_computer(&caller, &id).map(computer_view))?;
+    Ok(Json(v))
+}
+
+/// `POST /v1/computers/:id/stop`: on a pause of unknown outcome, marks the Computer failed.
+pub async fn stop(State(state): State<AppState>, auth: Auth, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let caller = auth.for_write(&state).await?;
+    apply(&state, Command::StopComputer { by: caller.token.id.clone(), computer_id: id.clone(), at_ms: now_ms() })
+        .await?;
+    state.cluster.read_barrier().await?;
+    let v = state.cluster.state().read(|s| s.visible_computer(&caller, &id).map(computer_view))?;
+    Ok(Json(v))
+}
+
+/// `GET /v1/computers/:id/usage`: run spans (also of a deleted Computer the caller could see).
+pub async fn usage(State(state): State<AppState>, auth: Auth, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let caller = auth.current(&state).await?;
+    let spans = state.cluster.state().read(|s| {
+        let c = s.computers.get(&id).filter(|c| s.could_see(&caller, c));
+        c.map(|_| s.usage.get(&id).cloned().unwrap_or_default())
+    });
+    let spans = spans.ok_or_else(|| ApiError::not_found("no such computer"))?;
+    Ok(Json(json!({ "computerId": id, "spans": spans })))
+}
+
+/// `POST /v1/computers/:id/acquire` body.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct AcquireIn {
+    reason: Option<String>,
+}
+
+/// `POST /v1/computers/:id/acquire` (bots): 200 when granted, 202 with an approval id when a
+/// member must approve.
+pub async fn acquire(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path(id): Path<String>,
+    body: Body<AcquireIn>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let caller = auth.for_write(&state).await?;
+    let Json(b) = body?;
+    let cmd = Command::Acquire {
+        by: caller.token.id.clone(),
+        computer_id: id.clone(),
+        approval_id: new_id("apr"),
+        reason: b.reason,
+        at_ms: now_ms(),
+    };
+    match apply(&state, cmd).await? {
+        None => Ok((StatusCode::OK, Json(json!({"computerId": id, "granted": true})))),
+        Some(approval) => Ok((
+            StatusCode::ACCEPTED,
+            Json(json!({"computerId": id, "granted": false, "approvalId": approval, "state": "pending"})),
+        )),
+    }
+}
+
+/// `POST /v1/computers/:id/release` body.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ReleaseIn {
+    #[serde(default)]
+    destroy: bool,
+    command_key: Option<String>,
+}
+
+/// `POST /v1/computers/:id/release` (bots): gives up the right; with `destroy`, deletes the
+/// Computer instead (capability `computers.delete`; the grant ends with the Computer).
+pub async fn release(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path(id): Path<String>,
+    body: Body<ReleaseIn>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let caller = auth.for_write(&state).await?;
+    let Json(b) = body?;
+    let Some(bot) = caller.bot.clone() else {
+        return Err(ApiError::invalid("only bots release; members revoke with DELETE .../bots/:botId"));
+    };
+    if b.destroy {
+        let key = b.command_key.ok_or_else(|| ApiError::invalid("destroy needs a commandKey"))?;
+        return lifecycle(state, auth, id, ExecutionKind::Delete, Ok(Json(KeyOnly { command_key: key }))).await;
+    }
+    apply(&state, Command::DeleteGrant { by: caller.token.id.clone(), computer_id: id.clone(), bot_id: bot.id })
+        .await?;
+    Ok((StatusCode::OK, Json(json!({"computerId": id, "released": true}))))
+}

@@ -1,0 +1,71 @@
+//! `PUT/GET/DELETE /v1/computers/:id/bots/:botId` and `GET /v1/computers/:id/bots`.
+
+use axum::Json;
+use axum::extract::Path;
+use axum::extract::State;
+use axum::http::StatusCode;
+use computerd_raft::sm::Command;
+use serde_json::Value;
+use serde_json::json;
+
+use super::ApiError;
+use super::AppState;
+use super::Auth;
+use super::util::apply;
+use crate::ids::now_ms;
+
+/// `PUT …/bots/:botId`: grants the bot the right to use the Computer (idempotent).
+pub async fn put(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path((id, bot)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    let caller = auth.for_write(&state).await?;
+    let cmd = Command::PutGrant {
+        by: caller.token.id.clone(),
+        computer_id: id.clone(),
+        bot_id: bot.clone(),
+        at_ms: now_ms(),
+    };
+    apply(&state, cmd).await?;
+    state.cluster.read_barrier().await?;
+    let g = state.cluster.state().read(|s| s.grants.get(&id).and_then(|g| g.get(&bot)).cloned());
+    g.map(|g| Json(json!(g))).ok_or_else(|| ApiError::not_found("no such grant"))
+}
+
+/// `GET …/bots/:botId`
+pub async fn get(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path((id, bot)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    let caller = auth.current(&state).await?;
+    let g = state.cluster.state().read(|s| {
+        s.visible_computer(&caller, &id)?;
+        Ok::<_, computerd_raft::sm::Reject>(s.grants.get(&id).and_then(|g| g.get(&bot)).cloned())
+    })?;
+    g.map(|g| Json(json!(g))).ok_or_else(|| ApiError::not_found("no such grant"))
+}
+
+/// `GET …/bots`: the grants on a Computer.
+pub async fn list(State(state): State<AppState>, auth: Auth, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let caller = auth.current(&state).await?;
+    let grants = state.cluster.state().read(|s| {
+        s.visible_computer(&caller, &id)?;
+        Ok::<_, computerd_raft::sm::Reject>(
+            s.grants.get(&id).map(|g| g.values().cloned().collect::<Vec<_>>()).unwrap_or_default(),
+        )
+    })?;
+    Ok(Json(json!({ "grants": grants })))
+}
+
+/// `DELETE …/bots/:botId`: revokes; the bot's next call is refused.
+pub async fn delete(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path((id, bot)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    let caller = auth.for_write(&state).await?;
+    apply(&state, Command::DeleteGrant { by: caller.token.id.clone(), computer_id: id, bot_id: bot }).await?;
+    Ok(StatusCode::NO_CONTENT)
+}

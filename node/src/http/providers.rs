@@ -1,0 +1,115 @@
+//! `POST/GET /v1/computer-providers`. Credentials in a provider's config are write-only.
+
+use std::collections::BTreeMap;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use computerd_actors::fake::FakeProvider;
+use computerd_raft::sm::Command;
+use computerd_raft::sm::Provider;
+use computerd_raft::sm::ProviderKind;
+use serde::Deserialize;
+use serde_json::Value;
+use serde_json::json;
+
+use super::ApiError;
+use super::AppState;
+use super::Auth;
+use super::util::Body;
+use super::util::apply;
+use super::util::check_name;
+use crate::ids::new_id;
+use crate::ids::now_ms;
+
+/// The largest config accepted, serialized.
+const MAX_CONFIG: usize = 64 * 1024;
+
+/// Config keys whose values are credentials (write-only).
+fn is_secret_key(k: &str) -> bool {
+    let k = k.to_ascii_lowercase();
+    ["key", "token", "secret", "password", "credential", "auth"].iter().any(|w| k.contains(w))
+}
+
+/// A provider as callers see it: secrets are named, never shown.
+pub fn provider_view(p: &Provider) -> Value {
+    json!({
+        "id": p.id,
+        "kind": p.kind,
+        "name": p.name,
+        "config": p.config,
+        "secretFields": p.secrets.keys().collect::<Vec<_>>(),
+        "createdAt": p.created_at,
+    })
+}
+
+/// `POST /v1/computer-providers` body.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewProvider {
+    kind: ProviderKind,
+    name: String,
+    #[serde(default)]
+    config: serde_json::Map<String, Value>,
+}
+
+/// `POST /v1/computer-providers` (owner/admin).
+pub async fn create(
+    State(state): State<AppState>,
+    auth: Auth,
+    body: Body<NewProvider>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let caller = auth.for_write(&state).await?;
+    caller.check_admin_write()?;
+    let Json(b) = body?;
+    let name = check_name(&b.name)?;
+    if serde_json::to_vec(&b.config).map(|v| v.len()).unwrap_or(usize::MAX) > MAX_CONFIG {
+        return Err(ApiError::invalid("config is larger than 64 KiB"));
+    }
+    let (secrets, config): (BTreeMap<_, _>, BTreeMap<_, _>) = b.config.into_iter().partition(|(k, _)| is_secret_key(k));
+    if b.kind == ProviderKind::Fake {
+        if !state.fake_providers {
+            return Err(ApiError::invalid("fake providers are disabled on this node"));
+        }
+        let plain: serde_json::Map<String, Value> = config.clone().into_iter().collect();
+        FakeProvider::check_config(&plain).map_err(ApiError::invalid)?;
+    }
+    let p = Provider {
+        id: new_id("cpp"),
+        kind: b.kind,
+        name,
+        config,
+        secrets,
+        created_by: caller.member.id.clone(),
+        created_at: now_ms(),
+    };
+    apply(&state, Command::CreateProvider { by: caller.token.id.clone(), provider: p.clone() }).await?;
+    Ok((StatusCode::CREATED, Json(provider_view(&p))))
+}
+
+/// `GET /v1/computer-providers`: every member and bot may list them (not a token limited to
+/// Computers).
+pub async fn list(State(state): State<AppState>, auth: Auth) -> Result<Json<Value>, ApiError> {
+    let caller = auth.current(&state).await?;
+    let rows: Vec<Value> = if caller.token.computers.is_some() {
+        Vec::new()
+    } else {
+        state.cluster.state().read(|s| s.providers.values().map(provider_view).collect())
+    };
+    Ok(Json(json!({ "providers": rows })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credential_fields_are_recognised() {
+        for k in ["apiKey", "API_KEY", "token", "clientSecret", "password", "credentials", "authHeader"] {
+            assert!(is_secret_key(k), "{k}");
+        }
+        for k in ["endpoint", "templates", "region", "timeoutMs"] {
+            assert!(!is_secret_key(k), "{k}");
+        }
+    }
+}

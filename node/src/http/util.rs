@@ -1,0 +1,58 @@
+//! Helpers shared by the route modules.
+
+use axum::Json;
+use axum::extract::rejection::JsonRejection;
+use computerd_raft::sm::Command;
+use computerd_raft::sm::Request;
+use computerd_raft::sm::Response;
+
+use super::ApiError;
+use super::AppState;
+
+/// A JSON body whose parse error is answered only after authentication.
+pub type Body<T> = Result<Json<T>, JsonRejection>;
+
+/// Proposes a command; a refusal becomes the matching API error. Answers the id a command names.
+pub async fn apply(state: &AppState, cmd: Command) -> Result<Option<String>, ApiError> {
+    match state.cluster.propose(Request::new(cmd)).await? {
+        Response::Ok => Ok(None),
+        Response::Id(id) => Ok(Some(id)),
+        Response::Rejected(r) => Err(r.into()),
+    }
+}
+
+/// A display name: 1 to 200 printable characters, trimmed.
+pub fn check_name(name: &str) -> Result<String, ApiError> {
+    let name = name.trim();
+    if name.is_empty() || name.chars().count() > 200 || name.chars().any(char::is_control) {
+        return Err(ApiError::invalid("name must be 1 to 200 printable characters"));
+    }
+    Ok(name.to_string())
+}
+
+/// An id of the form `prefix_[A-Za-z0-9_-]+`, at most 100 bytes.
+pub fn check_id(id: &str, prefix: &str, what: &str) -> Result<(), ApiError> {
+    let ok = id.len() <= 100
+        && id
+            .strip_prefix(prefix)
+            .and_then(|r| r.strip_prefix('_'))
+            .is_some_and(|r| !r.is_empty() && r.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'));
+    if ok { Ok(()) } else { Err(ApiError::invalid(format!("{what} must be an id starting with {prefix}_"))) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_ids_are_checked() {
+        assert!(check_name("  ok  ").is_ok_and(|n| n == "ok"));
+        assert!(check_name("").is_err());
+        assert!(check_name("a\u{7}b").is_err());
+        assert!(check_name(&"x".repeat(201)).is_err());
+        assert!(check_id("bot_abc", "bot", "x").is_ok());
+        assert!(check_id("bot_", "bot", "x").is_err());
+        assert!(check_id("mem_abc", "bot", "x").is_err());
+        assert!(check_id("bot_a/b", "bot", "x").is_err());
+    }
+}
