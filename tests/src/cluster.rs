@@ -84,9 +84,37 @@ impl TestCluster {
         Self::start_with(n, &[]).await
     }
 
+    /// Like [`TestCluster::start`], with the fake provider enabled on every node (journals in
+    /// [`TestCluster::fake_dir`]).
+    pub async fn start_fake(n: u64) -> Self {
+        let dir = tempfile::Builder::new().prefix("computerd-test-").tempdir().expect("tempdir");
+        let fake = dir.path().join("fake");
+        fs::create_dir_all(&fake).expect("fake dir");
+        let flag = fake.to_string_lossy().into_owned();
+        Self::start_in(dir, n, &["--fake-provider-dir", &flag]).await
+    }
+
+    /// Where fake providers keep their journals.
+    pub fn fake_dir(&self) -> PathBuf {
+        self.dir.path().join("fake")
+    }
+
+    /// The journal lines of a fake provider: one per effect that reached it.
+    pub fn journal(&self, provider_id: &str) -> Vec<Value> {
+        fs::read_to_string(self.fake_dir().join(format!("{provider_id}.jsonl")))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("journal line"))
+            .collect()
+    }
+
     /// Like [`TestCluster::start`], with extra `computerd serve` flags for every node.
     pub async fn start_with(n: u64, flags: &[&str]) -> Self {
         let dir = tempfile::Builder::new().prefix("computerd-test-").tempdir().expect("tempdir");
+        Self::start_in(dir, n, flags).await
+    }
+
+    async fn start_in(dir: tempfile::TempDir, n: u64, flags: &[&str]) -> Self {
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(30))
             .pool_max_idle_per_host(256)
@@ -293,6 +321,48 @@ impl TestCluster {
         }
         let v: Value = r.json().await.ok()?;
         Some(v["bots"].as_array()?.iter().filter_map(|b| b["id"].as_str().map(String::from)).collect())
+    }
+
+    /// Any API call on node `id`; answers status and JSON body (Null when none).
+    pub async fn call(
+        &self,
+        method: reqwest::Method,
+        id: u64,
+        path: &str,
+        token: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut r = self.req(method, id, path, token);
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        let resp = r.send().await.expect("send");
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Mints a token (owner) for a member or bot: `{"botId": …}` / `{"memberId": …}` plus options.
+    pub async fn mint(&self, spec: Value) -> String {
+        let mut body = json!({"name": "t"});
+        if let (Some(b), Some(spec)) = (body.as_object_mut(), spec.as_object()) {
+            b.extend(spec.clone());
+        }
+        let (s, v) = self.call(reqwest::Method::POST, 1, "/v1/tokens", &self.token, Some(body)).await;
+        assert_eq!(s, 201, "{v}");
+        v["secret"].as_str().expect("secret").to_string()
+    }
+
+    /// Waits until an execution leaves `pending`/`running`; answers its receipt.
+    pub async fn settle(&self, id: u64, execution: &str, token: &str) -> Value {
+        let path = format!("/v1/executions/{execution}");
+        wait_for(&format!("execution {execution} to settle"), Duration::from_secs(30), || {
+            let path = path.clone();
+            async move {
+                let (s, v) = self.call(reqwest::Method::GET, id, &path, token, None).await;
+                (s == 200 && !matches!(v["state"].as_str(), Some("pending") | Some("running"))).then_some(v)
+            }
+        })
+        .await
     }
 
     /// The last lines of node `id`'s log.

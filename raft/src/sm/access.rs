@@ -115,9 +115,19 @@ impl State {
     }
 
     /// The Computer, if `caller` may see it; otherwise `not_found` (never `forbidden`).
+    ///
+    /// One exception: a bot without a grant on a Computer of its own member (or a shared one),
+    /// which it may acquire and so knows of, gets `forbidden`, so a revoked bot learns why.
     pub fn visible_computer(&self, caller: &Caller, id: &str) -> Result<&Computer, Reject> {
         match self.computers.get(id) {
             Some(c) if self.can_see(caller, c) => Ok(c),
+            Some(c)
+                if c.state != ComputerState::Deleted
+                    && caller.token_allows(id)
+                    && caller.bot.as_ref().is_some_and(|b| c.owner == b.member_id || c.shared) =>
+            {
+                Err(Reject::new(RejectKind::Forbidden, "this bot has no right to use this computer"))
+            }
             _ => Err(Reject::new(RejectKind::NotFound, "no such computer")),
         }
     }

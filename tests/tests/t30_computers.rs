@@ -1,0 +1,419 @@
+//! The Computers API against real clusters: lifecycle, idempotency, unknown outcomes, node loss
+//! during a provider call, conflicts, rights, capabilities, events and usage.
+
+use std::time::Duration;
+
+use computerd_tests::TestCluster;
+use computerd_tests::wait_for;
+use reqwest::Method;
+use serde_json::Value;
+use serde_json::json;
+
+fn kind(v: &Value) -> &str {
+    v["error"]["kind"].as_str().unwrap_or("<none>")
+}
+
+fn s(v: &Value, k: &str) -> String {
+    v[k].as_str().unwrap_or_else(|| panic!("no {k} in {v}")).to_string()
+}
+
+async fn provider(c: &TestCluster, faults: Value) -> String {
+    let body = json!({"kind": "fake", "name": format!("p-{}", rand::random::<u32>()), "config": {"faults": faults, "timeoutMs": 3000, "apiKey": "hunter2"}});
+    let (st, v) = c.call(Method::POST, 1, "/v1/computer-providers", &c.token, Some(body)).await;
+    assert_eq!(st, 201, "{v}");
+    assert!(
+        v["config"].get("apiKey").is_none() && v["secretFields"] == json!(["apiKey"]),
+        "credentials are write-only: {v}"
+    );
+    s(&v, "id")
+}
+
+fn create_body(key: &str, provider: &str) -> Value {
+    json!({"commandKey": key, "name": "box", "source": {"_tag": "Provider", "provider": provider, "template": null}})
+}
+
+async fn create(c: &TestCluster, node: u64, token: &str, key: &str, provider: &str) -> (u16, Value) {
+    c.call(Method::POST, node, "/v1/computers", token, Some(create_body(key, provider))).await
+}
+
+/// Create -> running -> pause -> paused -> resume -> running -> delete -> gone; each step one
+/// provider call; usage spans match; credentials never come back.
+#[tokio::test]
+async fn t10_lifecycle_and_usage() {
+    let c = TestCluster::start_fake(1).await;
+    let p = provider(&c, json!({})).await;
+    let (st, r) = create(&c, 1, &c.token, "create-1", &p).await;
+    assert_eq!(st, 202, "{r}");
+    assert_eq!((r["kind"].as_str(), r["resource"]["type"].as_str()), (Some("create"), Some("computer")));
+    let id = r["resource"]["id"].as_str().expect("computer id").to_string();
+    let done = c.settle(1, &s(&r, "executionId"), &c.token).await;
+    assert_eq!(done["state"], "succeeded");
+    let (_, comp) = c.call(Method::GET, 1, &format!("/v1/computers/{id}"), &c.token, None).await;
+    assert_eq!(comp["state"], "running");
+    assert_eq!(comp["pauseAfter"], 600);
+    for (step, key, want) in [("pause", "p-1", "paused"), ("resume", "r-1", "running")] {
+        let (st, r) = c
+            .call(Method::POST, 1, &format!("/v1/computers/{id}/{step}"), &c.token, Some(json!({"commandKey": key})))
+            .await;
+        assert_eq!(st, 202, "{r}");
+        assert_eq!(c.settle(1, &s(&r, "executionId"), &c.token).await["state"], "succeeded");
+        let (_, comp) = c.call(Method::GET, 1, &format!("/v1/computers/{id}"), &c.token, None).await;
+        assert_eq!(comp["state"], want);
+    }
+    let (st, r) =
+        c.call(Method::DELETE, 1, &format!("/v1/computers/{id}"), &c.token, Some(json!({"commandKey": "d-1"}))).await;
+    assert_eq!(st, 202, "{r}");
+    assert_eq!(c.settle(1, &s(&r, "executionId"), &c.token).await["state"], "succeeded");
+    let (st, _) = c.call(Method::GET, 1, &format!("/v1/computers/{id}"), &c.token, None).await;
+    assert_eq!(st, 404);
+    let ops: Vec<String> = c.journal(&p).iter().map(|l| s(l, "op")).collect();
+    assert_eq!(ops, ["create", "pause", "resume", "delete"]);
+    let (_, u) = c.call(Method::GET, 1, &format!("/v1/computers/{id}/usage"), &c.token, None).await;
+    let spans = u["spans"].as_array().expect("spans");
+    assert_eq!(spans.len(), 2, "{u}");
+    assert_eq!((spans[0]["endedBy"].as_str(), spans[1]["endedBy"].as_str()), (Some("pause"), Some("delete")));
+    assert!(spans.iter().all(|s| s["outcomeUnknown"] == false && s["end"].as_u64() >= s["start"].as_u64()));
+    let log = std::fs::read_to_string(&c.nodes[&1].log).expect("log");
+    assert!(!log.contains("hunter2"), "a credential reached the log");
+}
+
+/// Same key + same body replays the receipt (also while it runs); same key + other body is
+/// 422; bad JSON, unknown fields and out-of-range pauseAfter are 400 and store nothing.
+#[tokio::test]
+async fn t20_idempotency_and_bad_input() {
+    let c = TestCluster::start_fake(1).await;
+    let p = provider(&c, json!({"create": "slow:1500"})).await;
+    let (st, first) = create(&c, 1, &c.token, "same", &p).await;
+    assert_eq!(st, 202);
+    let (st, again) = create(&c, 1, &c.token, "same", &p).await;
+    assert_eq!(st, 202);
+    assert_eq!(again["executionId"], first["executionId"], "a retry while it runs gets the same receipt");
+    let mut other = create_body("same", &p);
+    other["name"] = json!("another");
+    let (st, v) = c.call(Method::POST, 1, "/v1/computers", &c.token, Some(other)).await;
+    assert_eq!((st, kind(&v)), (422, "IdempotencyKeyReused"));
+    c.settle(1, &s(&first, "executionId"), &c.token).await;
+    let (_, again) = create(&c, 1, &c.token, "same", &p).await;
+    assert_eq!(
+        (again["executionId"].clone(), again["state"].as_str()),
+        (first["executionId"].clone(), Some("succeeded"))
+    );
+
+    let bad: Vec<Value> = vec![
+        json!({"name": "x", "source": {"_tag": "Provider", "provider": p}}),
+        json!({"commandKey": "b1", "source": {"_tag": "Provider", "provider": p}, "permissions": []}),
+        json!({"commandKey": "b2", "source": {"_tag": "Provider", "provider": p}, "pauseAfter": 0}),
+        json!({"commandKey": "b3", "source": {"_tag": "Provider", "provider": p}, "pauseAfter": 99_999_999}),
+        json!({"commandKey": "b4", "source": {"_tag": "Provider", "provider": p}, "pauseAfter": "soon"}),
+        json!({"commandKey": "b5", "source": {"_tag": "Moon"}}),
+        json!({"commandKey": "", "source": {"_tag": "Paired"}}),
+    ];
+    for b in bad {
+        let (st, v) = c.call(Method::POST, 1, "/v1/computers", &c.token, Some(b.clone())).await;
+        assert_eq!((st, kind(&v)), (400, "invalid_request"), "{b}");
+    }
+    let raw = c
+        .req(Method::POST, 1, "/v1/computers", &c.token)
+        .header("content-type", "application/json")
+        .body("{nope")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(raw.status().as_u16(), 400);
+    let (_, list) = c.call(Method::GET, 1, "/v1/computers", &c.token, None).await;
+    assert_eq!(list["computers"].as_array().map(Vec::len), Some(1), "bad input stored nothing");
+    // pauseAfter: null means never.
+    let mut never = create_body("never", &p);
+    never["pauseAfter"] = Value::Null;
+    let (_, r) = c.call(Method::POST, 1, "/v1/computers", &c.token, Some(never)).await;
+    let (_, comp) = c
+        .call(Method::GET, 1, &format!("/v1/computers/{}", r["resource"]["id"].as_str().expect("id")), &c.token, None)
+        .await;
+    assert_eq!(comp["pauseAfter"], Value::Null);
+}
+
+/// Identical creates sent at once through two different nodes make one execution, one
+/// Computer and one provider call.
+#[tokio::test]
+async fn t30_concurrent_identical_creates_through_two_nodes() {
+    let c = TestCluster::start_fake(3).await;
+    let p = provider(&c, json!({})).await;
+    let (a, b) = tokio::join!(create(&c, 2, &c.token, "twin", &p), create(&c, 3, &c.token, "twin", &p));
+    assert_eq!((a.0, b.0), (202, 202));
+    assert_eq!(a.1["executionId"], b.1["executionId"]);
+    assert_eq!(a.1["resource"]["id"], b.1["resource"]["id"]);
+    c.settle(1, &s(&a.1, "executionId"), &c.token).await;
+    let (_, list) = c.call(Method::GET, 2, "/v1/computers", &c.token, None).await;
+    assert_eq!(list["computers"].as_array().map(Vec::len), Some(1));
+    assert_eq!(c.journal(&p).len(), 1, "exactly one provider call");
+}
+
+/// A lost provider answer: `outcome_unknown`, a DecisionNeeded event, exactly one provider call,
+/// the Computer held until a member decides; a bot may not decide.
+#[tokio::test]
+async fn t40_lost_answer_needs_a_decision() {
+    let c = TestCluster::start_fake(1).await;
+    let p = provider(&c, json!({"create": "lost"})).await;
+    let (_, r) = create(&c, 1, &c.token, "lost-1", &p).await;
+    let exe = s(&r, "executionId");
+    let done = c.settle(1, &exe, &c.token).await;
+    assert_eq!(done["state"], "outcome_unknown", "{done}");
+    let (_, ev) = c.call(Method::GET, 1, "/v1/events?after=0", &c.token, None).await;
+    let needed: Vec<&Value> =
+        ev["events"].as_array().expect("events").iter().filter(|e| e["type"] == "DecisionNeeded").collect();
+    assert_eq!(needed.len(), 1);
+    assert_eq!(needed[0]["executionId"], exe.as_str());
+    assert_eq!(c.journal(&p).len(), 1);
+    let id = r["resource"]["id"].as_str().expect("id").to_string();
+    let (st, v) =
+        c.call(Method::DELETE, 1, &format!("/v1/computers/{id}"), &c.token, Some(json!({"commandKey": "d"}))).await;
+    assert_eq!((st, kind(&v)), (409, "ComputerConflict"));
+    assert_eq!(v["error"]["executionId"], exe.as_str());
+    let (st, v) = c
+        .call(
+            Method::POST,
+            1,
+            &format!("/v1/executions/{exe}/decision"),
+            &c.token,
+            Some(json!({"outcome": "maybe", "reason": "x"})),
+        )
+        .await;
+    assert_eq!((st, kind(&v)), (400, "invalid_request"));
+    let (st, v) = c
+        .call(
+            Method::POST,
+            1,
+            &format!("/v1/executions/{exe}/decision"),
+            &c.token,
+            Some(json!({"outcome": "succeeded", "reason": "the sandbox is there"})),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!((v["state"].as_str(), v["decision"]["outcome"].as_str()), (Some("succeeded"), Some("succeeded")));
+    let (_, comp) = c.call(Method::GET, 1, &format!("/v1/computers/{id}"), &c.token, None).await;
+    assert_eq!(comp["state"], "running");
+    assert_eq!(c.journal(&p).len(), 1, "nothing was re-sent");
+}
+
+/// SIGKILL of the node driving a provider call: the next leader marks it `outcome_unknown`
+/// and never sends it again.
+#[tokio::test]
+async fn t50_node_kill_during_a_provider_call() {
+    let mut c = TestCluster::start_fake(3).await;
+    let p = provider(&c, json!({"create": "hang"})).await;
+    let leader = c.leader().await;
+    let via = (1..=3).find(|i| *i != leader).expect("a follower");
+    let (st, r) = create(&c, via, &c.token, "kill-1", &p).await;
+    assert_eq!(st, 202);
+    let exe = s(&r, "executionId");
+    wait_for("the call to reach the provider", Duration::from_secs(20), || async {
+        (c.journal(&p).len() == 1).then_some(())
+    })
+    .await;
+    c.kill(leader);
+    let done = c.settle(via, &exe, &c.token).await;
+    assert_eq!(done["state"], "outcome_unknown", "{done}");
+    assert!(done["error"]["message"].as_str().is_some_and(|m| m.contains("node driving this call stopped")), "{done}");
+    // Give a (wrong) re-send every chance to show: another leadership change and a full settle.
+    c.spawn(leader);
+    c.wait_voters(3).await;
+    let (_, again) = c.call(Method::GET, via, &format!("/v1/executions/{exe}"), &c.token, None).await;
+    assert_eq!(again["state"], "outcome_unknown");
+    assert_eq!(c.journal(&p).len(), 1, "a dispatched call is never sent twice");
+}
+
+/// A pause while a delete runs is `ComputerConflict` naming the delete; a stop on an unknown
+/// pause marks the Computer failed.
+#[tokio::test]
+async fn t60_conflicts_and_stop() {
+    let c = TestCluster::start_fake(1).await;
+    let p = provider(&c, json!({"delete": "slow:2000", "pause": "lost"})).await;
+    let (_, r) = create(&c, 1, &c.token, "c1", &p).await;
+    c.settle(1, &s(&r, "executionId"), &c.token).await;
+    let id = r["resource"]["id"].as_str().expect("id").to_string();
+    let (_, r2) = create(&c, 1, &c.token, "c2", &p).await;
+    c.settle(1, &s(&r2, "executionId"), &c.token).await;
+    let id2 = r2["resource"]["id"].as_str().expect("id").to_string();
+
+    let (_, del) =
+        c.call(Method::DELETE, 1, &format!("/v1/computers/{id}"), &c.token, Some(json!({"commandKey": "d1"}))).await;
+    let (st, v) = c
+        .call(Method::POST, 1, &format!("/v1/computers/{id}/pause"), &c.token, Some(json!({"commandKey": "p1"})))
+        .await;
+    assert_eq!((st, kind(&v)), (409, "ComputerConflict"));
+    assert_eq!(v["error"]["executionId"], del["executionId"]);
+    assert!(v["error"]["errorId"].as_str().is_some());
+
+    let (_, pause) = c
+        .call(Method::POST, 1, &format!("/v1/computers/{id2}/pause"), &c.token, Some(json!({"commandKey": "p2"})))
+        .await;
+    assert_eq!(c.settle(1, &s(&pause, "executionId"), &c.token).await["state"], "outcome_unknown");
+    let (_, u) = c.call(Method::GET, 1, &format!("/v1/computers/{id2}/usage"), &c.token, None).await;
+    assert_eq!((u["spans"][0]["end"].clone(), u["spans"][0]["outcomeUnknown"].clone()), (Value::Null, json!(true)));
+    let (st, comp) = c.call(Method::POST, 1, &format!("/v1/computers/{id2}/stop"), &c.token, None).await;
+    assert_eq!(st, 200, "{comp}");
+    assert_eq!((comp["state"].as_str(), comp["activeExecution"].clone()), (Some("failed"), Value::Null));
+}
+
+/// Bots see only granted Computers (404 otherwise in lists and reads of others' Computers);
+/// grants enable them; a revoked grant makes the next call `forbidden` with an error id and the
+/// command never reaches the provider; archiving a bot ends its rights.
+#[tokio::test]
+async fn t70_bot_rights() {
+    let c = TestCluster::start_fake(1).await;
+    let p = provider(&c, json!({})).await;
+    let (_, r) = create(&c, 1, &c.token, "c1", &p).await;
+    c.settle(1, &s(&r, "executionId"), &c.token).await;
+    let id = r["resource"]["id"].as_str().expect("id").to_string();
+    let (_, bot) = c.call(Method::POST, 1, "/v1/bots", &c.token, Some(json!({"name": "b"}))).await;
+    let bot_id = s(&bot, "id");
+    let bt = c.mint(json!({"botId": bot_id})).await;
+
+    let (_, list) = c.call(Method::GET, 1, "/v1/computers", &bt, None).await;
+    assert_eq!(list["computers"], json!([]));
+    let (st, v) = c.call(Method::GET, 1, &format!("/v1/computers/{id}"), &bt, None).await;
+    assert_eq!((st, kind(&v)), (403, "forbidden"), "its own member's computer: known, not allowed");
+    let (st, _) = c.call(Method::GET, 1, "/v1/computers/cmp_doesnotexist", &bt, None).await;
+    assert_eq!(st, 404);
+
+    let (st, g) = c.call(Method::PUT, 1, &format!("/v1/computers/{id}/bots/{bot_id}"), &c.token, None).await;
+    assert_eq!(st, 200, "{g}");
+    let (_, list) = c.call(Method::GET, 1, "/v1/computers", &bt, None).await;
+    assert_eq!(list["computers"].as_array().map(Vec::len), Some(1));
+    let (st, r) =
+        c.call(Method::POST, 1, &format!("/v1/computers/{id}/pause"), &bt, Some(json!({"commandKey": "bp"}))).await;
+    assert_eq!(st, 202, "{r}");
+    c.settle(1, &s(&r, "executionId"), &bt).await;
+    let calls = c.journal(&p).len();
+
+    let (st, _) = c.call(Method::DELETE, 1, &format!("/v1/computers/{id}/bots/{bot_id}"), &c.token, None).await;
+    assert_eq!(st, 204);
+    let (st, v) =
+        c.call(Method::POST, 1, &format!("/v1/computers/{id}/resume"), &bt, Some(json!({"commandKey": "br"}))).await;
+    assert_eq!((st, kind(&v)), (403, "forbidden"));
+    assert!(v["error"]["errorId"].as_str().is_some_and(|e| e.starts_with("err_")));
+    assert_eq!(c.journal(&p).len(), calls, "nothing reached the provider");
+
+    // A member token limited to another computer sees nothing of this one.
+    let limited = c.mint(json!({"computers": ["cmp_other"]})).await;
+    let (st, _) = c.call(Method::GET, 1, &format!("/v1/computers/{id}"), &limited, None).await;
+    assert_eq!(st, 404);
+    let (st, v) = create(&c, 1, &limited, "lim", &p).await;
+    assert_eq!((st, kind(&v)), (403, "forbidden"));
+
+    c.call(Method::PUT, 1, &format!("/v1/computers/{id}/bots/{bot_id}"), &c.token, None).await;
+    let (st, _) = c.call(Method::POST, 1, &format!("/v1/bots/{bot_id}/archive"), &c.token, None).await;
+    assert_eq!(st, 200);
+    let (_, grants) = c.call(Method::GET, 1, &format!("/v1/computers/{id}/bots"), &c.token, None).await;
+    assert_eq!(grants["grants"], json!([]), "archiving ended the grant");
+}
+
+/// Capabilities: rules deny or allow; a bot's create is parked for approval and runs once a
+/// member approves; with no rule deciding, the action does not run and says why.
+#[tokio::test]
+async fn t80_capabilities_and_approvals() {
+    let c = TestCluster::start_fake(1).await;
+    let p = provider(&c, json!({})).await;
+    let (_, bot) = c.call(Method::POST, 1, "/v1/bots", &c.token, Some(json!({"name": "b"}))).await;
+    let bot_id = s(&bot, "id");
+    let bt = c.mint(json!({"botId": bot_id})).await;
+
+    let (st, r) = create(&c, 1, &bt, "bot-create", &p).await;
+    assert_eq!(st, 202, "{r}");
+    assert_eq!(r["state"], "pending");
+    let approval = s(&r, "approvalId");
+    let (_, list) = c.call(Method::GET, 1, "/v1/approvals", &c.token, None).await;
+    assert_eq!(list["approvals"][0]["id"], approval.as_str());
+    assert!(c.journal(&p).is_empty(), "nothing runs before the approval");
+    let (st, a) =
+        c.call(Method::POST, 1, &format!("/v1/approvals/{approval}"), &bt, Some(json!({"decision": "approve"}))).await;
+    assert_eq!(st, 404, "a bot cannot approve its own request: {a}");
+    let (st, a) = c
+        .call(Method::POST, 1, &format!("/v1/approvals/{approval}"), &c.token, Some(json!({"decision": "approve"})))
+        .await;
+    assert_eq!((st, a["state"].as_str()), (200, Some("approved")));
+    assert_eq!(c.settle(1, &s(&r, "executionId"), &bt).await["state"], "succeeded");
+    let (_, mine) = c.call(Method::GET, 1, "/v1/computers", &bt, None).await;
+    assert_eq!(mine["computers"].as_array().map(Vec::len), Some(1), "the creating bot may use it");
+
+    let deny =
+        json!({"rules": [{"capability": "computers.create", "effect": "deny", "provider": p}, {"effect": "allow"}]});
+    let (st, _) = c.call(Method::PUT, 1, "/v1/capability-rules", &c.token, Some(deny)).await;
+    assert_eq!(st, 200);
+    let (st, v) = create(&c, 1, &c.token, "denied", &p).await;
+    assert_eq!((st, kind(&v)), (403, "forbidden"));
+    assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("denied")));
+    let (st, _) = c.call(Method::PUT, 1, "/v1/capability-rules", &c.token, Some(json!({"rules": []}))).await;
+    assert_eq!(st, 200);
+    let (st, v) = create(&c, 1, &c.token, "undecided", &p).await;
+    assert_eq!((st, kind(&v)), (403, "forbidden"));
+    assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("no rule decides")));
+    let (_, all) = c.call(Method::GET, 1, "/v1/computers", &c.token, None).await;
+    assert_eq!(all["computers"].as_array().map(Vec::len), Some(1), "refused creates stored nothing");
+    let (st, _) = c.call(Method::PUT, 1, "/v1/capability-rules", &bt, Some(json!({"rules": []}))).await;
+    assert_eq!(st, 403);
+}
+
+/// A paired Computer: its create succeeds with a one-time pairing code for its creator; own
+/// machines never pause (`ComputerUnsupported`).
+#[tokio::test]
+async fn t90_paired_computer() {
+    let c = TestCluster::start_fake(1).await;
+    let (st, r) = c
+        .call(
+            Method::POST,
+            1,
+            "/v1/computers",
+            &c.token,
+            Some(json!({"commandKey": "pair", "source": {"_tag": "Paired"}})),
+        )
+        .await;
+    assert_eq!(st, 202, "{r}");
+    let done = c.settle(1, &s(&r, "executionId"), &c.token).await;
+    assert_eq!(done["state"], "succeeded");
+    let code = s(&done, "pairingCode");
+    assert_eq!(code.len(), 11);
+    let id = r["resource"]["id"].as_str().expect("id").to_string();
+    let (_, comp) = c.call(Method::GET, 1, &format!("/v1/computers/{id}"), &c.token, None).await;
+    assert_eq!((comp["state"].as_str(), comp["pauseAfter"].clone()), (Some("offline"), Value::Null));
+    let (st, v) = c
+        .call(Method::POST, 1, &format!("/v1/computers/{id}/pause"), &c.token, Some(json!({"commandKey": "pp"})))
+        .await;
+    assert_eq!((st, kind(&v)), (422, "ComputerUnsupported"));
+    // Another member (an admin) sees the receipt but not the code.
+    let (_, admin) =
+        c.call(Method::POST, 1, "/v1/members", &c.token, Some(json!({"name": "ad", "role": "admin"}))).await;
+    let at = c.mint(json!({"memberId": admin["id"]})).await;
+    let (_, seen) = c.call(Method::GET, 1, &format!("/v1/executions/{}", s(&r, "executionId")), &at, None).await;
+    assert_eq!(seen["state"], "succeeded");
+    assert!(seen.get("pairingCode").is_none());
+}
+
+/// The event stream (SSE) delivers lifecycle events as they happen.
+#[tokio::test]
+async fn t95_event_stream() {
+    let c = TestCluster::start_fake(1).await;
+    let p = provider(&c, json!({})).await;
+    let mut resp = c
+        .req(Method::GET, 1, "/v1/events?after=0", &c.token)
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .expect("stream");
+    assert_eq!(resp.status().as_u16(), 200);
+    let (_, r) = create(&c, 1, &c.token, "sse", &p).await;
+    let exe = s(&r, "executionId");
+    let mut text = String::new();
+    let got = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(chunk) = resp.chunk().await.expect("chunk") {
+            text.push_str(&String::from_utf8_lossy(&chunk));
+            if text.contains("event: ExecutionFinished") {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(got, Ok(true), "{text}");
+    assert!(text.contains("event: ExecutionStarted") && text.contains(&exe));
+}
