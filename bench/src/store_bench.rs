@@ -1,2 +1,364 @@
-//! Placeholder: the store benchmark is being written.
-fn main() {}
+//! `store-bench`: durable write throughput and p50/p99 latency of the computerd store against
+//! etcd, on the same machine in the same run.
+//!
+//! For 1 and 3 nodes and 1 and 64 concurrent writers it measures:
+//!
+//! - computerd: `POST /v1/bots` (a Raft-replicated, fsynced write that answers 201) on real
+//!   `computerd` processes started by [`computerd_tests::TestCluster`];
+//! - etcd: `POST /v3/kv/put` of a fresh key on etcd's v3 JSON gateway, 1 or 3 members on
+//!   loopback with default (durable) settings.
+//!
+//! Both use the same HTTP/1.1 JSON client and the same closed-loop writers (see [`workload`]),
+//! sending round robin across all nodes (like clients behind a load balancer) and, on 3 nodes,
+//! also to the leader only. It prints a table, the ours/etcd ratios and whether the goal holds:
+//! at 64 writers on 3 nodes, at least etcd's throughput and no worse p99.
+//!
+//! Run it against the release binary:
+//!
+//! ```text
+//! cargo build --release -p computerd-node --bin computerd &&
+//!   COMPUTERD_BIN=target/release/computerd cargo run --release -p computerd-bench --bin store-bench
+//! ```
+//!
+//! Without `COMPUTERD_BIN` it uses `<target dir>/release/computerd` when that exists (it does not
+//! rebuild it), else the harness default (a debug build; numbers then mean little).
+//!
+//! Environment:
+//!
+//! - `BENCH_SECS`: measured seconds per cell (default 10; 2 with `BENCH_QUICK=1`);
+//! - `BENCH_WARMUP_SECS`: unmeasured warm-up per cell (default 1; 0.5 with `BENCH_QUICK=1`);
+//! - `BENCH_WRITERS`, `BENCH_NODES`: comma-separated lists (default `1,64` and `1,3`);
+//! - `ETCD_BIN`: the etcd binary (default `/usr/bin/etcd`, from Debian's `etcd-server`);
+//! - `BENCH_JSON`: also write the results as JSON to this path.
+
+mod base64;
+mod etcd;
+mod workload;
+
+use std::path::Path;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use anyhow::Result;
+use anyhow::bail;
+use computerd_tests::TestCluster;
+use serde::Serialize;
+use serde_json::json;
+
+use crate::etcd::EtcdCluster;
+use crate::workload::Op;
+use crate::workload::Stats;
+use crate::workload::Target;
+use crate::workload::Timing;
+
+/// The cell the goal is about.
+const GOAL_NODES: u64 = 3;
+const GOAL_WRITERS: usize = 64;
+const GOAL_TARGET: &str = ROUND_ROBIN;
+
+const ROUND_ROBIN: &str = "round-robin";
+const LEADER: &str = "leader";
+const OURS: &str = "computerd";
+const ETCD: &str = "etcd";
+
+struct Config {
+    timing: Timing,
+    quick: bool,
+    writers: Vec<usize>,
+    nodes: Vec<u64>,
+    computerd_bin: PathBuf,
+    etcd_bin: PathBuf,
+    json_out: Option<PathBuf>,
+}
+
+/// One measured cell.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Cell {
+    system: &'static str,
+    nodes: u64,
+    target: &'static str,
+    writers: usize,
+    #[serde(flatten)]
+    stats: Stats,
+}
+
+/// ours ÷ etcd for one (nodes, target, writers).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Ratio {
+    nodes: u64,
+    target: &'static str,
+    writers: usize,
+    /// Throughput ratio; above 1 is better for us.
+    throughput: f64,
+    /// p99 latency ratio; below 1 is better for us.
+    p99: f64,
+}
+
+fn main() -> Result<()> {
+    let cfg = Config::from_env()?;
+    // The harness reads COMPUTERD_BIN when it first starts a node; set it before any other thread
+    // exists.
+    // SAFETY: single-threaded here: the tokio runtime is built below.
+    unsafe { std::env::set_var("COMPUTERD_BIN", &cfg.computerd_bin) };
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("tokio runtime")?;
+    rt.block_on(bench(cfg))
+}
+
+impl Config {
+    fn from_env() -> Result<Self> {
+        let quick = std::env::var("BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
+        let secs = env_f64("BENCH_SECS")?.unwrap_or(if quick { 2.0 } else { 10.0 });
+        let warmup = env_f64("BENCH_WARMUP_SECS")?.unwrap_or(if quick { 0.5 } else { 1.0 });
+        if !(secs > 0.0 && secs.is_finite() && warmup >= 0.0 && warmup.is_finite()) {
+            bail!("BENCH_SECS must be > 0 and BENCH_WARMUP_SECS >= 0");
+        }
+        let writers = env_list("BENCH_WRITERS")?.unwrap_or_else(|| vec![1, 64]);
+        let nodes = env_list("BENCH_NODES")?.unwrap_or_else(|| vec![1, 3]);
+        if writers.contains(&0) || nodes.contains(&0) {
+            bail!("BENCH_WRITERS and BENCH_NODES must be positive");
+        }
+        let etcd_bin = match std::env::var_os("ETCD_BIN") {
+            Some(p) => PathBuf::from(p),
+            None => PathBuf::from("/usr/bin/etcd"),
+        };
+        let json_out = std::env::var_os("BENCH_JSON").filter(|p| !p.is_empty()).map(PathBuf::from);
+        Ok(Config {
+            timing: Timing { warmup: Duration::from_secs_f64(warmup), measure: Duration::from_secs_f64(secs) },
+            quick,
+            writers,
+            nodes: nodes.into_iter().map(|n| n as u64).collect(),
+            computerd_bin: computerd_bin()?,
+            etcd_bin,
+            json_out,
+        })
+    }
+}
+
+/// `COMPUTERD_BIN`, else `<target>/release/computerd` if it exists, else the harness default.
+fn computerd_bin() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("COMPUTERD_BIN").filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        if !p.is_file() {
+            bail!("COMPUTERD_BIN={} is not a file", p.display());
+        }
+        return Ok(p);
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().context("workspace root")?;
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target"));
+    let release = target.join("release").join("computerd");
+    if release.is_file() {
+        return Ok(release);
+    }
+    eprintln!(
+        "warning: {} not found; using the harness default (a debug build), so computerd's numbers \
+         are not representative. Build it with `cargo build --release -p computerd-node --bin computerd`.",
+        release.display()
+    );
+    Ok(computerd_tests::computerd_bin())
+}
+
+fn env_f64(name: &str) -> Result<Option<f64>> {
+    match std::env::var(name) {
+        Ok(v) if !v.trim().is_empty() => {
+            v.trim().parse().map(Some).with_context(|| format!("{name}={v:?} is not a number"))
+        }
+        _ => Ok(None),
+    }
+}
+
+fn env_list(name: &str) -> Result<Option<Vec<usize>>> {
+    match std::env::var(name) {
+        Ok(v) if !v.trim().is_empty() => v
+            .split(',')
+            .map(|s| s.trim().parse::<usize>().with_context(|| format!("{name}={v:?}: {s:?} is not a count")))
+            .collect::<Result<Vec<_>>>()
+            .map(Some),
+        _ => Ok(None),
+    }
+}
+
+async fn bench(cfg: Config) -> Result<()> {
+    let etcd_version = etcd::version(&cfg.etcd_bin).with_context(|| {
+        format!(
+            "etcd is needed for the comparison (`apt-get install etcd-server`, or set ETCD_BIN); tried {}",
+            cfg.etcd_bin.display()
+        )
+    })?;
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let header = format!(
+        "store-bench: durable writes, {:.1} s measured + {:.1} s warm-up per cell{}\n\
+         computerd: {}\netcd: {} ({})\ncores: {cores}",
+        cfg.timing.measure.as_secs_f64(),
+        cfg.timing.warmup.as_secs_f64(),
+        if cfg.quick { " (quick mode)" } else { "" },
+        cfg.computerd_bin.display(),
+        cfg.etcd_bin.display(),
+        etcd_version,
+    );
+    eprintln!("{header}");
+
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .pool_max_idle_per_host(256)
+        .tcp_nodelay(true)
+        .no_proxy()
+        .build()
+        .context("http client")?;
+    let mut cells = Vec::new();
+    let mut seq = 0usize;
+    let mut run_cell =
+        async |system: &'static str, nodes: u64, target_kind: &'static str, target: &Arc<Target>, writers: usize| {
+            seq += 1;
+            let tag = format!("{}{nodes}{}w{writers}c{seq}", &system[..1], &target_kind[..1]);
+            let stats = workload::run(&http, target.clone(), writers, cfg.timing, &tag).await;
+            let cell = Cell { system, nodes, target: target_kind, writers, stats };
+            eprintln!("  {}", row(&cell));
+            cells.push(cell);
+        };
+
+    for &nodes in &cfg.nodes {
+        eprintln!("starting computerd with {nodes} node(s)");
+        let c = TestCluster::start(nodes).await;
+        let op = || Op::CreateBot { token: c.token.clone() };
+        let all = Arc::new(Target { urls: c.nodes.keys().map(|&id| c.url(id, "/v1/bots")).collect(), op: op() });
+        for &w in &cfg.writers {
+            run_cell(OURS, nodes, ROUND_ROBIN, &all, w).await;
+        }
+        if nodes > 1 {
+            let leader = c.leader().await;
+            let one = Arc::new(Target { urls: vec![c.url(leader, "/v1/bots")], op: op() });
+            for &w in &cfg.writers {
+                run_cell(OURS, nodes, LEADER, &one, w).await;
+            }
+        }
+        drop(c);
+
+        eprintln!("starting etcd with {nodes} member(s)");
+        let e = EtcdCluster::start(&cfg.etcd_bin, nodes as usize, &http).await?;
+        let put = |base: &str| format!("{base}/v3/kv/put");
+        let all = Arc::new(Target { urls: e.members.iter().map(|m| put(&m.client_url)).collect(), op: Op::EtcdPut });
+        for &w in &cfg.writers {
+            run_cell(ETCD, nodes, ROUND_ROBIN, &all, w).await;
+        }
+        if nodes > 1 {
+            let one = Arc::new(Target { urls: vec![put(&e.leader_url(&http).await?)], op: Op::EtcdPut });
+            for &w in &cfg.writers {
+                run_cell(ETCD, nodes, LEADER, &one, w).await;
+            }
+        }
+        drop(e);
+    }
+
+    let ratios = ratios(&cells);
+    let goal = ratios.iter().find(|r| r.nodes == GOAL_NODES && r.writers == GOAL_WRITERS && r.target == GOAL_TARGET);
+    let goal_met = goal.map(|r| r.throughput >= 1.0 && r.p99 <= 1.0);
+
+    println!("{header}\n");
+    println!("{}", table_header());
+    for c in &cells {
+        println!("{}", row(c));
+    }
+    for c in cells.iter().filter(|c| !c.stats.error_samples.is_empty()) {
+        println!(
+            "errors in {} {} node(s) {} {} writer(s) ({} measured, {} in warm-up), e.g.:",
+            c.system, c.nodes, c.target, c.writers, c.stats.errors, c.stats.warmup_errors
+        );
+        for s in &c.stats.error_samples {
+            println!("    {s}");
+        }
+    }
+    println!("\nours/etcd (throughput: >1 is better for us; p99: <1 is better for us)");
+    for r in &ratios {
+        println!(
+            "  {} node(s), {:>2} writer(s), {:<11}  throughput {:>6.2}x   p99 {:>6.2}x",
+            r.nodes, r.writers, r.target, r.throughput, r.p99
+        );
+    }
+    let goal_line = match (goal, goal_met) {
+        (Some(r), Some(met)) => format!(
+            "goal ({GOAL_NODES} nodes, {GOAL_WRITERS} writers, {GOAL_TARGET}: throughput ratio >= 1 and p99 ratio <= 1): {} \
+             (throughput {:.2}x, p99 {:.2}x)",
+            if met { "MET" } else { "NOT MET" },
+            r.throughput,
+            r.p99
+        ),
+        _ => format!("goal ({GOAL_NODES} nodes, {GOAL_WRITERS} writers, {GOAL_TARGET}): not measured in this run"),
+    };
+    println!("\n{goal_line}");
+
+    if let Some(path) = &cfg.json_out {
+        let doc = json!({
+            "config": {
+                "measureSecs": cfg.timing.measure.as_secs_f64(),
+                "warmupSecs": cfg.timing.warmup.as_secs_f64(),
+                "quick": cfg.quick,
+                "writers": cfg.writers,
+                "nodes": cfg.nodes,
+                "computerdBin": cfg.computerd_bin.display().to_string(),
+                "etcdBin": cfg.etcd_bin.display().to_string(),
+                "etcdVersion": etcd_version,
+                "cores": cores,
+            },
+            "cells": cells,
+            "ratios": ratios,
+            "goal": {
+                "nodes": GOAL_NODES,
+                "writers": GOAL_WRITERS,
+                "target": GOAL_TARGET,
+                "throughputRatio": goal.map(|r| r.throughput),
+                "p99Ratio": goal.map(|r| r.p99),
+                "met": goal_met,
+            },
+        });
+        let text = serde_json::to_string_pretty(&doc).context("encode JSON")?;
+        std::fs::write(path, text + "\n").with_context(|| format!("write {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// ours ÷ etcd for every (nodes, target, writers) measured for both.
+fn ratios(cells: &[Cell]) -> Vec<Ratio> {
+    cells
+        .iter()
+        .filter(|o| o.system == OURS)
+        .filter_map(|o| {
+            let e = cells
+                .iter()
+                .find(|e| e.system == ETCD && e.nodes == o.nodes && e.target == o.target && e.writers == o.writers)?;
+            Some(Ratio {
+                nodes: o.nodes,
+                target: o.target,
+                writers: o.writers,
+                throughput: o.stats.ops_per_sec / e.stats.ops_per_sec,
+                p99: o.stats.p99_ms / e.stats.p99_ms,
+            })
+        })
+        .collect()
+}
+
+fn table_header() -> String {
+    format!(
+        "{:<10} {:>5}  {:<11} {:>7} {:>10} {:>9} {:>9} {:>9} {:>7}",
+        "system", "nodes", "target", "writers", "ops/s", "p50 ms", "p99 ms", "max ms", "errors"
+    )
+}
+
+fn row(c: &Cell) -> String {
+    format!(
+        "{:<10} {:>5}  {:<11} {:>7} {:>10.1} {:>9.2} {:>9.2} {:>9.2} {:>7}",
+        c.system,
+        c.nodes,
+        c.target,
+        c.writers,
+        c.stats.ops_per_sec,
+        c.stats.p50_ms,
+        c.stats.p99_ms,
+        c.stats.max_ms,
+        c.stats.errors
+    )
+}

@@ -72,7 +72,8 @@ pub struct Tuning {
 
 impl Default for Tuning {
     fn default() -> Self {
-        Self { heartbeat_ms: 100, election_min_ms: 600, snapshot_every: 10_000, keep_logs: 1_000 }
+        // Compaction as etcd does by default (--snapshot-count, --snapshot-catchup-entries).
+        Self { heartbeat_ms: 100, election_min_ms: 600, snapshot_every: 100_000, keep_logs: 5_000 }
     }
 }
 

@@ -30,6 +30,8 @@ use crate::typ::SnapshotMeta;
 use crate::typ::StoredMembership;
 
 const KEY_SNAPSHOT: &[u8] = b"current";
+/// The meta of the stored snapshot, kept apart so reading it does not decode the whole state.
+const KEY_SNAPSHOT_META: &[u8] = b"current_meta";
 /// The format of a stored snapshot; bump when [`SnapshotFile`] changes shape.
 const SNAPSHOT_FORMAT: u32 = 1;
 
@@ -46,8 +48,8 @@ struct Applied {
 struct SnapshotFile {
     format: u32,
     meta: SnapshotMeta,
-    /// JSON of [`Applied`].
-    data: Vec<u8>,
+    /// The state machine as of `meta.last_log_id`.
+    applied: Applied,
 }
 
 struct Shared {
@@ -91,7 +93,7 @@ impl StateMachineStore {
         let mut applied = Applied::default();
         if let Some(bytes) = engine.get(Space::Snapshot, KEY_SNAPSHOT)? {
             let file: SnapshotFile = decode_file(&bytes)?;
-            applied = serde_json::from_slice(&file.data).map_err(invalid_data)?;
+            applied = file.applied;
         }
         Ok(Self {
             shared: Arc::new(Shared {
@@ -108,10 +110,19 @@ impl StateMachineStore {
         StateReader { shared: self.shared.clone() }
     }
 
-    fn store_file(&self, file: &SnapshotFile) -> io::Result<()> {
+    /// Stores a snapshot file durably; answers its bytes (what followers receive).
+    fn store_file(&self, file: &SnapshotFile) -> io::Result<Vec<u8>> {
         let bytes = serde_json::to_vec(file).map_err(invalid_data)?;
-        self.shared.engine.write_batch(Space::Snapshot, vec![BatchOp::Put(KEY_SNAPSHOT.to_vec(), bytes)])?;
-        self.shared.engine.flush()
+        self.store_bytes(&file.meta, bytes)
+    }
+
+    fn store_bytes(&self, meta: &SnapshotMeta, bytes: Vec<u8>) -> io::Result<Vec<u8>> {
+        let meta = serde_json::to_vec(meta).map_err(invalid_data)?;
+        let ops =
+            vec![BatchOp::Put(KEY_SNAPSHOT.to_vec(), bytes.clone()), BatchOp::Put(KEY_SNAPSHOT_META.to_vec(), meta)];
+        self.shared.engine.write_batch(Space::Snapshot, ops)?;
+        self.shared.engine.flush()?;
+        Ok(bytes)
     }
 }
 
@@ -127,18 +138,19 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     type SnapshotData = Vec<u8>;
 
     async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
-        let (data, last_applied, last_membership) = {
-            let a = self.shared.applied.read().unwrap_or_else(|p| p.into_inner());
-            (serde_json::to_vec(&*a).map_err(invalid_data)?, a.last_applied, a.last_membership.clone())
-        };
+        // Only a clone happens under the lock; applies wait for nothing slower than that.
+        // Serializing and flushing run on a blocking thread.
+        let applied = self.shared.applied.read().unwrap_or_else(|p| p.into_inner()).clone();
         self.shared.snapshots_built.fetch_add(1, Ordering::Relaxed);
-        let meta = SnapshotMeta { last_log_id: last_applied, last_membership };
-        let file = SnapshotFile { format: SNAPSHOT_FORMAT, meta: meta.clone(), data };
+        let meta = SnapshotMeta { last_log_id: applied.last_applied, last_membership: applied.last_membership.clone() };
         let this = self.clone();
-        let file = tokio::task::spawn_blocking(move || this.store_file(&file).map(|_| file))
-            .await
-            .map_err(io::Error::other)??;
-        Ok(Snapshot { meta, snapshot: serde_json::to_vec(&file).map_err(invalid_data)? })
+        let file_meta = meta.clone();
+        let bytes = tokio::task::spawn_blocking(move || {
+            this.store_file(&SnapshotFile { format: SNAPSHOT_FORMAT, meta: file_meta, applied })
+        })
+        .await
+        .map_err(io::Error::other)??;
+        Ok(Snapshot { meta, snapshot: bytes })
     }
 }
 
@@ -182,26 +194,32 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     }
 
     async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: Vec<u8>) -> Result<(), io::Error> {
-        let file = decode_file(&snapshot)?;
-        let applied: Applied = serde_json::from_slice(&file.data).map_err(invalid_data)?;
-        if applied.last_applied != meta.last_log_id {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "snapshot data does not match its meta"));
-        }
-        let file = SnapshotFile { format: SNAPSHOT_FORMAT, meta: meta.clone(), data: file.data };
         let this = self.clone();
-        tokio::task::spawn_blocking(move || this.store_file(&file)).await.map_err(io::Error::other)??;
+        let want = meta.last_log_id;
+        // Decode and store on a blocking thread; the bytes are stored as received (same format).
+        let applied = tokio::task::spawn_blocking(move || {
+            let file = decode_file(&snapshot)?;
+            if file.applied.last_applied != want || file.meta.last_log_id != want {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, "snapshot data does not match its meta"));
+            }
+            this.store_bytes(&file.meta, snapshot)?;
+            Ok::<_, io::Error>(file.applied)
+        })
+        .await
+        .map_err(io::Error::other)??;
         *self.shared.applied.write().unwrap_or_else(|p| p.into_inner()) = applied;
         self.shared.applied_tx.send_replace(meta.last_log_id.map(|l| l.index).unwrap_or(0));
         Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, io::Error> {
-        match self.shared.engine.get(Space::Snapshot, KEY_SNAPSHOT)? {
-            Some(bytes) => {
-                let file = decode_file(&bytes)?;
-                Ok(Some(Snapshot { meta: file.meta, snapshot: bytes }))
+        let meta = self.shared.engine.get(Space::Snapshot, KEY_SNAPSHOT_META)?;
+        match (meta, self.shared.engine.get(Space::Snapshot, KEY_SNAPSHOT)?) {
+            (Some(meta), Some(bytes)) => {
+                let meta = serde_json::from_slice(&meta).map_err(invalid_data)?;
+                Ok(Some(Snapshot { meta, snapshot: bytes }))
             }
-            None => Ok(None),
+            _ => Ok(None),
         }
     }
 }
