@@ -255,7 +255,12 @@ impl Computers<'_> {
     pub fn create(&self, new: NewComputer) -> PreparedCommand {
         let mut body = serde_json::to_value(&new).unwrap_or_else(|_| json!({}));
         body["commandKey"] = new_key().into();
-        PreparedCommand { client: self.client.clone(), method: reqwest::Method::POST, path: "/v1/computers".into(), body }
+        PreparedCommand {
+            client: self.client.clone(),
+            method: reqwest::Method::POST,
+            path: "/v1/computers".into(),
+            body,
+        }
     }
 
     /// Prepares a pause.

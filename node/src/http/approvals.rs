@@ -13,11 +13,16 @@ use serde_json::json;
 use super::ApiError;
 use super::AppState;
 use super::Auth;
+#[allow(unused_imports)]
+use super::openapi::ErrorBody;
+#[allow(unused_imports)]
+use super::openapi::ReceiptDoc;
 use super::util::Body;
 use super::util::apply;
 use crate::ids::now_ms;
 
 /// `GET /v1/approvals`: those the caller may decide, and those its bot asked for.
+#[utoipa::path(get, path = "/v1/approvals", tag = "capabilities", responses((status = 200, description = "`{\"approvals\": [...]}`", body = Object)), security(("bearer" = [])))]
 pub async fn list(State(state): State<AppState>, auth: Auth) -> Result<Json<Value>, ApiError> {
     let caller = auth.current(&state).await?;
     let rows: Vec<Value> = state.cluster.state().read(|s| {
@@ -34,14 +39,14 @@ pub async fn list(State(state): State<AppState>, auth: Auth) -> Result<Json<Valu
 }
 
 /// `POST /v1/approvals/:id` body.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DecideIn {
     decision: ApprovalDecision,
 }
 
 /// Approve or reject.
-#[derive(Deserialize, Clone, Copy, PartialEq, Eq)]
+#[derive(Deserialize, Clone, Copy, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ApprovalDecision {
     /// Let it run.
@@ -51,6 +56,7 @@ pub enum ApprovalDecision {
 }
 
 /// `POST /v1/approvals/:id`
+#[utoipa::path(post, path = "/v1/approvals/{id}", tag = "capabilities", params(("id" = String, Path)), request_body = DecideIn, responses((status = 200, description = "The approval", body = Object)), security(("bearer" = [])))]
 pub async fn decide(
     State(state): State<AppState>,
     auth: Auth,
@@ -72,6 +78,7 @@ pub async fn decide(
 }
 
 /// `GET /v1/capability-rules` (owner/admin)
+#[utoipa::path(get, path = "/v1/capability-rules", tag = "capabilities", responses((status = 200, description = "`{\"rules\": [...], \"default\": bool}`", body = Object)), security(("bearer" = [])))]
 pub async fn get_rules(State(state): State<AppState>, auth: Auth) -> Result<Json<Value>, ApiError> {
     auth.current(&state).await?.check_admin_read()?;
     let (rules, custom) = state.cluster.state().read(|s| (s.rules(), s.rules.is_some()));
@@ -79,13 +86,15 @@ pub async fn get_rules(State(state): State<AppState>, auth: Auth) -> Result<Json
 }
 
 /// `PUT /v1/capability-rules` body.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RulesIn {
+    #[schema(value_type = Vec<Object>)]
     rules: Vec<Rule>,
 }
 
 /// `PUT /v1/capability-rules` (owner/admin): replaces the rules; the first match decides.
+#[utoipa::path(put, path = "/v1/capability-rules", tag = "capabilities", request_body = RulesIn, responses((status = 200, body = Object)), security(("bearer" = [])))]
 pub async fn put_rules(
     State(state): State<AppState>,
     auth: Auth,

@@ -23,6 +23,10 @@ use sha2::Digest;
 use super::ApiError;
 use super::AppState;
 use super::Auth;
+#[allow(unused_imports)]
+use super::openapi::ErrorBody;
+#[allow(unused_imports)]
+use super::openapi::ReceiptDoc;
 use super::util::Body;
 use super::util::apply;
 use super::util::check_id;
@@ -92,9 +96,9 @@ fn body_hash(v: &Value) -> String {
 }
 
 /// `source` as the API takes it.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(tag = "_tag", deny_unknown_fields)]
-enum SourceIn {
+pub enum SourceIn {
     Provider {
         provider: String,
         #[serde(default)]
@@ -104,7 +108,7 @@ enum SourceIn {
 }
 
 /// `POST /v1/computers` body.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct NewComputer {
     command_key: String,
@@ -114,6 +118,7 @@ pub struct NewComputer {
     desktop: bool,
     /// Absent = 600; `null` = never.
     #[serde(default = "absent")]
+    #[schema(value_type = Option<u64>)]
     pause_after: Value,
     #[serde(default)]
     shared: bool,
@@ -160,6 +165,7 @@ fn new_execution(key: &str, hash: String, kind: ExecutionKind, computer_id: &str
 }
 
 /// `POST /v1/computers`
+#[utoipa::path(post, path = "/v1/computers", tag = "computers", request_body = NewComputer, responses((status = 202, description = "Stored; the execution receipt", body = ReceiptDoc), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 422, description = "IdempotencyKeyReused", body = ErrorBody)), security(("bearer" = [])))]
 pub async fn create(
     State(state): State<AppState>,
     auth: Auth,
@@ -240,7 +246,7 @@ fn pairing_code() -> String {
 }
 
 /// `{"commandKey": …}` of pause, resume and delete.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct KeyOnly {
     command_key: String,
@@ -272,6 +278,7 @@ async fn lifecycle(
 }
 
 /// `POST /v1/computers/:id/pause`
+#[utoipa::path(post, path = "/v1/computers/{id}/pause", tag = "computers", params(("id" = String, Path)), request_body = KeyOnly, responses((status = 202, body = ReceiptDoc), (status = 409, description = "ComputerConflict (names the running execution)", body = ErrorBody), (status = 422, description = "ComputerUnsupported or IdempotencyKeyReused", body = ErrorBody)), security(("bearer" = [])))]
 pub async fn pause(
     State(state): State<AppState>,
     auth: Auth,
@@ -282,6 +289,7 @@ pub async fn pause(
 }
 
 /// `POST /v1/computers/:id/resume`
+#[utoipa::path(post, path = "/v1/computers/{id}/resume", tag = "computers", params(("id" = String, Path)), request_body = KeyOnly, responses((status = 202, body = ReceiptDoc), (status = 409, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn resume(
     State(state): State<AppState>,
     auth: Auth,
@@ -292,6 +300,7 @@ pub async fn resume(
 }
 
 /// `DELETE /v1/computers/:id`
+#[utoipa::path(delete, path = "/v1/computers/{id}", tag = "computers", params(("id" = String, Path)), request_body = KeyOnly, responses((status = 202, body = ReceiptDoc), (status = 409, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn delete(
     State(state): State<AppState>,
     auth: Auth,
@@ -302,6 +311,7 @@ pub async fn delete(
 }
 
 /// `GET /v1/computers`: only rows the caller may see are read.
+#[utoipa::path(get, path = "/v1/computers", tag = "computers", responses((status = 200, description = "`{\"computers\": [...]}`: only those the caller may see", body = Object)), security(("bearer" = [])))]
 pub async fn list(State(state): State<AppState>, auth: Auth) -> Result<Json<Value>, ApiError> {
     let caller = auth.current(&state).await?;
     let rows: Vec<Value> = state
@@ -312,6 +322,7 @@ pub async fn list(State(state): State<AppState>, auth: Auth) -> Result<Json<Valu
 }
 
 /// `GET /v1/computers/:id`: 404 when the caller may not see it.
+#[utoipa::path(get, path = "/v1/computers/{id}", tag = "computers", params(("id" = String, Path)), responses((status = 200, body = Object), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn get(State(state): State<AppState>, auth: Auth, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     let caller = auth.current(&state).await?;
     let v = state.cluster.state().read(|s| s.visible_computer(&caller, &id).map(computer_view))?;
@@ -319,6 +330,7 @@ pub async fn get(State(state): State<AppState>, auth: Auth, Path(id): Path<Strin
 }
 
 /// `POST /v1/computers/:id/stop`: on a pause of unknown outcome, marks the Computer failed.
+#[utoipa::path(post, path = "/v1/computers/{id}/stop", tag = "computers", params(("id" = String, Path)), responses((status = 200, description = "The Computer, now failed", body = Object), (status = 409, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn stop(State(state): State<AppState>, auth: Auth, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     let caller = auth.for_write(&state).await?;
     apply(&state, Command::StopComputer { by: caller.token.id.clone(), computer_id: id.clone(), at_ms: now_ms() })
@@ -329,6 +341,7 @@ pub async fn stop(State(state): State<AppState>, auth: Auth, Path(id): Path<Stri
 }
 
 /// `GET /v1/computers/:id/usage`: run spans (also of a deleted Computer the caller could see).
+#[utoipa::path(get, path = "/v1/computers/{id}/usage", tag = "computers", params(("id" = String, Path)), responses((status = 200, description = "`{\"spans\": [{start, end, endedBy, outcomeUnknown}]}`", body = Object)), security(("bearer" = [])))]
 pub async fn usage(State(state): State<AppState>, auth: Auth, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     let caller = auth.current(&state).await?;
     let spans = state.cluster.state().read(|s| {
@@ -340,7 +353,7 @@ pub async fn usage(State(state): State<AppState>, auth: Auth, Path(id): Path<Str
 }
 
 /// `POST /v1/computers/:id/acquire` body.
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AcquireIn {
     reason: Option<String>,
@@ -348,6 +361,7 @@ pub struct AcquireIn {
 
 /// `POST /v1/computers/:id/acquire` (bots): 200 when granted, 202 with an approval id when a
 /// member must approve.
+#[utoipa::path(post, path = "/v1/computers/{id}/acquire", tag = "computers", params(("id" = String, Path)), request_body = AcquireIn, responses((status = 200, description = "Granted", body = Object), (status = 202, description = "Waits for an approval", body = Object)), security(("bearer" = [])))]
 pub async fn acquire(
     State(state): State<AppState>,
     auth: Auth,
@@ -373,7 +387,7 @@ pub async fn acquire(
 }
 
 /// `POST /v1/computers/:id/release` body.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ReleaseIn {
     #[serde(default)]
@@ -383,6 +397,7 @@ pub struct ReleaseIn {
 
 /// `POST /v1/computers/:id/release` (bots): gives up the right; with `destroy`, deletes the
 /// Computer instead (capability `computers.delete`; the grant ends with the Computer).
+#[utoipa::path(post, path = "/v1/computers/{id}/release", tag = "computers", params(("id" = String, Path)), request_body = ReleaseIn, responses((status = 200, body = Object), (status = 202, description = "destroy: the delete receipt", body = ReceiptDoc)), security(("bearer" = [])))]
 pub async fn release(
     State(state): State<AppState>,
     auth: Auth,

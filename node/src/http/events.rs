@@ -22,9 +22,13 @@ use serde_json::json;
 use super::ApiError;
 use super::AppState;
 use super::Auth;
+#[allow(unused_imports)]
+use super::openapi::ErrorBody;
+#[allow(unused_imports)]
+use super::openapi::ReceiptDoc;
 
 /// Query of `GET /v1/events`.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EventsQuery {
     after: Option<u64>,
@@ -47,6 +51,7 @@ fn visible(s: &StoreState, caller: &Caller, after: u64, limit: usize) -> (Vec<Ev
 }
 
 /// `GET /v1/events`
+#[utoipa::path(get, path = "/v1/events", tag = "events", params(("after" = Option<u64>, Query, description = "Cursor"), ("limit" = Option<usize>, Query)), responses((status = 200, description = "`{\"events\": [...], \"cursor\": n}`, or with `Accept: text/event-stream` a stream of them", body = Object)), security(("bearer" = [])))]
 pub async fn events(
     State(state): State<AppState>,
     auth: Auth,

@@ -12,11 +12,16 @@ use super::ApiError;
 use super::AppState;
 use super::Auth;
 use super::computers::receipt;
+#[allow(unused_imports)]
+use super::openapi::ErrorBody;
+#[allow(unused_imports)]
+use super::openapi::ReceiptDoc;
 use super::util::Body;
 use super::util::apply;
 use crate::ids::now_ms;
 
 /// `GET /v1/executions/:id`: 404 unless the caller may see its Computer.
+#[utoipa::path(get, path = "/v1/executions/{id}", tag = "executions", params(("id" = String, Path)), responses((status = 200, body = ReceiptDoc), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn get(State(state): State<AppState>, auth: Auth, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     let caller = auth.current(&state).await?;
     let now = now_ms();
@@ -29,7 +34,7 @@ pub async fn get(State(state): State<AppState>, auth: Auth, Path(id): Path<Strin
 }
 
 /// The outcome a person found at the provider.
-#[derive(Deserialize, Clone, Copy)]
+#[derive(Deserialize, Clone, Copy, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum DecidedOutcome {
     /// The command took effect.
@@ -39,7 +44,7 @@ pub enum DecidedOutcome {
 }
 
 /// `POST /v1/executions/:id/decision` body.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DecisionIn {
     outcome: DecidedOutcome,
@@ -47,6 +52,7 @@ pub struct DecisionIn {
 }
 
 /// `POST /v1/executions/:id/decision`: a member with write rights resolves an unknown outcome.
+#[utoipa::path(post, path = "/v1/executions/{id}/decision", tag = "executions", params(("id" = String, Path)), request_body = DecisionIn, responses((status = 200, body = ReceiptDoc), (status = 409, description = "The outcome is not unknown", body = ErrorBody)), security(("bearer" = [])))]
 pub async fn decide(
     State(state): State<AppState>,
     auth: Auth,

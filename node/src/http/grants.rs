@@ -11,10 +11,15 @@ use serde_json::json;
 use super::ApiError;
 use super::AppState;
 use super::Auth;
+#[allow(unused_imports)]
+use super::openapi::ErrorBody;
+#[allow(unused_imports)]
+use super::openapi::ReceiptDoc;
 use super::util::apply;
 use crate::ids::now_ms;
 
 /// `PUT …/bots/:botId`: grants the bot the right to use the Computer (idempotent).
+#[utoipa::path(put, path = "/v1/computers/{id}/bots/{bot}", tag = "rights", params(("id" = String, Path), ("bot" = String, Path)), responses((status = 200, description = "The grant", body = Object)), security(("bearer" = [])))]
 pub async fn put(
     State(state): State<AppState>,
     auth: Auth,
@@ -34,6 +39,7 @@ pub async fn put(
 }
 
 /// `GET …/bots/:botId`
+#[utoipa::path(get, path = "/v1/computers/{id}/bots/{bot}", tag = "rights", params(("id" = String, Path), ("bot" = String, Path)), responses((status = 200, body = Object), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn get(
     State(state): State<AppState>,
     auth: Auth,
@@ -48,6 +54,7 @@ pub async fn get(
 }
 
 /// `GET …/bots`: the grants on a Computer.
+#[utoipa::path(get, path = "/v1/computers/{id}/bots", tag = "rights", params(("id" = String, Path)), responses((status = 200, description = "`{\"grants\": [...]}`", body = Object)), security(("bearer" = [])))]
 pub async fn list(State(state): State<AppState>, auth: Auth, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     let caller = auth.current(&state).await?;
     let grants = state.cluster.state().read(|s| {
@@ -60,6 +67,7 @@ pub async fn list(State(state): State<AppState>, auth: Auth, Path(id): Path<Stri
 }
 
 /// `DELETE …/bots/:botId`: revokes; the bot's next call is refused.
+#[utoipa::path(delete, path = "/v1/computers/{id}/bots/{bot}", tag = "rights", params(("id" = String, Path), ("bot" = String, Path)), responses((status = 204, description = "Revoked")), security(("bearer" = [])))]
 pub async fn delete(
     State(state): State<AppState>,
     auth: Auth,

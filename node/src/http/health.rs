@@ -10,8 +10,13 @@ use serde_json::json;
 use super::ApiError;
 use super::AppState;
 use super::Auth;
+#[allow(unused_imports)]
+use super::openapi::ErrorBody;
+#[allow(unused_imports)]
+use super::openapi::ReceiptDoc;
 
 /// The node's view of the cluster.
+#[utoipa::path(get, path = "/v1/health", tag = "cluster", responses((status = 200, description = "This node's view of the cluster", body = Object)))]
 pub async fn health(State(state): State<AppState>) -> Json<Value> {
     let v = state.cluster.view();
     let members: Vec<Value> = v
@@ -31,6 +36,7 @@ pub async fn health(State(state): State<AppState>) -> Json<Value> {
 }
 
 /// `DELETE /v1/cluster/nodes/:id`: removes a node from the membership (owner/admin).
+#[utoipa::path(delete, path = "/v1/cluster/nodes/{id}", tag = "cluster", params(("id" = u64, Path, description = "Node id")), responses((status = 204, description = "Removed"), (status = 404, description = "Not a member", body = ErrorBody)), security(("bearer" = [])))]
 pub async fn remove_node(
     State(state): State<AppState>,
     auth: Auth,

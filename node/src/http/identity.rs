@@ -19,6 +19,10 @@ use serde_json::json;
 use super::ApiError;
 use super::AppState;
 use super::Auth;
+#[allow(unused_imports)]
+use super::openapi::ErrorBody;
+#[allow(unused_imports)]
+use super::openapi::ReceiptDoc;
 use super::util::Body;
 use super::util::apply;
 use super::util::check_id;
@@ -27,12 +31,13 @@ use crate::ids::new_id;
 use crate::ids::new_secret;
 use crate::ids::now_ms;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct NewMember {
     name: String,
     email: Option<String>,
     #[serde(default = "default_role")]
+    #[schema(value_type = String, example = "member")]
     role: Role,
 }
 
@@ -41,6 +46,7 @@ fn default_role() -> Role {
 }
 
 /// `POST /v1/members`
+#[utoipa::path(post, path = "/v1/members", tag = "identity", request_body = NewMember, responses((status = 201, description = "The member", body = Object), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn create_member(
     State(state): State<AppState>,
     auth: Auth,
@@ -62,13 +68,14 @@ pub async fn create_member(
 }
 
 /// `GET /v1/members`
+#[utoipa::path(get, path = "/v1/members", tag = "identity", responses((status = 200, description = "`{\"members\": [...]}`", body = Object)), security(("bearer" = [])))]
 pub async fn list_members(State(state): State<AppState>, auth: Auth) -> Result<Json<Value>, ApiError> {
     auth.current(&state).await?.check_admin_read()?;
     let members: Vec<Member> = state.cluster.state().read(|s| s.members.values().cloned().collect());
     Ok(Json(json!({ "members": members })))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct NewBot {
     name: String,
@@ -76,6 +83,7 @@ pub struct NewBot {
 }
 
 /// `POST /v1/bots`: the bot belongs to `memberId` (default: the caller).
+#[utoipa::path(post, path = "/v1/bots", tag = "identity", request_body = NewBot, responses((status = 201, description = "The bot", body = Object), (status = 400, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn create_bot(
     State(state): State<AppState>,
     auth: Auth,
@@ -98,6 +106,7 @@ pub async fn create_bot(
 }
 
 /// `GET /v1/bots`
+#[utoipa::path(get, path = "/v1/bots", tag = "identity", responses((status = 200, description = "`{\"bots\": [...]}`", body = Object)), security(("bearer" = [])))]
 pub async fn list_bots(State(state): State<AppState>, auth: Auth) -> Result<Json<Value>, ApiError> {
     auth.current(&state).await?.check_admin_read()?;
     let bots: Vec<Bot> = state.cluster.state().read(|s| s.bots.values().cloned().collect());
@@ -105,6 +114,7 @@ pub async fn list_bots(State(state): State<AppState>, auth: Auth) -> Result<Json
 }
 
 /// `POST /v1/bots/:id/archive`: idempotent; answers the archived bot.
+#[utoipa::path(post, path = "/v1/bots/{id}/archive", tag = "identity", params(("id" = String, Path)), responses((status = 200, description = "The archived bot", body = Object), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn archive_bot(
     State(state): State<AppState>,
     auth: Auth,
@@ -146,7 +156,7 @@ impl From<&Token> for TokenView {
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct NewToken {
     name: String,
@@ -158,6 +168,7 @@ pub struct NewToken {
 }
 
 /// `POST /v1/tokens`: answers the secret once; only its hash is stored.
+#[utoipa::path(post, path = "/v1/tokens", tag = "identity", request_body = NewToken, responses((status = 201, description = "`{\"token\": …, \"secret\": …}`: the secret is shown once", body = Object)), security(("bearer" = [])))]
 pub async fn create_token(
     State(state): State<AppState>,
     auth: Auth,
@@ -202,6 +213,7 @@ pub async fn create_token(
 }
 
 /// `GET /v1/tokens`
+#[utoipa::path(get, path = "/v1/tokens", tag = "identity", responses((status = 200, description = "`{\"tokens\": [...]}` (never hashes)", body = Object)), security(("bearer" = [])))]
 pub async fn list_tokens(State(state): State<AppState>, auth: Auth) -> Result<Json<Value>, ApiError> {
     auth.current(&state).await?.check_admin_read()?;
     let tokens: Vec<TokenView> = state.cluster.state().read(|s| s.tokens.values().map(TokenView::from).collect());
@@ -209,6 +221,7 @@ pub async fn list_tokens(State(state): State<AppState>, auth: Auth) -> Result<Js
 }
 
 /// `DELETE /v1/tokens/:id`: idempotent; answers the revoked token.
+#[utoipa::path(delete, path = "/v1/tokens/{id}", tag = "identity", params(("id" = String, Path)), responses((status = 200, description = "The revoked token", body = Object)), security(("bearer" = [])))]
 pub async fn revoke_token(
     State(state): State<AppState>,
     auth: Auth,

@@ -9,6 +9,7 @@ mod executions;
 mod grants;
 mod health;
 mod identity;
+mod openapi;
 mod providers;
 mod util;
 
@@ -35,6 +36,7 @@ pub struct AppState {
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/health", get(health::health))
+        .route("/v1/openapi.json", get(openapi::openapi_json))
         .route("/v1/members", post(identity::create_member).get(identity::list_members))
         .route("/v1/bots", post(identity::create_bot).get(identity::list_bots))
         .route("/v1/bots/{id}/archive", post(identity::archive_bot))

@@ -16,6 +16,10 @@ use serde_json::json;
 use super::ApiError;
 use super::AppState;
 use super::Auth;
+#[allow(unused_imports)]
+use super::openapi::ErrorBody;
+#[allow(unused_imports)]
+use super::openapi::ReceiptDoc;
 use super::util::Body;
 use super::util::apply;
 use super::util::check_name;
@@ -44,16 +48,19 @@ pub fn provider_view(p: &Provider) -> Value {
 }
 
 /// `POST /v1/computer-providers` body.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewProvider {
+    #[schema(value_type = String, example = "docker")]
     kind: ProviderKind,
     name: String,
     #[serde(default)]
+    #[schema(value_type = Object)]
     config: serde_json::Map<String, Value>,
 }
 
 /// `POST /v1/computer-providers` (owner/admin).
+#[utoipa::path(post, path = "/v1/computer-providers", tag = "providers", request_body = NewProvider, responses((status = 201, description = "The provider; credential fields are named in secretFields, never shown", body = Object)), security(("bearer" = [])))]
 pub async fn create(
     State(state): State<AppState>,
     auth: Auth,
@@ -89,6 +96,7 @@ pub async fn create(
 
 /// `GET /v1/computer-providers`: every member and bot may list them (not a token limited to
 /// Computers).
+#[utoipa::path(get, path = "/v1/computer-providers", tag = "providers", responses((status = 200, description = "`{\"providers\": [...]}`", body = Object)), security(("bearer" = [])))]
 pub async fn list(State(state): State<AppState>, auth: Auth) -> Result<Json<Value>, ApiError> {
     let caller = auth.current(&state).await?;
     let rows: Vec<Value> = if caller.token.computers.is_some() {

@@ -1,0 +1,103 @@
+//! The OpenAPI description of the API, generated from the route handlers and request types
+//! (utoipa) and served at `GET /v1/openapi.json`.
+
+use axum::Json;
+use utoipa::Modify;
+use utoipa::OpenApi;
+use utoipa::ToSchema;
+use utoipa::openapi::security::HttpAuthScheme;
+use utoipa::openapi::security::HttpBuilder;
+use utoipa::openapi::security::SecurityScheme;
+
+use super::approvals;
+use super::computers;
+use super::events;
+use super::executions;
+use super::grants;
+use super::health;
+use super::identity;
+use super::providers;
+
+/// Every error answer: `{"error": {"kind", "message", "errorId", "executionId"?}}`.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct ErrorBody {
+    /// The error.
+    error: ErrorDetail,
+}
+
+/// The error inside [`ErrorBody`].
+#[derive(ToSchema)]
+#[allow(dead_code)]
+#[schema(rename_all = "camelCase")]
+pub struct ErrorDetail {
+    /// `invalid_request`, `unauthorized`, `forbidden`, `not_found`, `conflict`, `unavailable`,
+    /// `internal`, `ComputerConflict`, `IdempotencyKeyReused`, `ComputerUnsupported`, …
+    kind: String,
+    /// A message safe to show.
+    message: String,
+    /// The id under which the server logged it.
+    error_id: String,
+    /// For `ComputerConflict`: the running execution.
+    execution_id: Option<String>,
+}
+
+/// An execution receipt.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+#[schema(rename_all = "camelCase")]
+pub struct ReceiptDoc {
+    /// `exe_…`
+    execution_id: String,
+    /// The caller's idempotency key.
+    command_key: String,
+    /// `create`, `pause`, `resume`, `delete`.
+    kind: String,
+    /// `pending`, `running`, `succeeded`, `failed`, `outcome_unknown`.
+    state: String,
+    /// `{"type": "computer", "id": "cmp_…"}`
+    #[schema(value_type = Object)]
+    resource: (),
+    /// A paired create's one-time code (its requester only, once succeeded, for 10 minutes).
+    pairing_code: Option<String>,
+    /// The approval a pending execution waits for.
+    approval_id: Option<String>,
+}
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// The API description.
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "computerd", description = "The control plane for AI bots' computers."),
+    paths(
+        health::health, health::remove_node,
+        identity::create_member, identity::list_members, identity::create_bot, identity::list_bots,
+        identity::archive_bot, identity::create_token, identity::list_tokens, identity::revoke_token,
+        providers::create, providers::list,
+        computers::create, computers::list, computers::get, computers::pause, computers::resume,
+        computers::delete, computers::stop, computers::usage, computers::acquire, computers::release,
+        grants::put, grants::get, grants::list, grants::delete,
+        executions::get, executions::decide,
+        events::events,
+        approvals::list, approvals::decide, approvals::get_rules, approvals::put_rules,
+    ),
+    components(schemas(ErrorBody, ErrorDetail, ReceiptDoc)),
+    modifiers(&BearerAuth),
+)]
+pub struct ApiDoc;
+
+/// `GET /v1/openapi.json`
+pub async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
+    Json(ApiDoc::openapi())
+}
