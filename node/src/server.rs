@@ -126,7 +126,11 @@ pub async fn run(
     // 2. The store.
     let cluster = Cluster::start(cfg.node_id, &dir.store_dir(), &cfg.tuning()).await?;
 
-    // 3. gRPC, so peers can reach this node while it joins.
+    // 3. gRPC, so peers can reach this node while it joins. A node with an empty store that is
+    //    told to join refuses Raft RPCs until the leader expects its empty log.
+    if cfg.join.is_some() && !cluster.is_initialized().await? {
+        cluster.set_accepting(false);
+    }
     let (stop_tx, stop_rx) = watch::channel(false);
     let grpc = {
         let mut stop = stop_rx.clone();
@@ -199,15 +203,21 @@ async fn membership(cfg: &ServeConfig, dir: &mut DataDir, cluster: &Cluster, add
             refresh_own_address(cluster, addr);
             Ok(())
         }
-        (Some(join), _) => {
-            if let Some(ours) = dir.node.cluster_id.clone() {
-                let theirs = with_patience(|| cluster.join_through(join, addr, true)).await?;
-                if theirs != ours {
+        (Some(join), initialized) => {
+            // First only ask: which cluster, and (for an empty store) let the leader expect an
+            // empty log from this id. Raft RPCs stay refused until then (see `run`).
+            let fresh = !initialized;
+            if dir.node.cluster_id.is_some() || fresh {
+                let theirs = with_patience(|| cluster.join_through(join, addr, true, fresh)).await?;
+                if let Some(ours) = dir.node.cluster_id.clone()
+                    && theirs != ours
+                {
                     return Err(NodeError::OtherCluster { ours, theirs, join: join.clone() });
                 }
             }
+            cluster.set_accepting(true);
             // Joining is idempotent: a member keeps its place and gets its new addresses.
-            let cluster_id = with_patience(|| cluster.join_through(join, addr, false)).await?;
+            let cluster_id = with_patience(|| cluster.join_through(join, addr, false, false)).await?;
             if dir.node.cluster_id.as_deref() != Some(cluster_id.as_str()) {
                 dir.set_cluster_id(&cluster_id)?;
             }

@@ -127,6 +127,9 @@ pub struct ClusterView {
 
 struct Inner {
     id: NodeId,
+    /// False while a fresh node waits for its join to be accepted: it refuses Raft RPCs so the
+    /// leader does not see its empty log before it allowed the reversion.
+    accepting: std::sync::atomic::AtomicBool,
     raft: Raft,
     reader: StateReader,
     channels: Channels,
@@ -158,7 +161,22 @@ impl Cluster {
         let raft = Raft::new(id, config, NetworkFactory::new(channels.clone()), log, sm)
             .await
             .map_err(|e| ClusterError::Fatal(e.to_string()))?;
-        Ok(Cluster { inner: Arc::new(Inner { id, raft, reader, channels }) })
+        let accepting = std::sync::atomic::AtomicBool::new(true);
+        Ok(Cluster { inner: Arc::new(Inner { id, accepting, raft, reader, channels }) })
+    }
+
+    /// Opens or closes this node to Raft RPCs (closed while a fresh node joins).
+    pub fn set_accepting(&self, on: bool) {
+        self.inner.accepting.store(on, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Refuses Raft RPCs while this node is closed to them.
+    pub fn check_accepting(&self) -> Result<(), tonic::Status> {
+        if self.inner.accepting.load(std::sync::atomic::Ordering::SeqCst) {
+            Ok(())
+        } else {
+            Err(tonic::Status::unavailable("this node is joining"))
+        }
     }
 
     /// The Raft handle.
@@ -355,6 +373,7 @@ impl Cluster {
                 http_addr: addr.http,
                 grpc_addr: addr.grpc,
                 check_only: false,
+                fresh: false,
             });
             r.set_timeout(JOIN_TIMEOUT);
             let reply = client.join(r).await.map_err(|s| ClusterError::Unavailable(s.message().to_string()))?;
@@ -403,6 +422,7 @@ impl Cluster {
         grpc_addr: &str,
         addr: &NodeAddr,
         check_only: bool,
+        fresh: bool,
     ) -> Result<String, ClusterError> {
         let mut client = self.channels().get(grpc_addr).map_err(|e| ClusterError::Invalid(e.to_string()))?;
         let mut r = tonic::Request::new(JoinRequest {
@@ -410,10 +430,44 @@ impl Cluster {
             http_addr: addr.http.clone(),
             grpc_addr: addr.grpc.clone(),
             check_only,
+            fresh,
         });
         r.set_timeout(JOIN_TIMEOUT);
         let reply = client.join(r).await.map_err(|s| ClusterError::Unavailable(s.message().to_string()))?;
         Ok(reply.into_inner().cluster_id)
+    }
+
+    /// Before a node with an empty store opens itself to Raft RPCs: if its id is already a member
+    /// (its data was lost), the leader lets its log revert once, so it is replicated anew
+    /// (through a snapshot when the log was purged) instead of being taken for a bug.
+    pub async fn allow_revert(&self, node_id: NodeId) -> Result<(), ClusterError> {
+        let Some(leader) = self.leader() else {
+            return Err(ClusterError::Unavailable("no leader".into()));
+        };
+        if leader.0 != self.id() {
+            let mut client = self.channels().get(&leader.1.grpc).map_err(|e| ClusterError::Invalid(e.to_string()))?;
+            let mut r = tonic::Request::new(JoinRequest {
+                node_id,
+                http_addr: String::new(),
+                grpc_addr: String::new(),
+                check_only: true,
+                fresh: true,
+            });
+            r.set_timeout(READ_TIMEOUT);
+            client.join(r).await.map_err(|s| ClusterError::Unavailable(s.message().to_string()))?;
+            return Ok(());
+        }
+        if !self.view().members.iter().any(|m| m.id == node_id) {
+            return Ok(());
+        }
+        match self.raft().trigger().allow_next_revert(&node_id, true).await {
+            Ok(Ok(())) => {
+                tracing::warn!(node_id, "a member rejoins with an empty store; replicating it anew");
+                Ok(())
+            }
+            Ok(Err(e)) => Err(ClusterError::Invalid(e.to_string())),
+            Err(e) => Err(ClusterError::Fatal(e.to_string())),
+        }
     }
 
     /// Removes a node from the membership (through the leader).
@@ -428,6 +482,7 @@ impl Cluster {
                 http_addr: String::new(),
                 grpc_addr: String::new(),
                 check_only: false,
+                fresh: false,
             });
             r.set_timeout(JOIN_TIMEOUT);
             client.leave(r).await.map_err(|s| ClusterError::Unavailable(s.message().to_string()))?;

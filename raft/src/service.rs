@@ -59,18 +59,21 @@ fn cluster_status(e: ClusterError) -> Status {
 #[tonic::async_trait]
 impl ClusterService for Service {
     async fn append_entries(&self, req: Request<Payload>) -> Result<tonic::Response<Payload>, Status> {
+        self.cluster.check_accepting()?;
         let rpc = decode(req.get_ref()).map_err(bad_request)?;
         let resp = self.cluster.raft().append_entries(rpc).await.map_err(internal)?;
         Ok(tonic::Response::new(encode(&resp).map_err(internal)?))
     }
 
     async fn vote(&self, req: Request<Payload>) -> Result<tonic::Response<Payload>, Status> {
+        self.cluster.check_accepting()?;
         let rpc = decode(req.get_ref()).map_err(bad_request)?;
         let resp = self.cluster.raft().vote(rpc).await.map_err(internal)?;
         Ok(tonic::Response::new(encode(&resp).map_err(internal)?))
     }
 
     async fn pre_vote(&self, req: Request<Payload>) -> Result<tonic::Response<Payload>, Status> {
+        self.cluster.check_accepting()?;
         let rpc = decode(req.get_ref()).map_err(bad_request)?;
         let resp = self.cluster.raft().pre_vote(rpc).await.map_err(internal)?;
         Ok(tonic::Response::new(encode(&resp).map_err(internal)?))
@@ -80,6 +83,7 @@ impl ClusterService for Service {
         &self,
         req: Request<Streaming<SnapshotChunk>>,
     ) -> Result<tonic::Response<Payload>, Status> {
+        self.cluster.check_accepting()?;
         let mut stream = req.into_inner();
         let first = stream.next().await.ok_or_else(|| Status::invalid_argument("empty snapshot stream"))??;
         let (vote, meta): (Vote, SnapshotMeta) = serde_json::from_slice(&first.meta).map_err(bad_request)?;
@@ -115,6 +119,9 @@ impl ClusterService for Service {
         let r = req.into_inner();
         if r.check_only {
             let cluster_id = self.cluster.cluster_id().await.map_err(cluster_status)?;
+            if r.fresh {
+                self.cluster.allow_revert(r.node_id).await.map_err(cluster_status)?;
+            }
             return Ok(tonic::Response::new(JoinReply { cluster_id }));
         }
         let addr = NodeAddr { http: r.http_addr, grpc: r.grpc_addr };

@@ -378,6 +378,9 @@ impl Drop for TestCluster {
         let ids: Vec<u64> = self.nodes.keys().copied().collect();
         if std::thread::panicking() {
             for id in &ids {
+                let text = fs::read_to_string(&self.nodes[id].log).unwrap_or_default();
+                let panics: Vec<&str> = text.lines().filter(|l| l.contains("panicked at")).take(3).collect();
+                eprintln!("---- node {id} panics ----\n{}", panics.join("\n"));
                 eprintln!("---- node {id} log tail ----\n{}", self.log_tail(*id, 40));
             }
         }

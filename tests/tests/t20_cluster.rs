@@ -90,6 +90,13 @@ async fn t30_wiped_node_rejoins_through_snapshot() {
     let snap = h["snapshotIndex"].as_u64().expect("the rejoined node installed a snapshot");
     assert!(snap >= purged, "snapshot {snap} does not cover the purged log {purged}");
     assert_eq!(c.bot_ids(victim).await.expect("list").len(), 100);
+    // A node whose log was purged restarts from its snapshot file plus the log after it.
+    assert_eq!(c.terminate(leader).await, Some(0));
+    c.spawn(leader);
+    c.wait_voters(3).await;
+    let target = c.health(victim).await.expect("health")["lastApplied"].as_u64().expect("applied");
+    c.wait_applied(leader, target).await;
+    assert_eq!(c.bot_ids(leader).await.expect("list").len(), 100);
 }
 
 /// A node can be removed from the membership; the rest go on.

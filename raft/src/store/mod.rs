@@ -16,14 +16,14 @@ use crate::engine::SledEngine;
 
 /// Opens the log store and state machine of a node from its engine directory.
 pub fn open(dir: &Path) -> io::Result<(LogStore, StateMachineStore)> {
-    let engine: Arc<dyn KvEngine> = Arc::new(SledEngine::open(dir)?);
-    open_on(engine)
+    let engine: Arc<dyn KvEngine> = Arc::new(SledEngine::open(&dir.join("engine"))?);
+    open_on(engine, &dir.join("snapshots"))
 }
 
-/// Opens both stores on an already opened engine.
-pub fn open_on(engine: Arc<dyn KvEngine>) -> io::Result<(LogStore, StateMachineStore)> {
+/// Opens both stores on an already opened engine, with snapshot files in `snapshot_dir`.
+pub fn open_on(engine: Arc<dyn KvEngine>, snapshot_dir: &Path) -> io::Result<(LogStore, StateMachineStore)> {
     let log = LogStore::new(engine.clone());
-    let sm = StateMachineStore::load(engine)?;
+    let sm = StateMachineStore::load(engine, snapshot_dir)?;
     Ok((log, sm))
 }
 

@@ -1,7 +1,11 @@
 //! The state machine on the engine: the [`State`] lives in memory; snapshots of it are written
 //! to the engine (flushed) and the log is replayed on top of the latest one at start.
 
+use std::fs;
 use std::io;
+use std::io::Write;
+use std::path::Path;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::RwLock;
 use std::sync::atomic::AtomicU64;
@@ -29,9 +33,18 @@ use crate::typ::Snapshot;
 use crate::typ::SnapshotMeta;
 use crate::typ::StoredMembership;
 
-const KEY_SNAPSHOT: &[u8] = b"current";
-/// The meta of the stored snapshot, kept apart so reading it does not decode the whole state.
-const KEY_SNAPSHOT_META: &[u8] = b"current_meta";
+/// The engine key naming the current snapshot file and its meta. The snapshot itself is a file
+/// beside the engine: bulk data never goes through the engine, whose flushes the log waits on.
+const KEY_SNAPSHOT_REF: &[u8] = b"current_ref";
+
+/// What the engine records of the current snapshot.
+#[derive(Serialize, Deserialize)]
+struct SnapshotRef {
+    /// The file name in the snapshot directory.
+    file: String,
+    /// Its meta, so reading it does not decode the whole state.
+    meta: SnapshotMeta,
+}
 /// The format of a stored snapshot; bump when [`SnapshotFile`] changes shape.
 const SNAPSHOT_FORMAT: u32 = 1;
 
@@ -55,6 +68,8 @@ struct SnapshotFile {
 struct Shared {
     applied: RwLock<Applied>,
     engine: Arc<dyn KvEngine>,
+    /// Where snapshot files live.
+    dir: PathBuf,
     /// How many snapshots this process built (observability and tests).
     snapshots_built: AtomicU64,
     /// The last applied index, for whoever waits on state changes (drivers, event streams).
@@ -88,17 +103,20 @@ impl StateReader {
 }
 
 impl StateMachineStore {
-    /// Loads the latest stored snapshot, if any.
-    pub fn load(engine: Arc<dyn KvEngine>) -> io::Result<Self> {
+    /// Loads the latest stored snapshot, if any; snapshot files live in `dir`.
+    pub fn load(engine: Arc<dyn KvEngine>, dir: &Path) -> io::Result<Self> {
+        fs::create_dir_all(dir)?;
         let mut applied = Applied::default();
-        if let Some(bytes) = engine.get(Space::Snapshot, KEY_SNAPSHOT)? {
-            let file: SnapshotFile = decode_file(&bytes)?;
-            applied = file.applied;
+        if let Some(r) = read_ref(engine.as_ref())? {
+            let bytes = fs::read(dir.join(&r.file))
+                .map_err(|e| io::Error::new(e.kind(), format!("snapshot file {}: {e}", r.file)))?;
+            applied = decode_file(&bytes)?.applied;
         }
         Ok(Self {
             shared: Arc::new(Shared {
                 applied: RwLock::new(applied),
                 engine,
+                dir: dir.to_path_buf(),
                 snapshots_built: AtomicU64::new(0),
                 applied_tx: tokio::sync::watch::Sender::new(0),
             }),
@@ -116,13 +134,39 @@ impl StateMachineStore {
         self.store_bytes(&file.meta, bytes)
     }
 
+    /// Writes the file (fsync, rename, fsync dir), then points the engine at it (flushed), then
+    /// removes older files. A crash at any point leaves the previous snapshot intact.
     fn store_bytes(&self, meta: &SnapshotMeta, bytes: Vec<u8>) -> io::Result<Vec<u8>> {
-        let meta = serde_json::to_vec(meta).map_err(invalid_data)?;
-        let ops =
-            vec![BatchOp::Put(KEY_SNAPSHOT.to_vec(), bytes.clone()), BatchOp::Put(KEY_SNAPSHOT_META.to_vec(), meta)];
-        self.shared.engine.write_batch(Space::Snapshot, ops)?;
+        let dir = &self.shared.dir;
+        let index = meta.last_log_id.map(|l| l.index).unwrap_or(0);
+        let nanos =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        let name = format!("snapshot-{index:020}-{nanos}.json");
+        let tmp = dir.join(format!("{name}.tmp"));
+        {
+            let mut f = fs::File::create(&tmp)?;
+            f.write_all(&bytes)?;
+            f.sync_all()?;
+        }
+        fs::rename(&tmp, dir.join(&name))?;
+        fs::File::open(dir)?.sync_all()?;
+        let r = serde_json::to_vec(&SnapshotRef { file: name.clone(), meta: meta.clone() }).map_err(invalid_data)?;
+        self.shared.engine.write_batch(Space::Snapshot, vec![BatchOp::Put(KEY_SNAPSHOT_REF.to_vec(), r)])?;
         self.shared.engine.flush()?;
+        for entry in fs::read_dir(dir)?.flatten() {
+            let n = entry.file_name();
+            if n.to_string_lossy().starts_with("snapshot-") && n.to_string_lossy() != name.as_str() {
+                let _ = fs::remove_file(entry.path());
+            }
+        }
         Ok(bytes)
+    }
+}
+
+fn read_ref(engine: &dyn KvEngine) -> io::Result<Option<SnapshotRef>> {
+    match engine.get(Space::Snapshot, KEY_SNAPSHOT_REF)? {
+        Some(b) => Ok(Some(serde_json::from_slice(&b).map_err(invalid_data)?)),
+        None => Ok(None),
     }
 }
 
@@ -213,13 +257,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, io::Error> {
-        let meta = self.shared.engine.get(Space::Snapshot, KEY_SNAPSHOT_META)?;
-        match (meta, self.shared.engine.get(Space::Snapshot, KEY_SNAPSHOT)?) {
-            (Some(meta), Some(bytes)) => {
-                let meta = serde_json::from_slice(&meta).map_err(invalid_data)?;
-                Ok(Some(Snapshot { meta, snapshot: bytes }))
-            }
-            _ => Ok(None),
-        }
+        let Some(r) = read_ref(self.shared.engine.as_ref())? else { return Ok(None) };
+        let path = self.shared.dir.join(&r.file);
+        let bytes = tokio::task::spawn_blocking(move || fs::read(path)).await.map_err(io::Error::other)??;
+        Ok(Some(Snapshot { meta: r.meta, snapshot: bytes }))
     }
 }
