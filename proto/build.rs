@@ -6,6 +6,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         unsafe { std::env::set_var("PROTOC", protoc_bin_vendored::protoc_bin_path()?) };
     }
     println!("cargo:rerun-if-changed=proto/cluster.proto");
-    tonic_prost_build::configure().compile_protos(&["proto/cluster.proto"], &["proto"])?;
+    println!("cargo:rerun-if-changed=proto/agent.proto");
+    tonic_prost_build::configure().compile_protos(&["proto/cluster.proto", "proto/agent.proto"], &["proto"])?;
     Ok(())
 }

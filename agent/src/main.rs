@@ -1,10 +1,67 @@
-//! `computer-agent`: the program that runs on every Computer and dials the cluster.
-//!
-//! Not built yet: pairing, the WebSocket link, sessions and files come with the agent issue.
-//! Until then the binary says so and exits with status 2, so nothing mistakes it for a working
-//! agent.
+//! `computer-agent --server URL [--pair CODE] --state DIR`: pairs once, then keeps the link up.
 
-fn main() -> std::process::ExitCode {
-    eprintln!("computer-agent: not implemented yet (pairing and the link come with the agent issue)");
-    std::process::ExitCode::from(2)
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use clap::Parser;
+use computer_agent::link;
+use computer_agent::pairing;
+use computer_agent::service::AgentService;
+use computer_agent::sessions::Sessions;
+
+/// The agent on a Computer.
+#[derive(Debug, Parser)]
+#[command(name = "computer-agent", version, about)]
+struct Cli {
+    /// The cluster's URL (any node, or the load balancer), e.g. http://127.0.0.1:8080.
+    #[arg(long, env = "COMPUTER_AGENT_SERVER")]
+    server: String,
+    /// A one-time pairing code (from the Computer's create execution).
+    #[arg(long)]
+    pair: Option<String>,
+    /// Where the machine credential is kept.
+    #[arg(long, env = "COMPUTER_AGENT_STATE")]
+    state: PathBuf,
+    /// Where relative file paths resolve (default: the home directory).
+    #[arg(long, env = "COMPUTER_AGENT_WORKDIR")]
+    workdir: Option<PathBuf>,
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("COMPUTER_AGENT_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let cred = match &cli.pair {
+        Some(code) => match pairing::pair(&cli.server, code, &cli.state).await {
+            Ok(c) => {
+                eprintln!("computer-agent: paired as {}", c.computer_id);
+                c
+            }
+            Err(e) => {
+                eprintln!("computer-agent: {e}");
+                return std::process::ExitCode::from(3);
+            }
+        },
+        None => match pairing::load(&cli.state) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("computer-agent: {e}");
+                return std::process::ExitCode::from(2);
+            }
+        },
+    };
+    let workdir =
+        cli.workdir.or_else(|| std::env::var_os("HOME").map(PathBuf::from)).unwrap_or_else(|| PathBuf::from("/"));
+    let sessions = Sessions::default();
+    sessions.start_reaper();
+    let svc = AgentService { sessions, workdir, generation: Arc::new(AtomicU64::new(0)) };
+    link::run(cli.server, cred, svc).await;
+    std::process::ExitCode::SUCCESS
 }

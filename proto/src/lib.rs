@@ -4,8 +4,18 @@
 #![warn(missing_docs)]
 
 mod error;
+pub mod wsio;
 
 pub use error::ErrorKind;
+
+/// The metadata key carrying the link generation on every node → agent request.
+pub const LINK_GENERATION: &str = "x-link-generation";
+
+/// Generated code of `proto/agent.proto`.
+#[allow(missing_docs, clippy::all)]
+pub mod agent {
+    tonic::include_proto!("computerd.agent.v1");
+}
 
 /// Generated code of `proto/cluster.proto`.
 #[allow(missing_docs, clippy::all)]

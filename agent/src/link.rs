@@ -1,0 +1,82 @@
+//! The link: dial `/v1/agent/link` over WebSocket, authenticate, learn the link generation, then
+//! serve the agent's gRPC service over the connection until it drops; reconnect with jittered
+//! exponential backoff. Sessions live on across reconnects.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::Bytes;
+use computerd_proto::agent::agent_server::AgentServer;
+use computerd_proto::wsio::MessageIo;
+use futures::SinkExt;
+use futures::StreamExt;
+use tokio_tungstenite::tungstenite::Message;
+
+use crate::pairing::Credential;
+use crate::service::AgentService;
+
+/// The WebSocket URL of the link for an `http(s)://` server URL.
+pub fn link_url(server: &str) -> String {
+    let base = server.trim_end_matches('/');
+    let ws = if let Some(rest) = base.strip_prefix("https://") {
+        format!("wss://{rest}")
+    } else if let Some(rest) = base.strip_prefix("http://") {
+        format!("ws://{rest}")
+    } else {
+        base.to_string()
+    };
+    format!("{ws}/v1/agent/link")
+}
+
+/// Runs the link forever.
+pub async fn run(server: String, cred: Credential, svc: AgentService) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match connect_once(&server, &cred, &svc).await {
+            Ok(()) => {
+                tracing::info!("link closed; reconnecting");
+                backoff = Duration::from_millis(100);
+            }
+            Err(e) => tracing::warn!(error = %e, "link failed"),
+        }
+        let jitter = rand::random::<u64>() % (backoff.as_millis() as u64 / 2 + 1);
+        tokio::time::sleep(backoff + Duration::from_millis(jitter)).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+async fn connect_once(server: &str, cred: &Credential, svc: &AgentService) -> Result<(), String> {
+    let (ws, _) = tokio_tungstenite::connect_async(link_url(server)).await.map_err(|e| e.to_string())?;
+    let (mut tx, mut rx) = ws.split();
+    let hello = serde_json::json!({ "computerId": cred.computer_id, "credential": cred.credential });
+    tx.send(Message::Text(hello.to_string().into())).await.map_err(|e| e.to_string())?;
+    let welcome = match tokio::time::timeout(Duration::from_secs(30), rx.next()).await {
+        Ok(Some(Ok(Message::Text(t)))) => t.to_string(),
+        other => return Err(format!("no welcome from the server: {other:?}")),
+    };
+    let v: serde_json::Value = serde_json::from_str(&welcome).map_err(|e| format!("bad welcome: {e}"))?;
+    let generation = v["generation"].as_u64().ok_or_else(|| format!("refused: {}", v["error"]))?;
+    svc.generation.store(generation, Ordering::SeqCst);
+    tracing::info!(generation, computer_id = %cred.computer_id, "link up");
+    let rx = rx.filter_map(|m| async move {
+        match m {
+            Ok(Message::Binary(b)) => Some(Ok(b)),
+            Ok(Message::Close(_)) => None,
+            Ok(_) => None,
+            Err(e) => Some(Err(std::io::Error::other(e.to_string()))),
+        }
+    });
+    // A close ends the stream: `take_while` on the first error or close would be more exact,
+    // but tungstenite ends the stream after a close frame anyway.
+    let tx = tx
+        .sink_map_err(|e| std::io::Error::other(e.to_string()))
+        .with(|b: Bytes| async move { Ok::<_, std::io::Error>(Message::Binary(b)) });
+    let io = MessageIo::new(Box::pin(rx), Box::pin(tx));
+    tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(5)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .add_service(AgentServer::new(svc.clone()).max_decoding_message_size(8 << 20))
+        .serve_with_incoming(futures::stream::iter([Ok::<_, std::io::Error>(io)]))
+        .await
+        .map_err(|e| e.to_string())
+}

@@ -1,0 +1,235 @@
+//! The agent's gRPC service, served over the link. Every call must carry the current link
+//! generation; calls of an older (replaced) link are refused.
+
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use computerd_proto::LINK_GENERATION;
+use computerd_proto::agent::DirListing;
+use computerd_proto::agent::FileChunk;
+use computerd_proto::agent::FileInfo;
+use computerd_proto::agent::FilePath;
+use computerd_proto::agent::Nothing;
+use computerd_proto::agent::Resize;
+use computerd_proto::agent::SessionInput;
+use computerd_proto::agent::SessionRef;
+use computerd_proto::agent::SessionReply;
+use computerd_proto::agent::StartSession;
+use computerd_proto::agent::agent_server::Agent;
+use futures::Stream;
+use futures::StreamExt;
+use tokio::io::AsyncReadExt;
+use tokio::io::AsyncWriteExt;
+use tonic::Request;
+use tonic::Response;
+use tonic::Status;
+use tonic::Streaming;
+
+use crate::files;
+use crate::files::FileError;
+use crate::sessions::Reply;
+use crate::sessions::SessionError;
+use crate::sessions::Sessions;
+use crate::sessions::Spec;
+
+/// The service; clones share the sessions.
+#[derive(Clone)]
+pub struct AgentService {
+    /// Processes.
+    pub sessions: Sessions,
+    /// Where relative paths resolve.
+    pub workdir: PathBuf,
+    /// The generation of the current link (0: none yet).
+    pub generation: Arc<AtomicU64>,
+}
+
+fn check<T>(g: &AtomicU64, req: &Request<T>) -> Result<(), Status> {
+    let want = g.load(Ordering::SeqCst);
+    let got = req.metadata().get(LINK_GENERATION).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if got == Some(want) && want > 0 {
+        Ok(())
+    } else {
+        Err(Status::failed_precondition(format!("stale link generation {got:?}; current is {want}")))
+    }
+}
+
+fn session_status(e: SessionError) -> Status {
+    match e {
+        SessionError::NotFound => Status::not_found("no such session"),
+        SessionError::Exists => Status::already_exists("session id in use"),
+        SessionError::Spawn(m) => Status::failed_precondition(m),
+        SessionError::Input(m) => Status::failed_precondition(m),
+    }
+}
+
+fn file_status(e: FileError) -> Status {
+    match e {
+        FileError::InvalidPath(m) => Status::invalid_argument(m),
+        FileError::NotFound => Status::not_found("no such file or directory"),
+        FileError::IsDirectory => Status::failed_precondition("is a directory"),
+        FileError::NotDirectory => Status::failed_precondition("not a directory"),
+        FileError::PermissionDenied => Status::permission_denied("permission denied"),
+        FileError::TooLarge => Status::resource_exhausted(format!("larger than {} bytes", files::MAX_FILE)),
+        FileError::Io(m) => Status::internal(m),
+    }
+}
+
+fn reply(id: &str, r: Reply) -> SessionReply {
+    SessionReply {
+        session_id: id.to_string(),
+        running: r.running,
+        exit_code: r.exit_code,
+        signal: r.signal,
+        output: r.chunk.text,
+        truncated: r.chunk.truncated,
+        offset: r.chunk.offset,
+    }
+}
+
+fn info(e: files::Entry) -> FileInfo {
+    FileInfo { name: e.name, kind: e.kind.into(), size: e.size, mode: e.mode, mtime: e.mtime }
+}
+
+type ChunkStream = Pin<Box<dyn Stream<Item = Result<FileChunk, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Agent for AgentService {
+    async fn start(&self, req: Request<StartSession>) -> Result<Response<SessionReply>, Status> {
+        check(&self.generation, &req)?;
+        let r = req.into_inner();
+        let spec = Spec {
+            command: r.command,
+            cwd: r.cwd,
+            env: r.env.into_iter().collect(),
+            tty: r.tty,
+            rows: r.rows.min(u16::MAX as u32) as u16,
+            cols: r.cols.min(u16::MAX as u32) as u16,
+        };
+        let out = self
+            .sessions
+            .start(&r.session_id, spec, Duration::from_millis(r.yield_ms as u64), r.max_output_bytes as usize)
+            .await
+            .map_err(session_status)?;
+        Ok(Response::new(reply(&r.session_id, out)))
+    }
+
+    async fn input(&self, req: Request<SessionInput>) -> Result<Response<SessionReply>, Status> {
+        check(&self.generation, &req)?;
+        let r = req.into_inner();
+        let out = self
+            .sessions
+            .input(
+                &r.session_id,
+                &r.data,
+                r.from_offset,
+                Duration::from_millis(r.yield_ms as u64),
+                r.max_output_bytes as usize,
+            )
+            .await
+            .map_err(session_status)?;
+        Ok(Response::new(reply(&r.session_id, out)))
+    }
+
+    async fn resize_terminal(&self, req: Request<Resize>) -> Result<Response<Nothing>, Status> {
+        check(&self.generation, &req)?;
+        let r = req.into_inner();
+        self.sessions
+            .resize(&r.session_id, r.rows.min(u16::MAX as u32) as u16, r.cols.min(u16::MAX as u32) as u16)
+            .map_err(session_status)?;
+        Ok(Response::new(Nothing {}))
+    }
+
+    async fn kill(&self, req: Request<SessionRef>) -> Result<Response<SessionReply>, Status> {
+        check(&self.generation, &req)?;
+        let r = req.into_inner();
+        let out = self.sessions.kill(&r.session_id, r.max_output_bytes as usize).await.map_err(session_status)?;
+        Ok(Response::new(reply(&r.session_id, out)))
+    }
+
+    type ReadFileStream = ChunkStream;
+
+    async fn read_file(&self, req: Request<FilePath>) -> Result<Response<ChunkStream>, Status> {
+        check(&self.generation, &req)?;
+        let path = files::resolve(&self.workdir, &req.get_ref().path).map_err(file_status)?;
+        let f = files::open_read(&path).await.map_err(file_status)?;
+        Ok(Response::new(stream_file(f)))
+    }
+
+    async fn write_file(&self, req: Request<Streaming<FileChunk>>) -> Result<Response<FileInfo>, Status> {
+        check(&self.generation, &req)?;
+        let mut stream = req.into_inner();
+        let first = stream.next().await.ok_or_else(|| Status::invalid_argument("empty write"))??;
+        let path = files::resolve(&self.workdir, &first.path).map_err(file_status)?;
+        if tokio::fs::metadata(&path).await.is_ok_and(|m| m.is_dir()) {
+            return Err(file_status(FileError::IsDirectory));
+        }
+        let tmp = files::temp_for(&path).map_err(file_status)?;
+        let result = async {
+            let mut f = tokio::fs::File::create(&tmp).await.map_err(|e| file_status(e.into()))?;
+            let mut total = first.data.len() as u64;
+            f.write_all(&first.data).await.map_err(|e| file_status(e.into()))?;
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk?;
+                total += chunk.data.len() as u64;
+                if total > files::MAX_FILE {
+                    return Err(file_status(FileError::TooLarge));
+                }
+                f.write_all(&chunk.data).await.map_err(|e| file_status(e.into()))?;
+            }
+            f.sync_all().await.map_err(|e| file_status(e.into()))?;
+            tokio::fs::rename(&tmp, &path).await.map_err(|e| file_status(e.into()))
+        }
+        .await;
+        if let Err(e) = result {
+            let _ = tokio::fs::remove_file(&tmp).await;
+            return Err(e);
+        }
+        Ok(Response::new(info(files::stat(&path).await.map_err(file_status)?)))
+    }
+
+    async fn remove_file(&self, req: Request<FilePath>) -> Result<Response<Nothing>, Status> {
+        check(&self.generation, &req)?;
+        let path = files::resolve(&self.workdir, &req.get_ref().path).map_err(file_status)?;
+        files::remove(&path).await.map_err(file_status)?;
+        Ok(Response::new(Nothing {}))
+    }
+
+    async fn list_directory(&self, req: Request<FilePath>) -> Result<Response<DirListing>, Status> {
+        check(&self.generation, &req)?;
+        let path = files::resolve(&self.workdir, &req.get_ref().path).map_err(file_status)?;
+        let entries = files::list(&path).await.map_err(file_status)?;
+        Ok(Response::new(DirListing { entries: entries.into_iter().map(info).collect() }))
+    }
+
+    async fn ping(&self, req: Request<Nothing>) -> Result<Response<Nothing>, Status> {
+        check(&self.generation, &req)?;
+        Ok(Response::new(Nothing {}))
+    }
+}
+
+/// A stream of the chunks of a file, read until EOF.
+fn stream_file(mut f: tokio::fs::File) -> ChunkStream {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<FileChunk, Status>>(4);
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 256 * 1024];
+        loop {
+            match f.read(&mut buf).await {
+                Ok(0) => break,
+                Ok(n) => {
+                    if tx.send(Ok(FileChunk { path: String::new(), data: buf[..n].to_vec() })).await.is_err() {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(file_status(e.into()))).await;
+                    break;
+                }
+            }
+        }
+    });
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}

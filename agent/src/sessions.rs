@@ -1,0 +1,387 @@
+//! Command sessions: `bash -lc <command>` in its own process group, with or without a PTY, its
+//! output in a bounded buffer. A session lives in the agent, so it keeps running and keeps its
+//! output while the link (or the node) is away. Sessions unused for 30 minutes are ended.
+
+use std::collections::HashMap;
+use std::os::fd::AsRawFd;
+use std::os::fd::OwnedFd;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use nix::sys::signal::killpg;
+use nix::unistd::Pid;
+use tokio::io::AsyncReadExt;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::output::Chunk;
+use crate::output::OutputBuf;
+
+/// Output kept per session.
+const BUFFER_BYTES: usize = 8 << 20;
+/// A session unused this long is ended.
+pub const IDLE_LIMIT: Duration = Duration::from_secs(30 * 60);
+
+/// Why a session call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// No such session.
+    #[error("no such session")]
+    NotFound,
+    /// The id is taken.
+    #[error("session id already in use")]
+    Exists,
+    /// The process could not start.
+    #[error("cannot start the command: {0}")]
+    Spawn(String),
+    /// Input could not be written (the command closed its input).
+    #[error("cannot write input: {0}")]
+    Input(String),
+}
+
+/// How a session stands after a call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    /// Still running.
+    pub running: bool,
+    /// Exit code, once exited normally.
+    pub exit_code: Option<i32>,
+    /// Signal name, once killed by one.
+    pub signal: Option<String>,
+    /// New output.
+    pub chunk: Chunk,
+}
+
+/// What starts a session.
+#[derive(Debug, Clone, Default)]
+pub struct Spec {
+    /// The command for `bash -lc`.
+    pub command: String,
+    /// Working directory (empty: the agent's).
+    pub cwd: String,
+    /// Extra environment.
+    pub env: HashMap<String, String>,
+    /// Run under a PTY.
+    pub tty: bool,
+    /// Terminal rows.
+    pub rows: u16,
+    /// Terminal columns.
+    pub cols: u16,
+}
+
+enum Input {
+    Pipe(tokio::process::ChildStdin),
+    Pty(tokio::fs::File),
+}
+
+struct Session {
+    pgid: i32,
+    input: tokio::sync::Mutex<Option<Input>>,
+    pty: Option<OwnedFd>,
+    out: Mutex<OutputBuf>,
+    /// (exit code, signal) once the process exited.
+    exit: Mutex<Option<(Option<i32>, Option<String>)>>,
+    /// Output readers still open.
+    readers: Mutex<usize>,
+    changed: Notify,
+    last_used: Mutex<Instant>,
+}
+
+impl Session {
+    fn done(&self) -> bool {
+        self.exit.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+            && *self.readers.lock().unwrap_or_else(|p| p.into_inner()) == 0
+    }
+
+    fn reply(&self, from: Option<u64>, max: usize) -> Reply {
+        let exit = self.exit.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let done = self.done();
+        let chunk = self.out.lock().unwrap_or_else(|p| p.into_inner()).read(from, max, done);
+        match exit.filter(|_| done) {
+            Some((code, signal)) => Reply { running: false, exit_code: code, signal, chunk },
+            None => Reply { running: true, exit_code: None, signal: None, chunk },
+        }
+    }
+
+    /// Waits until the command is done or `yield_for` passed.
+    async fn wait(&self, yield_for: Duration) {
+        let deadline = Instant::now() + yield_for;
+        loop {
+            let notified = self.changed.notified();
+            if self.done() || Instant::now() >= deadline {
+                return;
+            }
+            tokio::select! {
+                _ = notified => {}
+                _ = tokio::time::sleep_until(deadline) => return,
+            }
+        }
+    }
+
+    fn touch(&self) {
+        *self.last_used.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+    }
+}
+
+/// All sessions of this agent.
+#[derive(Default, Clone)]
+pub struct Sessions {
+    inner: Arc<Mutex<HashMap<String, Arc<Session>>>>,
+}
+
+fn signal_name(sig: i32) -> String {
+    Signal::try_from(sig).map(|s| s.as_str().to_string()).unwrap_or_else(|_| format!("SIG{sig}"))
+}
+
+fn spawn_reader<R: tokio::io::AsyncRead + Unpin + Send + 'static>(s: Arc<Session>, mut r: R) {
+    *s.readers.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match r.read(&mut buf).await {
+                Ok(0) | Err(_) => break, // EOF; a PTY answers EIO once the last writer closed
+                Ok(n) => {
+                    s.out.lock().unwrap_or_else(|p| p.into_inner()).push(&buf[..n]);
+                    s.changed.notify_waiters();
+                }
+            }
+        }
+        *s.readers.lock().unwrap_or_else(|p| p.into_inner()) -= 1;
+        s.changed.notify_waiters();
+    });
+}
+
+impl Sessions {
+    /// Starts the reaper of idle sessions.
+    pub fn start_reaper(&self) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                let idle: Vec<String> = {
+                    let map = this.inner.lock().unwrap_or_else(|p| p.into_inner());
+                    map.iter()
+                        .filter(|(_, s)| s.last_used.lock().unwrap_or_else(|p| p.into_inner()).elapsed() > IDLE_LIMIT)
+                        .map(|(k, _)| k.clone())
+                        .collect()
+                };
+                for id in idle {
+                    tracing::info!(session_id = %id, "session unused for 30 minutes; ending it");
+                    let _ = this.kill(&id, 0).await;
+                }
+            }
+        });
+    }
+
+    fn get(&self, id: &str) -> Result<Arc<Session>, SessionError> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).get(id).cloned().ok_or(SessionError::NotFound)
+    }
+
+    /// Starts a session and waits up to `yield_for` for it to end.
+    pub async fn start(&self, id: &str, spec: Spec, yield_for: Duration, max: usize) -> Result<Reply, SessionError> {
+        if self.inner.lock().unwrap_or_else(|p| p.into_inner()).contains_key(id) {
+            return Err(SessionError::Exists);
+        }
+        let mut cmd = tokio::process::Command::new("bash");
+        cmd.arg("-lc").arg(&spec.command).envs(&spec.env).kill_on_drop(false);
+        if !spec.cwd.is_empty() {
+            cmd.current_dir(&spec.cwd);
+        }
+        let (child, input, pty, readers): (
+            tokio::process::Child,
+            Input,
+            Option<OwnedFd>,
+            Vec<Box<dyn tokio::io::AsyncRead + Unpin + Send>>,
+        ) = if spec.tty {
+            let ws =
+                nix::pty::Winsize { ws_row: spec.rows.max(1), ws_col: spec.cols.max(1), ws_xpixel: 0, ws_ypixel: 0 };
+            let pty = nix::pty::openpty(Some(&ws), None).map_err(|e| SessionError::Spawn(e.to_string()))?;
+            let slave = pty.slave;
+            let dup = |fd: &OwnedFd| fd.try_clone().map_err(|e| SessionError::Spawn(e.to_string()));
+            cmd.stdin(Stdio::from(dup(&slave)?)).stdout(Stdio::from(dup(&slave)?)).stderr(Stdio::from(dup(&slave)?));
+            cmd.env("TERM", spec.env.get("TERM").cloned().unwrap_or_else(|| "xterm-256color".into()));
+            // SAFETY: only async-signal-safe calls between fork and exec.
+            unsafe {
+                cmd.pre_exec(|| {
+                    if libc::setsid() < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    if libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+            let child = cmd.spawn().map_err(|e| SessionError::Spawn(e.to_string()))?;
+            drop(slave);
+            let master = pty.master;
+            let reader = tokio::fs::File::from_std(std::fs::File::from(dup(&master)?));
+            let writer = tokio::fs::File::from_std(std::fs::File::from(dup(&master)?));
+            (child, Input::Pty(writer), Some(master), vec![Box::new(reader)])
+        } else {
+            cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
+            let mut child = cmd.spawn().map_err(|e| SessionError::Spawn(e.to_string()))?;
+            let stdin = child.stdin.take().ok_or_else(|| SessionError::Spawn("no stdin".into()))?;
+            let stdout = child.stdout.take().ok_or_else(|| SessionError::Spawn("no stdout".into()))?;
+            let stderr = child.stderr.take().ok_or_else(|| SessionError::Spawn("no stderr".into()))?;
+            (child, Input::Pipe(stdin), None, vec![Box::new(stdout), Box::new(stderr)])
+        };
+        let pgid = child.id().map(|p| p as i32).unwrap_or(0);
+        let s = Arc::new(Session {
+            pgid,
+            input: tokio::sync::Mutex::new(Some(input)),
+            pty,
+            out: Mutex::new(OutputBuf::new(BUFFER_BYTES)),
+            exit: Mutex::new(None),
+            readers: Mutex::new(0),
+            changed: Notify::new(),
+            last_used: Mutex::new(Instant::now()),
+        });
+        for r in readers {
+            spawn_reader(s.clone(), r);
+        }
+        {
+            let s = s.clone();
+            let mut child = child;
+            tokio::spawn(async move {
+                let status = child.wait().await;
+                let exit = match status {
+                    Ok(st) => {
+                        use std::os::unix::process::ExitStatusExt;
+                        (st.code(), st.signal().map(signal_name))
+                    }
+                    Err(e) => (None, Some(format!("wait failed: {e}"))),
+                };
+                *s.exit.lock().unwrap_or_else(|p| p.into_inner()) = Some(exit);
+                s.changed.notify_waiters();
+                // Children that keep the output open do not hold the answer forever.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                *s.readers.lock().unwrap_or_else(|p| p.into_inner()) = 0;
+                s.changed.notify_waiters();
+            });
+        }
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).insert(id.to_string(), s.clone());
+        s.wait(yield_for).await;
+        Ok(self.finish_call(id, &s, None, max))
+    }
+
+    /// Answers output; forgets a session once its end was answered.
+    fn finish_call(&self, id: &str, s: &Session, from: Option<u64>, max: usize) -> Reply {
+        s.touch();
+        let r = s.reply(from, max);
+        if !r.running {
+            self.inner.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+        }
+        r
+    }
+
+    /// Writes input (may be empty: only read) and waits up to `yield_for`.
+    pub async fn input(
+        &self,
+        id: &str,
+        data: &[u8],
+        from: Option<u64>,
+        yield_for: Duration,
+        max: usize,
+    ) -> Result<Reply, SessionError> {
+        let s = self.get(id)?;
+        s.touch();
+        if !data.is_empty() {
+            let mut input = s.input.lock().await;
+            let res = match input.as_mut() {
+                Some(Input::Pipe(w)) => w.write_all(data).await.and(w.flush().await),
+                Some(Input::Pty(w)) => w.write_all(data).await.and(w.flush().await),
+                None => Err(std::io::Error::other("input closed")),
+            };
+            if let Err(e) = res {
+                *input = None;
+                return Err(SessionError::Input(e.to_string()));
+            }
+        }
+        s.wait(yield_for).await;
+        Ok(self.finish_call(id, &s, from, max))
+    }
+
+    /// Sets the terminal size (the kernel sends SIGWINCH to the foreground group).
+    pub fn resize(&self, id: &str, rows: u16, cols: u16) -> Result<(), SessionError> {
+        let s = self.get(id)?;
+        s.touch();
+        if let Some(m) = &s.pty {
+            let ws = libc::winsize { ws_row: rows.max(1), ws_col: cols.max(1), ws_xpixel: 0, ws_ypixel: 0 };
+            // SAFETY: TIOCSWINSZ reads a winsize from a valid pointer on an open PTY master.
+            unsafe { libc::ioctl(m.as_raw_fd(), libc::TIOCSWINSZ as _, &ws) };
+        }
+        Ok(())
+    }
+
+    /// Kills the whole process group and answers the last output.
+    pub async fn kill(&self, id: &str, max: usize) -> Result<Reply, SessionError> {
+        let s = self.get(id)?;
+        if s.pgid > 0 {
+            let _ = killpg(Pid::from_raw(s.pgid), Signal::SIGKILL);
+        }
+        s.wait(Duration::from_secs(5)).await;
+        Ok(self.finish_call(id, &s, None, max))
+    }
+
+    /// How many sessions live.
+    pub fn len(&self) -> usize {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// True when no session lives.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(cmd: &str) -> Spec {
+        Spec { command: cmd.into(), rows: 24, cols: 80, ..Default::default() }
+    }
+
+    #[tokio::test]
+    async fn a_quick_command_answers_its_exit_and_output() {
+        let s = Sessions::default();
+        let r =
+            s.start("a", spec("echo hi; echo err >&2; exit 3"), Duration::from_secs(10), 1000).await.expect("start");
+        assert!(!r.running);
+        assert_eq!(r.exit_code, Some(3));
+        assert!(r.chunk.text.contains("hi\n") && r.chunk.text.contains("err\n"), "{:?}", r.chunk.text);
+        assert!(s.is_empty(), "a finished session is forgotten once answered");
+    }
+
+    #[tokio::test]
+    async fn input_reaches_the_command_and_kill_ends_the_group() {
+        let s = Sessions::default();
+        let r = s.start("c", spec("cat"), Duration::from_millis(250), 1000).await.expect("start");
+        assert!(r.running);
+        let r = s.input("c", b"ping\n", None, Duration::from_millis(500), 1000).await.expect("input");
+        assert_eq!(r.chunk.text, "ping\n");
+        let r = s
+            .start("k", spec("trap '' HUP; sleep 1000 & sleep 1000"), Duration::from_millis(250), 1000)
+            .await
+            .expect("start");
+        assert!(r.running);
+        let r = s.kill("k", 1000).await.expect("kill");
+        assert_eq!((r.running, r.signal.as_deref()), (false, Some("SIGKILL")));
+    }
+
+    #[tokio::test]
+    async fn a_tty_session_has_a_terminal() {
+        let s = Sessions::default();
+        let mut t = spec("tty >/dev/null && echo is-a-tty; stty size");
+        t.tty = true;
+        t.rows = 33;
+        t.cols = 101;
+        let r = s.start("t", t, Duration::from_secs(10), 1000).await.expect("start");
+        assert!(r.chunk.text.contains("is-a-tty") && r.chunk.text.contains("33 101"), "{:?}", r.chunk.text);
+    }
+}
