@@ -71,12 +71,17 @@ async fn connect_once(server: &str, cred: &Credential, svc: &AgentService) -> Re
     let tx = tx
         .sink_map_err(|e| std::io::Error::other(e.to_string()))
         .with(|b: Bytes| async move { Ok::<_, std::io::Error>(Message::Binary(b)) });
-    let io = MessageIo::new(Box::pin(rx), Box::pin(tx));
-    tonic::transport::Server::builder()
+    let mut io = MessageIo::new(Box::pin(rx), Box::pin(tx));
+    let closed = io.close_signal();
+    // One connection: the incoming stream never ends by itself; the link ends when the
+    // connection (and so the stream) is dropped.
+    let incoming = futures::stream::iter([Ok::<_, std::io::Error>(io)]).chain(futures::stream::pending());
+    let server = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(5)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
         .add_service(AgentServer::new(svc.clone()).max_decoding_message_size(8 << 20))
-        .serve_with_incoming(futures::stream::iter([Ok::<_, std::io::Error>(io)]))
-        .await
-        .map_err(|e| e.to_string())
+        .serve_with_incoming_shutdown(incoming, async move {
+            let _ = closed.await;
+        });
+    server.await.map_err(|e| e.to_string())
 }

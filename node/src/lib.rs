@@ -9,6 +9,7 @@ pub mod datadir;
 mod dev;
 pub mod http;
 pub mod ids;
+pub mod link;
 mod server;
 
 pub use dev::dev;

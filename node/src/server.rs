@@ -156,8 +156,12 @@ pub async fn run(
     // 5. The execution driver (acts while this node leads) and HTTP.
     let providers = ProviderFactory { fake_dir: cfg.fake_provider_dir.clone() };
     let driver = tokio::spawn(run_driver(cluster.clone(), providers, stop_rx.clone()));
-    let app =
-        http::router(http::AppState { cluster: cluster.clone(), fake_providers: cfg.fake_provider_dir.is_some() });
+    let app = http::router(http::AppState {
+        cluster: cluster.clone(),
+        fake_providers: cfg.fake_provider_dir.is_some(),
+        links: Default::default(),
+        sessions: Default::default(),
+    });
     let mut http_stop = stop_rx.clone();
     let http = tokio::spawn(
         axum::serve(listeners.http, app)

@@ -25,6 +25,8 @@ pub enum ErrorKind {
     ComputerUnsupported,
     /// A call on a Computer failed; the error id points at the server log.
     ComputerExecutionFailed,
+    /// A body or file is over its limit.
+    TooLarge,
 }
 
 impl ErrorKind {
@@ -42,6 +44,7 @@ impl ErrorKind {
             Self::IdempotencyKeyReused => "IdempotencyKeyReused",
             Self::ComputerUnsupported => "ComputerUnsupported",
             Self::ComputerExecutionFailed => "ComputerExecutionFailed",
+            Self::TooLarge => "too_large",
         }
     }
 
@@ -59,6 +62,7 @@ impl ErrorKind {
             "IdempotencyKeyReused" => Self::IdempotencyKeyReused,
             "ComputerUnsupported" => Self::ComputerUnsupported,
             "ComputerExecutionFailed" => Self::ComputerExecutionFailed,
+            "too_large" => Self::TooLarge,
             _ => return None,
         })
     }
@@ -77,6 +81,7 @@ impl ErrorKind {
             Self::IdempotencyKeyReused => 422,
             Self::ComputerUnsupported => 422,
             Self::ComputerExecutionFailed => 502,
+            Self::TooLarge => 413,
         }
     }
 
@@ -94,6 +99,7 @@ impl ErrorKind {
             Self::IdempotencyKeyReused => tonic::Code::FailedPrecondition,
             Self::ComputerUnsupported => tonic::Code::Unimplemented,
             Self::ComputerExecutionFailed => tonic::Code::Unavailable,
+            Self::TooLarge => tonic::Code::ResourceExhausted,
         }
     }
 }
@@ -122,6 +128,7 @@ mod tests {
             ErrorKind::IdempotencyKeyReused,
             ErrorKind::ComputerUnsupported,
             ErrorKind::ComputerExecutionFailed,
+            ErrorKind::TooLarge,
         ];
         for k in all {
             assert_eq!(ErrorKind::parse(k.as_str()), Some(k));

@@ -23,12 +23,28 @@ pub struct MessageIo {
     rx: MessageRx,
     tx: MessageTx,
     pending: Bytes,
+    closed: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl MessageIo {
     /// Joins a receiving and a sending half.
     pub fn new(rx: MessageRx, tx: MessageTx) -> Self {
-        Self { rx, tx, pending: Bytes::new() }
+        Self { rx, tx, pending: Bytes::new(), closed: None }
+    }
+
+    /// A receiver that completes when this stream is dropped (its connection ended).
+    pub fn close_signal(&mut self) -> tokio::sync::oneshot::Receiver<()> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.closed = Some(tx);
+        rx
+    }
+}
+
+impl Drop for MessageIo {
+    fn drop(&mut self) {
+        if let Some(tx) = self.closed.take() {
+            let _ = tx.send(());
+        }
     }
 }
 

@@ -52,6 +52,8 @@ pub fn computer_view(c: &Computer) -> Value {
         "owner": c.owner,
         "sandboxId": c.sandbox,
         "activeExecution": c.active_execution,
+        "paired": c.agent_credential.is_some(),
+        "linkGeneration": c.link_generation,
         "createdAt": c.created_at,
     })
 }
@@ -220,6 +222,9 @@ pub async fn create(
         sandbox: None,
         active_execution: None,
         created_at: now,
+        agent_credential: None,
+        link_generation: 0,
+        link_node: None,
     };
     let mut exe = new_execution(&b.command_key, body_hash(&normalized), ExecutionKind::Create, &computer.id, now);
     if computer.source == Source::Paired {

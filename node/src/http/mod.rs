@@ -1,16 +1,19 @@
 //! The HTTP API (axum): routes, the error body every route answers with, and authentication.
 
+mod agent;
 mod approvals;
 mod auth;
 mod computers;
 mod error;
 mod events;
 mod executions;
+mod files;
 mod grants;
 mod health;
 mod identity;
 mod openapi;
 mod providers;
+mod sessions;
 mod util;
 
 pub use auth::Auth;
@@ -30,6 +33,10 @@ pub struct AppState {
     pub cluster: Cluster,
     /// Whether this node accepts fake (test) providers.
     pub fake_providers: bool,
+    /// Agent links held by this node.
+    pub links: std::sync::Arc<crate::link::LinkRegistry>,
+    /// Command sessions started through this node.
+    pub sessions: std::sync::Arc<sessions::SessionRegistry>,
 }
 
 /// The API router.
@@ -54,6 +61,20 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/computers/{id}/release", post(computers::release))
         .route("/v1/computers/{id}/bots", get(grants::list))
         .route("/v1/computers/{id}/bots/{bot}", put(grants::put).get(grants::get).delete(grants::delete))
+        .route("/v1/computers/{id}/sessions", post(sessions::start))
+        .route("/v1/computers/{id}/sessions/{sid}", delete(sessions::stop))
+        .route("/v1/computers/{id}/sessions/{sid}/input", post(sessions::input))
+        .route("/v1/computers/{id}/sessions/{sid}/resize", post(sessions::resize))
+        .route(
+            "/v1/computers/{id}/files",
+            get(files::read)
+                .put(files::write)
+                .delete(files::remove)
+                .layer(axum::extract::DefaultBodyLimit::max(files::MAX_FILE * 4 / 3 + 64 * 1024)),
+        )
+        .route("/v1/computers/{id}/directory", get(files::directory))
+        .route("/v1/agent/pair", post(agent::pair))
+        .route("/v1/agent/link", get(agent::link))
         .route("/v1/executions/{id}", get(executions::get))
         .route("/v1/executions/{id}/decision", post(executions::decide))
         .route("/v1/events", get(events::events))

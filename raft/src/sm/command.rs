@@ -216,6 +216,35 @@ pub enum Command {
         /// Unix ms.
         at_ms: u64,
     },
+    /// Trades a one-time pairing code for a machine credential (hash only); answers the Computer.
+    RedeemPairing {
+        /// The code.
+        code: String,
+        /// Hex SHA-256 of the new credential.
+        credential_hash: String,
+        /// Unix ms.
+        at_ms: u64,
+    },
+    /// An agent authenticated on a node: a new link generation; answers it.
+    LinkUp {
+        /// The Computer.
+        computer_id: String,
+        /// Hex SHA-256 of the credential the agent showed.
+        credential_hash: String,
+        /// The node holding the link.
+        node_id: u64,
+        /// Unix ms.
+        at_ms: u64,
+    },
+    /// A link ended; applies only if it is still the current generation.
+    LinkDown {
+        /// The Computer.
+        computer_id: String,
+        /// The generation that ended.
+        generation: u64,
+        /// Unix ms.
+        at_ms: u64,
+    },
     /// Replaces the capability rules.
     SetRules {
         /// The token id of the caller.
@@ -242,6 +271,9 @@ impl Command {
             Command::Acquire { .. } => "acquire",
             Command::DecideApproval { .. } => "decide_approval",
             Command::SetRules { .. } => "set_rules",
+            Command::RedeemPairing { .. } => "redeem_pairing",
+            Command::LinkUp { .. } => "link_up",
+            Command::LinkDown { .. } => "link_down",
             Command::Bootstrap { .. } => "bootstrap",
             Command::CreateMember { .. } => "create_member",
             Command::CreateBot { .. } => "create_bot",

@@ -477,6 +477,82 @@ impl State {
         Ok(())
     }
 
+    /// Redeems a pairing code once, before it expires; the Computer keeps the credential's hash.
+    pub(crate) fn redeem_pairing(&mut self, code: &str, credential_hash: &str, at: u64) -> Result<String, Reject> {
+        let invalid =
+            || Reject::new(RejectKind::Unauthorized, "the pairing code is not valid (wrong, used or expired)");
+        let exe = self
+            .executions
+            .values()
+            .find(|e| e.pairing_code.as_deref() == Some(code) && e.state == ExecutionState::Succeeded)
+            .cloned()
+            .ok_or_else(invalid)?;
+        if exe.pairing_expires_at.is_none_or(|exp| at >= exp) {
+            return Err(invalid());
+        }
+        let c = self.computers.get(&exe.computer_id).ok_or_else(invalid)?;
+        if c.state == ComputerState::Deleted {
+            return Err(invalid());
+        }
+        if let Some(e) = self.executions.get_mut(&exe.id) {
+            e.pairing_code = None;
+        }
+        if let Some(c) = self.computers.get_mut(&exe.computer_id) {
+            c.agent_credential = Some(credential_hash.to_string());
+        }
+        Ok(exe.computer_id)
+    }
+
+    /// An agent showed its credential on a node: the link gets the next generation.
+    pub(crate) fn link_up(
+        &mut self,
+        computer_id: &str,
+        credential_hash: &str,
+        node: u64,
+        at: u64,
+    ) -> Result<u64, Reject> {
+        let refused = || Reject::new(RejectKind::Unauthorized, "the machine credential is not valid");
+        let c = self.computers.get_mut(computer_id).ok_or_else(refused)?;
+        if c.state == ComputerState::Deleted || c.agent_credential.as_deref() != Some(credential_hash) {
+            return Err(refused());
+        }
+        c.link_generation += 1;
+        c.link_node = Some(node);
+        let generation = c.link_generation;
+        let to = if matches!(c.state, ComputerState::Offline | ComputerState::Starting) {
+            Some(ComputerState::Running)
+        } else {
+            None
+        };
+        self.push_event(
+            at,
+            "AgentLinked",
+            computer_id,
+            None,
+            serde_json::json!({"generation": generation, "node": node}),
+        );
+        if let Some(to) = to {
+            self.set_computer_state(computer_id, to, at);
+        }
+        Ok(generation)
+    }
+
+    /// A link ended. An older generation's end never touches a newer link.
+    pub(crate) fn link_down(&mut self, computer_id: &str, generation: u64, at: u64) -> Result<(), Reject> {
+        let c =
+            self.computers.get_mut(computer_id).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such computer"))?;
+        if c.link_generation != generation {
+            return Err(Reject::new(RejectKind::Conflict, "a newer link replaced this one"));
+        }
+        c.link_node = None;
+        let paired = c.source == Source::Paired;
+        let running = c.state == ComputerState::Running;
+        if paired && running {
+            self.set_computer_state(computer_id, ComputerState::Offline, at);
+        }
+        Ok(())
+    }
+
     /// Stop on an unknown-outcome pause: the Computer becomes `failed` (the sandbox may still run).
     pub(crate) fn stop(&mut self, by: &str, computer_id: &str, at: u64) -> Result<(), Reject> {
         let caller = self.caller_by_token_id(by)?;
@@ -624,6 +700,9 @@ mod tests {
             sandbox: None,
             active_execution: None,
             created_at: 1,
+            agent_credential: None,
+            link_generation: 0,
+            link_node: None,
         });
         Command::SubmitExecution(Box::new(Submit {
             by: by.into(),

@@ -99,6 +99,16 @@ pub struct Computer {
     pub active_execution: Option<String>,
     /// Unix ms.
     pub created_at: u64,
+    /// Hex SHA-256 of the agent's machine credential, once paired (never the secret).
+    #[serde(default)]
+    pub agent_credential: Option<String>,
+    /// The generation of the current agent link (0: never linked). Each new link increments it;
+    /// frames of an older generation are refused.
+    #[serde(default)]
+    pub link_generation: u64,
+    /// The node holding the current link, if linked.
+    #[serde(default)]
+    pub link_node: Option<u64>,
 }
 
 /// The lifecycle commands.

@@ -147,6 +147,12 @@ impl State {
             Command::Acquire { by, computer_id, approval_id, reason, at_ms } => {
                 Some(self.acquire(by, computer_id, approval_id, reason.as_deref(), *at_ms))
             }
+            Command::RedeemPairing { code, credential_hash, at_ms } => {
+                Some(self.redeem_pairing(code, credential_hash, *at_ms).map(Some))
+            }
+            Command::LinkUp { computer_id, credential_hash, node_id, at_ms } => {
+                Some(self.link_up(computer_id, credential_hash, *node_id, *at_ms).map(|g| Some(g.to_string())))
+            }
             _ => None,
         };
         let result = match with_id {
@@ -162,9 +168,11 @@ impl State {
 
     fn try_apply(&mut self, cmd: &Command) -> Result<(), Reject> {
         match cmd {
-            Command::SubmitExecution(_) | Command::Acquire { .. } => {
-                Err(Reject::new(RejectKind::Invalid, "handled in apply"))
-            }
+            Command::LinkDown { computer_id, generation, at_ms } => self.link_down(computer_id, *generation, *at_ms),
+            Command::SubmitExecution(_)
+            | Command::Acquire { .. }
+            | Command::RedeemPairing { .. }
+            | Command::LinkUp { .. } => Err(Reject::new(RejectKind::Invalid, "handled in apply")),
             Command::CreateProvider { by, provider } => self.create_provider(by, provider),
             Command::ClaimExecution { execution_id, claim, at_ms } => self.claim(execution_id, claim, *at_ms),
             Command::DispatchExecution { execution_id, claim, at_ms } => self.dispatch(execution_id, claim, *at_ms),

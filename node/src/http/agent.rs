@@ -1,0 +1,46 @@
+//! The agent's routes: pairing (`POST /v1/agent/pair`, the code is the credential) and the link
+//! (`GET /v1/agent/link`, a WebSocket).
+
+use axum::Json;
+use axum::extract::State;
+use axum::extract::WebSocketUpgrade;
+use axum::response::Response;
+use computerd_proto::ErrorKind;
+use computerd_raft::sm::Command;
+use computerd_raft::sm::hash_secret;
+use serde::Deserialize;
+use serde_json::Value;
+use serde_json::json;
+
+use super::ApiError;
+use super::AppState;
+use super::util::Body;
+use super::util::apply;
+use crate::ids::now_ms;
+
+/// `POST /v1/agent/pair` body.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PairIn {
+    code: String,
+}
+
+/// `POST /v1/agent/pair`: trades a one-time pairing code for a machine credential (answered
+/// once; only its hash is stored).
+pub async fn pair(State(state): State<AppState>, body: Body<PairIn>) -> Result<Json<Value>, ApiError> {
+    let Json(b) = body?;
+    let code = b.code.trim().to_ascii_uppercase();
+    if code.is_empty() || code.len() > 32 {
+        return Err(ApiError::new(ErrorKind::Unauthorized, "the pairing code is not valid"));
+    }
+    let credential = format!("cda_{}", hex::encode(rand::random::<[u8; 32]>()));
+    let cmd = Command::RedeemPairing { code, credential_hash: hash_secret(&credential), at_ms: now_ms() };
+    let computer_id =
+        apply(&state, cmd).await?.ok_or_else(|| ApiError::new(ErrorKind::Internal, "the store named no computer"))?;
+    Ok(Json(json!({ "computerId": computer_id, "credential": credential })))
+}
+
+/// `GET /v1/agent/link`: upgrades to the agent's WebSocket.
+pub async fn link(State(state): State<AppState>, ws: WebSocketUpgrade) -> Response {
+    ws.max_message_size(1 << 20).on_upgrade(move |socket| crate::link::handle(state, socket))
+}

@@ -1,0 +1,336 @@
+//! Command sessions on a Computer: start, input, resize, stop. The process lives in the agent;
+//! this node keeps who started each session, the output offset delivered, and runs the calls of
+//! one session in order.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::Mutex;
+
+use axum::Json;
+use axum::extract::Path;
+use axum::extract::State;
+use axum::http::StatusCode;
+use computerd_proto::ErrorKind;
+use computerd_proto::agent::Resize;
+use computerd_proto::agent::SessionInput;
+use computerd_proto::agent::SessionRef;
+use computerd_proto::agent::SessionReply;
+use computerd_proto::agent::StartSession;
+use computerd_raft::sm::Caller;
+use serde::Deserialize;
+use serde_json::Value;
+use serde_json::json;
+
+use super::ApiError;
+use super::AppState;
+use super::Auth;
+use super::util::Body;
+use crate::ids::new_id;
+use crate::link::Agent;
+
+/// Default and bounds of `yieldTimeMs`.
+const YIELD_DEFAULT: u32 = 10_000;
+const YIELD_RANGE: std::ops::RangeInclusive<u32> = 250..=30_000;
+/// Default and upper bound of `maxOutputBytes`.
+const MAX_OUTPUT_DEFAULT: u32 = 65_536;
+const MAX_OUTPUT_LIMIT: u32 = 1 << 20;
+
+/// What this node knows of a session.
+pub struct SessionEntry {
+    computer_id: String,
+    /// The bot or member that started it: only it may use the session.
+    owner: String,
+    /// Held during a call: the calls of one session run in order. Holds the delivered offset.
+    turn: tokio::sync::Mutex<Option<u64>>,
+}
+
+/// Sessions started through this node.
+#[derive(Default)]
+pub struct SessionRegistry {
+    inner: Mutex<HashMap<String, Arc<SessionEntry>>>,
+}
+
+impl SessionRegistry {
+    fn get(&self, id: &str) -> Option<Arc<SessionEntry>> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).get(id).cloned()
+    }
+    fn insert(&self, id: &str, e: Arc<SessionEntry>) {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).insert(id.to_string(), e);
+    }
+    fn remove(&self, id: &str) {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+    }
+}
+
+fn owner_of(c: &Caller) -> String {
+    c.bot.as_ref().map(|b| b.id.clone()).unwrap_or_else(|| c.member.id.clone())
+}
+
+/// Turns a C-escaped string into bytes: `\n \r \t \\ \0 \a \b \e \xHH`.
+pub fn unescape(s: &str) -> Result<Vec<u8>, ApiError> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut it = s.chars();
+    while let Some(c) = it.next() {
+        if c != '\\' {
+            let mut b = [0u8; 4];
+            out.extend_from_slice(c.encode_utf8(&mut b).as_bytes());
+            continue;
+        }
+        match it.next() {
+            Some('n') => out.push(b'\n'),
+            Some('r') => out.push(b'\r'),
+            Some('t') => out.push(b'\t'),
+            Some('\\') => out.push(b'\\'),
+            Some('0') => out.push(0),
+            Some('a') => out.push(7),
+            Some('b') => out.push(8),
+            Some('e') => out.push(0x1b),
+            Some('x') => {
+                let hex: String = it.by_ref().take(2).collect();
+                let v = u8::from_str_radix(&hex, 16).map_err(|_| ApiError::invalid("\\x needs two hex digits"))?;
+                out.push(v);
+            }
+            Some(other) => return Err(ApiError::invalid(format!("unknown escape \\{other}"))),
+            None => return Err(ApiError::invalid("a trailing backslash")),
+        }
+    }
+    Ok(out)
+}
+
+/// Maps an agent's answer status to an API error.
+pub fn agent_error(s: tonic::Status) -> ApiError {
+    use tonic::Code;
+    match s.code() {
+        Code::NotFound => ApiError::not_found(s.message()),
+        Code::InvalidArgument => ApiError::invalid(s.message()),
+        Code::FailedPrecondition if s.message().starts_with("stale link generation") => {
+            ApiError::new(ErrorKind::ComputerExecutionFailed, "the computer's link was replaced; try again")
+        }
+        Code::FailedPrecondition | Code::AlreadyExists => ApiError::invalid(s.message()),
+        Code::PermissionDenied => ApiError::new(ErrorKind::Forbidden, s.message()),
+        Code::ResourceExhausted => ApiError::new(ErrorKind::TooLarge, s.message()),
+        _ => {
+            tracing::warn!(code = ?s.code(), message = %s.message(), "agent call failed");
+            ApiError::new(ErrorKind::ComputerExecutionFailed, "the call on the computer failed")
+        }
+    }
+}
+
+/// The agent of a Computer the caller may operate, if its link is on this node.
+pub async fn agent_for(state: &AppState, caller: &Caller, computer_id: &str, write: bool) -> Result<Agent, ApiError> {
+    state.cluster.state().read(|s| {
+        if write { s.check_operate(caller, computer_id) } else { s.visible_computer(caller, computer_id).map(|_| ()) }
+    })?;
+    match state.links.get(computer_id) {
+        Some(l) => Ok(l.client),
+        None => {
+            let elsewhere = state.cluster.state().read(|s| s.computers.get(computer_id).and_then(|c| c.link_node));
+            match elsewhere {
+                Some(n) if n != state.cluster.id() => Err(ApiError::new(
+                    ErrorKind::Unavailable,
+                    format!("the computer's link is on node {n}; call that node (routing between nodes comes later)"),
+                )),
+                _ => Err(ApiError::new(ErrorKind::ComputerExecutionFailed, "the computer is offline")),
+            }
+        }
+    }
+}
+
+fn answer(r: SessionReply) -> Json<Value> {
+    Json(json!({
+        "session": if r.running { Some(r.session_id) } else { None },
+        "running": r.running,
+        "exitCode": r.exit_code,
+        "signal": r.signal,
+        "output": r.output,
+        "truncated": r.truncated,
+    }))
+}
+
+fn limits(yield_ms: Option<u32>, max: Option<u32>) -> Result<(u32, u32), ApiError> {
+    let y = yield_ms.unwrap_or(YIELD_DEFAULT);
+    if !YIELD_RANGE.contains(&y) {
+        return Err(ApiError::invalid("yieldTimeMs must be 250..=30000"));
+    }
+    let m = max.unwrap_or(MAX_OUTPUT_DEFAULT);
+    if m == 0 || m > MAX_OUTPUT_LIMIT {
+        return Err(ApiError::invalid("maxOutputBytes must be 1..=1048576"));
+    }
+    Ok((y, m))
+}
+
+/// `POST /v1/computers/:id/sessions` body.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct StartIn {
+    command: String,
+    cwd: Option<String>,
+    #[serde(default)]
+    env: HashMap<String, String>,
+    #[serde(default)]
+    tty: bool,
+    rows: Option<u16>,
+    cols: Option<u16>,
+    yield_time_ms: Option<u32>,
+    max_output_bytes: Option<u32>,
+}
+
+/// `POST /v1/computers/:id/sessions`: runs `bash -lc <command>`.
+pub async fn start(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path(id): Path<String>,
+    body: Body<StartIn>,
+) -> Result<Json<Value>, ApiError> {
+    let caller = auth.current(&state).await?;
+    let Json(b) = body?;
+    if b.command.is_empty() || b.command.len() > 1 << 20 {
+        return Err(ApiError::invalid("command must be 1 byte to 1 MiB"));
+    }
+    if b.env.keys().any(|k| k.is_empty() || k.contains('=') || k.contains('\0'))
+        || b.env.values().any(|v| v.contains('\0'))
+    {
+        return Err(ApiError::invalid("env names must be non-empty without '=' or NUL"));
+    }
+    let (yield_ms, max) = limits(b.yield_time_ms, b.max_output_bytes)?;
+    let mut agent = agent_for(&state, &caller, &id, true).await?;
+    let sid = new_id("cse");
+    let entry = Arc::new(SessionEntry {
+        computer_id: id.clone(),
+        owner: owner_of(&caller),
+        turn: tokio::sync::Mutex::new(None),
+    });
+    let mut turn = entry.turn.lock().await;
+    state.sessions.insert(&sid, entry.clone());
+    let req = StartSession {
+        session_id: sid.clone(),
+        command: b.command,
+        cwd: b.cwd.unwrap_or_default(),
+        env: b.env,
+        tty: b.tty,
+        rows: b.rows.unwrap_or(24) as u32,
+        cols: b.cols.unwrap_or(80) as u32,
+        yield_ms,
+        max_output_bytes: max,
+    };
+    let r = match agent.start(req).await {
+        Ok(r) => r.into_inner(),
+        Err(s) => {
+            state.sessions.remove(&sid);
+            return Err(agent_error(s));
+        }
+    };
+    *turn = Some(r.offset);
+    if !r.running {
+        state.sessions.remove(&sid);
+    }
+    Ok(answer(r))
+}
+
+/// The session, if the caller started it (others get 404).
+async fn session_of(
+    state: &AppState,
+    caller: &Caller,
+    computer: &str,
+    sid: &str,
+) -> Result<Arc<SessionEntry>, ApiError> {
+    match state.sessions.get(sid) {
+        Some(e) if e.computer_id == computer && e.owner == owner_of(caller) => Ok(e),
+        _ => Err(ApiError::not_found("no such session")),
+    }
+}
+
+/// `POST …/sessions/:sid/input` body.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct InputIn {
+    #[serde(default)]
+    chars: String,
+    yield_time_ms: Option<u32>,
+    max_output_bytes: Option<u32>,
+}
+
+/// `POST /v1/computers/:id/sessions/:sid/input`: sends `chars` (C escapes), answers new output.
+pub async fn input(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path((id, sid)): Path<(String, String)>,
+    body: Body<InputIn>,
+) -> Result<Json<Value>, ApiError> {
+    let caller = auth.current(&state).await?;
+    let Json(b) = body?;
+    let data = unescape(&b.chars)?;
+    let (yield_ms, max) = limits(b.yield_time_ms, b.max_output_bytes)?;
+    let mut agent = agent_for(&state, &caller, &id, true).await?;
+    let entry = session_of(&state, &caller, &id, &sid).await?;
+    let mut turn = entry.turn.lock().await;
+    let req = SessionInput { session_id: sid.clone(), data, yield_ms, max_output_bytes: max, from_offset: *turn };
+    let r = agent.input(req).await.map_err(agent_error)?.into_inner();
+    *turn = Some(r.offset);
+    if !r.running {
+        state.sessions.remove(&sid);
+    }
+    Ok(answer(r))
+}
+
+/// `POST …/sessions/:sid/resize` body.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResizeIn {
+    rows: u16,
+    cols: u16,
+}
+
+/// `POST /v1/computers/:id/sessions/:sid/resize`
+pub async fn resize(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path((id, sid)): Path<(String, String)>,
+    body: Body<ResizeIn>,
+) -> Result<StatusCode, ApiError> {
+    let caller = auth.current(&state).await?;
+    let Json(b) = body?;
+    if b.rows == 0 || b.cols == 0 {
+        return Err(ApiError::invalid("rows and cols must be at least 1"));
+    }
+    let mut agent = agent_for(&state, &caller, &id, true).await?;
+    let entry = session_of(&state, &caller, &id, &sid).await?;
+    let _turn = entry.turn.lock().await;
+    agent
+        .resize_terminal(Resize { session_id: sid, rows: b.rows as u32, cols: b.cols as u32 })
+        .await
+        .map_err(agent_error)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `DELETE /v1/computers/:id/sessions/:sid`: kills the process group; answers the last output.
+pub async fn stop(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path((id, sid)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    let caller = auth.current(&state).await?;
+    let mut agent = agent_for(&state, &caller, &id, true).await?;
+    let entry = session_of(&state, &caller, &id, &sid).await?;
+    let _turn = entry.turn.lock().await;
+    let r = agent
+        .kill(SessionRef { session_id: sid.clone(), max_output_bytes: MAX_OUTPUT_DEFAULT })
+        .await
+        .map_err(agent_error)?;
+    state.sessions.remove(&sid);
+    Ok(answer(r.into_inner()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn c_escapes() {
+        assert_eq!(unescape(r"a\nb\x03\x04\\").ok(), Some(b"a\nb\x03\x04\\".to_vec()));
+        assert_eq!(unescape("é").ok(), Some("é".as_bytes().to_vec()));
+        assert!(unescape(r"\xZZ").is_err());
+        assert!(unescape(r"\q").is_err());
+        assert!(unescape("\\").is_err());
+    }
+}
