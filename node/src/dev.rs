@@ -1,8 +1,13 @@
-//! `computerd dev`: one node with a local data dir, for a first try on one machine.
+//! `computerd dev`: one node with a local data dir, and this machine paired as the Computer
+//! `local` by starting `computer-agent` (found next to `computerd`). Prints the URL, the owner
+//! token and a `curl` that runs `uname -a` on it.
 
 use std::future::Future;
+use std::path::PathBuf;
 use std::time::Duration;
 
+use serde_json::Value;
+use serde_json::json;
 use tokio::net::TcpListener;
 
 use crate::Listeners;
@@ -11,15 +16,59 @@ use crate::config::DevConfig;
 use crate::datadir::DataDir;
 use crate::run;
 
-/// Runs one node and prints how to call it once it serves.
+fn agent_binary() -> Result<PathBuf, NodeError> {
+    let exe = std::env::current_exe().map_err(|e| NodeError::Server(format!("cannot find computerd itself: {e}")))?;
+    let agent = exe.with_file_name("computer-agent");
+    if agent.exists() {
+        Ok(agent)
+    } else {
+        Err(NodeError::Server(format!(
+            "{} is missing: build it with `cargo build --release --workspace --bins`",
+            agent.display()
+        )))
+    }
+}
+
+/// Creates (idempotently) the paired Computer `local` and answers its id and a fresh pairing
+/// code, or `None` for the code when this machine is already paired.
+async fn local_computer(base: &str, token: &str, paired: bool) -> Result<(String, Option<String>), NodeError> {
+    let http = reqwest::Client::new();
+    let err = |e: reqwest::Error| NodeError::Server(format!("calling the node: {e}"));
+    let mut key = "dev-local".to_string();
+    for _ in 0..2 {
+        let body = json!({"commandKey": key, "name": "local", "source": {"_tag": "Paired"}});
+        let r: Value = http.post(format!("{base}/v1/computers")).bearer_auth(token).json(&body).send().await.map_err(err)?.json().await.map_err(err)?;
+        let exe = r["executionId"].as_str().ok_or_else(|| NodeError::Server(format!("create refused: {r}")))?.to_string();
+        let id = r["resource"]["id"].as_str().unwrap_or_default().to_string();
+        let done = loop {
+            let e: Value = http.get(format!("{base}/v1/executions/{exe}")).bearer_auth(token).send().await.map_err(err)?.json().await.map_err(err)?;
+            if e["state"] != "pending" && e["state"] != "running" {
+                break e;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        if paired {
+            return Ok((id, None));
+        }
+        if let Some(code) = done["pairingCode"].as_str() {
+            return Ok((id, Some(code.to_string())));
+        }
+        // The code of the first create was used or expired (the agent's state was lost): pair
+        // a new Computer.
+        key = format!("dev-local-{}", crate::ids::now_ms());
+    }
+    Err(NodeError::Server("could not get a pairing code".into()))
+}
+
+/// Runs one node, pairs this machine, and prints how to call it.
 pub async fn dev(cfg: DevConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), NodeError> {
     let serve = cfg.serve_config();
-    let bind = |addr: String| async move {
-        TcpListener::bind(&addr).await.map_err(|source| NodeError::Listen { addr, source })
-    };
+    let bind = |addr: String| async move { TcpListener::bind(&addr).await.map_err(|source| NodeError::Listen { addr, source }) };
     let listeners = Listeners { http: bind(serve.http.clone()).await?, grpc: bind(serve.grpc.clone()).await? };
     let http = listeners.http.local_addr().map_err(|source| NodeError::Listen { addr: serve.http.clone(), source })?;
     let token_path = DataDir::open(&serve.data, serve.node_id)?.admin_token_path();
+    let agent_state = serve.data.join("agent");
+    let agent_bin = agent_binary()?;
     let node = tokio::spawn(run(serve, listeners, shutdown));
     // The node writes the token before it serves HTTP; wait for it or for the node to stop.
     let token = loop {
@@ -33,8 +82,34 @@ pub async fn dev(cfg: DevConfig, shutdown: impl Future<Output = ()> + Send + 'st
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    println!("computerd dev: one node at http://{http} (data: {})", cfg.data.display());
+    let base = format!("http://{http}");
+    let paired = agent_state.join("credential.json").exists();
+    let (computer, code) = local_computer(&base, &token, paired).await?;
+    let mut cmd = tokio::process::Command::new(&agent_bin);
+    cmd.args(["--server", &base, "--state"]).arg(&agent_state).kill_on_drop(true);
+    if let Some(code) = &code {
+        cmd.args(["--pair", code]);
+    }
+    let mut agent = cmd.spawn().map_err(|e| NodeError::Server(format!("cannot start {}: {e}", agent_bin.display())))?;
+    // Print once the link is up, so the printed call works at once.
+    let http_client = reqwest::Client::new();
+    for _ in 0..200 {
+        let c: Option<Value> = match http_client.get(format!("{base}/v1/computers/{computer}")).bearer_auth(&token).send().await {
+            Ok(r) => r.json().await.ok(),
+            Err(_) => None,
+        };
+        if c.is_some_and(|c| c["state"] == "running") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!("computerd dev: one node at {base} (data: {})", cfg.data.display());
     println!("owner token (also in {}): {token}", token_path.display());
-    println!("try:  curl -H 'Authorization: Bearer {token}' http://{http}/v1/members");
-    node.await.map_err(|e| NodeError::Server(e.to_string()))?
+    println!("this machine is the Computer {computer} (\"local\"), linked by computer-agent");
+    println!(
+        "try:  curl -s -H 'Authorization: Bearer {token}' -H 'content-type: application/json' \\\n        {base}/v1/computers/{computer}/sessions -d '{{\"command\":\"uname -a\"}}'"
+    );
+    let result = node.await.map_err(|e| NodeError::Server(e.to_string()))?;
+    let _ = agent.kill().await;
+    result
 }
