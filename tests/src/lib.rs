@@ -3,6 +3,7 @@
 //!
 //! Used by the integration tests in `tests/tests/` and by the benchmarks in `bench/`.
 
+pub mod agent;
 pub mod cluster;
 pub mod wait;
 

@@ -1,0 +1,145 @@
+//! Real `computer-agent` processes paired with a test cluster, and a TCP proxy whose
+//! connections a test can cut (to break a link without killing either end).
+
+use std::path::PathBuf;
+use std::process::Child;
+use std::process::Command;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use reqwest::Method;
+use serde_json::Value;
+use serde_json::json;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpListener;
+use tokio::net::TcpStream;
+
+use crate::TestCluster;
+use crate::wait_for;
+
+/// The `computer-agent` binary, built once per test process.
+pub fn agent_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf();
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .args(["build", "-q", "-p", "computer-agent", "--bin", "computer-agent"])
+            .current_dir(&root)
+            .status()
+            .expect("run cargo build");
+        assert!(status.success(), "building computer-agent failed");
+        let target = std::env::var("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|_| root.join("target"));
+        target.join("debug").join("computer-agent")
+    })
+    .clone()
+}
+
+/// A running agent process (killed on drop).
+pub struct AgentProc {
+    /// The process.
+    pub child: Child,
+    /// Its state dir.
+    pub state: PathBuf,
+}
+
+impl AgentProc {
+    /// Starts an agent for `server` with `state`, pairing with `code` if given.
+    pub fn spawn(server: &str, state: &std::path::Path, code: Option<&str>, log: &std::path::Path) -> AgentProc {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("log");
+        let mut cmd = Command::new(agent_bin());
+        cmd.args(["--server", server, "--state"])
+            .arg(state)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log));
+        if let Some(c) = code {
+            cmd.args(["--pair", c]);
+        }
+        AgentProc { child: cmd.spawn().expect("spawn agent"), state: state.to_path_buf() }
+    }
+
+    /// SIGKILLs it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for AgentProc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Creates a paired Computer and answers its id and pairing code.
+pub async fn paired_computer(c: &TestCluster, key: &str) -> (String, String) {
+    let body = json!({"commandKey": key, "name": "local", "source": {"_tag": "Paired"}});
+    let (s, r) = c.call(Method::POST, 1, "/v1/computers", &c.token, Some(body)).await;
+    assert_eq!(s, 202, "{r}");
+    let exe = r["executionId"].as_str().expect("execution").to_string();
+    let done = c.settle(1, &exe, &c.token).await;
+    let code = done["pairingCode"].as_str().expect("pairing code").to_string();
+    (r["resource"]["id"].as_str().expect("id").to_string(), code)
+}
+
+/// Waits until the Computer reports `state` (and answers it).
+pub async fn wait_state(c: &TestCluster, computer: &str, state: &str) -> Value {
+    let path = format!("/v1/computers/{computer}");
+    wait_for(&format!("{computer} to be {state}"), Duration::from_secs(30), || {
+        let path = path.clone();
+        async move {
+            let (_, v) = c.call(Method::GET, 1, &path, &c.token, None).await;
+            (v["state"] == state).then_some(v)
+        }
+    })
+    .await
+}
+
+/// A TCP proxy on loopback to `target`; [`Proxy::cut`] drops every open connection.
+pub struct Proxy {
+    /// `127.0.0.1:port` to dial instead of the target.
+    pub addr: String,
+    conns: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    /// Starts a proxy to `target` (`host:port`).
+    pub async fn start(target: String) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let conns: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>> = Arc::default();
+        let c2 = conns.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let target = target.clone();
+                let h = tokio::spawn(async move {
+                    if let Ok(mut outbound) = TcpStream::connect(&target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                        let _ = outbound.shutdown().await;
+                    }
+                });
+                c2.lock().expect("lock").push(h);
+            }
+        });
+        Proxy { addr, conns, accept }
+    }
+
+    /// Drops every open connection (both ends see a reset).
+    pub fn cut(&self) {
+        for h in self.conns.lock().expect("lock").drain(..) {
+            h.abort();
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.cut();
+        self.accept.abort();
+    }
+}

@@ -1,0 +1,273 @@
+//! Paired machines with a real `computer-agent`: pairing, the link and its generations, command
+//! sessions with real bash and PTYs, files, and a link cut mid-command.
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+use base64::Engine;
+use computerd_tests::TestCluster;
+use computerd_tests::agent::AgentProc;
+use computerd_tests::agent::Proxy;
+use computerd_tests::agent::paired_computer;
+use computerd_tests::agent::wait_state;
+use computerd_tests::wait_for;
+use reqwest::Method;
+use serde_json::Value;
+use serde_json::json;
+
+fn kind(v: &Value) -> &str {
+    v["error"]["kind"].as_str().unwrap_or("<none>")
+}
+
+async fn linked(c: &TestCluster, key: &str) -> (String, AgentProc) {
+    let (id, code) = paired_computer(c, key).await;
+    let state = c.dir.path().join(format!("agent-{key}"));
+    let agent = AgentProc::spawn(&c.url(1, ""), &state, Some(&code), &c.dir.path().join(format!("agent-{key}.log")));
+    wait_state(c, &id, "running").await;
+    (id, agent)
+}
+
+async fn run(c: &TestCluster, id: &str, body: Value) -> (u16, Value) {
+    c.call(Method::POST, 1, &format!("/v1/computers/{id}/sessions"), &c.token, Some(body)).await
+}
+
+async fn input(c: &TestCluster, id: &str, sid: &str, chars: &str, yield_ms: u32) -> Value {
+    let body = json!({"chars": chars, "yieldTimeMs": yield_ms});
+    let (s, v) =
+        c.call(Method::POST, 1, &format!("/v1/computers/{id}/sessions/{sid}/input"), &c.token, Some(body)).await;
+    assert_eq!(s, 200, "{v}");
+    v
+}
+
+/// A wrong or used pairing code is refused with a clear message and exit code 3, storing
+/// nothing; a good one stores a 0600 credential, the Computer runs while linked and is offline
+/// when the agent is gone; the stored credential links again with a newer generation.
+#[tokio::test]
+async fn t10_pairing_and_link_state() {
+    let c = TestCluster::start(1).await;
+    let (id, code) = paired_computer(&c, "p1").await;
+    let bad_state = c.dir.path().join("bad");
+    let out = std::process::Command::new(computerd_tests::agent::agent_bin())
+        .args(["--server", &c.url(1, ""), "--pair", "WRONG-CODE1", "--state"])
+        .arg(&bad_state)
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("pairing code was refused"));
+    assert!(!bad_state.join("credential.json").exists(), "nothing stored");
+
+    let state = c.dir.path().join("agent");
+    let mut agent = AgentProc::spawn(&c.url(1, ""), &state, Some(&code), &c.dir.path().join("agent.log"));
+    let comp = wait_state(&c, &id, "running").await;
+    let g1 = comp["linkGeneration"].as_u64().expect("generation");
+    let mode = std::fs::metadata(state.join("credential.json")).expect("credential").permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let again = std::process::Command::new(computerd_tests::agent::agent_bin())
+        .args(["--server", &c.url(1, ""), "--pair", &code, "--state"])
+        .arg(c.dir.path().join("again"))
+        .output()
+        .expect("run");
+    assert_eq!(again.status.code(), Some(3), "a used code is refused");
+
+    agent.kill();
+    wait_state(&c, &id, "offline").await;
+    let _agent = AgentProc::spawn(&c.url(1, ""), &state, None, &c.dir.path().join("agent.log"));
+    let comp = wait_state(&c, &id, "running").await;
+    assert!(comp["linkGeneration"].as_u64().expect("generation") > g1);
+    let (s, v) =
+        c.call(Method::POST, 1, &format!("/v1/computers/{id}/pause"), &c.token, Some(json!({"commandKey": "x"}))).await;
+    assert_eq!((s, kind(&v)), (422, "ComputerUnsupported"), "own machines never pause");
+}
+
+/// Sessions with real bash: exit codes, env and cwd, yield bounds, a python3 REPL through a PTY
+/// with Ctrl-C and Ctrl-D, 1 MiB of output as a truncated tail, multibyte characters never
+/// split, and DELETE killing a child that ignores SIGHUP; a session belongs to its starter.
+#[tokio::test]
+async fn t20_sessions() {
+    let c = TestCluster::start(1).await;
+    let (id, _agent) = linked(&c, "s").await;
+
+    let (s, v) = run(&c, &id, json!({"command": "echo $FOO; pwd; exit 7", "env": {"FOO": "bar"}, "cwd": "/tmp"})).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        (v["session"].clone(), v["exitCode"].clone(), v["running"].clone()),
+        (Value::Null, json!(7), json!(false))
+    );
+    assert_eq!(v["output"], "bar\n/tmp\n");
+
+    for y in [249, 30_001] {
+        let (s, v) = run(&c, &id, json!({"command": "true", "yieldTimeMs": y})).await;
+        assert_eq!((s, kind(&v)), (400, "invalid_request"), "yieldTimeMs {y}");
+    }
+    let started = std::time::Instant::now();
+    let (_, v) = run(&c, &id, json!({"command": "sleep 2; echo late", "yieldTimeMs": 250})).await;
+    assert!(started.elapsed() < Duration::from_millis(1500), "answered after the 0.25 s yield");
+    assert_eq!(v["running"], true);
+    let sid = v["session"].as_str().expect("session").to_string();
+    let v = input(&c, &id, &sid, "", 30_000).await;
+    assert_eq!((v["running"].clone(), v["output"].clone()), (json!(false), json!("late\n")));
+
+    // python3 through a PTY.
+    let (_, v) = run(&c, &id, json!({"command": "python3 -q", "tty": true, "yieldTimeMs": 2000})).await;
+    let py = v["session"].as_str().expect("session").to_string();
+    assert!(v["output"].as_str().is_some_and(|o| o.contains(">>> ")), "{v}");
+    let v = input(&c, &id, &py, "6*7\\n", 1000).await;
+    assert!(v["output"].as_str().is_some_and(|o| o.contains("42")), "{v}");
+    let v = input(&c, &id, &py, "import time; time.sleep(60)\\n", 500).await;
+    assert_eq!(v["running"], true);
+    let v = input(&c, &id, &py, "\\x03", 1000).await;
+    assert!(v["output"].as_str().is_some_and(|o| o.contains("KeyboardInterrupt")), "{v}");
+    let (_, admin) =
+        c.call(Method::POST, 1, "/v1/members", &c.token, Some(json!({"name": "ad", "role": "admin"}))).await;
+    let other = c.mint(json!({"memberId": admin["id"]})).await;
+    let (s, _) = c
+        .call(Method::POST, 1, &format!("/v1/computers/{id}/sessions/{py}/input"), &other, Some(json!({"chars": ""})))
+        .await;
+    assert_eq!(s, 404, "a session belongs to its starter; an admin who sees the computer still gets 404");
+    let v = input(&c, &id, &py, "\\x04", 2000).await;
+    // Ctrl-D ends the REPL (CPython reports an earlier KeyboardInterrupt as SIGINT at exit).
+    assert_eq!((v["running"].clone(), v["session"].clone()), (json!(false), Value::Null), "{v}");
+    assert!(v["exitCode"] == 0 || v["signal"] == "SIGINT", "{v}");
+
+    // 1 MiB of output: only the tail, truncated.
+    let (_, v) = run(&c, &id, json!({"command": "head -c 1048576 /dev/zero | tr '\\0' a; echo END"})).await;
+    let out = v["output"].as_str().expect("output");
+    assert_eq!(v["truncated"], true);
+    assert!(
+        out.len() <= 65_536 && out.ends_with("aEND\n"),
+        "{} bytes, ends {:?}",
+        out.len(),
+        &out[out.len().saturating_sub(20)..]
+    );
+
+    // Multibyte characters across a cut: never split, never replaced.
+    let (_, v) =
+        run(&c, &id, json!({"command": "for i in $(seq 3000); do printf '€'; done", "maxOutputBytes": 1001})).await;
+    let out = v["output"].as_str().expect("output");
+    assert!(out.len() <= 1001 && !out.is_empty() && out.chars().all(|ch| ch == '€'), "{out:?}");
+
+    // DELETE kills the group, also a child that ignores SIGHUP.
+    let (_, v) =
+        run(&c, &id, json!({"command": "(trap '' HUP; exec sleep 1000) & echo $!; wait", "yieldTimeMs": 500})).await;
+    let kid: i32 = v["output"].as_str().and_then(|o| o.trim().parse().ok()).expect("child pid");
+    let sid = v["session"].as_str().expect("session").to_string();
+    let (s, v) = c.call(Method::DELETE, 1, &format!("/v1/computers/{id}/sessions/{sid}"), &c.token, None).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["running"], false);
+    wait_for("the child to be gone", Duration::from_secs(10), || async move {
+        (!std::path::Path::new(&format!("/proc/{kid}")).exists()).then_some(())
+    })
+    .await;
+}
+
+/// Files: a 16 MiB binary round trip is byte-exact; `..`, a missing file, a directory read as a
+/// file, non-UTF-8 read as `utf8` and an oversized body get the right errors.
+#[tokio::test]
+async fn t30_files() {
+    let c = TestCluster::start(1).await;
+    let (id, _agent) = linked(&c, "f").await;
+    let dir = c.dir.path().join("files");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("blob.bin").to_string_lossy().into_owned();
+    let data: Vec<u8> = (0..16 * 1024 * 1024u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&data);
+    let url = format!("/v1/computers/{id}/files?path={path}");
+    let (s, v) = c.call(Method::PUT, 1, &url, &c.token, Some(json!({"content": b64, "encoding": "base64"}))).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["size"], 16 * 1024 * 1024);
+    let (s, v) = c.call(Method::GET, 1, &format!("{url}&encoding=base64"), &c.token, None).await;
+    assert_eq!(s, 200);
+    let back = base64::engine::general_purpose::STANDARD.decode(v["content"].as_str().expect("content")).expect("b64");
+    assert!(back == data, "16 MiB round trip is byte-exact");
+    let (s, v) = c.call(Method::GET, 1, &url, &c.token, None).await;
+    assert_eq!((s, kind(&v)), (400, "invalid_request"), "binary is not utf8");
+
+    let (s, v) =
+        c.call(Method::GET, 1, &format!("/v1/computers/{id}/files?path={}/../x", dir.display()), &c.token, None).await;
+    assert_eq!((s, kind(&v)), (400, "invalid_request"));
+    let (s, v) =
+        c.call(Method::GET, 1, &format!("/v1/computers/{id}/files?path={}/nope", dir.display()), &c.token, None).await;
+    assert_eq!((s, kind(&v)), (404, "not_found"));
+    let (s, v) =
+        c.call(Method::GET, 1, &format!("/v1/computers/{id}/files?path={}", dir.display()), &c.token, None).await;
+    assert_eq!((s, kind(&v)), (400, "invalid_request"));
+    assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("directory")));
+    let big = base64::engine::general_purpose::STANDARD.encode(vec![1u8; 16 * 1024 * 1024 + 1]);
+    let (s, _) = c
+        .call(Method::PUT, 1, &format!("{url}.big"), &c.token, Some(json!({"content": big, "encoding": "base64"})))
+        .await;
+    assert_eq!(s, 413);
+    assert!(!std::path::Path::new(&format!("{path}.big")).exists(), "nothing written");
+
+    let (s, v) =
+        c.call(Method::GET, 1, &format!("/v1/computers/{id}/directory?path={}", dir.display()), &c.token, None).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        v["entries"],
+        json!([{"name": "blob.bin", "type": "file", "size": 16 * 1024 * 1024, "mode": v["entries"][0]["mode"], "mtime": v["entries"][0]["mtime"]}])
+    );
+    let (s, _) = c.call(Method::DELETE, 1, &url, &c.token, None).await;
+    assert_eq!(s, 204);
+    assert!(!std::path::Path::new(&path).exists());
+}
+
+/// The link is cut (a proxy drops the connection) while a command prints: the command keeps
+/// running in the agent, the agent reconnects, and the output read afterwards is complete and
+/// in order.
+#[tokio::test]
+async fn t40_link_cut_mid_command() {
+    let c = TestCluster::start(1).await;
+    let proxy = Proxy::start(c.nodes[&1].http.clone()).await;
+    let (id, code) = paired_computer(&c, "cut").await;
+    let _agent = AgentProc::spawn(
+        &format!("http://{}", proxy.addr),
+        &c.dir.path().join("agent"),
+        Some(&code),
+        &c.dir.path().join("agent.log"),
+    );
+    let g1 = wait_state(&c, &id, "running").await["linkGeneration"].as_u64().expect("generation");
+    let (_, v) =
+        run(&c, &id, json!({"command": "for i in $(seq 1 40); do echo line$i; sleep 0.05; done", "yieldTimeMs": 250}))
+            .await;
+    let sid = v["session"].as_str().expect("session").to_string();
+    let mut out = v["output"].as_str().unwrap_or_default().to_string();
+    proxy.cut();
+    wait_for("the agent to link again", Duration::from_secs(30), || async {
+        let (_, v) = c.call(Method::GET, 1, &format!("/v1/computers/{id}"), &c.token, None).await;
+        (v["state"] == "running" && v["linkGeneration"].as_u64() > Some(g1)).then_some(())
+    })
+    .await;
+    loop {
+        let v = input(&c, &id, &sid, "", 2000).await;
+        out.push_str(v["output"].as_str().unwrap_or_default());
+        if v["running"] == false {
+            assert_eq!(v["exitCode"], 0);
+            break;
+        }
+    }
+    let want: String = (1..=40).map(|i| format!("line{i}\n")).collect();
+    assert_eq!(out, want);
+}
+
+/// A second connection with the same credential replaces the first: calls go to the new one,
+/// and the old link's end (its generation) never marks the Computer offline.
+#[tokio::test]
+async fn t50_a_second_connection_replaces_the_first() {
+    let c = TestCluster::start(1).await;
+    let (id, mut first) = linked(&c, "two").await;
+    let g1 = wait_state(&c, &id, "running").await["linkGeneration"].as_u64().expect("generation");
+    let second = AgentProc::spawn(&c.url(1, ""), &first.state.clone(), None, &c.dir.path().join("agent-2.log"));
+    wait_for("the second link", Duration::from_secs(30), || async {
+        let (_, v) = c.call(Method::GET, 1, &format!("/v1/computers/{id}"), &c.token, None).await;
+        (v["linkGeneration"].as_u64() > Some(g1)).then_some(())
+    })
+    .await;
+    first.kill();
+    let (_, v) = run(&c, &id, json!({"command": "echo $PPID"})).await;
+    let parent: u32 = v["output"].as_str().and_then(|o| o.trim().parse().ok()).expect("ppid");
+    assert_eq!(parent, second.child.id(), "calls reach the newest link");
+    // Give the first link's teardown every chance to (wrongly) mark the Computer offline.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (_, v) = c.call(Method::GET, 1, &format!("/v1/computers/{id}"), &c.token, None).await;
+    assert_eq!(v["state"], "running");
+}
