@@ -161,13 +161,13 @@ impl PreparedCommand {
     /// Sends the command; answers its receipt (the same one every time).
     pub async fn send(&self) -> Result<Receipt, Error> {
         let v = self.client.request(self.method.clone(), &self.path, Some(&self.body)).await?;
-        Ok(serde_json::from_value(v).map_err(|e| Error::Api {
+        serde_json::from_value(v).map_err(|e| Error::Api {
             status: 200,
             kind: "bad_answer".into(),
             message: e.to_string(),
             error_id: String::new(),
             execution_id: None,
-        })?)
+        })
     }
 }
 

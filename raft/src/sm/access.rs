@@ -242,6 +242,7 @@ impl State {
         }
     }
 
+    #[allow(clippy::too_many_arguments)] // one record's fields; a struct would only rename them
     pub(crate) fn open_approval(
         &mut self,
         id: &str,
