@@ -31,27 +31,23 @@
 //! - `ETCD_BIN`: the etcd binary (default `/usr/bin/etcd`, from Debian's `etcd-server`);
 //! - `BENCH_JSON`: also write the results as JSON to this path.
 
-mod base64;
-mod etcd;
-mod workload;
-
-use std::path::Path;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
 use anyhow::Result;
 use anyhow::bail;
+use computerd_bench::etcd;
+use computerd_bench::etcd::EtcdCluster;
+use computerd_bench::settings;
+use computerd_bench::workload;
+use computerd_bench::workload::Op;
+use computerd_bench::workload::Stats;
+use computerd_bench::workload::Target;
+use computerd_bench::workload::Timing;
 use computerd_tests::TestCluster;
 use serde::Serialize;
 use serde_json::json;
-
-use crate::etcd::EtcdCluster;
-use crate::workload::Op;
-use crate::workload::Stats;
-use crate::workload::Target;
-use crate::workload::Timing;
 
 /// The cell the goal is about.
 const GOAL_NODES: u64 = 3;
@@ -110,14 +106,10 @@ fn main() -> Result<()> {
 
 impl Config {
     fn from_env() -> Result<Self> {
-        let quick = std::env::var("BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
-        let secs = env_f64("BENCH_SECS")?.unwrap_or(if quick { 2.0 } else { 10.0 });
-        let warmup = env_f64("BENCH_WARMUP_SECS")?.unwrap_or(if quick { 0.5 } else { 1.0 });
-        if !(secs > 0.0 && secs.is_finite() && warmup >= 0.0 && warmup.is_finite()) {
-            bail!("BENCH_SECS must be > 0 and BENCH_WARMUP_SECS >= 0");
-        }
-        let writers = env_list("BENCH_WRITERS")?.unwrap_or_else(|| vec![1, 64]);
-        let nodes = env_list("BENCH_NODES")?.unwrap_or_else(|| vec![1, 3]);
+        let quick = settings::quick();
+        let timing = settings::timing(quick)?;
+        let writers = settings::env_list("BENCH_WRITERS")?.unwrap_or_else(|| vec![1, 64]);
+        let nodes = settings::env_list("BENCH_NODES")?.unwrap_or_else(|| vec![1, 3]);
         if writers.contains(&0) || nodes.contains(&0) {
             bail!("BENCH_WRITERS and BENCH_NODES must be positive");
         }
@@ -125,59 +117,15 @@ impl Config {
             Some(p) => PathBuf::from(p),
             None => PathBuf::from("/usr/bin/etcd"),
         };
-        let json_out = std::env::var_os("BENCH_JSON").filter(|p| !p.is_empty()).map(PathBuf::from);
         Ok(Config {
-            timing: Timing { warmup: Duration::from_secs_f64(warmup), measure: Duration::from_secs_f64(secs) },
+            timing,
             quick,
             writers,
             nodes: nodes.into_iter().map(|n| n as u64).collect(),
-            computerd_bin: computerd_bin()?,
+            computerd_bin: settings::computerd_bin()?,
             etcd_bin,
-            json_out,
+            json_out: settings::json_out(),
         })
-    }
-}
-
-/// `COMPUTERD_BIN`, else `<target>/release/computerd` if it exists, else the harness default.
-fn computerd_bin() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("COMPUTERD_BIN").filter(|p| !p.is_empty()) {
-        let p = PathBuf::from(p);
-        if !p.is_file() {
-            bail!("COMPUTERD_BIN={} is not a file", p.display());
-        }
-        return Ok(p);
-    }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().context("workspace root")?;
-    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target"));
-    let release = target.join("release").join("computerd");
-    if release.is_file() {
-        return Ok(release);
-    }
-    eprintln!(
-        "warning: {} not found; using the harness default (a debug build), so computerd's numbers \
-         are not representative. Build it with `cargo build --release -p computerd-node --bin computerd`.",
-        release.display()
-    );
-    Ok(computerd_tests::computerd_bin())
-}
-
-fn env_f64(name: &str) -> Result<Option<f64>> {
-    match std::env::var(name) {
-        Ok(v) if !v.trim().is_empty() => {
-            v.trim().parse().map(Some).with_context(|| format!("{name}={v:?} is not a number"))
-        }
-        _ => Ok(None),
-    }
-}
-
-fn env_list(name: &str) -> Result<Option<Vec<usize>>> {
-    match std::env::var(name) {
-        Ok(v) if !v.trim().is_empty() => v
-            .split(',')
-            .map(|s| s.trim().parse::<usize>().with_context(|| format!("{name}={v:?}: {s:?} is not a count")))
-            .collect::<Result<Vec<_>>>()
-            .map(Some),
-        _ => Ok(None),
     }
 }
 
@@ -201,13 +149,7 @@ async fn bench(cfg: Config) -> Result<()> {
     );
     eprintln!("{header}");
 
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .pool_max_idle_per_host(256)
-        .tcp_nodelay(true)
-        .no_proxy()
-        .build()
-        .context("http client")?;
+    let http = settings::http_client()?;
     let mut cells = Vec::new();
     let mut seq = 0usize;
     let mut run_cell =

@@ -1,5 +1,6 @@
 //! The closed-loop write workload: `W` writer tasks, each sending one request at a time for a
-//! warm-up plus a measured window, against a list of endpoints taken round robin.
+//! warm-up plus a measured window, against a list of endpoints taken round robin. Every request
+//! carries a fresh name or key (see [`Op`]), so no two writes are the same.
 //!
 //! A request counts when it *completes* inside the measured window: successes give the
 //! throughput and the latency samples, failures (transport errors or an unexpected status) are
@@ -32,6 +33,14 @@ pub enum Op {
     },
     /// `POST /v3/kv/put` of a fresh key on etcd's JSON gateway (answers 200).
     EtcdPut,
+    /// `POST /v1/computers` on computerd with a fresh `commandKey`, creating a Computer of
+    /// `provider` (answers 202 with the execution receipt once the execution is stored).
+    CreateComputer {
+        /// Bearer token.
+        token: String,
+        /// The `cpp_…` provider id.
+        provider: String,
+    },
 }
 
 /// Where and what to write.
@@ -183,6 +192,14 @@ async fn write_once(client: &reqwest::Client, op: &Op, url: &str, unique: &str) 
             let body =
                 json!({ "key": base64::encode(key.as_bytes()), "value": base64::encode(b"bench-value-0123456789") });
             (client.post(url).json(&body), StatusCode::OK)
+        }
+        Op::CreateComputer { token, provider } => {
+            let body = json!({
+                "commandKey": format!("bench-{unique}"),
+                "name": "bench",
+                "source": { "_tag": "Provider", "provider": provider },
+            });
+            (client.post(url).bearer_auth(token).json(&body), StatusCode::ACCEPTED)
         }
     };
     let resp = req.send().await?;

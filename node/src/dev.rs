@@ -37,11 +37,29 @@ async fn local_computer(base: &str, token: &str, paired: bool) -> Result<(String
     let mut key = "dev-local".to_string();
     for _ in 0..2 {
         let body = json!({"commandKey": key, "name": "local", "source": {"_tag": "Paired"}});
-        let r: Value = http.post(format!("{base}/v1/computers")).bearer_auth(token).json(&body).send().await.map_err(err)?.json().await.map_err(err)?;
-        let exe = r["executionId"].as_str().ok_or_else(|| NodeError::Server(format!("create refused: {r}")))?.to_string();
+        let r: Value = http
+            .post(format!("{base}/v1/computers"))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+            .await
+            .map_err(err)?
+            .json()
+            .await
+            .map_err(err)?;
+        let exe =
+            r["executionId"].as_str().ok_or_else(|| NodeError::Server(format!("create refused: {r}")))?.to_string();
         let id = r["resource"]["id"].as_str().unwrap_or_default().to_string();
         let done = loop {
-            let e: Value = http.get(format!("{base}/v1/executions/{exe}")).bearer_auth(token).send().await.map_err(err)?.json().await.map_err(err)?;
+            let e: Value = http
+                .get(format!("{base}/v1/executions/{exe}"))
+                .bearer_auth(token)
+                .send()
+                .await
+                .map_err(err)?
+                .json()
+                .await
+                .map_err(err)?;
             if e["state"] != "pending" && e["state"] != "running" {
                 break e;
             }
@@ -63,7 +81,9 @@ async fn local_computer(base: &str, token: &str, paired: bool) -> Result<(String
 /// Runs one node, pairs this machine, and prints how to call it.
 pub async fn dev(cfg: DevConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), NodeError> {
     let serve = cfg.serve_config();
-    let bind = |addr: String| async move { TcpListener::bind(&addr).await.map_err(|source| NodeError::Listen { addr, source }) };
+    let bind = |addr: String| async move {
+        TcpListener::bind(&addr).await.map_err(|source| NodeError::Listen { addr, source })
+    };
     let listeners = Listeners { http: bind(serve.http.clone()).await?, grpc: bind(serve.grpc.clone()).await? };
     let http = listeners.http.local_addr().map_err(|source| NodeError::Listen { addr: serve.http.clone(), source })?;
     let token_path = DataDir::open(&serve.data, serve.node_id)?.admin_token_path();
@@ -94,10 +114,11 @@ pub async fn dev(cfg: DevConfig, shutdown: impl Future<Output = ()> + Send + 'st
     // Print once the link is up, so the printed call works at once.
     let http_client = reqwest::Client::new();
     for _ in 0..200 {
-        let c: Option<Value> = match http_client.get(format!("{base}/v1/computers/{computer}")).bearer_auth(&token).send().await {
-            Ok(r) => r.json().await.ok(),
-            Err(_) => None,
-        };
+        let c: Option<Value> =
+            match http_client.get(format!("{base}/v1/computers/{computer}")).bearer_auth(&token).send().await {
+                Ok(r) => r.json().await.ok(),
+                Err(_) => None,
+            };
         if c.is_some_and(|c| c["state"] == "running") {
             break;
         }
