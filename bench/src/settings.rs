@@ -1,0 +1,95 @@
+//! Settings both benchmarks read from the environment, and the HTTP client they share.
+//!
+//! - `BENCH_QUICK=1`: short cells, for a bounded smoke run;
+//! - `BENCH_SECS` / `BENCH_WARMUP_SECS`: measured and warm-up seconds per cell (default 10 and 1;
+//!   2 and 0.5 when quick);
+//! - `COMPUTERD_BIN`: the `computerd` binary (see [`computerd_bin`]);
+//! - `BENCH_JSON`: a path to also write the results to, as JSON.
+
+use std::path::Path;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use anyhow::Result;
+use anyhow::bail;
+
+use crate::workload::Timing;
+
+/// Whether `BENCH_QUICK` asks for short cells.
+pub fn quick() -> bool {
+    std::env::var("BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+/// Warm-up and measured window per cell from `BENCH_WARMUP_SECS` and `BENCH_SECS`.
+pub fn timing(quick: bool) -> Result<Timing> {
+    let secs = env_f64("BENCH_SECS")?.unwrap_or(if quick { 2.0 } else { 10.0 });
+    let warmup = env_f64("BENCH_WARMUP_SECS")?.unwrap_or(if quick { 0.5 } else { 1.0 });
+    if !(secs > 0.0 && secs.is_finite() && warmup >= 0.0 && warmup.is_finite()) {
+        bail!("BENCH_SECS must be > 0 and BENCH_WARMUP_SECS >= 0");
+    }
+    Ok(Timing { warmup: Duration::from_secs_f64(warmup), measure: Duration::from_secs_f64(secs) })
+}
+
+/// `BENCH_JSON`, when set and not empty.
+pub fn json_out() -> Option<PathBuf> {
+    std::env::var_os("BENCH_JSON").filter(|p| !p.is_empty()).map(PathBuf::from)
+}
+
+/// `COMPUTERD_BIN`, else `<target>/release/computerd` if it exists (it is not rebuilt), else the
+/// harness default (a debug build, with a warning: its numbers mean little).
+pub fn computerd_bin() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("COMPUTERD_BIN").filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        if !p.is_file() {
+            bail!("COMPUTERD_BIN={} is not a file", p.display());
+        }
+        return Ok(p);
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().context("workspace root")?;
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target"));
+    let release = target.join("release").join("computerd");
+    if release.is_file() {
+        return Ok(release);
+    }
+    eprintln!(
+        "warning: {} not found; using the harness default (a debug build), so computerd's numbers \
+         are not representative. Build it with `cargo build --release -p computerd-node --bin computerd`.",
+        release.display()
+    );
+    Ok(computerd_tests::computerd_bin())
+}
+
+/// A number of seconds (or any float) from `name`; `None` when unset or blank.
+pub fn env_f64(name: &str) -> Result<Option<f64>> {
+    match std::env::var(name) {
+        Ok(v) if !v.trim().is_empty() => {
+            v.trim().parse().map(Some).with_context(|| format!("{name}={v:?} is not a number"))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// A comma-separated list of counts from `name`; `None` when unset or blank.
+pub fn env_list(name: &str) -> Result<Option<Vec<usize>>> {
+    match std::env::var(name) {
+        Ok(v) if !v.trim().is_empty() => v
+            .split(',')
+            .map(|s| s.trim().parse::<usize>().with_context(|| format!("{name}={v:?}: {s:?} is not a count")))
+            .collect::<Result<Vec<_>>>()
+            .map(Some),
+        _ => Ok(None),
+    }
+}
+
+/// The client every request of a bench goes through: HTTP/1.1, JSON, kept-alive connections
+/// (enough idle ones for 64 writers on 3 nodes), no proxy, a 10 s timeout per request.
+pub fn http_client() -> Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .pool_max_idle_per_host(256)
+        .tcp_nodelay(true)
+        .no_proxy()
+        .build()
+        .context("http client")
+}
