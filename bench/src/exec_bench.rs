@@ -97,9 +97,11 @@ struct Settle {
     /// Still `starting` at the first poll: the driver's backlog when the writers stopped.
     pending_at_first_poll: u64,
     /// Seconds from the end of the measured window to the end of the first poll that found none
-    /// `starting` (an upper bound; the previous poll still found some); `None` if the wait hit
-    /// its bound first.
+    /// `starting` (an upper bound); `None` if the wait hit its bound first.
     settled_after_secs: Option<f64>,
+    /// Seconds from the end of the measured window to the end of the last poll that still found
+    /// some `starting` (a lower bound of the settle time); `None` if none did.
+    last_pending_after_secs: Option<f64>,
     /// `running`: the create execution succeeded.
     succeeded: u64,
     /// Still `starting` when the wait ended.
@@ -376,6 +378,7 @@ async fn settle(
                     s.settled_after_secs = Some(after);
                     break;
                 }
+                s.last_pending_after_secs = Some(after);
             }
             Err(e) => {
                 s.poll_errors += 1;
@@ -426,9 +429,10 @@ async fn describe(http: &reqwest::Client, list_url: &str, token: &str, r: &Compu
 }
 
 fn settle_line(s: &Settle) -> String {
-    let outcome = match s.settled_after_secs {
-        Some(t) => format!("all settled {t:.2} s after the window ({} polls)", s.polls),
-        None => format!("NOT all settled within the bound: {} still starting ({} polls)", s.pending, s.polls),
+    let outcome = match (s.settled_after_secs, s.last_pending_after_secs) {
+        (Some(t), Some(p)) => format!("all settled {p:.2} to {t:.2} s after the window ({} poll(s))", s.polls),
+        (Some(t), None) => format!("all settled by {t:.2} s after the window ({} poll(s))", s.polls),
+        (None, _) => format!("NOT all settled within the bound: {} still starting ({} poll(s))", s.pending, s.polls),
     };
     let errors = if s.poll_errors > 0 { format!("; {} poll errors", s.poll_errors) } else { String::new() };
     format!(
