@@ -37,6 +37,11 @@ const KEY_PURGED: &[u8] = b"last_purged";
 pub struct LogStore {
     engine: Arc<dyn KvEngine>,
     flusher: mpsc::Sender<IOFlushed<TypeConfig>>,
+    /// Deletes purged entries in the background, in small batches: a snapshot purges ~100,000
+    /// entries at once, and one big delete would stall the appends and flushes behind it.
+    purger: mpsc::Sender<u64>,
+    /// The first index not purged (reads below it answer nothing, deleted or not yet).
+    first_kept: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl LogStore {
@@ -48,7 +53,19 @@ impl LogStore {
             .name("raft-log-flush".into())
             .spawn(move || flusher(e, rx))
             .expect("spawn the log flusher thread");
-        Self { engine, flusher: tx }
+        let (ptx, prx) = mpsc::channel::<u64>();
+        let e = engine.clone();
+        std::thread::Builder::new()
+            .name("raft-log-purge".into())
+            .spawn(move || purger(e, prx))
+            .expect("spawn the log purger thread");
+        let first_kept = engine
+            .get(Space::Meta, KEY_PURGED)
+            .ok()
+            .flatten()
+            .and_then(|b| serde_json::from_slice::<LogId>(&b).ok())
+            .map_or(0, |l| l.index() + 1);
+        Self { engine, flusher: tx, purger: ptx, first_kept: Arc::new(first_kept.into()) }
     }
 
     fn get_json<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> io::Result<Option<T>> {
@@ -79,6 +96,31 @@ fn flusher(engine: Arc<dyn KvEngine>, rx: mpsc::Receiver<IOFlushed<TypeConfig>>)
     }
 }
 
+/// Deletes entries up to the newest purge mark, a few thousand at a time. The deletes become
+/// durable with the next flush of appends; a crash before that leaves entries below the mark,
+/// which are never read and are deleted by the next purge.
+fn purger(engine: Arc<dyn KvEngine>, rx: mpsc::Receiver<u64>) {
+    const BATCH: u64 = 4096;
+    while let Ok(first) = rx.recv() {
+        let upto = rx.try_iter().fold(first, u64::max);
+        loop {
+            let next = match engine.scan(Space::Log, &index_key(0), &index_key(upto.saturating_add(1)), 1) {
+                Ok(rows) => rows.first().and_then(|(k, _)| k.as_slice().try_into().ok()).map(u64::from_be_bytes),
+                Err(e) => {
+                    tracing::warn!(error = %e, "log purge scan failed");
+                    None
+                }
+            };
+            let Some(start) = next else { break };
+            let end = start.saturating_add(BATCH).min(upto.saturating_add(1));
+            if let Err(e) = engine.remove_range(Space::Log, &index_key(start), &index_key(end)) {
+                tracing::warn!(error = %e, "log purge failed");
+                break;
+            }
+        }
+    }
+}
+
 fn index_key(i: u64) -> [u8; 8] {
     i.to_be_bytes()
 }
@@ -98,6 +140,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
             Bound::Excluded(x) => *x,
             Bound::Unbounded => u64::MAX,
         };
+        let start = start.max(self.first_kept.load(std::sync::atomic::Ordering::SeqCst));
         if start >= end {
             return Ok(Vec::new());
         }
@@ -119,7 +162,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             Some((_, v)) => Some(serde_json::from_slice::<Entry>(&v).map_err(invalid_data)?.log_id()),
             None => None,
         };
-        Ok(LogState { last_log_id: last.or(last_purged_log_id), last_purged_log_id })
+        // Entries below the purge mark may not be deleted yet: the mark wins over them.
+        let last_log_id = match (last, last_purged_log_id) {
+            (Some(l), Some(p)) => Some(if l.index() > p.index() { l } else { p }),
+            (l, p) => l.or(p),
+        };
+        Ok(LogState { last_log_id, last_purged_log_id })
     }
 
     async fn get_log_reader(&mut self) -> Self::LogReader {
@@ -161,8 +209,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
-        // The mark first: a crash between the two leaves extra entries, never a gap.
+        // The mark first: entries below it are never read again, so deleting them can wait.
         self.put_json(KEY_PURGED, &log_id)?;
-        self.engine.remove_range(Space::Log, &index_key(0), &index_key(log_id.index() + 1))
+        self.first_kept.fetch_max(log_id.index() + 1, std::sync::atomic::Ordering::SeqCst);
+        self.purger.send(log_id.index()).map_err(|_| io::Error::other("the log purger has stopped"))
     }
 }
