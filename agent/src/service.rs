@@ -102,6 +102,7 @@ impl Agent for AgentService {
         check(&self.generation, &req)?;
         let r = req.into_inner();
         let spec = Spec {
+            owner: r.owner,
             command: r.command,
             cwd: r.cwd,
             env: r.env.into_iter().collect(),
@@ -124,6 +125,7 @@ impl Agent for AgentService {
             .sessions
             .input(
                 &r.session_id,
+                &r.owner,
                 &r.data,
                 r.from_offset,
                 Duration::from_millis(r.yield_ms as u64),
@@ -138,7 +140,7 @@ impl Agent for AgentService {
         check(&self.generation, &req)?;
         let r = req.into_inner();
         self.sessions
-            .resize(&r.session_id, r.rows.min(u16::MAX as u32) as u16, r.cols.min(u16::MAX as u32) as u16)
+            .resize(&r.session_id, &r.owner, r.rows.min(u16::MAX as u32) as u16, r.cols.min(u16::MAX as u32) as u16)
             .map_err(session_status)?;
         Ok(Response::new(Nothing {}))
     }
@@ -146,7 +148,8 @@ impl Agent for AgentService {
     async fn kill(&self, req: Request<SessionRef>) -> Result<Response<SessionReply>, Status> {
         check(&self.generation, &req)?;
         let r = req.into_inner();
-        let out = self.sessions.kill(&r.session_id, r.max_output_bytes as usize).await.map_err(session_status)?;
+        let out =
+            self.sessions.kill(&r.session_id, &r.owner, r.max_output_bytes as usize).await.map_err(session_status)?;
         Ok(Response::new(reply(&r.session_id, out)))
     }
 

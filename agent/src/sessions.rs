@@ -59,6 +59,8 @@ pub struct Reply {
 /// What starts a session.
 #[derive(Debug, Clone, Default)]
 pub struct Spec {
+    /// Who starts it (a bot or member id); only they may use it later.
+    pub owner: String,
     /// The command for `bash -lc`.
     pub command: String,
     /// Working directory (empty: the agent's).
@@ -79,6 +81,8 @@ enum Input {
 }
 
 struct Session {
+    /// Who started it; only they may use it.
+    owner: String,
     pgid: i32,
     input: tokio::sync::Mutex<Option<Input>>,
     pty: Option<OwnedFd>,
@@ -171,14 +175,22 @@ impl Sessions {
                 };
                 for id in idle {
                     tracing::info!(session_id = %id, "session unused for 30 minutes; ending it");
-                    let _ = this.kill(&id, 0).await;
+                    let owner = this.inner.lock().unwrap_or_else(|p| p.into_inner()).get(&id).map(|s| s.owner.clone());
+                    if let Some(owner) = owner {
+                        let _ = this.kill(&id, &owner, 0).await;
+                    }
                 }
             }
         });
     }
 
-    fn get(&self, id: &str) -> Result<Arc<Session>, SessionError> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).get(id).cloned().ok_or(SessionError::NotFound)
+    /// The session, if `owner` started it (anyone else is told it does not exist).
+    fn get(&self, id: &str, owner: &str) -> Result<Arc<Session>, SessionError> {
+        let s = self.inner.lock().unwrap_or_else(|p| p.into_inner()).get(id).cloned().ok_or(SessionError::NotFound)?;
+        if s.owner != owner {
+            return Err(SessionError::NotFound);
+        }
+        Ok(s)
     }
 
     /// Starts a session and waits up to `yield_for` for it to end.
@@ -232,6 +244,7 @@ impl Sessions {
         };
         let pgid = child.id().map(|p| p as i32).unwrap_or(0);
         let s = Arc::new(Session {
+            owner: spec.owner.clone(),
             pgid,
             input: tokio::sync::Mutex::new(Some(input)),
             pty,
@@ -280,15 +293,17 @@ impl Sessions {
     }
 
     /// Writes input (may be empty: only read) and waits up to `yield_for`.
+    #[allow(clippy::too_many_arguments)] // the fields of one request
     pub async fn input(
         &self,
         id: &str,
+        owner: &str,
         data: &[u8],
         from: Option<u64>,
         yield_for: Duration,
         max: usize,
     ) -> Result<Reply, SessionError> {
-        let s = self.get(id)?;
+        let s = self.get(id, owner)?;
         s.touch();
         if !data.is_empty() {
             let mut input = s.input.lock().await;
@@ -307,8 +322,8 @@ impl Sessions {
     }
 
     /// Sets the terminal size (the kernel sends SIGWINCH to the foreground group).
-    pub fn resize(&self, id: &str, rows: u16, cols: u16) -> Result<(), SessionError> {
-        let s = self.get(id)?;
+    pub fn resize(&self, id: &str, owner: &str, rows: u16, cols: u16) -> Result<(), SessionError> {
+        let s = self.get(id, owner)?;
         s.touch();
         if let Some(m) = &s.pty {
             let ws = libc::winsize { ws_row: rows.max(1), ws_col: cols.max(1), ws_xpixel: 0, ws_ypixel: 0 };
@@ -319,8 +334,8 @@ impl Sessions {
     }
 
     /// Kills the whole process group and answers the last output.
-    pub async fn kill(&self, id: &str, max: usize) -> Result<Reply, SessionError> {
-        let s = self.get(id)?;
+    pub async fn kill(&self, id: &str, owner: &str, max: usize) -> Result<Reply, SessionError> {
+        let s = self.get(id, owner)?;
         if s.pgid > 0 {
             let _ = killpg(Pid::from_raw(s.pgid), Signal::SIGKILL);
         }
@@ -363,14 +378,18 @@ mod tests {
         let s = Sessions::default();
         let r = s.start("c", spec("cat"), Duration::from_millis(250), 1000).await.expect("start");
         assert!(r.running);
-        let r = s.input("c", b"ping\n", None, Duration::from_millis(500), 1000).await.expect("input");
+        assert!(matches!(
+            s.input("c", "someone-else", b"x", None, Duration::from_millis(250), 10).await,
+            Err(SessionError::NotFound)
+        ));
+        let r = s.input("c", "", b"ping\n", None, Duration::from_millis(500), 1000).await.expect("input");
         assert_eq!(r.chunk.text, "ping\n");
         let r = s
             .start("k", spec("trap '' HUP; sleep 1000 & sleep 1000"), Duration::from_millis(250), 1000)
             .await
             .expect("start");
         assert!(r.running);
-        let r = s.kill("k", 1000).await.expect("kill");
+        let r = s.kill("k", "", 1000).await.expect("kill");
         assert_eq!((r.running, r.signal.as_deref()), (false, Some("SIGKILL")));
     }
 

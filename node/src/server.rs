@@ -161,6 +161,7 @@ pub async fn run(
         fake_providers: cfg.fake_provider_dir.is_some(),
         links: Default::default(),
         sessions: Default::default(),
+        http: reqwest::Client::builder().timeout(Duration::from_secs(120)).build().unwrap_or_default(),
     });
     let mut http_stop = stop_rx.clone();
     let http = tokio::spawn(

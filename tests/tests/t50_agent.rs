@@ -271,3 +271,49 @@ async fn t50_a_second_connection_replaces_the_first() {
     let (_, v) = c.call(Method::GET, 1, &format!("/v1/computers/{id}"), &c.token, None).await;
     assert_eq!(v["state"], "running");
 }
+
+/// On 3 nodes, session and file calls that reach nodes without the link are routed to the node
+/// that holds it, and a session started through one node continues through another.
+#[tokio::test]
+async fn t60_calls_are_routed_to_the_link_owner() {
+    let c = TestCluster::start(3).await;
+    let (id, _agent) = linked(&c, "routed").await;
+    for via in [2, 3] {
+        let (s, v) = c
+            .call(
+                Method::POST,
+                via,
+                &format!("/v1/computers/{id}/sessions"),
+                &c.token,
+                Some(json!({"command": "echo routed"})),
+            )
+            .await;
+        assert_eq!((s, v["output"].clone()), (200, json!("routed\n")), "via node {via}: {v}");
+    }
+    let (_, v) = c
+        .call(
+            Method::POST,
+            2,
+            &format!("/v1/computers/{id}/sessions"),
+            &c.token,
+            Some(json!({"command": "cat", "yieldTimeMs": 250})),
+        )
+        .await;
+    let sid = v["session"].as_str().expect("session").to_string();
+    let (s, v) = c
+        .call(
+            Method::POST,
+            3,
+            &format!("/v1/computers/{id}/sessions/{sid}/input"),
+            &c.token,
+            Some(json!({"chars": "hop\\n", "yieldTimeMs": 500})),
+        )
+        .await;
+    assert_eq!((s, v["output"].clone()), (200, json!("hop\n")), "{v}");
+    let path = c.dir.path().join("routed.txt").to_string_lossy().into_owned();
+    let (s, _) = c
+        .call(Method::PUT, 3, &format!("/v1/computers/{id}/files?path={path}"), &c.token, Some(json!({"content": "x"})))
+        .await;
+    assert_eq!(s, 200);
+    assert_eq!(std::fs::read_to_string(&path).expect("file"), "x");
+}

@@ -8,6 +8,7 @@ mod error;
 mod events;
 mod executions;
 mod files;
+mod forward;
 mod grants;
 mod health;
 mod identity;
@@ -37,6 +38,8 @@ pub struct AppState {
     pub links: std::sync::Arc<crate::link::LinkRegistry>,
     /// Command sessions started through this node.
     pub sessions: std::sync::Arc<sessions::SessionRegistry>,
+    /// For forwarding calls to the node that holds a link.
+    pub http: reqwest::Client,
 }
 
 /// The API router.
@@ -61,18 +64,22 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/computers/{id}/release", post(computers::release))
         .route("/v1/computers/{id}/bots", get(grants::list))
         .route("/v1/computers/{id}/bots/{bot}", put(grants::put).get(grants::get).delete(grants::delete))
-        .route("/v1/computers/{id}/sessions", post(sessions::start))
-        .route("/v1/computers/{id}/sessions/{sid}", delete(sessions::stop))
-        .route("/v1/computers/{id}/sessions/{sid}/input", post(sessions::input))
-        .route("/v1/computers/{id}/sessions/{sid}/resize", post(sessions::resize))
-        .route(
-            "/v1/computers/{id}/files",
-            get(files::read)
-                .put(files::write)
-                .delete(files::remove)
-                .layer(axum::extract::DefaultBodyLimit::max(files::MAX_FILE * 4 / 3 + 64 * 1024)),
+        .merge(
+            Router::new()
+                .route("/v1/computers/{id}/sessions", post(sessions::start))
+                .route("/v1/computers/{id}/sessions/{sid}", delete(sessions::stop))
+                .route("/v1/computers/{id}/sessions/{sid}/input", post(sessions::input))
+                .route("/v1/computers/{id}/sessions/{sid}/resize", post(sessions::resize))
+                .route(
+                    "/v1/computers/{id}/files",
+                    get(files::read)
+                        .put(files::write)
+                        .delete(files::remove)
+                        .layer(axum::extract::DefaultBodyLimit::max(files::MAX_FILE * 4 / 3 + 64 * 1024)),
+                )
+                .route("/v1/computers/{id}/directory", get(files::directory))
+                .layer(axum::middleware::from_fn_with_state(state.clone(), forward::to_link_owner)),
         )
-        .route("/v1/computers/{id}/directory", get(files::directory))
         .route("/v1/agent/pair", post(agent::pair))
         .route("/v1/agent/link", get(agent::link))
         .route("/v1/executions/{id}", get(executions::get))

@@ -1,6 +1,8 @@
-//! Command sessions on a Computer: start, input, resize, stop. The process lives in the agent;
-//! this node keeps who started each session, the output offset delivered, and runs the calls of
-//! one session in order.
+//! Command sessions on a Computer: start, input, resize, stop. The process lives in the agent,
+//! which also keeps who started it (a call by anyone else is told the session does not exist).
+//! This node caches the session's owner and the output offset it delivered, and runs the calls
+//! of one session in order; a node that never saw the session (the link moved) starts a fresh
+//! cache entry and reads from the agent's own cursor.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -51,11 +53,22 @@ pub struct SessionRegistry {
 }
 
 impl SessionRegistry {
-    fn get(&self, id: &str) -> Option<Arc<SessionEntry>> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).get(id).cloned()
-    }
     fn insert(&self, id: &str, e: Arc<SessionEntry>) {
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).insert(id.to_string(), e);
+    }
+    fn get_or_insert(&self, id: &str, computer_id: &str, owner: &str) -> Arc<SessionEntry> {
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(id.to_string())
+            .or_insert_with(|| {
+                Arc::new(SessionEntry {
+                    computer_id: computer_id.to_string(),
+                    owner: owner.to_string(),
+                    turn: tokio::sync::Mutex::new(None),
+                })
+            })
+            .clone()
     }
     fn remove(&self, id: &str) {
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
@@ -212,6 +225,7 @@ pub async fn start(
         cols: b.cols.unwrap_or(80) as u32,
         yield_ms,
         max_output_bytes: max,
+        owner: owner_of(&caller),
     };
     let r = match agent.start(req).await {
         Ok(r) => r.into_inner(),
@@ -234,9 +248,16 @@ async fn session_of(
     computer: &str,
     sid: &str,
 ) -> Result<Arc<SessionEntry>, ApiError> {
-    match state.sessions.get(sid) {
-        Some(e) if e.computer_id == computer && e.owner == owner_of(caller) => Ok(e),
-        _ => Err(ApiError::not_found("no such session")),
+    if !sid.starts_with("cse_") || sid.len() > 100 {
+        return Err(ApiError::not_found("no such session"));
+    }
+    // A node that never saw the session (the link moved here) starts a fresh cache entry; the
+    // agent checks the owner again.
+    let e = state.sessions.get_or_insert(sid, computer, &owner_of(caller));
+    if e.computer_id == computer && e.owner == owner_of(caller) {
+        Ok(e)
+    } else {
+        Err(ApiError::not_found("no such session"))
     }
 }
 
@@ -264,8 +285,23 @@ pub async fn input(
     let mut agent = agent_for(&state, &caller, &id, true).await?;
     let entry = session_of(&state, &caller, &id, &sid).await?;
     let mut turn = entry.turn.lock().await;
-    let req = SessionInput { session_id: sid.clone(), data, yield_ms, max_output_bytes: max, from_offset: *turn };
-    let r = agent.input(req).await.map_err(agent_error)?.into_inner();
+    let req = SessionInput {
+        session_id: sid.clone(),
+        data,
+        yield_ms,
+        max_output_bytes: max,
+        from_offset: *turn,
+        owner: owner_of(&caller),
+    };
+    let r = match agent.input(req).await {
+        Ok(r) => r.into_inner(),
+        Err(s) => {
+            if s.code() == tonic::Code::NotFound {
+                state.sessions.remove(&sid);
+            }
+            return Err(agent_error(s));
+        }
+    };
     *turn = Some(r.offset);
     if !r.running {
         state.sessions.remove(&sid);
@@ -297,7 +333,7 @@ pub async fn resize(
     let entry = session_of(&state, &caller, &id, &sid).await?;
     let _turn = entry.turn.lock().await;
     agent
-        .resize_terminal(Resize { session_id: sid, rows: b.rows as u32, cols: b.cols as u32 })
+        .resize_terminal(Resize { session_id: sid, rows: b.rows as u32, cols: b.cols as u32, owner: owner_of(&caller) })
         .await
         .map_err(agent_error)?;
     Ok(StatusCode::NO_CONTENT)
@@ -314,7 +350,7 @@ pub async fn stop(
     let entry = session_of(&state, &caller, &id, &sid).await?;
     let _turn = entry.turn.lock().await;
     let r = agent
-        .kill(SessionRef { session_id: sid.clone(), max_output_bytes: MAX_OUTPUT_DEFAULT })
+        .kill(SessionRef { session_id: sid.clone(), max_output_bytes: MAX_OUTPUT_DEFAULT, owner: owner_of(&caller) })
         .await
         .map_err(agent_error)?;
     state.sessions.remove(&sid);
