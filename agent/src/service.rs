@@ -15,6 +15,7 @@ use computerd_proto::agent::FileInfo;
 use computerd_proto::agent::FilePath;
 use computerd_proto::agent::Nothing;
 use computerd_proto::agent::Resize;
+use computerd_proto::agent::SessionEnded;
 use computerd_proto::agent::SessionInput;
 use computerd_proto::agent::SessionRef;
 use computerd_proto::agent::SessionReply;
@@ -206,6 +207,43 @@ impl Agent for AgentService {
         let path = files::resolve(&self.workdir, &req.get_ref().path).map_err(file_status)?;
         let entries = files::list(&path).await.map_err(file_status)?;
         Ok(Response::new(DirListing { entries: entries.into_iter().map(info).collect() }))
+    }
+
+    type WatchSessionsStream = Pin<Box<dyn Stream<Item = Result<SessionEnded, Status>> + Send>>;
+
+    async fn watch_sessions(&self, req: Request<Nothing>) -> Result<Response<Self::WatchSessionsStream>, Status> {
+        check(&self.generation, &req)?;
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<SessionEnded, Status>>(64);
+        let sessions = self.sessions.clone();
+        tokio::spawn(async move {
+            loop {
+                let batch = sessions.next_ended().await;
+                let mut undelivered = Vec::new();
+                let mut closed = false;
+                for e in batch {
+                    if closed {
+                        undelivered.push(e);
+                        continue;
+                    }
+                    let msg = SessionEnded {
+                        session_id: e.session_id.clone(),
+                        owner: e.owner.clone(),
+                        exit_code: e.exit_code,
+                        signal: e.signal.clone(),
+                    };
+                    if tx.send(Ok(msg)).await.is_err() {
+                        closed = true;
+                        undelivered.push(e);
+                    }
+                }
+                if closed {
+                    // The link went away: keep these for the next link.
+                    sessions.requeue(undelivered);
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }
 
     async fn ping(&self, req: Request<Nothing>) -> Result<Response<Nothing>, Status> {

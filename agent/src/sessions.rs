@@ -93,6 +93,8 @@ struct Session {
     readers: Mutex<usize>,
     changed: Notify,
     last_used: Mutex<Instant>,
+    /// Calls waiting on this session now.
+    waiting: std::sync::atomic::AtomicUsize,
 }
 
 impl Session {
@@ -113,6 +115,12 @@ impl Session {
 
     /// Waits until the command is done or `yield_for` passed.
     async fn wait(&self, yield_for: Duration) {
+        self.waiting.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.wait_inner(yield_for).await;
+        self.waiting.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    async fn wait_inner(&self, yield_for: Duration) {
         let deadline = Instant::now() + yield_for;
         loop {
             let notified = self.changed.notified();
@@ -131,10 +139,26 @@ impl Session {
     }
 }
 
+/// A command that ended while no call waited on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ended {
+    /// The session.
+    pub session_id: String,
+    /// Who started it.
+    pub owner: String,
+    /// Exit code.
+    pub exit_code: Option<i32>,
+    /// Signal name.
+    pub signal: Option<String>,
+}
+
 /// All sessions of this agent.
 #[derive(Default, Clone)]
 pub struct Sessions {
     inner: Arc<Mutex<HashMap<String, Arc<Session>>>>,
+    /// Ends not yet delivered to a node, oldest first (bounded).
+    ended: Arc<Mutex<std::collections::VecDeque<Ended>>>,
+    ended_changed: Arc<Notify>,
 }
 
 fn signal_name(sig: i32) -> String {
@@ -253,6 +277,7 @@ impl Sessions {
             readers: Mutex::new(0),
             changed: Notify::new(),
             last_used: Mutex::new(Instant::now()),
+            waiting: std::sync::atomic::AtomicUsize::new(0),
         });
         for r in readers {
             spawn_reader(s.clone(), r);
@@ -260,6 +285,13 @@ impl Sessions {
         {
             let s = s.clone();
             let mut child = child;
+            let (ended, ended_changed, id, owner, all) = (
+                self.ended.clone(),
+                self.ended_changed.clone(),
+                id.to_string(),
+                spec.owner.clone(),
+                self.inner.clone(),
+            );
             tokio::spawn(async move {
                 let status = child.wait().await;
                 let exit = match status {
@@ -269,12 +301,23 @@ impl Sessions {
                     }
                     Err(e) => (None, Some(format!("wait failed: {e}"))),
                 };
-                *s.exit.lock().unwrap_or_else(|p| p.into_inner()) = Some(exit);
+                *s.exit.lock().unwrap_or_else(|p| p.into_inner()) = Some(exit.clone());
                 s.changed.notify_waiters();
                 // Children that keep the output open do not hold the answer forever.
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 *s.readers.lock().unwrap_or_else(|p| p.into_inner()) = 0;
                 s.changed.notify_waiters();
+                // Nobody waited when it ended: tell the node, which emits `computer_session`.
+                let unanswered = all.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&id);
+                if unanswered && s.waiting.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+                    let mut q = ended.lock().unwrap_or_else(|p| p.into_inner());
+                    q.push_back(Ended { session_id: id, owner, exit_code: exit.0, signal: exit.1 });
+                    while q.len() > 10_000 {
+                        q.pop_front();
+                    }
+                    drop(q);
+                    ended_changed.notify_waiters();
+                }
             });
         }
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).insert(id.to_string(), s.clone());
@@ -341,6 +384,30 @@ impl Sessions {
         }
         s.wait(Duration::from_secs(5)).await;
         Ok(self.finish_call(id, &s, None, max))
+    }
+
+    /// Waits for and takes the ends not yet delivered.
+    pub async fn next_ended(&self) -> Vec<Ended> {
+        loop {
+            let notified = self.ended_changed.notified();
+            {
+                let mut q = self.ended.lock().unwrap_or_else(|p| p.into_inner());
+                if !q.is_empty() {
+                    return q.drain(..).collect();
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// Puts back ends whose delivery failed (at the front, in order).
+    pub fn requeue(&self, items: Vec<Ended>) {
+        let mut q = self.ended.lock().unwrap_or_else(|p| p.into_inner());
+        for e in items.into_iter().rev() {
+            q.push_front(e);
+        }
+        drop(q);
+        self.ended_changed.notify_waiters();
     }
 
     /// How many sessions live.

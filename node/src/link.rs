@@ -175,6 +175,7 @@ pub async fn handle(state: AppState, mut socket: WebSocket) {
         .max_encoding_message_size(8 << 20);
     state.links.insert(&computer_id, Link { generation, client: client.clone() });
     tracing::info!(computer_id = %computer_id, generation, "agent linked");
+    let watcher = tokio::spawn(watch_sessions(state.clone(), computer_id.clone(), generation, client.clone()));
     // Watch the link: a failed ping or a newer generation ends it.
     let mut pinger = client;
     loop {
@@ -190,7 +191,29 @@ pub async fn handle(state: AppState, mut socket: WebSocket) {
             break;
         }
     }
+    watcher.abort();
     link_down(&state, &computer_id, generation).await;
+}
+
+/// Turns the agent's reports of commands that ended after their wait into `computer_session`
+/// events.
+async fn watch_sessions(state: AppState, computer_id: String, generation: u64, mut client: Agent) {
+    let Ok(stream) = client.watch_sessions(Nothing {}).await else { return };
+    let mut stream = stream.into_inner();
+    while let Some(Ok(e)) = stream.next().await {
+        let cmd = Command::SessionEnded {
+            computer_id: computer_id.clone(),
+            generation,
+            session_id: e.session_id,
+            owner: e.owner,
+            exit_code: e.exit_code,
+            signal: e.signal,
+            at_ms: now_ms(),
+        };
+        if let Err(err) = state.cluster.propose(Request::new(cmd)).await {
+            tracing::warn!(computer_id = %computer_id, error = %err, "could not record a session's end");
+        }
+    }
 }
 
 async fn link_down(state: &AppState, computer_id: &str, generation: u64) {

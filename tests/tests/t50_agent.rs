@@ -317,3 +317,36 @@ async fn t60_calls_are_routed_to_the_link_owner() {
     assert_eq!(s, 200);
     assert_eq!(std::fs::read_to_string(&path).expect("file"), "x");
 }
+
+/// A command that ends after its wait, while nobody waits on it, emits one `computer_session`
+/// event with its exit; its output is still there for the next call.
+#[tokio::test]
+async fn t70_computer_session_event() {
+    let c = TestCluster::start(1).await;
+    let (id, _agent) = linked(&c, "ev").await;
+    let (_, v) = run(&c, &id, json!({"command": "sleep 1; echo bye; exit 4", "yieldTimeMs": 250})).await;
+    assert_eq!(v["running"], true);
+    let sid = v["session"].as_str().expect("session").to_string();
+    let ev = wait_for("a computer_session event", Duration::from_secs(20), || {
+        let sid = sid.clone();
+        let c = &c;
+        async move {
+            let (_, v) = c.call(Method::GET, 1, "/v1/events?after=0", &c.token, None).await;
+            v["events"]
+                .as_array()?
+                .iter()
+                .find(|e| e["type"] == "computer_session" && e["data"]["sessionId"] == sid.as_str())
+                .cloned()
+        }
+    })
+    .await;
+    assert_eq!((ev["computerId"].as_str(), ev["data"]["exitCode"].clone()), (Some(id.as_str()), json!(4)));
+    let v = input(&c, &id, &sid, "", 1000).await;
+    assert_eq!(
+        (v["running"].clone(), v["exitCode"].clone(), v["output"].clone()),
+        (json!(false), json!(4), json!("bye\n"))
+    );
+    let (_, all) = c.call(Method::GET, 1, "/v1/events?after=0", &c.token, None).await;
+    let n = all["events"].as_array().expect("events").iter().filter(|e| e["type"] == "computer_session").count();
+    assert_eq!(n, 1, "one event per session");
+}

@@ -245,6 +245,23 @@ pub enum Command {
         /// Unix ms.
         at_ms: u64,
     },
+    /// A command ended after its wait: emits a `computer_session` event (once per session).
+    SessionEnded {
+        /// The Computer.
+        computer_id: String,
+        /// The link generation that reported it (older links are not believed).
+        generation: u64,
+        /// The session.
+        session_id: String,
+        /// Who started it.
+        owner: String,
+        /// Exit code.
+        exit_code: Option<i32>,
+        /// Signal name.
+        signal: Option<String>,
+        /// Unix ms.
+        at_ms: u64,
+    },
     /// Replaces the capability rules.
     SetRules {
         /// The token id of the caller.
@@ -274,6 +291,7 @@ impl Command {
             Command::RedeemPairing { .. } => "redeem_pairing",
             Command::LinkUp { .. } => "link_up",
             Command::LinkDown { .. } => "link_down",
+            Command::SessionEnded { .. } => "session_ended",
             Command::Bootstrap { .. } => "bootstrap",
             Command::CreateMember { .. } => "create_member",
             Command::CreateBot { .. } => "create_bot",

@@ -553,6 +553,32 @@ impl State {
         Ok(())
     }
 
+    /// A command ended after its wait: one `computer_session` event per session, reported by the
+    /// current link only.
+    #[allow(clippy::too_many_arguments)] // the fields of one report
+    pub(crate) fn session_ended(
+        &mut self,
+        computer_id: &str,
+        generation: u64,
+        session_id: &str,
+        owner: &str,
+        exit_code: Option<i32>,
+        signal: Option<&str>,
+        at: u64,
+    ) -> Result<(), Reject> {
+        let c = self.computers.get(computer_id).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such computer"))?;
+        if c.link_generation != generation {
+            return Err(Reject::new(RejectKind::Conflict, "a newer link replaced this one"));
+        }
+        let seen = self.events.iter().any(|e| e.kind == "computer_session" && e.data["sessionId"] == session_id);
+        if !seen {
+            let data =
+                serde_json::json!({"sessionId": session_id, "owner": owner, "exitCode": exit_code, "signal": signal});
+            self.push_event(at, "computer_session", computer_id, None, data);
+        }
+        Ok(())
+    }
+
     /// Stop on an unknown-outcome pause: the Computer becomes `failed` (the sandbox may still run).
     pub(crate) fn stop(&mut self, by: &str, computer_id: &str, at: u64) -> Result<(), Reject> {
         let caller = self.caller_by_token_id(by)?;

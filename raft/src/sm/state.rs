@@ -169,6 +169,9 @@ impl State {
     fn try_apply(&mut self, cmd: &Command) -> Result<(), Reject> {
         match cmd {
             Command::LinkDown { computer_id, generation, at_ms } => self.link_down(computer_id, *generation, *at_ms),
+            Command::SessionEnded { computer_id, generation, session_id, owner, exit_code, signal, at_ms } => {
+                self.session_ended(computer_id, *generation, session_id, owner, *exit_code, signal.as_deref(), *at_ms)
+            }
             Command::SubmitExecution(_)
             | Command::Acquire { .. }
             | Command::RedeemPairing { .. }
