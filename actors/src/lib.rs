@@ -1,6 +1,8 @@
 //! The actors a node places, and the provider adapters they call.
 //!
 //! - [`computer`]: `ComputerActor`, one per Computer with work, drives its lifecycle executions.
+//! - [`link`]: `AgentLinkActor`, one per agent link held by this node, and the link registry.
+//! - [`session`]: `SessionActor`, one per command session, running its calls in order.
 //! - [`driver`]: hands claimable executions to Computer actors on the leader; settles executions a
 //!   lost driver left behind.
 //! - [`provider`]: the adapter contract (no retries, no self-resume, precise failure kinds);
@@ -12,4 +14,6 @@ pub mod computer;
 pub mod driver;
 pub mod factory;
 pub mod fake;
+pub mod link;
 pub mod provider;
+pub mod session;

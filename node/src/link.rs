@@ -1,5 +1,6 @@
-//! Agent links held by this node: the WebSocket handler of `/v1/agent/link` and the registry of
-//! live links (one per Computer, the newest generation wins).
+//! The WebSocket handler of `/v1/agent/link`: authenticates the agent, commits the link's
+//! generation, opens gRPC over the connection and hands the link to an `AgentLinkActor`
+//! (`computerd_actors::link`), which watches it and records its end.
 //!
 //! A link: the agent sends `{"computerId","credential"}`; the node commits `LinkUp` (a new
 //! generation) and answers `{"generation"}`; then the node speaks gRPC to the agent over the same
@@ -8,15 +9,15 @@
 //! only, and the registry entry is removed only if it is still that generation, so closing an
 //! old link never unregisters a newer one.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use axum::extract::ws::Message;
 use axum::extract::ws::WebSocket;
-use computerd_proto::LINK_GENERATION;
-use computerd_proto::agent::Nothing;
+use computerd_actors::link::AgentLinkActor;
+use computerd_actors::link::Generation;
+use computerd_actors::link::LinkArgs;
 use computerd_proto::agent::agent_client::AgentClient;
 use computerd_proto::wsio::MessageIo;
 use computerd_raft::sm::Command;
@@ -25,78 +26,11 @@ use computerd_raft::sm::Response;
 use computerd_raft::sm::hash_secret;
 use futures::SinkExt;
 use futures::StreamExt;
-use tonic::service::Interceptor;
-use tonic::service::interceptor::InterceptedService;
-use tonic::transport::Channel;
+use ractor::Actor;
 use tonic::transport::Endpoint;
 
 use crate::http::AppState;
 use crate::ids::now_ms;
-
-/// Adds the link generation to every call.
-#[derive(Clone)]
-pub struct Generation(pub u64);
-
-impl Interceptor for Generation {
-    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        req.metadata_mut().insert(LINK_GENERATION, self.0.into());
-        Ok(req)
-    }
-}
-
-/// A gRPC client of one agent over its link.
-pub type Agent = AgentClient<InterceptedService<Channel, Generation>>;
-
-/// One live link.
-#[derive(Clone)]
-pub struct Link {
-    /// Its generation.
-    pub generation: u64,
-    /// The agent.
-    pub client: Agent,
-}
-
-/// The links this node holds, by Computer id.
-#[derive(Default)]
-pub struct LinkRegistry {
-    inner: Mutex<HashMap<String, Link>>,
-}
-
-impl LinkRegistry {
-    /// The live link of a Computer on this node.
-    pub fn get(&self, computer_id: &str) -> Option<Link> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).get(computer_id).cloned()
-    }
-
-    fn insert(&self, computer_id: &str, link: Link) {
-        let mut map = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        if map.get(computer_id).is_none_or(|l| l.generation < link.generation) {
-            map.insert(computer_id.to_string(), link);
-        }
-    }
-
-    fn current(&self, computer_id: &str) -> Option<u64> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).get(computer_id).map(|l| l.generation)
-    }
-
-    /// Removes the entry only if it is still `generation`.
-    fn remove_if(&self, computer_id: &str, generation: u64) {
-        let mut map = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        if map.get(computer_id).is_some_and(|l| l.generation == generation) {
-            map.remove(computer_id);
-        }
-    }
-
-    /// How many links this node holds.
-    pub fn len(&self) -> usize {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-
-    /// True when none.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
 
 #[derive(serde::Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -173,51 +107,25 @@ pub async fn handle(state: AppState, mut socket: WebSocket) {
     let client = AgentClient::with_interceptor(channel, Generation(generation))
         .max_decoding_message_size(8 << 20)
         .max_encoding_message_size(8 << 20);
-    state.links.insert(&computer_id, Link { generation, client: client.clone() });
-    tracing::info!(computer_id = %computer_id, generation, "agent linked");
-    let watcher = tokio::spawn(watch_sessions(state.clone(), computer_id.clone(), generation, client.clone()));
-    // Watch the link: a failed ping or a newer generation ends it.
-    let mut pinger = client;
-    loop {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        if state.links.current(&computer_id) != Some(generation) {
-            tracing::info!(computer_id = %computer_id, generation, "link replaced by a newer one");
-            break;
+    let args = LinkArgs {
+        computer_id: computer_id.clone(),
+        generation,
+        client,
+        cluster: state.cluster.clone(),
+        links: state.links.clone(),
+    };
+    match Actor::spawn(None, AgentLinkActor, args).await {
+        Ok((_, done)) => {
+            let _ = done.await;
         }
-        let mut req = tonic::Request::new(Nothing {});
-        req.set_timeout(Duration::from_secs(5));
-        if let Err(s) = pinger.ping(req).await {
-            tracing::info!(computer_id = %computer_id, generation, status = %s, "agent link lost");
-            break;
-        }
-    }
-    watcher.abort();
-    link_down(&state, &computer_id, generation).await;
-}
-
-/// Turns the agent's reports of commands that ended after their wait into `computer_session`
-/// events.
-async fn watch_sessions(state: AppState, computer_id: String, generation: u64, mut client: Agent) {
-    let Ok(stream) = client.watch_sessions(Nothing {}).await else { return };
-    let mut stream = stream.into_inner();
-    while let Some(Ok(e)) = stream.next().await {
-        let cmd = Command::SessionEnded {
-            computer_id: computer_id.clone(),
-            generation,
-            session_id: e.session_id,
-            owner: e.owner,
-            exit_code: e.exit_code,
-            signal: e.signal,
-            at_ms: now_ms(),
-        };
-        if let Err(err) = state.cluster.propose(Request::new(cmd)).await {
-            tracing::warn!(computer_id = %computer_id, error = %err, "could not record a session's end");
+        Err(e) => {
+            tracing::warn!(computer_id = %computer_id, error = %e, "cannot start the link actor");
+            link_down(&state, &computer_id, generation).await;
         }
     }
 }
 
 async fn link_down(state: &AppState, computer_id: &str, generation: u64) {
-    state.links.remove_if(computer_id, generation);
     let cmd = Command::LinkDown { computer_id: computer_id.to_string(), generation, at_ms: now_ms() };
     if let Err(e) = state.cluster.propose(Request::new(cmd)).await {
         tracing::warn!(computer_id = %computer_id, error = %e, "could not record the link's end");

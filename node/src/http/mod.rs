@@ -35,9 +35,9 @@ pub struct AppState {
     /// Whether this node accepts fake (test) providers.
     pub fake_providers: bool,
     /// Agent links held by this node.
-    pub links: std::sync::Arc<crate::link::LinkRegistry>,
-    /// Command sessions started through this node.
-    pub sessions: std::sync::Arc<sessions::SessionRegistry>,
+    pub links: std::sync::Arc<computerd_actors::link::LinkRegistry>,
+    /// Command sessions with actors on this node.
+    pub sessions: std::sync::Arc<computerd_actors::session::SessionRegistry>,
     /// For forwarding calls to the node that holds a link.
     pub http: reqwest::Client,
 }

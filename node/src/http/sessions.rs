@@ -1,17 +1,19 @@
 //! Command sessions on a Computer: start, input, resize, stop. The process lives in the agent,
 //! which also keeps who started it (a call by anyone else is told the session does not exist).
-//! This node caches the session's owner and the output offset it delivered, and runs the calls
-//! of one session in order; a node that never saw the session (the link moved) starts a fresh
-//! cache entry and reads from the agent's own cursor.
+//! Each session has a `SessionActor` on the node holding the link (`computerd_actors::session`):
+//! it runs the session's calls in order and keeps the output offset delivered. A node that never
+//! saw the session (the link moved here) starts a fresh actor, which reads from the agent's own
+//! cursor.
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::sync::Mutex;
 
 use axum::Json;
 use axum::extract::Path;
 use axum::extract::State;
 use axum::http::StatusCode;
+use computerd_actors::link::Agent;
+use computerd_actors::session::SessionHandle;
+use computerd_actors::session::SessionMessage;
 use computerd_proto::ErrorKind;
 use computerd_proto::agent::Resize;
 use computerd_proto::agent::SessionInput;
@@ -19,6 +21,8 @@ use computerd_proto::agent::SessionRef;
 use computerd_proto::agent::SessionReply;
 use computerd_proto::agent::StartSession;
 use computerd_raft::sm::Caller;
+use ractor::RpcReplyPort;
+use ractor::rpc::CallResult;
 use serde::Deserialize;
 use serde_json::Value;
 use serde_json::json;
@@ -28,7 +32,6 @@ use super::AppState;
 use super::Auth;
 use super::util::Body;
 use crate::ids::new_id;
-use crate::link::Agent;
 
 /// Default and bounds of `yieldTimeMs`.
 const YIELD_DEFAULT: u32 = 10_000;
@@ -36,44 +39,6 @@ const YIELD_RANGE: std::ops::RangeInclusive<u32> = 250..=30_000;
 /// Default and upper bound of `maxOutputBytes`.
 const MAX_OUTPUT_DEFAULT: u32 = 65_536;
 const MAX_OUTPUT_LIMIT: u32 = 1 << 20;
-
-/// What this node knows of a session.
-pub struct SessionEntry {
-    computer_id: String,
-    /// The bot or member that started it: only it may use the session.
-    owner: String,
-    /// Held during a call: the calls of one session run in order. Holds the delivered offset.
-    turn: tokio::sync::Mutex<Option<u64>>,
-}
-
-/// Sessions started through this node.
-#[derive(Default)]
-pub struct SessionRegistry {
-    inner: Mutex<HashMap<String, Arc<SessionEntry>>>,
-}
-
-impl SessionRegistry {
-    fn insert(&self, id: &str, e: Arc<SessionEntry>) {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).insert(id.to_string(), e);
-    }
-    fn get_or_insert(&self, id: &str, computer_id: &str, owner: &str) -> Arc<SessionEntry> {
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(id.to_string())
-            .or_insert_with(|| {
-                Arc::new(SessionEntry {
-                    computer_id: computer_id.to_string(),
-                    owner: owner.to_string(),
-                    turn: tokio::sync::Mutex::new(None),
-                })
-            })
-            .clone()
-    }
-    fn remove(&self, id: &str) {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
-    }
-}
 
 fn owner_of(c: &Caller) -> String {
     c.bot.as_ref().map(|b| b.id.clone()).unwrap_or_else(|| c.member.id.clone())
@@ -188,6 +153,35 @@ pub struct StartIn {
     max_output_bytes: Option<u32>,
 }
 
+/// The session's actor, if the caller may have started it (others get 404; the agent checks the
+/// owner again).
+async fn session_of(state: &AppState, caller: &Caller, computer: &str, sid: &str) -> Result<SessionHandle, ApiError> {
+    if !sid.starts_with("cse_") || sid.len() > 100 {
+        return Err(ApiError::not_found("no such session"));
+    }
+    let h = state
+        .sessions
+        .get_or_start(sid, computer, &owner_of(caller))
+        .await
+        .map_err(|e| ApiError::new(ErrorKind::Internal, format!("cannot start a session actor: {e}")))?;
+    if h.computer_id == computer && h.owner == owner_of(caller) {
+        Ok(h)
+    } else {
+        Err(ApiError::not_found("no such session"))
+    }
+}
+
+/// Asks a session actor; its mailbox orders the calls of one session.
+async fn ask<T: Send + 'static>(
+    h: &SessionHandle,
+    msg: impl FnOnce(RpcReplyPort<Result<T, tonic::Status>>) -> SessionMessage,
+) -> Result<T, ApiError> {
+    match h.actor.call(msg, None).await {
+        Ok(CallResult::Success(r)) => r.map_err(agent_error),
+        _ => Err(ApiError::new(ErrorKind::ComputerExecutionFailed, "the session's actor stopped; try again")),
+    }
+}
+
 /// `POST /v1/computers/:id/sessions`: runs `bash -lc <command>`.
 pub async fn start(
     State(state): State<AppState>,
@@ -206,17 +200,11 @@ pub async fn start(
         return Err(ApiError::invalid("env names must be non-empty without '=' or NUL"));
     }
     let (yield_ms, max) = limits(b.yield_time_ms, b.max_output_bytes)?;
-    let mut agent = agent_for(&state, &caller, &id, true).await?;
+    let agent = agent_for(&state, &caller, &id, true).await?;
     let sid = new_id("cse");
-    let entry = Arc::new(SessionEntry {
-        computer_id: id.clone(),
-        owner: owner_of(&caller),
-        turn: tokio::sync::Mutex::new(None),
-    });
-    let mut turn = entry.turn.lock().await;
-    state.sessions.insert(&sid, entry.clone());
+    let h = session_of(&state, &caller, &id, &sid).await?;
     let req = StartSession {
-        session_id: sid.clone(),
+        session_id: sid,
         command: b.command,
         cwd: b.cwd.unwrap_or_default(),
         env: b.env,
@@ -227,38 +215,8 @@ pub async fn start(
         max_output_bytes: max,
         owner: owner_of(&caller),
     };
-    let r = match agent.start(req).await {
-        Ok(r) => r.into_inner(),
-        Err(s) => {
-            state.sessions.remove(&sid);
-            return Err(agent_error(s));
-        }
-    };
-    *turn = Some(r.offset);
-    if !r.running {
-        state.sessions.remove(&sid);
-    }
+    let r = ask(&h, |reply| SessionMessage::Start(agent, req, reply)).await?;
     Ok(answer(r))
-}
-
-/// The session, if the caller started it (others get 404).
-async fn session_of(
-    state: &AppState,
-    caller: &Caller,
-    computer: &str,
-    sid: &str,
-) -> Result<Arc<SessionEntry>, ApiError> {
-    if !sid.starts_with("cse_") || sid.len() > 100 {
-        return Err(ApiError::not_found("no such session"));
-    }
-    // A node that never saw the session (the link moved here) starts a fresh cache entry; the
-    // agent checks the owner again.
-    let e = state.sessions.get_or_insert(sid, computer, &owner_of(caller));
-    if e.computer_id == computer && e.owner == owner_of(caller) {
-        Ok(e)
-    } else {
-        Err(ApiError::not_found("no such session"))
-    }
 }
 
 /// `POST …/sessions/:sid/input` body.
@@ -282,30 +240,17 @@ pub async fn input(
     let Json(b) = body?;
     let data = unescape(&b.chars)?;
     let (yield_ms, max) = limits(b.yield_time_ms, b.max_output_bytes)?;
-    let mut agent = agent_for(&state, &caller, &id, true).await?;
-    let entry = session_of(&state, &caller, &id, &sid).await?;
-    let mut turn = entry.turn.lock().await;
+    let agent = agent_for(&state, &caller, &id, true).await?;
+    let h = session_of(&state, &caller, &id, &sid).await?;
     let req = SessionInput {
-        session_id: sid.clone(),
+        session_id: sid,
         data,
         yield_ms,
         max_output_bytes: max,
-        from_offset: *turn,
+        from_offset: None,
         owner: owner_of(&caller),
     };
-    let r = match agent.input(req).await {
-        Ok(r) => r.into_inner(),
-        Err(s) => {
-            if s.code() == tonic::Code::NotFound {
-                state.sessions.remove(&sid);
-            }
-            return Err(agent_error(s));
-        }
-    };
-    *turn = Some(r.offset);
-    if !r.running {
-        state.sessions.remove(&sid);
-    }
+    let r = ask(&h, |reply| SessionMessage::Input(agent, req, reply)).await?;
     Ok(answer(r))
 }
 
@@ -329,13 +274,10 @@ pub async fn resize(
     if b.rows == 0 || b.cols == 0 {
         return Err(ApiError::invalid("rows and cols must be at least 1"));
     }
-    let mut agent = agent_for(&state, &caller, &id, true).await?;
-    let entry = session_of(&state, &caller, &id, &sid).await?;
-    let _turn = entry.turn.lock().await;
-    agent
-        .resize_terminal(Resize { session_id: sid, rows: b.rows as u32, cols: b.cols as u32, owner: owner_of(&caller) })
-        .await
-        .map_err(agent_error)?;
+    let agent = agent_for(&state, &caller, &id, true).await?;
+    let h = session_of(&state, &caller, &id, &sid).await?;
+    let req = Resize { session_id: sid, rows: b.rows as u32, cols: b.cols as u32, owner: owner_of(&caller) };
+    ask(&h, |reply| SessionMessage::Resize(agent, req, reply)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -346,15 +288,11 @@ pub async fn stop(
     Path((id, sid)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
     let caller = auth.current(&state).await?;
-    let mut agent = agent_for(&state, &caller, &id, true).await?;
-    let entry = session_of(&state, &caller, &id, &sid).await?;
-    let _turn = entry.turn.lock().await;
-    let r = agent
-        .kill(SessionRef { session_id: sid.clone(), max_output_bytes: MAX_OUTPUT_DEFAULT, owner: owner_of(&caller) })
-        .await
-        .map_err(agent_error)?;
-    state.sessions.remove(&sid);
-    Ok(answer(r.into_inner()))
+    let agent = agent_for(&state, &caller, &id, true).await?;
+    let h = session_of(&state, &caller, &id, &sid).await?;
+    let req = SessionRef { session_id: sid, max_output_bytes: MAX_OUTPUT_DEFAULT, owner: owner_of(&caller) };
+    let r = ask(&h, |reply| SessionMessage::Kill(agent, req, reply)).await?;
+    Ok(answer(r))
 }
 
 #[cfg(test)]

@@ -1,0 +1,192 @@
+//! `SessionActor`: one per command session known to this node. Its mailbox runs the calls of one
+//! session in order; it keeps the output offset delivered, so a call after a link cut reads from
+//! there (complete, ordered output). The process itself lives in the agent, which also checks the
+//! session's owner. The actor stops when the session's end was answered (or the agent no longer
+//! knows it), and leaves the registry then.
+//!
+//! Sent to by: the HTTP session routes (through [`SessionRegistry`]). Speaks gRPC to the agent of
+//! the Computer's current link, which each message carries.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::Mutex;
+
+use computerd_proto::agent::Resize;
+use computerd_proto::agent::SessionInput;
+use computerd_proto::agent::SessionRef;
+use computerd_proto::agent::SessionReply;
+use computerd_proto::agent::StartSession;
+use ractor::Actor;
+use ractor::ActorProcessingErr;
+use ractor::ActorRef;
+use ractor::RpcReplyPort;
+use tonic::Status;
+
+use crate::link::Agent;
+
+/// The actor behaviour.
+pub struct SessionActor;
+
+/// What a session actor starts with.
+pub struct SessionArgs {
+    /// The session.
+    pub session_id: String,
+    /// Where it leaves when it stops.
+    pub registry: Arc<SessionRegistry>,
+}
+
+/// Messages of a session actor; each carries the agent of the current link.
+pub enum SessionMessage {
+    /// Starts the command.
+    Start(Agent, StartSession, RpcReplyPort<Result<SessionReply, Status>>),
+    /// Sends input (the actor fills in the offset), answers new output.
+    Input(Agent, SessionInput, RpcReplyPort<Result<SessionReply, Status>>),
+    /// Resizes the terminal.
+    Resize(Agent, Resize, RpcReplyPort<Result<(), Status>>),
+    /// Kills the process group, answers the last output.
+    Kill(Agent, SessionRef, RpcReplyPort<Result<SessionReply, Status>>),
+}
+
+/// The state of a session actor.
+pub struct SessionState {
+    args: SessionArgs,
+    /// The output offset delivered so far (`None`: the agent's own cursor).
+    offset: Option<u64>,
+}
+
+impl Actor for SessionActor {
+    type Msg = SessionMessage;
+    type State = SessionState;
+    type Arguments = SessionArgs;
+
+    async fn pre_start(
+        &self,
+        _me: ActorRef<SessionMessage>,
+        args: SessionArgs,
+    ) -> Result<SessionState, ActorProcessingErr> {
+        Ok(SessionState { args, offset: None })
+    }
+
+    async fn handle(
+        &self,
+        me: ActorRef<SessionMessage>,
+        msg: SessionMessage,
+        state: &mut SessionState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            SessionMessage::Start(mut agent, req, reply) => {
+                let r = agent.start(req).await.map(|r| r.into_inner());
+                state.after(&me, &r);
+                let _ = reply.send(r);
+            }
+            SessionMessage::Input(mut agent, mut req, reply) => {
+                req.from_offset = state.offset;
+                let r = agent.input(req).await.map(|r| r.into_inner());
+                state.after(&me, &r);
+                let _ = reply.send(r);
+            }
+            SessionMessage::Resize(mut agent, req, reply) => {
+                let r = agent.resize_terminal(req).await.map(|_| ());
+                if let Err(s) = &r
+                    && s.code() == tonic::Code::NotFound
+                {
+                    me.stop(None);
+                }
+                let _ = reply.send(r);
+            }
+            SessionMessage::Kill(mut agent, req, reply) => {
+                let r = agent.kill(req).await.map(|r| r.into_inner());
+                if r.is_ok() || r.as_ref().is_err_and(|s| s.code() == tonic::Code::NotFound) {
+                    me.stop(None);
+                }
+                let _ = reply.send(r);
+            }
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _me: ActorRef<SessionMessage>,
+        state: &mut SessionState,
+    ) -> Result<(), ActorProcessingErr> {
+        state.args.registry.remove(&state.args.session_id);
+        Ok(())
+    }
+}
+
+impl SessionState {
+    fn after(&mut self, me: &ActorRef<SessionMessage>, r: &Result<SessionReply, Status>) {
+        match r {
+            Ok(reply) => {
+                self.offset = Some(reply.offset);
+                if !reply.running {
+                    me.stop(None);
+                }
+            }
+            Err(s) if matches!(s.code(), tonic::Code::NotFound | tonic::Code::AlreadyExists) => me.stop(None),
+            Err(_) => {}
+        }
+    }
+}
+
+/// One registered session.
+#[derive(Clone)]
+pub struct SessionHandle {
+    /// The Computer it runs on.
+    pub computer_id: String,
+    /// The bot or member that started it.
+    pub owner: String,
+    /// Its actor.
+    pub actor: ActorRef<SessionMessage>,
+}
+
+/// The sessions this node has actors for.
+#[derive(Default)]
+pub struct SessionRegistry {
+    inner: Mutex<HashMap<String, SessionHandle>>,
+}
+
+impl SessionRegistry {
+    /// The session's actor, started if this node has none yet (a new session, or one whose link
+    /// moved here).
+    pub async fn get_or_start(
+        self: &Arc<Self>,
+        session_id: &str,
+        computer_id: &str,
+        owner: &str,
+    ) -> Result<SessionHandle, ractor::SpawnErr> {
+        if let Some(h) = self.inner.lock().unwrap_or_else(|p| p.into_inner()).get(session_id) {
+            return Ok(h.clone());
+        }
+        let args = SessionArgs { session_id: session_id.to_string(), registry: self.clone() };
+        let (actor, _) = Actor::spawn(None, SessionActor, args).await?;
+        let handle = SessionHandle { computer_id: computer_id.to_string(), owner: owner.to_string(), actor };
+        let mut map = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        match map.get(session_id) {
+            // Another call started one meanwhile: use it, stop ours.
+            Some(h) => {
+                handle.actor.stop(None);
+                Ok(h.clone())
+            }
+            None => {
+                map.insert(session_id.to_string(), handle.clone());
+                Ok(handle)
+            }
+        }
+    }
+
+    fn remove(&self, session_id: &str) {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).remove(session_id);
+    }
+
+    /// How many sessions have actors here.
+    pub fn len(&self) -> usize {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// True when none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
