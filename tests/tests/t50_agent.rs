@@ -350,3 +350,28 @@ async fn t70_computer_session_event() {
     let n = all["events"].as_array().expect("events").iter().filter(|e| e["type"] == "computer_session").count();
     assert_eq!(n, 1, "one event per session");
 }
+
+/// A resize reaches a PTY session as SIGWINCH with the new size.
+#[tokio::test]
+async fn t80_resize_sends_sigwinch() {
+    let c = TestCluster::start(1).await;
+    let (id, _agent) = linked(&c, "rs").await;
+    let cmd = "trap 'echo size $(stty size)' WINCH; echo ready; while true; do sleep 0.05; done";
+    let (_, v) = run(&c, &id, json!({"command": cmd, "tty": true, "rows": 24, "cols": 80, "yieldTimeMs": 500})).await;
+    assert!(v["output"].as_str().is_some_and(|o| o.contains("ready")), "{v}");
+    let sid = v["session"].as_str().expect("session").to_string();
+    let (s, _) = c
+        .call(
+            Method::POST,
+            1,
+            &format!("/v1/computers/{id}/sessions/{sid}/resize"),
+            &c.token,
+            Some(json!({"rows": 40, "cols": 120})),
+        )
+        .await;
+    assert_eq!(s, 204);
+    let v = input(&c, &id, &sid, "", 1000).await;
+    assert!(v["output"].as_str().is_some_and(|o| o.contains("size 40 120")), "{v}");
+    let (s, _) = c.call(Method::DELETE, 1, &format!("/v1/computers/{id}/sessions/{sid}"), &c.token, None).await;
+    assert_eq!(s, 200);
+}
