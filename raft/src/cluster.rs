@@ -445,16 +445,8 @@ impl Cluster {
             return Err(ClusterError::Unavailable("no leader".into()));
         };
         if leader.0 != self.id() {
-            let mut client = self.channels().get(&leader.1.grpc).map_err(|e| ClusterError::Invalid(e.to_string()))?;
-            let mut r = tonic::Request::new(JoinRequest {
-                node_id,
-                http_addr: String::new(),
-                grpc_addr: String::new(),
-                check_only: true,
-                fresh: true,
-            });
-            r.set_timeout(READ_TIMEOUT);
-            client.join(r).await.map_err(|s| ClusterError::Unavailable(s.message().to_string()))?;
+            let r = node_request(node_id, true, true, READ_TIMEOUT);
+            self.client_of(&leader.1)?.join(r).await.map_err(|s| ClusterError::Unavailable(s.message().to_string()))?;
             return Ok(());
         }
         if !self.view().members.iter().any(|m| m.id == node_id) {
@@ -470,22 +462,28 @@ impl Cluster {
         }
     }
 
+    /// The gRPC client of another member.
+    fn client_of(
+        &self,
+        addr: &NodeAddr,
+    ) -> Result<
+        computerd_proto::cluster::cluster_service_client::ClusterServiceClient<tonic::transport::Channel>,
+        ClusterError,
+    > {
+        self.channels().get(&addr.grpc).map_err(|e| ClusterError::Invalid(e.to_string()))
+    }
+
     /// Removes a node from the membership (through the leader).
     pub async fn leave(&self, node_id: NodeId) -> Result<(), ClusterError> {
         let Some(leader) = self.leader() else {
             return Err(ClusterError::Unavailable("no leader".into()));
         };
         if leader.0 != self.id() {
-            let mut client = self.channels().get(&leader.1.grpc).map_err(|e| ClusterError::Invalid(e.to_string()))?;
-            let mut r = tonic::Request::new(JoinRequest {
-                node_id,
-                http_addr: String::new(),
-                grpc_addr: String::new(),
-                check_only: false,
-                fresh: false,
-            });
-            r.set_timeout(JOIN_TIMEOUT);
-            client.leave(r).await.map_err(|s| ClusterError::Unavailable(s.message().to_string()))?;
+            let r = node_request(node_id, false, false, JOIN_TIMEOUT);
+            self.client_of(&leader.1)?
+                .leave(r)
+                .await
+                .map_err(|s| ClusterError::Unavailable(s.message().to_string()))?;
             return Ok(());
         }
         let view = self.view();
@@ -509,4 +507,17 @@ impl Cluster {
             tracing::warn!(error = %e, "raft shutdown");
         }
     }
+}
+
+/// A membership request about `node_id` without addresses, with a deadline.
+fn node_request(node_id: NodeId, check_only: bool, fresh: bool, timeout: Duration) -> tonic::Request<JoinRequest> {
+    let mut r = tonic::Request::new(JoinRequest {
+        node_id,
+        http_addr: String::new(),
+        grpc_addr: String::new(),
+        check_only,
+        fresh,
+    });
+    r.set_timeout(timeout);
+    r
 }
