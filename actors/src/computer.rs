@@ -21,6 +21,7 @@ use computerd_raft::sm::Source;
 use ractor::Actor;
 use ractor::ActorProcessingErr;
 use ractor::ActorRef;
+use tracing::Instrument;
 
 use crate::factory::ProviderFactory;
 use crate::provider::CreateSpec;
@@ -77,7 +78,9 @@ impl Actor for ComputerActor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             ComputerMessage::Run(exe) => {
-                state.handle_run(&exe).await;
+                // The span is attached to the future (never an `enter` guard held across awaits).
+                let span = tracing::info_span!("execution", execution_id = %exe, computer_id = %state.args.computer_id);
+                state.handle_run(&exe).instrument(span).await;
                 state.args.inflight.lock().unwrap_or_else(|p| p.into_inner()).remove(&exe);
             }
         }
@@ -120,9 +123,6 @@ impl ComputerState {
             Some((exe, computer, provider))
         });
         let Some((exe, computer, provider)) = snapshot else { return };
-        let span =
-            tracing::info_span!("execution", execution_id = %exe_id, computer_id = %computer.id, kind = ?exe.kind);
-        let _g = span.enter();
 
         // A provider sandbox needs an adapter; failing to build one is a failure before sending.
         let adapter = match (&computer.source, &provider) {

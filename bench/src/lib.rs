@@ -1,8 +1,10 @@
-//! Shared parts of the computerd benchmarks `store-bench` and `exec-bench`: the closed-loop
-//! workload runner ([`workload`]), settings from the environment ([`settings`]) and, for
-//! store-bench's reference, etcd clusters ([`etcd`]).
+//! Shared parts of the computerd benchmarks `store-bench`, `exec-bench` and `agent-bench`: the
+//! closed-loop workload runner ([`workload`]), settings from the environment ([`settings`]), for
+//! store-bench's reference, etcd clusters ([`etcd`]), and for agent-bench, a minimal agent link
+//! client and a plain WebSocket baseline ([`link_client`]).
 
 pub mod base64;
 pub mod etcd;
+pub mod link_client;
 pub mod settings;
 pub mod workload;

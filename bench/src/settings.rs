@@ -1,9 +1,10 @@
-//! Settings both benchmarks read from the environment, and the HTTP client they share.
+//! Settings the benchmarks read from the environment, and the HTTP client they share.
 //!
 //! - `BENCH_QUICK=1`: short cells, for a bounded smoke run;
 //! - `BENCH_SECS` / `BENCH_WARMUP_SECS`: measured and warm-up seconds per cell (default 10 and 1;
 //!   2 and 0.5 when quick);
 //! - `COMPUTERD_BIN`: the `computerd` binary (see [`computerd_bin`]);
+//! - `AGENT_BIN`: the `computer-agent` binary, for agent-bench (see [`agent_bin`]);
 //! - `BENCH_JSON`: a path to also write the results to, as JSON.
 
 use std::path::Path;
@@ -46,9 +47,7 @@ pub fn computerd_bin() -> Result<PathBuf> {
         }
         return Ok(p);
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().context("workspace root")?;
-    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target"));
-    let release = target.join("release").join("computerd");
+    let release = release_path("computerd")?;
     if release.is_file() {
         return Ok(release);
     }
@@ -60,11 +59,50 @@ pub fn computerd_bin() -> Result<PathBuf> {
     Ok(computerd_tests::computerd_bin())
 }
 
+/// `AGENT_BIN`, else `<target>/release/computer-agent` if it exists (it is not rebuilt), else the
+/// harness's agent (a debug build, with a warning).
+pub fn agent_bin() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("AGENT_BIN").filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        if !p.is_file() {
+            bail!("AGENT_BIN={} is not a file", p.display());
+        }
+        return Ok(p);
+    }
+    let release = release_path("computer-agent")?;
+    if release.is_file() {
+        return Ok(release);
+    }
+    eprintln!(
+        "warning: {} not found; using the harness's debug build of the agent, so the agent's numbers \
+         are not representative. Build it with `cargo build --release -p computer-agent`.",
+        release.display()
+    );
+    Ok(computerd_tests::agent::agent_bin())
+}
+
+/// `<target dir>/release/<name>` (`CARGO_TARGET_DIR`, else the workspace's `target`).
+fn release_path(name: &str) -> Result<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().context("workspace root")?;
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target"));
+    Ok(target.join("release").join(name))
+}
+
 /// A number of seconds (or any float) from `name`; `None` when unset or blank.
 pub fn env_f64(name: &str) -> Result<Option<f64>> {
     match std::env::var(name) {
         Ok(v) if !v.trim().is_empty() => {
             v.trim().parse().map(Some).with_context(|| format!("{name}={v:?} is not a number"))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// A count from `name`; `None` when unset or blank.
+pub fn env_count(name: &str) -> Result<Option<usize>> {
+    match std::env::var(name) {
+        Ok(v) if !v.trim().is_empty() => {
+            v.trim().parse().map(Some).with_context(|| format!("{name}={v:?} is not a count"))
         }
         _ => Ok(None),
     }

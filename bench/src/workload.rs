@@ -213,7 +213,7 @@ async fn write_once(client: &reqwest::Client, op: &Op, url: &str, unique: &str) 
 }
 
 /// Nearest-rank percentile of sorted microsecond samples, in milliseconds (NaN when empty).
-fn percentile_ms(sorted_us: &[u64], p: f64) -> f64 {
+pub fn percentile_ms(sorted_us: &[u64], p: f64) -> f64 {
     if sorted_us.is_empty() {
         return f64::NAN;
     }

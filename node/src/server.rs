@@ -165,11 +165,19 @@ pub async fn run(
     });
     let mut http_stop = stop_rx.clone();
     let http = tokio::spawn(
-        axum::serve(listeners.http, app)
-            .with_graceful_shutdown(async move {
-                let _ = http_stop.wait_for(|s| *s).await;
-            })
-            .into_future(),
+        // No Nagle delay: back-to-back small answers (session calls) must not wait for ACKs.
+        axum::serve(
+            axum::serve::ListenerExt::tap_io(listeners.http, |tcp| {
+                if let Err(e) = tcp.set_nodelay(true) {
+                    tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+                }
+            }),
+            app,
+        )
+        .with_graceful_shutdown(async move {
+            let _ = http_stop.wait_for(|s| *s).await;
+        })
+        .into_future(),
     );
 
     // 6. Shutdown.

@@ -42,5 +42,6 @@ pub async fn pair(State(state): State<AppState>, body: Body<PairIn>) -> Result<J
 
 /// `GET /v1/agent/link`: upgrades to the agent's WebSocket.
 pub async fn link(State(state): State<AppState>, ws: WebSocketUpgrade) -> Response {
-    ws.max_message_size(1 << 20).on_upgrade(move |socket| crate::link::handle(state, socket))
+    // Small read buffers: an idle link should cost little memory (the default is 128 KiB).
+    ws.max_message_size(1 << 20).read_buffer_size(4 * 1024).on_upgrade(move |socket| crate::link::handle(state, socket))
 }
