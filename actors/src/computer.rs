@@ -24,6 +24,7 @@ use ractor::ActorRef;
 use tracing::Instrument;
 
 use crate::factory::ProviderFactory;
+use crate::now_ms;
 use crate::provider::CreateSpec;
 use crate::provider::ProviderError;
 
@@ -86,10 +87,6 @@ impl Actor for ComputerActor {
         }
         Ok(())
     }
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 fn new_claim() -> String {

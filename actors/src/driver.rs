@@ -108,10 +108,7 @@ async fn takeover(cluster: &Cluster, inflight: &Arc<Mutex<HashSet<String>>>) {
             execution_id: exe.clone(),
             claim,
             reason: "the node driving this call stopped before its answer was recorded".into(),
-            at_ms: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_millis() as u64)
-                .unwrap_or(0),
+            at_ms: crate::now_ms(),
         };
         if let Err(e) = cluster.propose(Request::new(cmd)).await {
             tracing::warn!(execution_id = %exe, error = %e, "could not mark unknown");

@@ -17,3 +17,8 @@ pub mod fake;
 pub mod link;
 pub mod provider;
 pub mod session;
+
+/// Now, in unix ms (times in commands are chosen by the proposer, never in apply).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}

@@ -25,6 +25,8 @@ use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
+use crate::now_ms;
+
 /// How often a link is pinged.
 const PING_EVERY: Duration = Duration::from_secs(2);
 
@@ -91,10 +93,6 @@ impl LinkRegistry {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 /// The actor behaviour.

@@ -58,16 +58,26 @@ async fn connect_once(server: &str, cred: &Credential, svc: &AgentService) -> Re
     let generation = v["generation"].as_u64().ok_or_else(|| format!("refused: {}", v["error"]))?;
     svc.generation.store(generation, Ordering::SeqCst);
     tracing::info!(generation, computer_id = %cred.computer_id, "link up");
+    serve(tx, rx, svc.clone()).await
+}
+
+/// The WebSocket of a link.
+pub type LinkSocket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// Serves the agent's gRPC service over an authenticated link (after the welcome) until the
+/// connection ends: HTTP/2 over the WebSocket's binary messages.
+pub async fn serve(
+    tx: futures::stream::SplitSink<LinkSocket, Message>,
+    rx: futures::stream::SplitStream<LinkSocket>,
+    svc: AgentService,
+) -> Result<(), String> {
     let rx = rx.filter_map(|m| async move {
         match m {
             Ok(Message::Binary(b)) => Some(Ok(b)),
-            Ok(Message::Close(_)) => None,
             Ok(_) => None,
             Err(e) => Some(Err(std::io::Error::other(e.to_string()))),
         }
     });
-    // A close ends the stream: `take_while` on the first error or close would be more exact,
-    // but tungstenite ends the stream after a close frame anyway.
     let tx = tx
         .sink_map_err(|e| std::io::Error::other(e.to_string()))
         .with(|b: Bytes| async move { Ok::<_, std::io::Error>(Message::Binary(b)) });
@@ -76,12 +86,13 @@ async fn connect_once(server: &str, cred: &Credential, svc: &AgentService) -> Re
     // One connection: the incoming stream never ends by itself; the link ends when the
     // connection (and so the stream) is dropped.
     let incoming = futures::stream::iter([Ok::<_, std::io::Error>(io)]).chain(futures::stream::pending());
-    let server = tonic::transport::Server::builder()
+    tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(5)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
-        .add_service(AgentServer::new(svc.clone()).max_decoding_message_size(8 << 20))
+        .add_service(AgentServer::new(svc).max_decoding_message_size(8 << 20))
         .serve_with_incoming_shutdown(incoming, async move {
             let _ = closed.await;
-        });
-    server.await.map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(|e| e.to_string())
 }

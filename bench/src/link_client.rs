@@ -19,12 +19,9 @@ use anyhow::Context;
 use anyhow::Result;
 use anyhow::anyhow;
 use anyhow::bail;
-use bytes::Bytes;
 use computer_agent::pairing::Credential;
 use computer_agent::service::AgentService;
 use computer_agent::sessions::Sessions;
-use computerd_proto::agent::agent_server::AgentServer;
-use computerd_proto::wsio::MessageIo;
 use futures::SinkExt;
 use futures::StreamExt;
 use tokio::io::AsyncBufReadExt;
@@ -74,27 +71,7 @@ pub async fn open_link(ws_url: &str, cred: &Credential) -> Result<JoinHandle<Str
         workdir: PathBuf::from("/"),
         generation: Arc::new(AtomicU64::new(generation)),
     };
-    // From here on, exactly as `computer_agent::link`.
-    let rx = rx.filter_map(|m| async move {
-        match m {
-            Ok(Message::Binary(b)) => Some(Ok(b)),
-            Ok(_) => None,
-            Err(e) => Some(Err(std::io::Error::other(e.to_string()))),
-        }
-    });
-    let tx = tx
-        .sink_map_err(|e| std::io::Error::other(e.to_string()))
-        .with(|b: Bytes| async move { Ok::<_, std::io::Error>(Message::Binary(b)) });
-    let mut io = MessageIo::new(Box::pin(rx), Box::pin(tx));
-    let closed = io.close_signal();
-    let incoming = futures::stream::iter([Ok::<_, std::io::Error>(io)]).chain(futures::stream::pending());
-    let server = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(5)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
-        .add_service(AgentServer::new(svc).max_decoding_message_size(8 << 20))
-        .serve_with_incoming_shutdown(incoming, async move {
-            let _ = closed.await;
-        });
+    let server = computer_agent::link::serve(tx, rx, svc);
     Ok(tokio::spawn(async move {
         match server.await {
             Ok(()) => "the link closed".to_string(),

@@ -17,9 +17,7 @@ pub fn new_secret() -> String {
 }
 
 /// Now, in unix ms.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
-}
+pub use computerd_actors::now_ms;
 
 #[cfg(test)]
 mod tests {
