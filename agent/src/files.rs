@@ -137,6 +137,41 @@ pub fn temp_for(path: &Path) -> Result<PathBuf, FileError> {
     Ok(path.with_file_name(tmp))
 }
 
+/// A temporary file that is removed when dropped, unless it was renamed into place.
+pub struct TempFile(Option<PathBuf>);
+
+impl TempFile {
+    /// Takes charge of `path` (which need not exist yet).
+    pub fn new(path: PathBuf) -> Self {
+        Self(Some(path))
+    }
+
+    /// Where the file is.
+    pub fn path(&self) -> &Path {
+        self.0.as_deref().unwrap_or(Path::new(""))
+    }
+
+    /// Renames the file to `to`; it is no longer removed.
+    pub async fn persist(mut self, to: &Path) -> std::io::Result<()> {
+        let Some(from) = self.0.take() else { return Ok(()) };
+        match tokio::fs::rename(&from, to).await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.0 = Some(from);
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
 /// Metadata of one path, as an entry.
 pub async fn stat(path: &Path) -> Result<Entry, FileError> {
     let m = tokio::fs::symlink_metadata(path).await?;

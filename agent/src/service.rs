@@ -171,27 +171,22 @@ impl Agent for AgentService {
         if tokio::fs::metadata(&path).await.is_ok_and(|m| m.is_dir()) {
             return Err(file_status(FileError::IsDirectory));
         }
-        let tmp = files::temp_for(&path).map_err(file_status)?;
-        let result = async {
-            let mut f = tokio::fs::File::create(&tmp).await.map_err(|e| file_status(e.into()))?;
-            let mut total = first.data.len() as u64;
-            f.write_all(&first.data).await.map_err(|e| file_status(e.into()))?;
-            while let Some(chunk) = stream.next().await {
-                let chunk = chunk?;
-                total += chunk.data.len() as u64;
-                if total > files::MAX_FILE {
-                    return Err(file_status(FileError::TooLarge));
-                }
-                f.write_all(&chunk.data).await.map_err(|e| file_status(e.into()))?;
+        // The guard removes the temporary file on any early return, and also when the call is
+        // cancelled (the node resets the stream and this future is dropped mid-write).
+        let tmp = files::TempFile::new(files::temp_for(&path).map_err(file_status)?);
+        let mut f = tokio::fs::File::create(tmp.path()).await.map_err(|e| file_status(e.into()))?;
+        let mut total = first.data.len() as u64;
+        f.write_all(&first.data).await.map_err(|e| file_status(e.into()))?;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk?;
+            total += chunk.data.len() as u64;
+            if total > files::MAX_FILE {
+                return Err(file_status(FileError::TooLarge));
             }
-            f.sync_all().await.map_err(|e| file_status(e.into()))?;
-            tokio::fs::rename(&tmp, &path).await.map_err(|e| file_status(e.into()))
+            f.write_all(&chunk.data).await.map_err(|e| file_status(e.into()))?;
         }
-        .await;
-        if let Err(e) = result {
-            let _ = tokio::fs::remove_file(&tmp).await;
-            return Err(e);
-        }
+        f.sync_all().await.map_err(|e| file_status(e.into()))?;
+        tmp.persist(&path).await.map_err(|e| file_status(e.into()))?;
         Ok(Response::new(info(files::stat(&path).await.map_err(file_status)?)))
     }
 

@@ -211,6 +211,60 @@ async fn t30_files() {
     assert!(!std::path::Path::new(&path).exists());
 }
 
+/// Raw bodies: a 16 MiB binary written as `application/octet-stream` and read back with
+/// `Accept: application/octet-stream` is byte-exact; a raw body one byte over 16 MiB is 413 and
+/// leaves the old file as it was; a missing file read raw is still a JSON 404.
+#[tokio::test]
+async fn t35_raw_files() {
+    let c = TestCluster::start(1).await;
+    let (id, _agent) = linked(&c, "r").await;
+    let path = c.dir.path().join("raw.bin").to_string_lossy().into_owned();
+    let url = c.url(1, &format!("/v1/computers/{id}/files?path={path}"));
+    let data: Vec<u8> = (0..16 * 1024 * 1024u32).map(|i| (i.wrapping_mul(2_246_822_519) >> 11) as u8).collect();
+    let put = |body: Vec<u8>| {
+        c.http
+            .put(&url)
+            .bearer_auth(&c.token)
+            .header("content-type", "application/octet-stream")
+            .body(body)
+            .send()
+    };
+    let r = put(data.clone()).await.expect("put");
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["size"], 16 * 1024 * 1024);
+    let r = c.http.get(&url).bearer_auth(&c.token).header("accept", "application/octet-stream").send().await;
+    let r = r.expect("get");
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "application/octet-stream");
+    assert!(r.bytes().await.expect("body") == data, "raw round trip is byte-exact");
+    let r = c.http.get(format!("{url}&encoding=raw")).bearer_auth(&c.token).send().await.expect("get");
+    assert_eq!(r.bytes().await.expect("body").len(), data.len());
+
+    let r = put(vec![7u8; 16 * 1024 * 1024 + 1]).await.expect("put");
+    assert_eq!(r.status(), 413);
+    assert!(std::fs::read(&path).expect("read") == data, "the old file is untouched");
+    wait_for("the agent to discard its temporary file", Duration::from_secs(10), || async {
+        let leftovers = std::fs::read_dir(c.dir.path())
+            .expect("dir")
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().contains(".raw.bin.computer-agent-"))
+            .count();
+        (leftovers == 0).then_some(())
+    })
+    .await;
+
+    let r = c
+        .http
+        .get(format!("{url}.missing"))
+        .bearer_auth(&c.token)
+        .header("accept", "application/octet-stream")
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(r.status(), 404);
+}
+
 /// The link is cut (a proxy drops the connection) while a command prints: the command keeps
 /// running in the agent, the agent reconnects, and the output read afterwards is complete and
 /// in order.

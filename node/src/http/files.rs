@@ -1,12 +1,19 @@
 //! Files on a Computer: `GET/PUT/DELETE /v1/computers/:id/files?path=` and
-//! `GET /v1/computers/:id/directory?path=`. Contents travel as `utf8` text or `base64`; at most
-//! 16 MiB, streamed to and from the agent in chunks.
+//! `GET /v1/computers/:id/directory?path=`. Contents travel as `utf8` text or `base64` inside
+//! JSON, or as the raw bytes of the body (`encoding=raw` or `Accept: application/octet-stream` to
+//! read, `Content-Type: application/octet-stream` to write), streamed both ways without holding
+//! the file. At most 16 MiB, sent to and read from the agent in chunks.
 
 use axum::Json;
+use axum::body::Body as RawBody;
 use axum::extract::Path;
 use axum::extract::Query;
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::http::StatusCode;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::response::Response;
 use base64::Engine;
 use computerd_proto::ErrorKind;
 use computerd_proto::agent::FileChunk;
@@ -21,7 +28,6 @@ use super::AppState;
 use super::Auth;
 use super::sessions::agent_error;
 use super::sessions::agent_for;
-use super::util::Body;
 
 /// The largest file.
 pub const MAX_FILE: usize = 16 << 20;
@@ -36,6 +42,14 @@ pub enum Encoding {
     Utf8,
     /// Base64 of the bytes.
     Base64,
+    /// The bytes themselves, as the whole body (`application/octet-stream`).
+    Raw,
+}
+
+const OCTETS: &str = "application/octet-stream";
+
+fn wants_octets(headers: &HeaderMap, header: header::HeaderName) -> bool {
+    headers.get(header).and_then(|v| v.to_str().ok()).is_some_and(|v| v.split(',').any(|t| t.trim() == OCTETS))
 }
 
 /// `?path=&encoding=`
@@ -65,12 +79,20 @@ pub async fn read(
     State(state): State<AppState>,
     auth: Auth,
     Path(id): Path<String>,
+    headers: HeaderMap,
     q: Q<FileQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let caller = auth.current(&state).await?;
     let q = query(q)?;
     let mut agent = agent_for(&state, &caller, &id, false).await?;
-    let mut stream = agent.read_file(FilePath { path: q.path.clone() }).await.map_err(agent_error)?.into_inner();
+    let stream = agent.read_file(FilePath { path: q.path.clone() }).await.map_err(agent_error)?.into_inner();
+    if q.encoding == Encoding::Raw || wants_octets(&headers, header::ACCEPT) {
+        // The agent refused anything missing, unreadable or too large before the first byte, so the
+        // status is known; a link lost midway cuts the body.
+        let body = RawBody::from_stream(stream.map(|c| c.map(|c| bytes::Bytes::from(c.data))));
+        return Ok(([(header::CONTENT_TYPE, OCTETS)], body).into_response());
+    }
+    let mut stream = stream;
     let mut bytes = Vec::new();
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(agent_error)?;
@@ -83,10 +105,10 @@ pub async fn read(
     let content = match q.encoding {
         Encoding::Utf8 => String::from_utf8(bytes)
             .map_err(|_| ApiError::invalid("the file is not valid UTF-8; read it with encoding=base64"))?,
-        Encoding::Base64 => base64::engine::general_purpose::STANDARD.encode(&bytes),
+        _ => base64::engine::general_purpose::STANDARD.encode(&bytes),
     };
     let encoding = if q.encoding == Encoding::Utf8 { "utf8" } else { "base64" };
-    Ok(Json(json!({ "path": q.path, "encoding": encoding, "size": size, "content": content })))
+    Ok(Json(json!({ "path": q.path, "encoding": encoding, "size": size, "content": content })).into_response())
 }
 
 /// `PUT …/files` body.
@@ -98,36 +120,101 @@ pub struct WriteIn {
     encoding: Encoding,
 }
 
-/// `PUT /v1/computers/:id/files?path=`: writes the whole file (atomically, by rename).
+/// `PUT /v1/computers/:id/files?path=`: writes the whole file (atomically, by rename). The body
+/// is JSON (`content`, `encoding`) or, with `Content-Type: application/octet-stream`, the bytes.
 pub async fn write(
     State(state): State<AppState>,
     auth: Auth,
     Path(id): Path<String>,
+    headers: HeaderMap,
     q: Q<PathQuery>,
-    body: Body<WriteIn>,
+    body: RawBody,
 ) -> Result<Json<Value>, ApiError> {
     let caller = auth.current(&state).await?;
     let q = query(q)?;
-    let Json(b) = body?;
-    let bytes = match b.encoding {
-        Encoding::Utf8 => b.content.into_bytes(),
-        Encoding::Base64 => base64::engine::general_purpose::STANDARD
-            .decode(b.content.as_bytes())
-            .map_err(|_| ApiError::invalid("content is not valid base64"))?,
+    let path = q.path;
+    let info = if wants_octets(&headers, header::CONTENT_TYPE) {
+        let mut agent = agent_for(&state, &caller, &id, true).await?;
+        write_streamed(&mut agent, &path, body).await?
+    } else {
+        let raw = axum::body::to_bytes(body, MAX_FILE * 4 / 3 + 64 * 1024)
+            .await
+            .map_err(|_| ApiError::new(ErrorKind::TooLarge, "a file is at most 16 MiB"))?;
+        let b: WriteIn = serde_json::from_slice(&raw).map_err(|e| ApiError::invalid(format!("bad body: {e}")))?;
+        let bytes = match b.encoding {
+            Encoding::Utf8 => b.content.into_bytes(),
+            Encoding::Base64 => base64::engine::general_purpose::STANDARD
+                .decode(b.content.as_bytes())
+                .map_err(|_| ApiError::invalid("content is not valid base64"))?,
+            Encoding::Raw => {
+                return Err(ApiError::invalid("send raw bytes with Content-Type: application/octet-stream"));
+            }
+        };
+        if bytes.len() > MAX_FILE {
+            return Err(ApiError::new(ErrorKind::TooLarge, "a file is at most 16 MiB"));
+        }
+        let mut agent = agent_for(&state, &caller, &id, true).await?;
+        let mut chunks: Vec<FileChunk> =
+            bytes.chunks(CHUNK).map(|c| FileChunk { path: String::new(), data: c.to_vec() }).collect();
+        match chunks.first_mut() {
+            Some(first) => first.path = path.clone(),
+            None => chunks.push(FileChunk { path: path.clone(), data: Vec::new() }),
+        }
+        agent.write_file(futures::stream::iter(chunks)).await.map_err(agent_error)?.into_inner()
     };
-    if bytes.len() > MAX_FILE {
-        return Err(ApiError::new(ErrorKind::TooLarge, "a file is at most 16 MiB"));
-    }
-    let mut agent = agent_for(&state, &caller, &id, true).await?;
-    let path = q.path.clone();
-    let mut chunks: Vec<FileChunk> =
-        bytes.chunks(CHUNK).map(|c| FileChunk { path: String::new(), data: c.to_vec() }).collect();
-    match chunks.first_mut() {
-        Some(first) => first.path = path.clone(),
-        None => chunks.push(FileChunk { path: path.clone(), data: Vec::new() }),
-    }
-    let info = agent.write_file(futures::stream::iter(chunks)).await.map_err(agent_error)?.into_inner();
     Ok(Json(json!({ "path": path, "size": info.size, "mode": info.mode, "mtime": info.mtime })))
+}
+
+/// Streams a raw body to the agent in chunks of up to `CHUNK` bytes. A body that is cut or grows
+/// past 16 MiB cancels the agent's call (never a clean end of stream), so the agent discards its
+/// temporary file and the old file stays.
+async fn write_streamed(
+    agent: &mut computerd_actors::link::Agent,
+    path: &str,
+    body: RawBody,
+) -> Result<computerd_proto::agent::FileInfo, ApiError> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<FileChunk>(4);
+    let feeder = tx.clone();
+    let feed = async move {
+        let mut data = body.into_data_stream();
+        let mut pending: Vec<u8> = Vec::with_capacity(CHUNK);
+        let mut total = 0usize;
+        let mut first = true;
+        let chunk = |data: Vec<u8>, first: &mut bool| {
+            let path = if std::mem::take(first) { path.to_string() } else { String::new() };
+            FileChunk { path, data }
+        };
+        while let Some(frame) = data.next().await {
+            let frame = frame.map_err(|_| ApiError::invalid("the body was cut"))?;
+            total += frame.len();
+            if total > MAX_FILE {
+                return Err(ApiError::new(ErrorKind::TooLarge, "a file is at most 16 MiB"));
+            }
+            pending.extend_from_slice(&frame);
+            if pending.len() >= CHUNK {
+                let full = std::mem::replace(&mut pending, Vec::with_capacity(CHUNK));
+                feeder.send(chunk(full, &mut first)).await.map_err(|_| gone())?;
+            }
+        }
+        if first || !pending.is_empty() {
+            feeder.send(chunk(pending, &mut first)).await.map_err(|_| gone())?;
+        }
+        Ok::<_, ApiError>(())
+    };
+    let call = agent.write_file(tokio_stream::wrappers::ReceiverStream::new(rx));
+    tokio::pin!(feed);
+    tokio::pin!(call);
+    tokio::select! {
+        answer = &mut call => return Ok(answer.map_err(agent_error)?.into_inner()),
+        // On an error `call` is dropped (cancelled) before `tx`, so the agent sees a reset, not an end.
+        done = &mut feed => done?,
+    }
+    drop(tx);
+    Ok(call.await.map_err(agent_error)?.into_inner())
+}
+
+fn gone() -> ApiError {
+    ApiError::new(ErrorKind::ComputerExecutionFailed, "the computer's link closed during the write")
 }
 
 /// `DELETE /v1/computers/:id/files?path=`

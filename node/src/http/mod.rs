@@ -75,7 +75,7 @@ pub fn router(state: AppState) -> Router {
                     get(files::read)
                         .put(files::write)
                         .delete(files::remove)
-                        .layer(axum::extract::DefaultBodyLimit::max(files::MAX_FILE * 4 / 3 + 64 * 1024)),
+                        .layer(axum::extract::DefaultBodyLimit::disable()),
                 )
                 .route("/v1/computers/{id}/directory", get(files::directory))
                 .layer(axum::middleware::from_fn_with_state(state.clone(), forward::to_link_owner)),
