@@ -26,6 +26,9 @@ struct Cli {
     /// Where relative file paths resolve (default: the home directory).
     #[arg(long, env = "COMPUTER_AGENT_WORKDIR")]
     workdir: Option<PathBuf>,
+    /// A session no call used for this many seconds is ended.
+    #[arg(long, env = "COMPUTER_AGENT_SESSION_IDLE_SECS", default_value_t = computer_agent::sessions::IDLE_LIMIT.as_secs_f64())]
+    session_idle_secs: f64,
 }
 
 #[tokio::main]
@@ -38,6 +41,11 @@ async fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    let idle_limit = std::time::Duration::try_from_secs_f64(cli.session_idle_secs).ok().filter(|d| !d.is_zero());
+    let Some(idle_limit) = idle_limit else {
+        eprintln!("computer-agent: --session-idle-secs must be a positive number of seconds");
+        return std::process::ExitCode::from(2);
+    };
     let cred = match &cli.pair {
         Some(code) => match pairing::pair(&cli.server, code, &cli.state).await {
             Ok(c) => {
@@ -60,7 +68,7 @@ async fn main() -> std::process::ExitCode {
     let workdir =
         cli.workdir.or_else(|| std::env::var_os("HOME").map(PathBuf::from)).unwrap_or_else(|| PathBuf::from("/"));
     let sessions = Sessions::default();
-    sessions.start_reaper();
+    sessions.start_reaper(idle_limit);
     let svc = AgentService { sessions, workdir, generation: Arc::new(AtomicU64::new(0)) };
     link::run(cli.server, cred, svc).await;
     std::process::ExitCode::SUCCESS

@@ -23,7 +23,7 @@ use crate::output::OutputBuf;
 
 /// Output kept per session.
 const BUFFER_BYTES: usize = 8 << 20;
-/// A session unused this long is ended.
+/// A session unused this long is ended (the default of [`Sessions::start_reaper`]).
 pub const IDLE_LIMIT: Duration = Duration::from_secs(30 * 60);
 
 /// Why a session call failed.
@@ -184,21 +184,23 @@ fn spawn_reader<R: tokio::io::AsyncRead + Unpin + Send + 'static>(s: Arc<Session
 }
 
 impl Sessions {
-    /// Starts the reaper of idle sessions.
-    pub fn start_reaper(&self) {
+    /// Starts the reaper: a session no call used for `limit` is ended (its process group killed).
+    /// It looks every quarter of the limit (at most every minute).
+    pub fn start_reaper(&self, limit: Duration) {
         let this = self.clone();
+        let every = (limit / 4).clamp(Duration::from_millis(100), Duration::from_secs(60));
         tokio::spawn(async move {
             loop {
-                tokio::time::sleep(Duration::from_secs(60)).await;
+                tokio::time::sleep(every).await;
                 let idle: Vec<String> = {
                     let map = this.inner.lock().unwrap_or_else(|p| p.into_inner());
                     map.iter()
-                        .filter(|(_, s)| s.last_used.lock().unwrap_or_else(|p| p.into_inner()).elapsed() > IDLE_LIMIT)
+                        .filter(|(_, s)| s.last_used.lock().unwrap_or_else(|p| p.into_inner()).elapsed() > limit)
                         .map(|(k, _)| k.clone())
                         .collect()
                 };
                 for id in idle {
-                    tracing::info!(session_id = %id, "session unused for 30 minutes; ending it");
+                    tracing::info!(session_id = %id, limit_secs = limit.as_secs_f64(), "session unused; ending it");
                     let owner = this.inner.lock().unwrap_or_else(|p| p.into_inner()).get(&id).map(|s| s.owner.clone());
                     if let Some(owner) = owner {
                         let _ = this.kill(&id, &owner, 0).await;

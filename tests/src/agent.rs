@@ -49,13 +49,25 @@ pub struct AgentProc {
 impl AgentProc {
     /// Starts an agent for `server` with `state`, pairing with `code` if given.
     pub fn spawn(server: &str, state: &std::path::Path, code: Option<&str>, log: &std::path::Path) -> AgentProc {
+        Self::spawn_with(server, state, code, log, &[])
+    }
+
+    /// Like [`AgentProc::spawn`], with extra flags.
+    pub fn spawn_with(
+        server: &str,
+        state: &std::path::Path,
+        code: Option<&str>,
+        log: &std::path::Path,
+        extra: &[&str],
+    ) -> AgentProc {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("log");
         let mut cmd = Command::new(agent_bin());
         cmd.args(["--server", server, "--state"])
             .arg(state)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::from(log));
+            .stderr(Stdio::from(log))
+            .args(extra);
         if let Some(c) = code {
             cmd.args(["--pair", c]);
         }

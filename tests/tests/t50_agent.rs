@@ -222,12 +222,7 @@ async fn t35_raw_files() {
     let url = c.url(1, &format!("/v1/computers/{id}/files?path={path}"));
     let data: Vec<u8> = (0..16 * 1024 * 1024u32).map(|i| (i.wrapping_mul(2_246_822_519) >> 11) as u8).collect();
     let put = |body: Vec<u8>| {
-        c.http
-            .put(&url)
-            .bearer_auth(&c.token)
-            .header("content-type", "application/octet-stream")
-            .body(body)
-            .send()
+        c.http.put(&url).bearer_auth(&c.token).header("content-type", "application/octet-stream").body(body).send()
     };
     let r = put(data.clone()).await.expect("put");
     assert_eq!(r.status(), 200);
@@ -263,6 +258,70 @@ async fn t35_raw_files() {
         .await
         .expect("get");
     assert_eq!(r.status(), 404);
+}
+
+/// The 30 s edge of `yieldTimeMs`: a command still running after 30 s is answered `running`
+/// at the 30 s mark, not before and not much after.
+#[tokio::test]
+async fn t32_yield_30s_edge() {
+    let c = TestCluster::start(1).await;
+    let (id, _agent) = linked(&c, "y").await;
+    let started = std::time::Instant::now();
+    let resp = c
+        .req(Method::POST, 1, &format!("/v1/computers/{id}/sessions"), &c.token)
+        .timeout(Duration::from_secs(60))
+        .json(&json!({"command": "sleep 40", "yieldTimeMs": 30_000}))
+        .send()
+        .await
+        .expect("send");
+    let took = started.elapsed();
+    let s = resp.status().as_u16();
+    let v: Value = resp.json().await.expect("json");
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["running"], true);
+    assert!(took >= Duration::from_secs(30) && took < Duration::from_secs(33), "answered after {took:?}");
+    let sid = v["session"].as_str().expect("session");
+    let (s, _) = c.call(Method::DELETE, 1, &format!("/v1/computers/{id}/sessions/{sid}"), &c.token, None).await;
+    assert_eq!(s, 200);
+}
+
+/// A session no call used for the idle limit (2 s here; 30 minutes by default) is ended and its
+/// process killed; a session used meanwhile stays, until it too is left alone.
+#[tokio::test]
+async fn t34_idle_sessions_end() {
+    let c = TestCluster::start(1).await;
+    let (id, code) = paired_computer(&c, "idle").await;
+    let state = c.dir.path().join("agent-idle");
+    let log = c.dir.path().join("agent-idle.log");
+    let _agent = AgentProc::spawn_with(&c.url(1, ""), &state, Some(&code), &log, &["--session-idle-secs", "2"]);
+    wait_state(&c, &id, "running").await;
+    let mut sids = Vec::new();
+    let mut pids = Vec::new();
+    for _ in 0..2 {
+        let (s, v) = run(&c, &id, json!({"command": "echo $$; exec sleep 1000", "yieldTimeMs": 250})).await;
+        assert_eq!((s, v["running"].clone()), (200, json!(true)), "{v}");
+        sids.push(v["session"].as_str().expect("session").to_string());
+        pids.push(v["output"].as_str().and_then(|o| o.trim().parse::<u32>().ok()).expect("pid"));
+    }
+    let gone = |sid: &str| {
+        let url = format!("/v1/computers/{id}/sessions/{sid}/input");
+        let c = &c;
+        async move { c.call(Method::POST, 1, &url, &c.token, Some(json!({"chars": "", "yieldTimeMs": 250}))).await.0 }
+    };
+    let alive = |pid: u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
+    // Keep the second one in use until the first one's process is gone.
+    wait_for("the unused session to end", Duration::from_secs(20), || async {
+        assert_eq!(gone(&sids[1]).await, 200, "the session in use stays");
+        (!alive(pids[0])).then_some(())
+    })
+    .await;
+    assert_eq!(gone(&sids[0]).await, 404, "the ended session is gone");
+    assert!(alive(pids[1]));
+    wait_for("the second session to end once unused", Duration::from_secs(20), || async {
+        (!alive(pids[1])).then_some(())
+    })
+    .await;
+    assert_eq!(gone(&sids[1]).await, 404);
 }
 
 /// The link is cut (a proxy drops the connection) while a command prints: the command keeps
