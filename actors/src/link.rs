@@ -1,15 +1,18 @@
 //! `AgentLinkActor`: one per live agent link on this node. It owns the link's lifecycle: it
-//! registers the link (newest generation wins), watches it with a ping every 2 s, relays the
-//! agent's `computer_session` reports, and when the link ends (ping failure or a newer
-//! generation) unregisters it (only if still its generation) and commits `LinkDown` for its
-//! generation only, so an old link never unregisters or offlines a newer one.
+//! registers the link (newest generation wins), relays the agent's `computer_session` reports
+//! over one long-lived `WatchSessions` stream, and when the link ends (that stream fails, or a
+//! newer generation registers) unregisters it (only if still its generation) and commits
+//! `LinkDown` for its generation only, so an old link never unregisters or offlines a newer one.
 //!
-//! Sent to by: the WebSocket handler (spawn) and its own timer. Speaks gRPC to the agent.
+//! Liveness costs no request: the HTTP/2 connection under the link sends keep-alive PING frames
+//! (set by the WebSocket handler), and a dead connection or a closed WebSocket fails the
+//! `WatchSessions` stream, which is the actor's signal that the link is lost.
+//!
+//! Sent to by: its `WatchSessions` task (lost) and the registry (replaced). Speaks gRPC to the agent.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::time::Duration;
 
 use computerd_proto::LINK_GENERATION;
 use computerd_proto::agent::Nothing;
@@ -26,9 +29,6 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 use crate::now_ms;
-
-/// How often a link is pinged.
-const PING_EVERY: Duration = Duration::from_secs(2);
 
 /// Adds the link generation to every call.
 #[derive(Clone)]
@@ -51,6 +51,8 @@ pub struct Link {
     pub generation: u64,
     /// The agent.
     pub client: Agent,
+    /// The link's actor, told when a newer generation replaces it.
+    actor: ActorRef<LinkMessage>,
 }
 
 /// The links this node holds, by Computer id.
@@ -65,15 +67,17 @@ impl LinkRegistry {
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).get(computer_id).cloned()
     }
 
-    fn insert(&self, computer_id: &str, link: Link) {
+    /// Registers a link unless a newer generation is already here (answers false then); the link
+    /// it replaces is told to stop.
+    fn insert(&self, computer_id: &str, link: Link) -> bool {
         let mut map = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        if map.get(computer_id).is_none_or(|l| l.generation < link.generation) {
-            map.insert(computer_id.to_string(), link);
+        if map.get(computer_id).is_some_and(|l| l.generation >= link.generation) {
+            return false;
         }
-    }
-
-    fn current(&self, computer_id: &str) -> Option<u64> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).get(computer_id).map(|l| l.generation)
+        if let Some(old) = map.insert(computer_id.to_string(), link) {
+            let _ = old.actor.cast(LinkMessage::Replaced);
+        }
+        true
     }
 
     /// Removes the entry only if it is still `generation`.
@@ -114,15 +118,16 @@ pub struct LinkArgs {
 
 /// Messages of a link actor.
 pub enum LinkMessage {
-    /// Time to check the link (sent by its own timer).
-    Check,
+    /// A newer generation of the same Computer registered on this node.
+    Replaced,
+    /// The `WatchSessions` stream ended: the connection is gone or the agent refused us.
+    Lost,
 }
 
 /// The state of a link actor.
 pub struct LinkState {
     args: LinkArgs,
     watcher: tokio::task::JoinHandle<()>,
-    timer: tokio::task::JoinHandle<()>,
 }
 
 impl Actor for AgentLinkActor {
@@ -131,16 +136,18 @@ impl Actor for AgentLinkActor {
     type Arguments = LinkArgs;
 
     async fn pre_start(&self, me: ActorRef<LinkMessage>, args: LinkArgs) -> Result<LinkState, ActorProcessingErr> {
-        args.links.insert(&args.computer_id, Link { generation: args.generation, client: args.client.clone() });
+        let link = Link { generation: args.generation, client: args.client.clone(), actor: me.clone() };
+        if !args.links.insert(&args.computer_id, link) {
+            return Err(format!("a newer link of {} is already here", args.computer_id).into());
+        }
         tracing::info!(computer_id = %args.computer_id, generation = args.generation, "agent linked");
-        let watcher = tokio::spawn(watch_sessions(
-            args.cluster.clone(),
-            args.computer_id.clone(),
-            args.generation,
-            args.client.clone(),
-        ));
-        let timer = me.send_interval(PING_EVERY, || LinkMessage::Check);
-        Ok(LinkState { args, watcher, timer })
+        let watch =
+            watch_sessions(args.cluster.clone(), args.computer_id.clone(), args.generation, args.client.clone());
+        let watcher = tokio::spawn(async move {
+            watch.await;
+            let _ = me.cast(LinkMessage::Lost);
+        });
+        Ok(LinkState { args, watcher })
     }
 
     async fn handle(
@@ -149,14 +156,20 @@ impl Actor for AgentLinkActor {
         msg: LinkMessage,
         state: &mut LinkState,
     ) -> Result<(), ActorProcessingErr> {
+        let a = &state.args;
         match msg {
-            LinkMessage::Check => state.handle_check(&me).await,
+            LinkMessage::Replaced => {
+                tracing::info!(computer_id = %a.computer_id, generation = a.generation, "link replaced by a newer one")
+            }
+            LinkMessage::Lost => {
+                tracing::info!(computer_id = %a.computer_id, generation = a.generation, "agent link lost")
+            }
         }
+        me.stop(None);
         Ok(())
     }
 
     async fn post_stop(&self, _me: ActorRef<LinkMessage>, state: &mut LinkState) -> Result<(), ActorProcessingErr> {
-        state.timer.abort();
         state.watcher.abort();
         let a = &state.args;
         a.links.remove_if(&a.computer_id, a.generation);
@@ -168,27 +181,17 @@ impl Actor for AgentLinkActor {
     }
 }
 
-impl LinkState {
-    async fn handle_check(&mut self, me: &ActorRef<LinkMessage>) {
-        let a = &self.args;
-        if a.links.current(&a.computer_id) != Some(a.generation) {
-            tracing::info!(computer_id = %a.computer_id, generation = a.generation, "link replaced by a newer one");
-            return me.stop(None);
-        }
-        let mut req = tonic::Request::new(Nothing {});
-        req.set_timeout(Duration::from_secs(5));
-        if let Err(s) = a.client.clone().ping(req).await {
-            tracing::info!(computer_id = %a.computer_id, generation = a.generation, status = %s, "agent link lost");
-            me.stop(None);
-        }
-    }
-}
-
 /// Turns the agent's reports of commands that ended after their wait into `computer_session`
 /// events.
+/// Returns when the stream ends, which means the link is gone.
 async fn watch_sessions(cluster: Cluster, computer_id: String, generation: u64, mut client: Agent) {
-    let Ok(stream) = client.watch_sessions(Nothing {}).await else { return };
-    let mut stream = stream.into_inner();
+    let mut stream = match client.watch_sessions(Nothing {}).await {
+        Ok(s) => s.into_inner(),
+        Err(e) => {
+            tracing::debug!(computer_id = %computer_id, status = %e, "the agent refused WatchSessions");
+            return;
+        }
+    };
     while let Some(Ok(e)) = stream.next().await {
         let cmd = Command::SessionEnded {
             computer_id: computer_id.clone(),
