@@ -262,6 +262,23 @@ pub enum Command {
         /// Unix ms.
         at_ms: u64,
     },
+    /// Work seen on Computers (a batch from one node): moves their idle-pause deadlines.
+    ReportActivity {
+        /// (Computer id, unix ms of the latest work seen).
+        marks: Vec<(String, u64)>,
+    },
+    /// The scheduler asks for the idle pause of a Computer whose deadline passed at this plan
+    /// version: stores a pause execution (once per version). Answers the execution id.
+    PlanPause {
+        /// The Computer.
+        computer_id: String,
+        /// The plan version the scheduler saw.
+        version: u64,
+        /// The new execution's id.
+        execution_id: String,
+        /// Unix ms.
+        at_ms: u64,
+    },
     /// Replaces the capability rules.
     SetRules {
         /// The token id of the caller.
@@ -292,6 +309,8 @@ impl Command {
             Command::LinkUp { .. } => "link_up",
             Command::LinkDown { .. } => "link_down",
             Command::SessionEnded { .. } => "session_ended",
+            Command::ReportActivity { .. } => "report_activity",
+            Command::PlanPause { .. } => "plan_pause",
             Command::Bootstrap { .. } => "bootstrap",
             Command::CreateMember { .. } => "create_member",
             Command::CreateBot { .. } => "create_bot",

@@ -87,13 +87,18 @@ impl State {
         }
     }
 
-    fn set_computer_state(&mut self, id: &str, state: ComputerState, at: u64) {
+    pub(crate) fn set_computer_state(&mut self, id: &str, state: ComputerState, at: u64) {
         let Some(c) = self.computers.get_mut(id) else { return };
         if c.state == state {
             return;
         }
         let from = c.state;
         c.state = state;
+        if state == ComputerState::Running {
+            self.plan_enter(id, at);
+        } else if from == ComputerState::Running {
+            self.plan_leave(id);
+        }
         self.push_event(at, "ComputerStateChanged", id, None, serde_json::json!({"from": from, "to": state}));
     }
 
@@ -273,14 +278,20 @@ impl State {
         if exe.state != ExecutionState::Running || exe.claim.as_deref() != Some(claim) || exe.dispatched_at.is_some() {
             return Err(Reject::new(RejectKind::Conflict, "stale claim"));
         }
-        let rights = self.caller_by_token_id(&exe.requester.token_id).and_then(|caller| {
-            caller.check_writable()?;
-            if exe.kind == ExecutionKind::Create {
-                // The Computer is new: the creator's right to it is its own token's.
-                return Ok(());
-            }
-            self.check_operate(&caller, &exe.computer_id)
-        });
+        // The cluster's own idle pauses need no member's right; everything else is re-checked.
+        let system = exe.requester.token_id == super::plan::SYSTEM;
+        let rights = if system {
+            Ok(())
+        } else {
+            self.caller_by_token_id(&exe.requester.token_id).and_then(|caller| {
+                caller.check_writable()?;
+                if exe.kind == ExecutionKind::Create {
+                    // The Computer is new: the creator's right to it is its own token's.
+                    return Ok(());
+                }
+                self.check_operate(&caller, &exe.computer_id)
+            })
+        };
         if let Err(r) = rights {
             let err = ExecutionError {
                 kind: "forbidden".into(),

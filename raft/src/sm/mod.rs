@@ -10,6 +10,7 @@ mod command;
 mod identity;
 mod lifecycle;
 mod model;
+mod plan;
 mod state;
 
 pub use access::Decided;
@@ -32,5 +33,8 @@ pub use lifecycle::EVENT_LOG_LEN;
 pub use lifecycle::Outcome;
 pub use lifecycle::Submit;
 pub use model::*;
+pub use plan::PlanEntry;
+pub use plan::SYSTEM;
+pub use plan::pause_key;
 pub use state::Caller;
 pub use state::State;

@@ -24,6 +24,8 @@ use super::model::Grant;
 use super::model::Provider;
 use super::model::Rule;
 use super::model::UsageSpan;
+use super::plan::DueIndex;
+use super::plan::PlanEntry;
 
 /// Everything the state machine holds. Serialized whole into snapshots.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -70,6 +72,12 @@ pub struct State {
     /// Approvals by id.
     #[serde(default)]
     pub approvals: BTreeMap<String, Approval>,
+    /// The idle-pause plan: running provider Computers that pause by themselves.
+    #[serde(default)]
+    pub plan: BTreeMap<String, PlanEntry>,
+    /// The plan by deadline.
+    #[serde(default)]
+    pub plan_due: DueIndex,
 }
 
 /// An authenticated caller: a live token and what it speaks for.
@@ -150,6 +158,9 @@ impl State {
             Command::RedeemPairing { code, credential_hash, at_ms } => {
                 Some(self.redeem_pairing(code, credential_hash, *at_ms).map(Some))
             }
+            Command::PlanPause { computer_id, version, execution_id, at_ms } => {
+                Some(self.plan_pause(computer_id, *version, execution_id, *at_ms).map(Some))
+            }
             Command::LinkUp { computer_id, credential_hash, node_id, at_ms } => {
                 Some(self.link_up(computer_id, credential_hash, *node_id, *at_ms).map(|g| Some(g.to_string())))
             }
@@ -169,12 +180,17 @@ impl State {
     fn try_apply(&mut self, cmd: &Command) -> Result<(), Reject> {
         match cmd {
             Command::LinkDown { computer_id, generation, at_ms } => self.link_down(computer_id, *generation, *at_ms),
+            Command::ReportActivity { marks } => {
+                self.report_activity(marks);
+                Ok(())
+            }
             Command::SessionEnded { computer_id, generation, session_id, owner, exit_code, signal, at_ms } => {
                 self.session_ended(computer_id, *generation, session_id, owner, *exit_code, signal.as_deref(), *at_ms)
             }
             Command::SubmitExecution(_)
             | Command::Acquire { .. }
             | Command::RedeemPairing { .. }
+            | Command::PlanPause { .. }
             | Command::LinkUp { .. } => Err(Reject::new(RejectKind::Invalid, "handled in apply")),
             Command::CreateProvider { by, provider } => self.create_provider(by, provider),
             Command::ClaimExecution { execution_id, claim, at_ms } => self.claim(execution_id, claim, *at_ms),
