@@ -159,6 +159,7 @@ impl ComputerState {
                                 command_key: exe.command_key.clone(),
                                 template,
                                 desktop,
+                                pairing_code: exe.pairing_code.clone(),
                             };
                             adapter.create(&spec).await.map(Some)
                         }

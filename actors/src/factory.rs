@@ -7,6 +7,8 @@ use std::time::Duration;
 use computerd_raft::sm::Provider as ProviderRecord;
 use computerd_raft::sm::ProviderKind;
 
+use crate::docker::DockerConfig;
+use crate::docker::DockerProvider;
 use crate::fake::FakeProvider;
 use crate::provider::Provider;
 use crate::provider::Unavailable;
@@ -36,6 +38,13 @@ impl ProviderFactory {
                 Arc::new(FakeProvider::new(dir.join(format!("{}.jsonl", p.id)), &cfg))
             }
             (ProviderKind::Fake, None) => Arc::new(Unavailable("fake providers are disabled on this node".into())),
+            (ProviderKind::Docker, _) => {
+                let cfg: serde_json::Map<String, serde_json::Value> = p.config.clone().into_iter().collect();
+                match DockerConfig::parse(&cfg) {
+                    Ok(c) => Arc::new(DockerProvider::new(c, timeout)),
+                    Err(e) => Arc::new(Unavailable(e)),
+                }
+            }
             (kind, _) => Arc::new(Unavailable(format!("the {kind:?} adapter is not available in this build"))),
         };
         (adapter, timeout)

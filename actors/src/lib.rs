@@ -6,11 +6,13 @@
 //! - [`driver`]: hands claimable executions to Computer actors on the leader; settles executions a
 //!   lost driver left behind.
 //! - [`provider`]: the adapter contract (no retries, no self-resume, precise failure kinds);
-//!   [`fake`] is the fault-injecting adapter for tests; [`factory`] builds adapters.
+//!   [`docker`] drives the local Docker engine; [`fake`] is the fault-injecting adapter for tests;
+//!   [`factory`] builds adapters.
 
 #![warn(missing_docs)]
 
 pub mod computer;
+pub mod docker;
 pub mod driver;
 pub mod factory;
 pub mod fake;

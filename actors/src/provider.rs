@@ -20,6 +20,8 @@ pub struct CreateSpec {
     pub template: Option<String>,
     /// Whether a desktop is wanted.
     pub desktop: bool,
+    /// The one-time code the sandbox's agent pairs with (providers that start our agent).
+    pub pairing_code: Option<String>,
 }
 
 /// How a provider call failed.

@@ -17,8 +17,9 @@ struct Cli {
     /// The cluster's URL (any node, or the load balancer), e.g. http://127.0.0.1:8080.
     #[arg(long, env = "COMPUTER_AGENT_SERVER")]
     server: String,
-    /// A one-time pairing code (from the Computer's create execution).
-    #[arg(long)]
+    /// A one-time pairing code (from the Computer's create execution). When it was already used
+    /// and DIR holds a credential (a restarted sandbox), the stored credential is used.
+    #[arg(long, env = "COMPUTER_AGENT_PAIR")]
     pair: Option<String>,
     /// Where the machine credential is kept.
     #[arg(long, env = "COMPUTER_AGENT_STATE")]
@@ -47,15 +48,21 @@ async fn main() -> std::process::ExitCode {
         return std::process::ExitCode::from(2);
     };
     let cred = match &cli.pair {
-        Some(code) => match pairing::pair(&cli.server, code, &cli.state).await {
+        Some(code) => match pair_patiently(&cli.server, code, &cli.state).await {
             Ok(c) => {
                 eprintln!("computer-agent: paired as {}", c.computer_id);
                 c
             }
-            Err(e) => {
-                eprintln!("computer-agent: {e}");
-                return std::process::ExitCode::from(3);
-            }
+            Err(e) => match pairing::load(&cli.state) {
+                Ok(c) => {
+                    eprintln!("computer-agent: {e}; using the stored credential of {}", c.computer_id);
+                    c
+                }
+                Err(_) => {
+                    eprintln!("computer-agent: {e}");
+                    return std::process::ExitCode::from(3);
+                }
+            },
         },
         None => match pairing::load(&cli.state) {
             Ok(c) => c,
@@ -72,4 +79,25 @@ async fn main() -> std::process::ExitCode {
     let svc = AgentService { sessions, workdir, generation: Arc::new(AtomicU64::new(0)) };
     link::run(cli.server, cred, svc).await;
     std::process::ExitCode::SUCCESS
+}
+
+/// Pairs, waiting out a server that cannot be reached yet (a sandbox may start before its
+/// cluster answers) for up to the code's lifetime; a refusal is final.
+async fn pair_patiently(
+    server: &str,
+    code: &str,
+    state: &std::path::Path,
+) -> Result<pairing::Credential, pairing::PairError> {
+    let give_up = tokio::time::Instant::now() + std::time::Duration::from_secs(600);
+    let mut backoff = std::time::Duration::from_millis(100);
+    loop {
+        match pairing::pair(server, code, state).await {
+            Err(pairing::PairError::Unreachable(e)) if tokio::time::Instant::now() < give_up => {
+                eprintln!("computer-agent: cannot reach {server} yet ({e}); retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(std::time::Duration::from_secs(5));
+            }
+            other => return other,
+        }
+    }
 }

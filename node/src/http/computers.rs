@@ -58,8 +58,9 @@ pub fn computer_view(c: &Computer) -> Value {
     })
 }
 
-/// The receipt of an execution; the pairing code only for its requester, once it succeeded.
-pub fn receipt(e: &Execution, caller: &Caller, now: u64) -> Value {
+/// The receipt of an execution; the pairing code only for its requester, once it succeeded, and
+/// only for an own machine (a sandbox's agent gets its code from the provider adapter).
+pub fn receipt(s: &computerd_raft::sm::State, e: &Execution, caller: &Caller, now: u64) -> Value {
     let mut v = json!({
         "executionId": e.id,
         "commandKey": e.command_key,
@@ -75,8 +76,10 @@ pub fn receipt(e: &Execution, caller: &Caller, now: u64) -> Value {
     });
     let mine = e.requester.token_id == caller.token.id
         || (e.requester.member_id == caller.member.id && e.requester.bot_id.is_none() && caller.bot.is_none());
+    let paired = s.computers.get(&e.computer_id).is_some_and(|c| c.source == Source::Paired);
     if e.state == ExecutionState::Succeeded
         && mine
+        && paired
         && let (Some(code), Some(exp)) = (&e.pairing_code, e.pairing_expires_at)
         && now < exp
     {
@@ -139,7 +142,7 @@ async fn submit(state: &AppState, caller: &Caller, submit: Submit) -> Result<(St
         .ok_or_else(|| ApiError::new(computerd_proto::ErrorKind::Internal, "the store named no execution"))?;
     state.cluster.read_barrier().await?;
     let now = now_ms();
-    let r = state.cluster.state().read(|s| s.executions.get(&id).map(|e| receipt(e, caller, now)));
+    let r = state.cluster.state().read(|s| s.executions.get(&id).map(|e| receipt(s, e, caller, now)));
     let r = r.ok_or_else(|| ApiError::not_found("no such execution"))?;
     Ok((StatusCode::ACCEPTED, Json(r)))
 }
@@ -227,7 +230,16 @@ pub async fn create(
         link_node: None,
     };
     let mut exe = new_execution(&b.command_key, body_hash(&normalized), ExecutionKind::Create, &computer.id, now);
-    if computer.source == Source::Paired {
+    // An own machine pairs with a code shown to its creator; a sandbox whose provider starts our
+    // agent is given its code by the adapter at create.
+    let runs_agent = match &computer.source {
+        Source::Paired => true,
+        Source::Provider { provider, .. } => state
+            .cluster
+            .state()
+            .read(|s| s.providers.get(provider).is_some_and(|p| p.kind == computerd_raft::sm::ProviderKind::Docker)),
+    };
+    if runs_agent {
         exe.pairing_code = Some(pairing_code());
         exe.pairing_expires_at = Some(now + PAIRING_VALID_MS);
     }

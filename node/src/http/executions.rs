@@ -28,7 +28,7 @@ pub async fn get(State(state): State<AppState>, auth: Auth, Path(id): Path<Strin
     let v = state.cluster.state().read(|s| {
         let e = s.executions.get(&id)?;
         let c = s.computers.get(&e.computer_id)?;
-        s.could_see(&caller, c).then(|| receipt(e, &caller, now))
+        s.could_see(&caller, c).then(|| receipt(s, e, &caller, now))
     });
     v.map(Json).ok_or_else(|| ApiError::not_found("no such execution"))
 }
@@ -79,6 +79,6 @@ pub async fn decide(
     apply(&state, cmd).await?;
     state.cluster.read_barrier().await?;
     let now = now_ms();
-    let v = state.cluster.state().read(|s| s.executions.get(&id).map(|e| receipt(e, &caller, now)));
+    let v = state.cluster.state().read(|s| s.executions.get(&id).map(|e| receipt(s, e, &caller, now)));
     v.map(Json).ok_or_else(|| ApiError::not_found("no such execution"))
 }

@@ -81,6 +81,10 @@ pub async fn create(
         let plain: serde_json::Map<String, Value> = config.clone().into_iter().collect();
         FakeProvider::check_config(&plain).map_err(ApiError::invalid)?;
     }
+    if b.kind == ProviderKind::Docker {
+        let plain: serde_json::Map<String, Value> = config.clone().into_iter().collect();
+        computerd_actors::docker::DockerConfig::parse(&plain).map_err(ApiError::invalid)?;
+    }
     let p = Provider {
         id: new_id("cpp"),
         kind: b.kind,

@@ -18,6 +18,7 @@ use super::model::Execution;
 use super::model::ExecutionError;
 use super::model::ExecutionKind;
 use super::model::ExecutionState;
+use super::model::ProviderKind;
 use super::model::Source;
 use super::model::SpanEnd;
 use super::model::UsageSpan;
@@ -404,7 +405,11 @@ impl State {
             ExecutionKind::Create if paired => self.set_computer_state(&computer_id, ComputerState::Offline, at),
             ExecutionKind::Create => {
                 self.open_span(&computer_id, started, false);
-                self.set_computer_state(&computer_id, ComputerState::Running, at);
+                // A sandbox that runs our agent is `starting` until its link is up.
+                let waits = self.runs_agent(&computer_id)
+                    && self.computers.get(&computer_id).is_some_and(|c| c.link_node.is_none());
+                let to = if waits { ComputerState::Starting } else { ComputerState::Running };
+                self.set_computer_state(&computer_id, to, at);
             }
             ExecutionKind::Resume => {
                 self.open_span(&computer_id, at, false);
@@ -488,6 +493,14 @@ impl State {
         Ok(())
     }
 
+    /// Whether a Computer's sandbox runs `computer-agent` (its provider kind starts one).
+    pub fn runs_agent(&self, computer_id: &str) -> bool {
+        let Some(Source::Provider { provider, .. }) = self.computers.get(computer_id).map(|c| &c.source) else {
+            return false;
+        };
+        self.providers.get(provider).is_some_and(|p| p.kind == ProviderKind::Docker)
+    }
+
     /// Redeems a pairing code once, before it expires; the Computer keeps the credential's hash.
     pub(crate) fn redeem_pairing(&mut self, code: &str, credential_hash: &str, at: u64) -> Result<String, Reject> {
         let invalid =
@@ -495,7 +508,16 @@ impl State {
         let exe = self
             .executions
             .values()
-            .find(|e| e.pairing_code.as_deref() == Some(code) && e.state == ExecutionState::Succeeded)
+            .find(|e| {
+                // A sandbox's agent pairs as soon as it starts, possibly before the create's answer
+                // is recorded (or when that answer was lost): a dispatched create counts too.
+                let live = match e.state {
+                    ExecutionState::Succeeded | ExecutionState::OutcomeUnknown => true,
+                    ExecutionState::Running => e.dispatched_at.is_some(),
+                    _ => false,
+                };
+                live && e.pairing_code.as_deref() == Some(code)
+            })
             .cloned()
             .ok_or_else(invalid)?;
         if exe.pairing_expires_at.is_none_or(|exp| at >= exp) {

@@ -1,0 +1,322 @@
+//! The `docker` provider: sandboxes as containers of the local Docker engine, through the Engine
+//! API (bollard; never the CLI).
+//!
+//! A create makes one container named `computerd-<computer id>`, labelled with the Computer id
+//! and the command key (so an inspection can tell what happened after a lost answer), with the
+//! template's CPU, memory and process limits, and starts it. Its entrypoint is `computer-agent`,
+//! given the cluster's URL and the create's one-time pairing code; the Computer turns `running`
+//! once that agent's link is up. Pause freezes the container (memory and processes kept, like
+//! E2B), resume thaws it, delete removes it with its volumes.
+//!
+//! Failure kinds: a connection to the engine that cannot be made is `NotSent`; an answer of the
+//! engine (a 4xx or 5xx) is `Rejected`; anything after the request left (a cut connection, a
+//! timeout, an unreadable answer) is `Lost`. A create whose start is refused removes the container
+//! it made, so a refusal leaves nothing behind; if even that removal fails, the answer is `Lost`.
+//! No call is ever retried.
+//!
+//! Config (a provider record's `config`):
+//! - `serverUrl` (required): the URL the agents in the sandboxes dial (a node or the load balancer);
+//! - `endpoint`: the engine's socket, default `unix:///var/run/docker.sock`;
+//! - `network`: the container network, default `bridge` (`host` shares the host's);
+//! - `agentBinary`: a host path mounted read-only over the image's `computer-agent` (for
+//!   development and tests, so the agent need not be rebuilt into the image);
+//! - `templates`: `{"name": {"image", "cpus", "memoryMb", "pids"}}`; a Computer's `template` names
+//!   one; without one, `default`, else the image `computerd-sandbox:latest`.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bollard::Docker;
+use bollard::errors::Error as DockerError;
+use bollard::models::ContainerCreateBody;
+use bollard::models::HostConfig;
+use bollard::query_parameters::CreateContainerOptionsBuilder;
+use bollard::query_parameters::ListContainersOptionsBuilder;
+use bollard::query_parameters::RemoveContainerOptionsBuilder;
+use serde::Deserialize;
+use tokio::sync::OnceCell;
+
+use crate::provider::CreateSpec;
+use crate::provider::Provider;
+use crate::provider::ProviderError;
+use crate::provider::SandboxInfo;
+
+/// The image used when no template names one.
+pub const DEFAULT_IMAGE: &str = "computerd-sandbox:latest";
+/// Where the agent keeps its credential inside a sandbox.
+const AGENT_STATE: &str = "/var/lib/computer-agent";
+/// Where the image keeps the agent.
+const AGENT_PATH: &str = "/usr/local/bin/computer-agent";
+/// The label with the Computer id.
+pub const LABEL_COMPUTER: &str = "computerd.computer";
+/// The label with the create's command key.
+pub const LABEL_KEY: &str = "computerd.command-key";
+
+/// One template: a local image and its limits.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Template {
+    /// A local image (no registry is consulted).
+    pub image: String,
+    /// CPUs (fractions allowed), default 1.
+    #[serde(default = "default_cpus")]
+    pub cpus: f64,
+    /// Memory in MiB, default 1024.
+    #[serde(default = "default_memory")]
+    pub memory_mb: u64,
+    /// At most this many processes, default 1024.
+    #[serde(default = "default_pids")]
+    pub pids: u64,
+}
+
+fn default_cpus() -> f64 {
+    1.0
+}
+fn default_memory() -> u64 {
+    1024
+}
+fn default_pids() -> u64 {
+    1024
+}
+
+impl Template {
+    fn default_image() -> Self {
+        Template { image: DEFAULT_IMAGE.into(), cpus: default_cpus(), memory_mb: default_memory(), pids: default_pids() }
+    }
+}
+
+/// A docker provider's config.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DockerConfig {
+    /// What agents dial.
+    pub server_url: String,
+    /// The engine's socket.
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    /// The container network.
+    #[serde(default)]
+    pub network: Option<String>,
+    /// A host path mounted over the image's agent.
+    #[serde(default)]
+    pub agent_binary: Option<String>,
+    /// Templates by name.
+    #[serde(default)]
+    pub templates: HashMap<String, Template>,
+    /// The call deadline (read by the factory).
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
+impl DockerConfig {
+    /// Parses and checks a provider record's config (user input: every problem is named).
+    pub fn parse(config: &serde_json::Map<String, serde_json::Value>) -> Result<DockerConfig, String> {
+        let c: DockerConfig = serde_json::from_value(serde_json::Value::Object(config.clone()))
+            .map_err(|e| format!("docker provider config: {e}"))?;
+        if !(c.server_url.starts_with("http://") || c.server_url.starts_with("https://")) {
+            return Err("docker provider config: serverUrl must be an http:// or https:// URL".into());
+        }
+        if let Some(e) = &c.endpoint
+            && !e.starts_with("unix://")
+        {
+            return Err("docker provider config: endpoint must be a unix:// socket".into());
+        }
+        if let Some(b) = &c.agent_binary
+            && !b.starts_with('/')
+        {
+            return Err("docker provider config: agentBinary must be an absolute path".into());
+        }
+        for (name, t) in &c.templates {
+            let ok = !t.image.is_empty()
+                && t.cpus > 0.0
+                && t.cpus <= 256.0
+                && (16..=1 << 20).contains(&t.memory_mb)
+                && (16..=1 << 20).contains(&t.pids);
+            if !ok {
+                return Err(format!(
+                    "docker provider config: template {name:?} needs an image, 0 < cpus <= 256, memoryMb and pids in 16..=1048576"
+                ));
+            }
+        }
+        Ok(c)
+    }
+
+    fn template(&self, name: Option<&str>) -> Result<Template, ProviderError> {
+        match name {
+            Some(n) => self
+                .templates
+                .get(n)
+                .cloned()
+                .ok_or_else(|| ProviderError::NotSent(format!("the provider has no template {n:?}"))),
+            None => Ok(self.templates.get("default").cloned().unwrap_or_else(Template::default_image)),
+        }
+    }
+}
+
+/// The adapter of one docker provider record.
+pub struct DockerProvider {
+    config: DockerConfig,
+    client: OnceCell<Docker>,
+    timeout: Duration,
+}
+
+/// The container name of a Computer.
+pub fn container_name(computer_id: &str) -> String {
+    format!("computerd-{computer_id}")
+}
+
+/// Sorts an engine error into the three failure kinds.
+fn classify(e: DockerError) -> ProviderError {
+    match e {
+        DockerError::DockerResponseServerError { status_code, message } => {
+            ProviderError::Rejected(format!("the Docker engine answered {status_code}: {message}"))
+        }
+        DockerError::SocketNotFoundError(p) => ProviderError::NotSent(format!("no Docker socket at {p}")),
+        DockerError::HyperLegacyError { err } if err.is_connect() => {
+            ProviderError::NotSent(format!("cannot reach the Docker engine: {err}"))
+        }
+        other => ProviderError::Lost(format!("the Docker engine's answer was lost: {other}")),
+    }
+}
+
+impl DockerProvider {
+    /// An adapter for a parsed config; `timeout` bounds each engine request.
+    pub fn new(config: DockerConfig, timeout: Duration) -> Self {
+        DockerProvider { config, client: OnceCell::new(), timeout }
+    }
+
+    /// The engine client, connected and version-negotiated once. Failing here sends nothing.
+    async fn docker(&self) -> Result<&Docker, ProviderError> {
+        self.client
+            .get_or_try_init(|| async {
+                let socket = self.config.endpoint.as_deref().unwrap_or("unix:///var/run/docker.sock");
+                let secs = self.timeout.as_secs().max(1);
+                let d = Docker::connect_with_socket(socket, secs, bollard::API_DEFAULT_VERSION)
+                    .map_err(|e| ProviderError::NotSent(format!("cannot use the Docker socket {socket}: {e}")))?;
+                // The engine may speak an older API than the client: agree on one first.
+                d.negotiate_version()
+                    .await
+                    .map_err(|e| ProviderError::NotSent(format!("the Docker engine did not answer: {e}")))
+            })
+            .await
+    }
+
+    fn container_body(&self, spec: &CreateSpec, t: &Template) -> ContainerCreateBody {
+        let mut env = vec![
+            format!("COMPUTER_AGENT_SERVER={}", self.config.server_url),
+            format!("COMPUTER_AGENT_STATE={AGENT_STATE}"),
+            "HOME=/root".to_string(),
+        ];
+        if let Some(code) = &spec.pairing_code {
+            env.push(format!("COMPUTER_AGENT_PAIR={code}"));
+        }
+        let labels = HashMap::from([
+            (LABEL_COMPUTER.to_string(), spec.computer_id.clone()),
+            (LABEL_KEY.to_string(), spec.command_key.clone()),
+        ]);
+        let binds = self.config.agent_binary.as_ref().map(|b| vec![format!("{b}:{AGENT_PATH}:ro")]);
+        ContainerCreateBody {
+            image: Some(t.image.clone()),
+            cmd: Some(vec![AGENT_PATH.to_string()]),
+            env: Some(env),
+            labels: Some(labels),
+            working_dir: Some("/root".into()),
+            host_config: Some(HostConfig {
+                nano_cpus: Some((t.cpus * 1e9) as i64),
+                memory: Some((t.memory_mb as i64) << 20),
+                pids_limit: Some(t.pids as i64),
+                network_mode: Some(self.config.network.clone().unwrap_or_else(|| "bridge".into())),
+                init: Some(true),
+                binds,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+}
+
+#[async_trait]
+impl Provider for DockerProvider {
+    async fn create(&self, spec: &CreateSpec) -> Result<String, ProviderError> {
+        let t = self.config.template(spec.template.as_deref())?;
+        let docker = self.docker().await?;
+        let name = container_name(&spec.computer_id);
+        let opts = CreateContainerOptionsBuilder::new().name(&name).build();
+        let created =
+            docker.create_container(Some(opts), self.container_body(spec, &t)).await.map_err(classify)?;
+        match docker.start_container(&created.id, None).await {
+            Ok(()) => Ok(created.id),
+            Err(e) => match classify(e) {
+                ProviderError::Rejected(why) => {
+                    // Nothing runs: take back the container made above, so the refusal leaves none.
+                    let rm = RemoveContainerOptionsBuilder::new().force(true).v(true).build();
+                    match docker.remove_container(&created.id, Some(rm)).await {
+                        Ok(()) => Err(ProviderError::Rejected(why)),
+                        Err(e) => Err(ProviderError::Lost(format!(
+                            "the start was refused ({why}) and the container {} could not be removed: {e}",
+                            created.id
+                        ))),
+                    }
+                }
+                // The container exists either way; only its start is in doubt.
+                ProviderError::NotSent(m) | ProviderError::Lost(m) => Err(ProviderError::Lost(m)),
+            },
+        }
+    }
+
+    async fn pause(&self, sandbox: &str) -> Result<(), ProviderError> {
+        self.docker().await?.pause_container(sandbox).await.map_err(classify)
+    }
+
+    async fn resume(&self, sandbox: &str) -> Result<(), ProviderError> {
+        self.docker().await?.unpause_container(sandbox).await.map_err(classify)
+    }
+
+    async fn delete(&self, sandbox: &str) -> Result<(), ProviderError> {
+        let rm = RemoveContainerOptionsBuilder::new().force(true).v(true).build();
+        match self.docker().await?.remove_container(sandbox, Some(rm)).await {
+            Ok(()) => Ok(()),
+            // Already gone: the effect wanted holds.
+            Err(DockerError::DockerResponseServerError { status_code: 404, .. }) => Ok(()),
+            Err(e) => Err(classify(e)),
+        }
+    }
+
+    async fn inspect(&self, computer_id: &str) -> Result<Option<SandboxInfo>, ProviderError> {
+        let filters = HashMap::from([("label", vec![format!("{LABEL_COMPUTER}={computer_id}")])]);
+        let opts = ListContainersOptionsBuilder::new().all(true).filters(&filters).build();
+        let list = self.docker().await?.list_containers(Some(opts)).await.map_err(classify)?;
+        Ok(list.into_iter().next().map(|c| SandboxInfo {
+            sandbox: c.id.unwrap_or_default(),
+            state: c.state.map(|s| s.to_string()).unwrap_or_else(|| "unknown".into()),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(v: serde_json::Value) -> Result<DockerConfig, String> {
+        DockerConfig::parse(v.as_object().expect("object"))
+    }
+
+    #[test]
+    fn config_is_checked() {
+        let ok = cfg(serde_json::json!({"serverUrl": "http://10.0.0.1:8080"})).expect("ok");
+        assert_eq!(ok.template(None), Ok(Template::default_image()));
+        assert!(matches!(ok.template(Some("gpu")), Err(ProviderError::NotSent(_))));
+        assert!(cfg(serde_json::json!({})).is_err(), "serverUrl is required");
+        assert!(cfg(serde_json::json!({"serverUrl": "ftp://x"})).is_err());
+        assert!(cfg(serde_json::json!({"serverUrl": "http://x", "endpoint": "tcp://x:2375"})).is_err());
+        assert!(cfg(serde_json::json!({"serverUrl": "http://x", "agentBinary": "rel/agent"})).is_err());
+        let t = serde_json::json!({"serverUrl": "http://x", "templates": {"small": {"image": "i", "cpus": 0}}});
+        assert!(cfg(t).is_err());
+        let t = serde_json::json!({"serverUrl": "http://x", "templates": {"small": {"image": "i", "privileged": true}}});
+        assert!(cfg(t).is_err(), "unknown template fields are refused");
+        let t = serde_json::json!({"serverUrl": "http://x", "templates": {"small": {"image": "i", "memoryMb": 256}}});
+        let small = cfg(t).expect("ok").template(Some("small")).expect("template");
+        assert_eq!((small.image.as_str(), small.memory_mb, small.cpus), ("i", 256, 1.0));
+    }
+}
