@@ -146,7 +146,8 @@ impl ComputerState {
             // Own machines: nothing to call; the pairing code was stored with the execution.
             None => Outcome::Succeeded { sandbox: None },
             Some((adapter, timeout)) => {
-                let sandbox = computer.sandbox.clone().unwrap_or_default();
+                let sandbox =
+                    computer.sandbox.clone().or_else(|| adapter.reference_of(&computer.id)).unwrap_or_default();
                 let call = async {
                     match exe.kind {
                         ExecutionKind::Create => {

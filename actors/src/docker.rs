@@ -82,7 +82,12 @@ fn default_pids() -> u64 {
 
 impl Template {
     fn default_image() -> Self {
-        Template { image: DEFAULT_IMAGE.into(), cpus: default_cpus(), memory_mb: default_memory(), pids: default_pids() }
+        Template {
+            image: DEFAULT_IMAGE.into(),
+            cpus: default_cpus(),
+            memory_mb: default_memory(),
+            pids: default_pids(),
+        }
     }
 }
 
@@ -243,8 +248,7 @@ impl Provider for DockerProvider {
         let docker = self.docker().await?;
         let name = container_name(&spec.computer_id);
         let opts = CreateContainerOptionsBuilder::new().name(&name).build();
-        let created =
-            docker.create_container(Some(opts), self.container_body(spec, &t)).await.map_err(classify)?;
+        let created = docker.create_container(Some(opts), self.container_body(spec, &t)).await.map_err(classify)?;
         match docker.start_container(&created.id, None).await {
             Ok(()) => Ok(created.id),
             Err(e) => match classify(e) {
@@ -263,6 +267,10 @@ impl Provider for DockerProvider {
                 ProviderError::NotSent(m) | ProviderError::Lost(m) => Err(ProviderError::Lost(m)),
             },
         }
+    }
+
+    fn reference_of(&self, computer_id: &str) -> Option<String> {
+        Some(container_name(computer_id))
     }
 
     async fn pause(&self, sandbox: &str) -> Result<(), ProviderError> {
@@ -313,7 +321,8 @@ mod tests {
         assert!(cfg(serde_json::json!({"serverUrl": "http://x", "agentBinary": "rel/agent"})).is_err());
         let t = serde_json::json!({"serverUrl": "http://x", "templates": {"small": {"image": "i", "cpus": 0}}});
         assert!(cfg(t).is_err());
-        let t = serde_json::json!({"serverUrl": "http://x", "templates": {"small": {"image": "i", "privileged": true}}});
+        let t =
+            serde_json::json!({"serverUrl": "http://x", "templates": {"small": {"image": "i", "privileged": true}}});
         assert!(cfg(t).is_err(), "unknown template fields are refused");
         let t = serde_json::json!({"serverUrl": "http://x", "templates": {"small": {"image": "i", "memoryMb": 256}}});
         let small = cfg(t).expect("ok").template(Some("small")).expect("template");

@@ -184,7 +184,13 @@ mod tests {
     #[tokio::test]
     async fn faults_behave_as_named_and_effects_are_journaled() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let spec = CreateSpec { computer_id: "cmp_1".into(), command_key: "k".into(), template: None, desktop: false, pairing_code: None };
+        let spec = CreateSpec {
+            computer_id: "cmp_1".into(),
+            command_key: "k".into(),
+            template: None,
+            desktop: false,
+            pairing_code: None,
+        };
         let p = fake(&dir, json!({"create": "lost", "pause": "not_sent", "resume": "reject"}));
         assert!(matches!(p.create(&spec).await, Err(ProviderError::Lost(_))));
         assert!(matches!(p.pause("fake-cmp_1").await, Err(ProviderError::NotSent(_))));

@@ -3,6 +3,7 @@
 //! - [`computer`]: `ComputerActor`, one per Computer with work, drives its lifecycle executions.
 //! - [`link`]: `AgentLinkActor`, one per agent link held by this node, and the link registry.
 //! - [`session`]: `SessionActor`, one per command session, running its calls in order.
+//! - [`idle`]: the node side of idle pause: work seen, reported in batches; the leader's scheduler.
 //! - [`driver`]: hands claimable executions to Computer actors on the leader; settles executions a
 //!   lost driver left behind.
 //! - [`provider`]: the adapter contract (no retries, no self-resume, precise failure kinds);
@@ -16,6 +17,7 @@ pub mod docker;
 pub mod driver;
 pub mod factory;
 pub mod fake;
+pub mod idle;
 pub mod link;
 pub mod provider;
 pub mod session;

@@ -59,6 +59,7 @@ pub struct Link {
 #[derive(Default)]
 pub struct LinkRegistry {
     inner: Mutex<HashMap<String, Link>>,
+    added: tokio::sync::Notify,
 }
 
 impl LinkRegistry {
@@ -77,7 +78,22 @@ impl LinkRegistry {
         if let Some(old) = map.insert(computer_id.to_string(), link) {
             let _ = old.actor.cast(LinkMessage::Replaced);
         }
+        drop(map);
+        self.added.notify_waiters();
         true
+    }
+
+    /// Waits until a link of the Computer is here, or `deadline` passes.
+    pub async fn wait(&self, computer_id: &str, deadline: tokio::time::Instant) -> Option<Link> {
+        loop {
+            let added = self.added.notified();
+            if let Some(l) = self.get(computer_id) {
+                return Some(l);
+            }
+            if tokio::time::timeout_at(deadline, added).await.is_err() {
+                return self.get(computer_id);
+            }
+        }
     }
 
     /// Removes the entry only if it is still `generation`.
@@ -114,6 +130,8 @@ pub struct LinkArgs {
     pub cluster: Cluster,
     /// This node's links.
     pub links: Arc<LinkRegistry>,
+    /// Work seen on this node (the agent's running commands).
+    pub activity: Arc<crate::idle::Activity>,
 }
 
 /// Messages of a link actor.
@@ -141,8 +159,13 @@ impl Actor for AgentLinkActor {
             return Err(format!("a newer link of {} is already here", args.computer_id).into());
         }
         tracing::info!(computer_id = %args.computer_id, generation = args.generation, "agent linked");
-        let watch =
-            watch_sessions(args.cluster.clone(), args.computer_id.clone(), args.generation, args.client.clone());
+        let watch = watch_sessions(
+            args.cluster.clone(),
+            args.computer_id.clone(),
+            args.generation,
+            args.client.clone(),
+            args.activity.clone(),
+        );
         let watcher = tokio::spawn(async move {
             watch.await;
             let _ = me.cast(LinkMessage::Lost);
@@ -172,6 +195,7 @@ impl Actor for AgentLinkActor {
     async fn post_stop(&self, _me: ActorRef<LinkMessage>, state: &mut LinkState) -> Result<(), ActorProcessingErr> {
         state.watcher.abort();
         let a = &state.args;
+        a.activity.set_busy(&a.computer_id, false);
         a.links.remove_if(&a.computer_id, a.generation);
         let cmd = Command::LinkDown { computer_id: a.computer_id.clone(), generation: a.generation, at_ms: now_ms() };
         if let Err(e) = a.cluster.propose(Request::new(cmd)).await {
@@ -184,7 +208,13 @@ impl Actor for AgentLinkActor {
 /// Turns the agent's reports of commands that ended after their wait into `computer_session`
 /// events.
 /// Returns when the stream ends, which means the link is gone.
-async fn watch_sessions(cluster: Cluster, computer_id: String, generation: u64, mut client: Agent) {
+async fn watch_sessions(
+    cluster: Cluster,
+    computer_id: String,
+    generation: u64,
+    mut client: Agent,
+    activity: Arc<crate::idle::Activity>,
+) {
     let mut stream = match client.watch_sessions(Nothing {}).await {
         Ok(s) => s.into_inner(),
         Err(e) => {
@@ -193,6 +223,10 @@ async fn watch_sessions(cluster: Cluster, computer_id: String, generation: u64, 
         }
     };
     while let Some(Ok(e)) = stream.next().await {
+        activity.set_busy(&computer_id, e.running > 0);
+        if e.session_id.is_empty() {
+            continue; // a status report only
+        }
         let cmd = Command::SessionEnded {
             computer_id: computer_id.clone(),
             generation,

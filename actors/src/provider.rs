@@ -60,6 +60,11 @@ pub trait Provider: Send + Sync {
     async fn delete(&self, sandbox: &str) -> Result<(), ProviderError>;
     /// Looks up the sandbox of a Computer (by its labels), to settle an unknown outcome.
     async fn inspect(&self, computer_id: &str) -> Result<Option<SandboxInfo>, ProviderError>;
+    /// The reference a Computer's sandbox has when none was recorded (a create whose answer was
+    /// lost and then decided succeeded), if the provider names sandboxes deterministically.
+    fn reference_of(&self, _computer_id: &str) -> Option<String> {
+        None
+    }
 }
 
 /// The adapter of a provider kind that this build cannot drive yet: every call fails before

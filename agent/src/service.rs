@@ -210,9 +210,27 @@ impl Agent for AgentService {
         check(&self.generation, &req)?;
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<SessionEnded, Status>>(64);
         let sessions = self.sessions.clone();
+        let status = |running: u32| SessionEnded { running, ..Default::default() };
         tokio::spawn(async move {
+            let mut running = sessions.running();
+            let now = *running.borrow_and_update();
+            if tx.send(Ok(status(now))).await.is_err() {
+                return;
+            }
             loop {
-                let batch = sessions.next_ended().await;
+                let batch = tokio::select! {
+                    batch = sessions.next_ended() => batch,
+                    changed = running.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        let now = *running.borrow_and_update();
+                        if tx.send(Ok(status(now))).await.is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                };
                 let mut undelivered = Vec::new();
                 let mut closed = false;
                 for e in batch {
@@ -225,6 +243,7 @@ impl Agent for AgentService {
                         owner: e.owner.clone(),
                         exit_code: e.exit_code,
                         signal: e.signal.clone(),
+                        running: *running.borrow(),
                     };
                     if tx.send(Ok(msg)).await.is_err() {
                         closed = true;

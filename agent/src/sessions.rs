@@ -159,6 +159,8 @@ pub struct Sessions {
     /// Ends not yet delivered to a node, oldest first (bounded).
     ended: Arc<Mutex<std::collections::VecDeque<Ended>>>,
     ended_changed: Arc<Notify>,
+    /// How many sessions' commands are running now.
+    running: Arc<tokio::sync::watch::Sender<u32>>,
 }
 
 fn signal_name(sig: i32) -> String {
@@ -284,8 +286,10 @@ impl Sessions {
         for r in readers {
             spawn_reader(s.clone(), r);
         }
+        self.running.send_modify(|n| *n += 1);
         {
             let s = s.clone();
+            let running = self.running.clone();
             let mut child = child;
             let (ended, ended_changed, id, owner, all) = (
                 self.ended.clone(),
@@ -296,6 +300,7 @@ impl Sessions {
             );
             tokio::spawn(async move {
                 let status = child.wait().await;
+                running.send_modify(|n| *n = n.saturating_sub(1));
                 let exit = match status {
                     Ok(st) => {
                         use std::os::unix::process::ExitStatusExt;
@@ -410,6 +415,11 @@ impl Sessions {
         }
         drop(q);
         self.ended_changed.notify_waiters();
+    }
+
+    /// The number of sessions whose command runs, as it changes.
+    pub fn running(&self) -> tokio::sync::watch::Receiver<u32> {
+        self.running.subscribe()
     }
 
     /// How many sessions live.

@@ -113,6 +113,7 @@ pub async fn handle(state: AppState, mut socket: WebSocket) {
         client,
         cluster: state.cluster.clone(),
         links: state.links.clone(),
+        activity: state.activity.clone(),
     };
     match Actor::spawn(None, AgentLinkActor, args).await {
         Ok((_, done)) => {

@@ -156,12 +156,19 @@ pub async fn run(
     // 5. The execution driver (acts while this node leads) and HTTP.
     let providers = ProviderFactory { fake_dir: cfg.fake_provider_dir.clone() };
     let driver = tokio::spawn(run_driver(cluster.clone(), providers, stop_rx.clone()));
+    // Idle pause: this node's work marks, reported in batches; the scheduler acts while leading.
+    let activity: std::sync::Arc<computerd_actors::idle::Activity> = Default::default();
+    let tick = Duration::from_secs(1);
+    let reporter =
+        tokio::spawn(computerd_actors::idle::run_reporter(activity.clone(), cluster.clone(), tick, stop_rx.clone()));
+    let scheduler = tokio::spawn(computerd_actors::idle::run_scheduler(cluster.clone(), tick, stop_rx.clone()));
     let app = http::router(http::AppState {
         cluster: cluster.clone(),
         fake_providers: cfg.fake_provider_dir.is_some(),
         links: Default::default(),
         sessions: Default::default(),
         http: reqwest::Client::builder().timeout(Duration::from_secs(120)).build().unwrap_or_default(),
+        activity,
     });
     let mut http_stop = stop_rx.clone();
     let http = tokio::spawn(
@@ -185,6 +192,8 @@ pub async fn run(
     let _ = stop_tx.send(true);
     let http_result = http.await;
     let _ = driver.await;
+    let _ = reporter.await;
+    let _ = scheduler.await;
     cluster.shutdown().await;
     let grpc_result = grpc.await;
     tracing::info!(node_id = cfg.node_id, "node stopped");

@@ -5,6 +5,7 @@
 
 pub mod agent;
 pub mod cluster;
+pub mod docker;
 pub mod wait;
 
 pub use cluster::Node;

@@ -294,6 +294,58 @@ async fn lifecycle(
     submit(&state, &caller, s).await
 }
 
+/// How long a call waits for the resume of a paused Computer it needs.
+const AUTO_RESUME_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// A call on a paused Computer resumes it first, through a stored execution with the caller's
+/// own rights (SPEC §1, §4); a resume already running (another caller's) is waited for instead.
+/// Answers once the execution succeeded; its failure or unknown outcome is the call's error.
+pub async fn resume_for_call(state: &AppState, caller: &Caller, id: &str) -> Result<(), ApiError> {
+    let now = now_ms();
+    let normalized = json!({"kind": ExecutionKind::Resume, "computer": id});
+    let key = format!("auto-resume:{}", new_id("key"));
+    let s = Submit {
+        by: caller.token.id.clone(),
+        execution: new_execution(&key, body_hash(&normalized), ExecutionKind::Resume, id, now),
+        computer: None,
+        approval_id: new_id("apr"),
+        reason: Some("a call needs the paused computer".into()),
+        at_ms: now,
+    };
+    let exe_id = match apply(state, Command::SubmitExecution(Box::new(s))).await {
+        Ok(Some(exe)) => exe,
+        Ok(None) => return Err(ApiError::new(computerd_proto::ErrorKind::Internal, "the store named no execution")),
+        Err(e) if e.kind == computerd_proto::ErrorKind::ComputerConflict && e.execution_id.is_some() => {
+            e.execution_id.unwrap_or_default()
+        }
+        Err(e) => return Err(e),
+    };
+    tracing::info!(computer_id = %id, execution_id = %exe_id, "resuming a paused computer for a call");
+    let mut applied = state.cluster.state().subscribe();
+    let deadline = tokio::time::Instant::now() + AUTO_RESUME_WAIT;
+    loop {
+        let seen = state.cluster.state().read(|s| s.executions.get(&exe_id).map(|e| (e.state, e.error.clone())));
+        match seen {
+            Some((ExecutionState::Succeeded, _)) => return Ok(()),
+            Some((ExecutionState::Failed | ExecutionState::OutcomeUnknown, err)) => {
+                let why = err.map(|e| e.message).unwrap_or_default();
+                let mut e = ApiError::new(
+                    computerd_proto::ErrorKind::ComputerExecutionFailed,
+                    format!("the computer is paused and resuming it did not succeed: {why}"),
+                );
+                e.execution_id = Some(exe_id);
+                return Err(e);
+            }
+            _ => {}
+        }
+        if tokio::time::timeout_at(deadline, applied.changed()).await.is_err() {
+            let mut e = ApiError::new(computerd_proto::ErrorKind::Unavailable, "the computer is still resuming");
+            e.execution_id = Some(exe_id);
+            return Err(e);
+        }
+    }
+}
+
 /// `POST /v1/computers/:id/pause`
 #[utoipa::path(post, path = "/v1/computers/{id}/pause", tag = "computers", params(("id" = String, Path)), request_body = KeyOnly, responses((status = 202, body = ReceiptDoc), (status = 409, description = "ComputerConflict (names the running execution)", body = ErrorBody), (status = 422, description = "ComputerUnsupported or IdempotencyKeyReused", body = ErrorBody)), security(("bearer" = [])))]
 pub async fn pause(

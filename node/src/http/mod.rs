@@ -40,6 +40,8 @@ pub struct AppState {
     pub sessions: std::sync::Arc<computerd_actors::session::SessionRegistry>,
     /// For forwarding calls to the node that holds a link.
     pub http: reqwest::Client,
+    /// Work seen on this node, reported to the idle-pause plan in batches.
+    pub activity: std::sync::Arc<computerd_actors::idle::Activity>,
 }
 
 /// The API router.

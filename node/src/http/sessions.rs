@@ -96,21 +96,58 @@ pub fn agent_error(s: tonic::Status) -> ApiError {
 
 /// The agent of a Computer the caller may operate, if its link is on this node.
 pub async fn agent_for(state: &AppState, caller: &Caller, computer_id: &str, write: bool) -> Result<Agent, ApiError> {
-    state.cluster.state().read(|s| {
-        if write { s.check_operate(caller, computer_id) } else { s.visible_computer(caller, computer_id).map(|_| ()) }
-    })?;
-    match state.links.get(computer_id) {
-        Some(l) => Ok(l.client),
-        None => {
-            let elsewhere = state.cluster.state().read(|s| s.computers.get(computer_id).and_then(|c| c.link_node));
-            match elsewhere {
-                Some(n) if n != state.cluster.id() => Err(ApiError::new(
-                    ErrorKind::Unavailable,
-                    format!("the computer's link is on node {n}; call that node (routing between nodes comes later)"),
-                )),
-                _ => Err(ApiError::new(ErrorKind::ComputerExecutionFailed, "the computer is offline")),
-            }
+    let paused = state.cluster.state().read(|s| {
+        if write {
+            s.check_operate(caller, computer_id)?;
+        } else {
+            s.visible_computer(caller, computer_id)?;
         }
+        Ok::<_, computerd_raft::sm::Reject>(
+            s.computers.get(computer_id).is_some_and(|c| c.state == computerd_raft::sm::ComputerState::Paused),
+        )
+    })?;
+    if paused {
+        // A call on a paused Computer resumes it first (a read needs no write right for that:
+        // the resume is the caller's, with the rights the store re-checks).
+        super::computers::resume_for_call(state, caller, computer_id).await?;
+    }
+    let client = match state.links.get(computer_id) {
+        Some(l) => l.client,
+        None if paused || starting(state, computer_id) => wait_for_link(state, computer_id).await?,
+        None => return Err(not_linked(state, computer_id)),
+    };
+    state.activity.touch(computer_id);
+    Ok(client)
+}
+
+/// How long a call waits for the agent of a Computer that is resuming or starting.
+const LINK_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+fn starting(state: &AppState, computer_id: &str) -> bool {
+    state.cluster.state().read(|s| {
+        s.computers.get(computer_id).is_some_and(|c| {
+            matches!(c.state, computerd_raft::sm::ComputerState::Starting | computerd_raft::sm::ComputerState::Running)
+                && s.runs_agent(computer_id)
+        })
+    })
+}
+
+/// Waits for the agent's link to come (back) to this node.
+async fn wait_for_link(state: &AppState, computer_id: &str) -> Result<Agent, ApiError> {
+    match state.links.wait(computer_id, tokio::time::Instant::now() + LINK_WAIT).await {
+        Some(l) => Ok(l.client),
+        None => Err(not_linked(state, computer_id)),
+    }
+}
+
+fn not_linked(state: &AppState, computer_id: &str) -> ApiError {
+    let elsewhere = state.cluster.state().read(|s| s.computers.get(computer_id).and_then(|c| c.link_node));
+    match elsewhere {
+        Some(n) if n != state.cluster.id() => ApiError::new(
+            ErrorKind::Unavailable,
+            format!("the computer's link is on node {n}; call that node (routing between nodes comes later)"),
+        ),
+        _ => ApiError::new(ErrorKind::ComputerExecutionFailed, "the computer's agent is not connected"),
     }
 }
 

@@ -232,11 +232,10 @@ mod tests {
         assert_eq!(s.plan_pause("cmp_1", 1, "exe_b", 12_000).ok().as_deref(), Some("exe_a"), "asked again: same");
         assert_eq!(s.executions.len(), 1);
         let exe = &s.executions["exe_a"];
-        assert_eq!((exe.kind, exe.state, exe.command_key.as_str()), (
-            ExecutionKind::Pause,
-            ExecutionState::Pending,
-            "idle-pause:cmp_1:1"
-        ));
+        assert_eq!(
+            (exe.kind, exe.state, exe.command_key.as_str()),
+            (ExecutionKind::Pause, ExecutionState::Pending, "idle-pause:cmp_1:1")
+        );
         assert_eq!(s.computers["cmp_1"].active_execution.as_deref(), Some("exe_a"));
         assert!(s.plan_due(20_000, 10).is_empty(), "a computer with a running execution is not due");
     }

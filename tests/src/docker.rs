@@ -1,0 +1,94 @@
+//! Helpers for tests against the real Docker engine: the sandbox image (built from the host's
+//! files by `deploy/build-sandbox-image.sh` when missing), a docker provider wired to a test
+//! cluster, and clean-up of the containers a test made.
+
+use std::process::Command;
+
+use reqwest::Method;
+use serde_json::Value;
+use serde_json::json;
+
+use crate::TestCluster;
+use crate::agent::agent_bin;
+
+/// The image the tests' sandboxes run.
+pub const IMAGE: &str = "computerd-sandbox:latest";
+
+/// Makes sure the sandbox image exists (builds it once, under a lock shared by test processes).
+pub fn ensure_sandbox_image() {
+    let agent = agent_bin();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root");
+    let script = root.join("deploy/build-sandbox-image.sh");
+    let cmd = format!(
+        "docker image inspect {IMAGE} >/dev/null 2>&1 || {} --agent {} --tag {IMAGE}",
+        script.display(),
+        agent.display()
+    );
+    let out = Command::new("flock")
+        .args(["/tmp/computerd-sandbox-image.lock", "bash", "-c", &cmd])
+        .output()
+        .expect("run flock");
+    assert!(
+        out.status.success(),
+        "building the sandbox image failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Registers a docker provider whose sandboxes share the host network (so their agents reach
+/// the test nodes on loopback) and run the freshly built agent; answers its id.
+pub async fn docker_provider(c: &TestCluster, extra: Value) -> String {
+    ensure_sandbox_image();
+    let mut config = json!({
+        "serverUrl": c.url(1, ""),
+        "network": "host",
+        "agentBinary": agent_bin().to_string_lossy(),
+        "templates": {"default": {"image": IMAGE, "cpus": 1.0, "memoryMb": 512, "pids": 256}},
+    });
+    if let (Some(base), Some(more)) = (config.as_object_mut(), extra.as_object()) {
+        for (k, v) in more {
+            base.insert(k.clone(), v.clone());
+        }
+    }
+    let body = json!({"kind": "docker", "name": "docker", "config": config});
+    let (s, v) = c.call(Method::POST, 1, "/v1/computer-providers", &c.token, Some(body)).await;
+    assert_eq!(s, 201, "{v}");
+    v["id"].as_str().expect("provider id").to_string()
+}
+
+/// The ids of the containers labelled with a Computer id (running or not).
+pub fn containers_of(computer_id: &str) -> Vec<String> {
+    let out = Command::new("docker")
+        .args(["ps", "-aq", "--no-trunc", "--filter", &format!("label=computerd.computer={computer_id}")])
+        .output()
+        .expect("docker ps");
+    String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).filter(|l| !l.is_empty()).collect()
+}
+
+/// A field of `docker inspect` of a container (a Go template such as `{{.State.Paused}}`).
+pub fn inspect(container: &str, format: &str) -> String {
+    let out = Command::new("docker").args(["inspect", "-f", format, container]).output().expect("docker inspect");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Removes, when dropped, every container of the Computers it was told about.
+#[derive(Default)]
+pub struct Containers(pub Vec<String>);
+
+impl Containers {
+    /// Also clean up this Computer's containers.
+    pub fn track(&mut self, computer_id: &str) {
+        self.0.push(computer_id.to_string());
+    }
+}
+
+impl Drop for Containers {
+    fn drop(&mut self) {
+        for id in &self.0 {
+            for c in containers_of(id) {
+                let _ = Command::new("docker").args(["rm", "-f", "-v", &c]).output();
+            }
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! The docker provider against the real Docker engine: sandboxes whose `computer-agent` dials
+//! the cluster, pause that keeps processes, a call that resumes a paused sandbox, delete that
+//! really removes the container, usage spans, and the shared idle-pause plan.
+
+use std::time::Duration;
+
+use computerd_tests::TestCluster;
+use computerd_tests::agent::wait_state;
+use computerd_tests::docker::Containers;
+use computerd_tests::docker::containers_of;
+use computerd_tests::docker::docker_provider;
+use computerd_tests::docker::inspect;
+use computerd_tests::wait_for;
+use reqwest::Method;
+use serde_json::Value;
+use serde_json::json;
+
+async fn create(c: &TestCluster, provider: &str, key: &str, pause_after: Value) -> String {
+    let body = json!({
+        "commandKey": key, "name": key,
+        "source": {"_tag": "Provider", "provider": provider, "template": null},
+        "pauseAfter": pause_after,
+    });
+    let (s, v) = c.call(Method::POST, 1, "/v1/computers", &c.token, Some(body)).await;
+    assert_eq!(s, 202, "{v}");
+    v["resource"]["id"].as_str().expect("computer id").to_string()
+}
+
+async fn run(c: &TestCluster, id: &str, command: &str, yield_ms: u32) -> Value {
+    let body = json!({"command": command, "yieldTimeMs": yield_ms});
+    let (s, v) = c.call(Method::POST, 1, &format!("/v1/computers/{id}/sessions"), &c.token, Some(body)).await;
+    assert_eq!(s, 200, "{v}");
+    v
+}
+
+async fn lifecycle(c: &TestCluster, id: &str, what: &str, key: &str) {
+    let url = format!("/v1/computers/{id}{what}");
+    let method = if what.is_empty() { Method::DELETE } else { Method::POST };
+    let (s, v) = c.call(method, 1, &url, &c.token, Some(json!({"commandKey": key}))).await;
+    assert_eq!(s, 202, "{v}");
+}
+
+/// create -> running once the agent in the container links -> a command runs in the container
+/// -> pause freezes it -> a command on the paused Computer resumes it first, and a process
+/// started before the pause is still there -> delete removes the container; the usage spans
+/// are the two running periods.
+#[tokio::test]
+async fn t10_create_run_pause_autoresume_delete() {
+    let c = TestCluster::start(1).await;
+    let provider = docker_provider(&c, json!({})).await;
+    let mut cleanup = Containers::default();
+    let id = create(&c, &provider, "d1", Value::Null).await;
+    cleanup.track(&id);
+    wait_state(&c, &id, "running").await;
+    let containers = containers_of(&id);
+    assert_eq!(containers.len(), 1, "exactly one container");
+    let container = &containers[0];
+    assert_eq!(inspect(container, "{{index .Config.Labels \"computerd.command-key\"}}"), "d1");
+    assert_eq!(inspect(container, "{{.HostConfig.Memory}}"), (512u64 << 20).to_string(), "the template's limit");
+
+    let v = run(&c, &id, "cat /proc/1/comm; echo $$; exec sleep 1000", 500).await;
+    assert_eq!(v["running"], true, "{v}");
+    let out = v["output"].as_str().expect("output").to_string();
+    let mut lines = out.lines();
+    assert_eq!(lines.next(), Some("docker-init"), "the command runs in the container (its init is PID 1)");
+    let pid: u32 = lines.next().and_then(|l| l.trim().parse().ok()).expect("pid");
+    let sleeper = v["session"].as_str().expect("session").to_string();
+
+    lifecycle(&c, &id, "/pause", "d1-pause").await;
+    wait_state(&c, &id, "paused").await;
+    assert_eq!(inspect(container, "{{.State.Paused}}"), "true", "the container is frozen");
+
+    // A command on the paused Computer resumes it first.
+    let v = run(&c, &id, &format!("kill -0 {pid} && echo alive"), 10_000).await;
+    assert_eq!((v["running"].clone(), v["output"].clone()), (json!(false), json!("alive\n")), "{v}");
+    assert_eq!(inspect(container, "{{.State.Paused}}"), "false");
+    let (_, v) = c.call(Method::GET, 1, &format!("/v1/computers/{id}"), &c.token, None).await;
+    assert_eq!(v["state"], "running");
+    let body = json!({"chars": "", "yieldTimeMs": 250});
+    let url = format!("/v1/computers/{id}/sessions/{sleeper}/input");
+    let (s, v) = c.call(Method::POST, 1, &url, &c.token, Some(body)).await;
+    assert_eq!((s, v["running"].clone()), (200, json!(true)), "the session from before the pause lives: {v}");
+
+    lifecycle(&c, &id, "", "d1-delete").await;
+    wait_for("the delete to finish", Duration::from_secs(30), || async {
+        let (s, _) = c.call(Method::GET, 1, &format!("/v1/computers/{id}"), &c.token, None).await;
+        (s == 404).then_some(())
+    })
+    .await;
+    assert!(containers_of(&id).is_empty(), "the container is gone");
+
+    let (s, v) = c.call(Method::GET, 1, &format!("/v1/computers/{id}/usage"), &c.token, None).await;
+    assert_eq!(s, 200, "{v}");
+    let spans = v["spans"].as_array().expect("spans");
+    let ends: Vec<&str> = spans.iter().map(|s| s["endedBy"].as_str().unwrap_or("open")).collect();
+    assert_eq!(ends, ["pause", "delete"], "{v}");
+    assert!(spans.iter().all(|s| s["outcomeUnknown"] == false && s["end"].as_u64() >= s["start"].as_u64()));
+}
+
+/// With `pauseAfter: 3`, an idle sandbox is paused by the plan's scheduler while one that runs
+/// a command is not; that one is paused once its command has ended and 3 s passed.
+#[tokio::test]
+async fn t20_idle_pause_spares_running_commands() {
+    let c = TestCluster::start(1).await;
+    let provider = docker_provider(&c, json!({})).await;
+    let mut cleanup = Containers::default();
+    let idle = create(&c, &provider, "idle", json!(3)).await;
+    cleanup.track(&idle);
+    let busy = create(&c, &provider, "busy", json!(3)).await;
+    cleanup.track(&busy);
+    wait_state(&c, &idle, "running").await;
+    wait_state(&c, &busy, "running").await;
+    let v = run(&c, &busy, "sleep 9; echo done", 250).await;
+    let sid = v["session"].as_str().expect("session").to_string();
+
+    wait_state(&c, &idle, "paused").await;
+    let (_, v) = c.call(Method::GET, 1, &format!("/v1/computers/{busy}"), &c.token, None).await;
+    assert_eq!(v["state"], "running", "a running command is work");
+    let container = &containers_of(&idle)[0];
+    assert_eq!(inspect(container, "{{.State.Paused}}"), "true");
+
+    // The busy one's command ends after its wait; only then does it idle into a pause.
+    let ended = wait_for("the busy command to end", Duration::from_secs(20), || async {
+        let (_, v) = c.call(Method::GET, 1, "/v1/events?limit=1000", &c.token, None).await;
+        let events = v["events"].as_array().cloned().unwrap_or_default();
+        events.into_iter().find(|e| e["type"] == "computer_session" && e["data"]["sessionId"] == sid.as_str())
+    })
+    .await;
+    let (_, v) = c.call(Method::GET, 1, &format!("/v1/computers/{busy}"), &c.token, None).await;
+    assert_eq!(v["state"], "running", "not paused while its command ran: {ended}");
+    wait_state(&c, &busy, "paused").await;
+    let (_, v) = c.call(Method::GET, 1, "/v1/events?limit=1000", &c.token, None).await;
+    let scheduled: Vec<&Value> = v["events"]
+        .as_array()
+        .map(|e| e.iter().filter(|e| e["type"] == "IdlePauseScheduled").collect())
+        .unwrap_or_default();
+    assert_eq!(scheduled.len(), 2, "one idle pause each: {scheduled:?}");
+}
