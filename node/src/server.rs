@@ -155,7 +155,7 @@ pub async fn run(
 
     // 5. The execution driver (acts while this node leads) and HTTP.
     let providers = ProviderFactory { fake_dir: cfg.fake_provider_dir.clone() };
-    let driver = tokio::spawn(run_driver(cluster.clone(), providers, stop_rx.clone()));
+    let driver = tokio::spawn(run_driver(cluster.clone(), providers.clone(), stop_rx.clone()));
     // Idle pause: this node's work marks, reported in batches; the scheduler acts while leading.
     let activity: std::sync::Arc<computerd_actors::idle::Activity> = Default::default();
     let tick = Duration::from_secs(1);
@@ -169,6 +169,7 @@ pub async fn run(
         sessions: Default::default(),
         http: reqwest::Client::builder().timeout(Duration::from_secs(120)).build().unwrap_or_default(),
         activity,
+        providers,
     });
     let mut http_stop = stop_rx.clone();
     let http = tokio::spawn(

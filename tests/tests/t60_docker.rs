@@ -16,6 +16,10 @@ use serde_json::Value;
 use serde_json::json;
 
 async fn create(c: &TestCluster, provider: &str, key: &str, pause_after: Value) -> String {
+    create_receipt(c, provider, key, pause_after).await["resource"]["id"].as_str().expect("computer id").to_string()
+}
+
+async fn create_receipt(c: &TestCluster, provider: &str, key: &str, pause_after: Value) -> Value {
     let body = json!({
         "commandKey": key, "name": key,
         "source": {"_tag": "Provider", "provider": provider, "template": null},
@@ -23,7 +27,7 @@ async fn create(c: &TestCluster, provider: &str, key: &str, pause_after: Value) 
     });
     let (s, v) = c.call(Method::POST, 1, "/v1/computers", &c.token, Some(body)).await;
     assert_eq!(s, 202, "{v}");
-    v["resource"]["id"].as_str().expect("computer id").to_string()
+    v
 }
 
 async fn run(c: &TestCluster, id: &str, command: &str, yield_ms: u32) -> Value {
@@ -135,4 +139,124 @@ async fn t20_idle_pause_spares_running_commands() {
         .map(|e| e.iter().filter(|e| e["type"] == "IdlePauseScheduled").collect())
         .unwrap_or_default();
     assert_eq!(scheduled.len(), 2, "one idle pause each: {scheduled:?}");
+}
+
+/// A proxy of the Docker socket that passes everything through, except that once a container
+/// start has been sent on a connection, the engine's answers on it are swallowed: the start
+/// happens, its answer is lost.
+struct LosingProxy {
+    path: std::path::PathBuf,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl LosingProxy {
+    fn start(path: std::path::PathBuf) -> Self {
+        let listener = tokio::net::UnixListener::bind(&path).expect("bind proxy socket");
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let Ok(engine) = tokio::net::UnixStream::connect("/var/run/docker.sock").await else { return };
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut er, mut ew) = engine.into_split();
+                    let swallow = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+                    let s = swallow.clone();
+                    let up = async move {
+                        use tokio::io::AsyncReadExt;
+                        use tokio::io::AsyncWriteExt;
+                        let mut buf = vec![0u8; 64 * 1024];
+                        while let Ok(n) = cr.read(&mut buf).await {
+                            if n == 0 {
+                                break;
+                            }
+                            let text = String::from_utf8_lossy(&buf[..n]);
+                            if text.starts_with("POST") && text.lines().next().is_some_and(|l| l.contains("/start")) {
+                                s.store(true, std::sync::atomic::Ordering::SeqCst);
+                            }
+                            if ew.write_all(&buf[..n]).await.is_err() {
+                                break;
+                            }
+                        }
+                    };
+                    let down = async move {
+                        use tokio::io::AsyncReadExt;
+                        use tokio::io::AsyncWriteExt;
+                        let mut buf = vec![0u8; 64 * 1024];
+                        while let Ok(n) = er.read(&mut buf).await {
+                            if n == 0 {
+                                break;
+                            }
+                            if swallow.load(std::sync::atomic::Ordering::SeqCst) {
+                                continue;
+                            }
+                            if cw.write_all(&buf[..n]).await.is_err() {
+                                break;
+                            }
+                        }
+                    };
+                    tokio::join!(up, down);
+                });
+            }
+        });
+        LosingProxy { path, task }
+    }
+}
+
+impl Drop for LosingProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The node is SIGKILLed while the engine's answer to a create is outstanding (the container was
+/// made and started; the answer never came): after the restart the create is `outcome_unknown`,
+/// never re-sent, so exactly one container exists; the inspection route finds it by its labels;
+/// a member's decision settles the create, and the Computer can then be deleted for real.
+#[tokio::test]
+async fn t30_node_killed_during_create() {
+    let mut c = TestCluster::start(1).await;
+    let proxy = LosingProxy::start(c.dir.path().join("docker.sock"));
+    let endpoint = format!("unix://{}", proxy.path.display());
+    let provider = docker_provider(&c, json!({"endpoint": endpoint, "timeoutMs": 120_000})).await;
+    let mut cleanup = Containers::default();
+    let receipt = create_receipt(&c, &provider, "lost", Value::Null).await;
+    let id = receipt["resource"]["id"].as_str().expect("computer id").to_string();
+    let exe_id = receipt["executionId"].as_str().expect("execution id").to_string();
+    cleanup.track(&id);
+    let container = wait_for("the container to run", Duration::from_secs(30), || async {
+        let list = containers_of(&id);
+        (list.len() == 1 && inspect(&list[0], "{{.State.Running}}") == "true").then(|| list[0].clone())
+    })
+    .await;
+    let (_, exe) = c.call(Method::GET, 1, &format!("/v1/executions/{exe_id}"), &c.token, None).await;
+    assert_eq!(exe["state"], "running", "the answer is still outstanding: {exe}");
+
+    c.kill(1);
+    c.spawn(1);
+    let exe = wait_for("the create to be declared unknown", Duration::from_secs(30), || async {
+        // Connections kept from before the kill fail once: a failed send is "not yet".
+        let r = c.req(Method::GET, 1, &format!("/v1/executions/{exe_id}"), &c.token).send().await.ok()?;
+        let v: Value = r.json().await.ok()?;
+        (v["state"] == "outcome_unknown").then_some(v)
+    })
+    .await;
+    assert_eq!(exe["error"]["kind"], "outcome_unknown", "{exe}");
+    assert_eq!(containers_of(&id), vec![container.clone()], "never re-sent: still exactly one container");
+
+    let (s, v) = c.call(Method::GET, 1, &format!("/v1/computers/{id}/sandbox"), &c.token, None).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        (v["found"].clone(), v["sandbox"].clone(), v["state"].clone()),
+        (json!(true), json!(container), json!("running"))
+    );
+
+    let body = json!({"outcome": "succeeded", "reason": "the container is there, found by its labels"});
+    let (s, v) = c.call(Method::POST, 1, &format!("/v1/executions/{exe_id}/decision"), &c.token, Some(body)).await;
+    assert_eq!((s, v["state"].clone()), (200, json!("succeeded")), "{v}");
+    lifecycle(&c, &id, "", "lost-delete").await;
+    wait_for("the delete to finish", Duration::from_secs(30), || async {
+        let (s, _) = c.call(Method::GET, 1, &format!("/v1/computers/{id}"), &c.token, None).await;
+        (s == 404).then_some(())
+    })
+    .await;
+    assert!(containers_of(&id).is_empty(), "the decided sandbox was deleted by its name");
 }

@@ -398,6 +398,40 @@ pub async fn get(State(state): State<AppState>, auth: Auth, Path(id): Path<Strin
     Ok(Json(v))
 }
 
+/// `GET /v1/computers/:id/sandbox`: asks the provider what it holds for this Computer (found by
+/// its labels, not by the stored reference), so a person can settle an unknown outcome, or see
+/// that a sandbox vanished. Changes nothing.
+#[utoipa::path(get, path = "/v1/computers/{id}/sandbox", tag = "computers", params(("id" = String, Path)), responses((status = 200, description = "`{\"found\", \"sandbox\", \"state\", \"recorded\"}`", body = Object), (status = 422, description = "An own machine has no sandbox", body = ErrorBody)), security(("bearer" = [])))]
+pub async fn sandbox(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let caller = auth.current(&state).await?;
+    let (computer, provider) = state.cluster.state().read(|s| {
+        let c = s.visible_computer(&caller, &id)?.clone();
+        let p = match &c.source {
+            Source::Provider { provider, .. } => s.providers.get(provider).cloned(),
+            Source::Paired => None,
+        };
+        Ok::<_, computerd_raft::sm::Reject>((c, p))
+    })?;
+    let Some(provider) = provider else {
+        return Err(ApiError::new(computerd_proto::ErrorKind::ComputerUnsupported, "an own machine has no sandbox"));
+    };
+    let (adapter, timeout) = state.providers.build(&provider);
+    let found = tokio::time::timeout(timeout, adapter.inspect(&computer.id))
+        .await
+        .map_err(|_| ApiError::new(computerd_proto::ErrorKind::ComputerExecutionFailed, "the provider did not answer"))?
+        .map_err(|e| ApiError::new(computerd_proto::ErrorKind::ComputerExecutionFailed, e.to_string()))?;
+    Ok(Json(match found {
+        Some(info) => {
+            json!({"found": true, "sandbox": info.sandbox, "state": info.state, "recorded": computer.sandbox})
+        }
+        None => json!({"found": false, "recorded": computer.sandbox}),
+    }))
+}
+
 /// `POST /v1/computers/:id/stop`: on a pause of unknown outcome, marks the Computer failed.
 #[utoipa::path(post, path = "/v1/computers/{id}/stop", tag = "computers", params(("id" = String, Path)), responses((status = 200, description = "The Computer, now failed", body = Object), (status = 409, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn stop(State(state): State<AppState>, auth: Auth, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {

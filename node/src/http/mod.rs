@@ -40,6 +40,8 @@ pub struct AppState {
     pub sessions: std::sync::Arc<computerd_actors::session::SessionRegistry>,
     /// For forwarding calls to the node that holds a link.
     pub http: reqwest::Client,
+    /// Builds provider adapters (for inspections).
+    pub providers: computerd_actors::factory::ProviderFactory,
     /// Work seen on this node, reported to the idle-pause plan in batches.
     pub activity: std::sync::Arc<computerd_actors::idle::Activity>,
 }
@@ -62,6 +64,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/computers/{id}/resume", post(computers::resume))
         .route("/v1/computers/{id}/stop", post(computers::stop))
         .route("/v1/computers/{id}/usage", get(computers::usage))
+        .route("/v1/computers/{id}/sandbox", get(computers::sandbox))
         .route("/v1/computers/{id}/acquire", post(computers::acquire))
         .route("/v1/computers/{id}/release", post(computers::release))
         .route("/v1/computers/{id}/bots", get(grants::list))

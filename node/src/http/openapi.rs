@@ -86,7 +86,7 @@ impl Modify for BearerAuth {
         identity::archive_bot, identity::create_token, identity::list_tokens, identity::revoke_token,
         providers::create, providers::list,
         computers::create, computers::list, computers::get, computers::pause, computers::resume,
-        computers::delete, computers::stop, computers::usage, computers::acquire, computers::release,
+        computers::delete, computers::stop, computers::usage, computers::sandbox, computers::acquire, computers::release,
         grants::put, grants::get, grants::list, grants::delete,
         executions::get, executions::decide,
         events::events,
