@@ -292,13 +292,30 @@ impl Provider for DockerProvider {
     }
 
     async fn inspect(&self, computer_id: &str) -> Result<Option<SandboxInfo>, ProviderError> {
-        let filters = HashMap::from([("label", vec![format!("{LABEL_COMPUTER}={computer_id}")])]);
+        let list = self.labelled(format!("{LABEL_COMPUTER}={computer_id}")).await?;
+        Ok(list.first().map(info))
+    }
+
+    async fn list(&self) -> Result<Option<HashMap<String, SandboxInfo>>, ProviderError> {
+        let list = self.labelled(LABEL_COMPUTER.to_string()).await?;
+        let by_computer =
+            list.iter().filter_map(|c| Some((c.labels.as_ref()?.get(LABEL_COMPUTER)?.clone(), info(c)))).collect();
+        Ok(Some(by_computer))
+    }
+}
+
+impl DockerProvider {
+    async fn labelled(&self, label: String) -> Result<Vec<bollard::models::ContainerSummary>, ProviderError> {
+        let filters = HashMap::from([("label", vec![label])]);
         let opts = ListContainersOptionsBuilder::new().all(true).filters(&filters).build();
-        let list = self.docker().await?.list_containers(Some(opts)).await.map_err(classify)?;
-        Ok(list.into_iter().next().map(|c| SandboxInfo {
-            sandbox: c.id.unwrap_or_default(),
-            state: c.state.map(|s| s.to_string()).unwrap_or_else(|| "unknown".into()),
-        }))
+        self.docker().await?.list_containers(Some(opts)).await.map_err(classify)
+    }
+}
+
+fn info(c: &bollard::models::ContainerSummary) -> SandboxInfo {
+    SandboxInfo {
+        sandbox: c.id.clone().unwrap_or_default(),
+        state: c.state.map(|s| s.to_string()).unwrap_or_else(|| "unknown".into()),
     }
 }
 

@@ -4,6 +4,7 @@
 //! - [`link`]: `AgentLinkActor`, one per agent link held by this node, and the link registry.
 //! - [`session`]: `SessionActor`, one per command session, running its calls in order.
 //! - [`idle`]: the node side of idle pause: work seen, reported in batches; the leader's scheduler.
+//! - [`watch`]: the leader's check that running and paused sandboxes still exist.
 //! - [`driver`]: hands claimable executions to Computer actors on the leader; settles executions a
 //!   lost driver left behind.
 //! - [`provider`]: the adapter contract (no retries, no self-resume, precise failure kinds);
@@ -21,6 +22,7 @@ pub mod idle;
 pub mod link;
 pub mod provider;
 pub mod session;
+pub mod watch;
 
 /// Now, in unix ms (times in commands are chosen by the proposer, never in apply).
 pub fn now_ms() -> u64 {

@@ -65,6 +65,11 @@ pub trait Provider: Send + Sync {
     fn reference_of(&self, _computer_id: &str) -> Option<String> {
         None
     }
+    /// Every sandbox the provider holds for any Computer, by Computer id (`None`: the provider
+    /// cannot list them, so vanished sandboxes are not watched for).
+    async fn list(&self) -> Result<Option<std::collections::HashMap<String, SandboxInfo>>, ProviderError> {
+        Ok(None)
+    }
 }
 
 /// The adapter of a provider kind that this build cannot drive yet: every call fails before

@@ -56,6 +56,7 @@ impl DevConfig {
             snapshot_every: t.snapshot_every,
             keep_logs: t.keep_logs,
             fake_provider_dir: None,
+            sandbox_watch_secs: 10.0,
         }
     }
 }
@@ -100,6 +101,10 @@ pub struct ServeConfig {
     /// (for tests; every node of a cluster needs the same directory).
     #[arg(long, env = "COMPUTERD_FAKE_PROVIDER_DIR")]
     pub fake_provider_dir: Option<PathBuf>,
+    /// How often the leader checks that the sandboxes of running and paused Computers still
+    /// exist at their provider (seconds).
+    #[arg(long, env = "COMPUTERD_SANDBOX_WATCH_SECS", default_value_t = 10.0)]
+    pub sandbox_watch_secs: f64,
 }
 
 impl ServeConfig {

@@ -42,6 +42,9 @@ const JOIN_PATIENCE: Duration = Duration::from_secs(60);
 /// Why a node could not start or stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
+    /// A flag has a value that cannot work.
+    #[error("{0}")]
+    Config(String),
     /// The data directory was refused.
     #[error(transparent)]
     DataDir(#[from] DataDirError),
@@ -113,6 +116,10 @@ pub async fn run(
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), NodeError> {
+    let watch_every = Duration::try_from_secs_f64(cfg.sandbox_watch_secs)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| NodeError::Config("--sandbox-watch-secs must be a positive number".into()))?;
     // 1. The data dir.
     let mut dir = DataDir::open(&cfg.data, cfg.node_id)?;
     let local = |l: &TcpListener, what: &str| {
@@ -162,6 +169,12 @@ pub async fn run(
     let reporter =
         tokio::spawn(computerd_actors::idle::run_reporter(activity.clone(), cluster.clone(), tick, stop_rx.clone()));
     let scheduler = tokio::spawn(computerd_actors::idle::run_scheduler(cluster.clone(), tick, stop_rx.clone()));
+    let watch = tokio::spawn(computerd_actors::watch::run_sandbox_watch(
+        cluster.clone(),
+        providers.clone(),
+        watch_every,
+        stop_rx.clone(),
+    ));
     let app = http::router(http::AppState {
         cluster: cluster.clone(),
         fake_providers: cfg.fake_provider_dir.is_some(),
@@ -195,6 +208,7 @@ pub async fn run(
     let _ = driver.await;
     let _ = reporter.await;
     let _ = scheduler.await;
+    let _ = watch.await;
     cluster.shutdown().await;
     let grpc_result = grpc.await;
     tracing::info!(node_id = cfg.node_id, "node stopped");

@@ -260,3 +260,27 @@ async fn t30_node_killed_during_create() {
     .await;
     assert!(containers_of(&id).is_empty(), "the decided sandbox was deleted by its name");
 }
+
+/// A container removed behind the cluster's back is detected by the leader's sandbox watch and
+/// reported: the Computer is `failed`, a `SandboxVanished` event names it, and its run span is
+/// closed as a failure.
+#[tokio::test]
+async fn t40_a_vanished_container_is_reported() {
+    let c = TestCluster::start_with(1, &["--sandbox-watch-secs", "0.5"]).await;
+    let provider = docker_provider(&c, json!({})).await;
+    let mut cleanup = Containers::default();
+    let id = create(&c, &provider, "gone", Value::Null).await;
+    cleanup.track(&id);
+    wait_state(&c, &id, "running").await;
+    let container = containers_of(&id).pop().expect("container");
+    let out = std::process::Command::new("docker").args(["rm", "-f", &container]).output().expect("docker rm");
+    assert!(out.status.success());
+    wait_state(&c, &id, "failed").await;
+    let (_, v) = c.call(Method::GET, 1, "/v1/events?limit=1000", &c.token, None).await;
+    let vanished = v["events"]
+        .as_array()
+        .and_then(|e| e.iter().find(|e| e["type"] == "SandboxVanished" && e["computerId"] == id.as_str()).cloned());
+    assert!(vanished.is_some(), "{v}");
+    let (_, v) = c.call(Method::GET, 1, &format!("/v1/computers/{id}/usage"), &c.token, None).await;
+    assert_eq!(v["spans"][0]["endedBy"], "failure", "{v}");
+}

@@ -279,6 +279,13 @@ pub enum Command {
         /// Unix ms.
         at_ms: u64,
     },
+    /// The provider no longer holds the Computer's sandbox: it is marked failed, not hidden.
+    SandboxVanished {
+        /// The Computer.
+        computer_id: String,
+        /// Unix ms.
+        at_ms: u64,
+    },
     /// Replaces the capability rules.
     SetRules {
         /// The token id of the caller.
@@ -311,6 +318,7 @@ impl Command {
             Command::SessionEnded { .. } => "session_ended",
             Command::ReportActivity { .. } => "report_activity",
             Command::PlanPause { .. } => "plan_pause",
+            Command::SandboxVanished { .. } => "sandbox_vanished",
             Command::Bootstrap { .. } => "bootstrap",
             Command::CreateMember { .. } => "create_member",
             Command::CreateBot { .. } => "create_bot",

@@ -493,6 +493,21 @@ impl State {
         Ok(())
     }
 
+    /// The provider no longer holds the sandbox of a live Computer with no execution under way:
+    /// the Computer is failed, its run span closed, and the event says why.
+    pub(crate) fn sandbox_vanished(&mut self, computer_id: &str, at: u64) -> Result<(), Reject> {
+        let c = self.computers.get(computer_id).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such computer"))?;
+        let live = matches!(c.state, ComputerState::Running | ComputerState::Paused | ComputerState::Starting);
+        if !live || c.active_execution.is_some() || c.source == Source::Paired {
+            return Err(Reject::new(RejectKind::Conflict, "the computer is not in a state to check"));
+        }
+        let sandbox = c.sandbox.clone();
+        self.close_span(computer_id, at, SpanEnd::Failure);
+        self.push_event(at, "SandboxVanished", computer_id, None, serde_json::json!({"sandbox": sandbox}));
+        self.set_computer_state(computer_id, ComputerState::Failed, at);
+        Ok(())
+    }
+
     /// Whether a Computer's sandbox runs `computer-agent` (its provider kind starts one).
     pub fn runs_agent(&self, computer_id: &str) -> bool {
         let Some(Source::Provider { provider, .. }) = self.computers.get(computer_id).map(|c| &c.source) else {

@@ -180,6 +180,7 @@ impl State {
     fn try_apply(&mut self, cmd: &Command) -> Result<(), Reject> {
         match cmd {
             Command::LinkDown { computer_id, generation, at_ms } => self.link_down(computer_id, *generation, *at_ms),
+            Command::SandboxVanished { computer_id, at_ms } => self.sandbox_vanished(computer_id, *at_ms),
             Command::ReportActivity { marks } => {
                 self.report_activity(marks);
                 Ok(())

@@ -1,0 +1,77 @@
+//! The sandbox watch: on the leader, every few seconds, asks each provider that can list its
+//! sandboxes which ones it holds, and reports a Computer whose sandbox vanished (deleted behind
+//! the cluster's back, or lost by the provider) instead of hiding it: `SandboxVanished` marks it
+//! `failed` and closes its run span. One list call per provider per pass, whatever the number of
+//! Computers. Computers with an execution under way are skipped (a create or delete in flight is
+//! not a disappearance); the store checks that again when it applies the report.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use computerd_raft::cluster::Cluster;
+use computerd_raft::sm::Command;
+use computerd_raft::sm::ComputerState;
+use computerd_raft::sm::Request;
+use computerd_raft::sm::Source;
+use tokio::sync::watch;
+
+use crate::factory::ProviderFactory;
+use crate::now_ms;
+
+/// Runs the watch every `every` until `stop`.
+pub async fn run_sandbox_watch(
+    cluster: Cluster,
+    providers: ProviderFactory,
+    every: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        if cluster.view().leader_id == Some(cluster.id()) {
+            pass(&cluster, &providers).await;
+        }
+    }
+}
+
+/// One pass over every provider; answers how many vanished sandboxes were reported.
+pub async fn pass(cluster: &Cluster, providers: &ProviderFactory) -> usize {
+    // Per provider: its record and the Computers that should have a live sandbox there.
+    let watched = cluster.state().read(|s| {
+        let mut by_provider: HashMap<String, (computerd_raft::sm::Provider, Vec<String>)> = HashMap::new();
+        for c in s.computers.values() {
+            let Source::Provider { provider, .. } = &c.source else { continue };
+            let live = matches!(c.state, ComputerState::Running | ComputerState::Paused | ComputerState::Starting);
+            if !live || c.active_execution.is_some() || c.sandbox.is_none() {
+                continue;
+            }
+            if let Some(p) = s.providers.get(provider) {
+                by_provider.entry(provider.clone()).or_insert_with(|| (p.clone(), Vec::new())).1.push(c.id.clone());
+            }
+        }
+        by_provider
+    });
+    let mut reported = 0;
+    for (_, (record, computers)) in watched {
+        let (adapter, timeout) = providers.build(&record);
+        let held = match tokio::time::timeout(timeout, adapter.list()).await {
+            Ok(Ok(Some(held))) => held,
+            Ok(Ok(None)) => continue,
+            Ok(Err(e)) => {
+                tracing::debug!(provider = %record.id, error = %e, "cannot list sandboxes");
+                continue;
+            }
+            Err(_) => continue,
+        };
+        for id in computers.into_iter().filter(|id| !held.contains_key(id)) {
+            tracing::warn!(computer_id = %id, provider = %record.id, "the computer's sandbox vanished");
+            let cmd = Command::SandboxVanished { computer_id: id, at_ms: now_ms() };
+            if cluster.propose(Request::new(cmd)).await.is_ok() {
+                reported += 1;
+            }
+        }
+    }
+    reported
+}
