@@ -6,6 +6,7 @@
 pub mod agent;
 pub mod cluster;
 pub mod docker;
+pub mod lb;
 pub mod wait;
 
 pub use cluster::Node;

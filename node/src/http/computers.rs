@@ -54,6 +54,7 @@ pub fn computer_view(c: &Computer) -> Value {
         "activeExecution": c.active_execution,
         "paired": c.agent_credential.is_some(),
         "linkGeneration": c.link_generation,
+        "linkNode": c.link_node,
         "createdAt": c.created_at,
     })
 }

@@ -1,0 +1,69 @@
+//! A real load balancer in front of a test cluster: Debian's HAProxy, started as a child process
+//! with a generated config (HTTP mode, WebSocket upgrades tunnelled, health checks on
+//! `/v1/health`, a dead backend's sessions shut down so clients reconnect elsewhere).
+
+use std::process::Child;
+use std::process::Command;
+use std::process::Stdio;
+use std::time::Duration;
+
+use crate::free_port;
+use crate::wait_for;
+
+/// One HAProxy process.
+pub struct Haproxy {
+    /// `127.0.0.1:port` it listens on.
+    pub addr: String,
+    child: Child,
+}
+
+impl Haproxy {
+    /// Starts HAProxy on a free port in front of `backends` (`host:port` HTTP addresses), with its
+    /// config and log in `dir`; answers once it accepts connections.
+    pub async fn start(dir: &std::path::Path, backends: &[String]) -> Haproxy {
+        let port = free_port();
+        let mut cfg = format!(
+            "global\n  maxconn 4000\n\
+             defaults\n  mode http\n  timeout connect 1s\n  timeout client 1h\n  timeout server 1h\n  \
+             timeout tunnel 1h\n  timeout http-request 30s\n  retries 2\n  option redispatch\n\
+             frontend api\n  bind 127.0.0.1:{port}\n  default_backend nodes\n\
+             backend nodes\n  balance roundrobin\n  option httpchk GET /v1/health\n  \
+             default-server inter 250ms fall 2 rise 1 on-marked-down shutdown-sessions\n"
+        );
+        for (i, b) in backends.iter().enumerate() {
+            cfg.push_str(&format!("  server n{} {b} check\n", i + 1));
+        }
+        let path = dir.join("haproxy.cfg");
+        std::fs::write(&path, cfg).expect("write haproxy.cfg");
+        let log = std::fs::File::create(dir.join("haproxy.log")).expect("haproxy log");
+        let child = Command::new("haproxy")
+            .arg("-f")
+            .arg(&path)
+            .arg("-db")
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log.try_clone().expect("log")))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("start haproxy (apt-get install haproxy)");
+        let addr = format!("127.0.0.1:{port}");
+        let probe = addr.clone();
+        wait_for("haproxy to accept connections", Duration::from_secs(10), || {
+            let probe = probe.clone();
+            async move { tokio::net::TcpStream::connect(&probe).await.ok().map(|_| ()) }
+        })
+        .await;
+        Haproxy { addr, child }
+    }
+
+    /// `http://addr` + `path`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+}
+
+impl Drop for Haproxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
