@@ -73,7 +73,7 @@ pub struct Tuning {
 impl Default for Tuning {
     fn default() -> Self {
         // Compaction as etcd does by default (--snapshot-count, --snapshot-catchup-entries).
-        Self { heartbeat_ms: 100, election_min_ms: 600, snapshot_every: 100_000, keep_logs: 5_000 }
+        Self { heartbeat_ms: 100, election_min_ms: 400, snapshot_every: 100_000, keep_logs: 5_000 }
     }
 }
 
@@ -248,6 +248,20 @@ impl Cluster {
             .map_err(|e| ClusterError::Unavailable(format!("no leader: {e}")))
     }
 
+    /// Returns when this node no longer sees `leader` as the leader (it was deposed, or it went
+    /// quiet past the election timeout), so a call waiting on it can be sent to the next one.
+    async fn leader_moved_from(&self, leader: NodeId) {
+        let mut metrics = self.raft().metrics();
+        loop {
+            if metrics.borrow_and_update().current_leader != Some(leader) {
+                return;
+            }
+            if metrics.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    }
+
     /// Proposes a command and waits until it is applied; any node may call it.
     pub async fn propose(&self, req: Request) -> Result<Response, ClusterError> {
         let deadline = Instant::now() + WRITE_TIMEOUT;
@@ -270,7 +284,16 @@ impl Cluster {
                     self.channels().get(&leader.1.grpc).map_err(|e| ClusterError::Invalid(e.to_string()))?;
                 let mut r = tonic::Request::new(payload.clone());
                 r.set_timeout(deadline.saturating_duration_since(Instant::now()));
-                match client.propose(r).await {
+                // A leader that stops answering (stopped, cut off) is replaced after the election
+                // timeout: then send to the new one rather than wait out the whole deadline.
+                let answer = tokio::select! {
+                    a = client.propose(r) => a,
+                    () = self.leader_moved_from(leader.0) => {
+                        tracing::debug!(leader = leader.0, "the leader changed during a forwarded write; retrying");
+                        continue;
+                    }
+                };
+                match answer {
                     Ok(resp) => decode(resp.get_ref()).map_err(|e| ClusterError::Fatal(e.to_string()))?,
                     Err(status) => {
                         // The answer may be lost after the command applied; commands are
@@ -320,7 +343,11 @@ impl Cluster {
                     self.channels().get(&leader.1.grpc).map_err(|e| ClusterError::Invalid(e.to_string()))?;
                 let mut r = tonic::Request::new(Empty {});
                 r.set_timeout(deadline.saturating_duration_since(Instant::now()));
-                match client.read_index(r).await {
+                let answer = tokio::select! {
+                    a = client.read_index(r) => a,
+                    () = self.leader_moved_from(leader.0) => continue,
+                };
+                match answer {
                     Ok(resp) => decode(resp.get_ref()).map_err(|e| ClusterError::Fatal(e.to_string()))?,
                     Err(status) => {
                         tracing::debug!(leader = leader.0, %status, "read index failed; retrying");

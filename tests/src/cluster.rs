@@ -87,11 +87,18 @@ impl TestCluster {
     /// Like [`TestCluster::start`], with the fake provider enabled on every node (journals in
     /// [`TestCluster::fake_dir`]).
     pub async fn start_fake(n: u64) -> Self {
+        Self::start_fake_with(n, &[]).await
+    }
+
+    /// Like [`TestCluster::start_fake`], with extra `computerd serve` flags for every node.
+    pub async fn start_fake_with(n: u64, flags: &[&str]) -> Self {
         let dir = tempfile::Builder::new().prefix("computerd-test-").tempdir().expect("tempdir");
         let fake = dir.path().join("fake");
         fs::create_dir_all(&fake).expect("fake dir");
-        let flag = fake.to_string_lossy().into_owned();
-        Self::start_in(dir, n, &["--fake-provider-dir", &flag]).await
+        let mut all = vec!["--fake-provider-dir".to_string(), fake.to_string_lossy().into_owned()];
+        all.extend(flags.iter().map(|f| f.to_string()));
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
+        Self::start_in(dir, n, &all).await
     }
 
     /// Where fake providers keep their journals.

@@ -24,8 +24,8 @@ impl Haproxy {
         let port = free_port();
         let mut cfg = format!(
             "global\n  maxconn 4000\n\
-             defaults\n  mode http\n  timeout connect 1s\n  timeout client 1h\n  timeout server 1h\n  \
-             timeout tunnel 1h\n  timeout http-request 30s\n  retries 2\n  option redispatch\n\
+             defaults\n  mode http\n  timeout connect 200ms\n  timeout client 1h\n  timeout server 1h\n  \
+             timeout tunnel 1h\n  timeout http-request 30s\n  retries 3\n  option redispatch 1\n\
              frontend api\n  bind 127.0.0.1:{port}\n  default_backend nodes\n\
              backend nodes\n  balance roundrobin\n  option httpchk GET /v1/health\n  \
              default-server inter 250ms fall 2 rise 1 on-marked-down shutdown-sessions\n"
