@@ -80,7 +80,9 @@ impl Actor for SessionActor {
                 let _ = reply.send(r);
             }
             SessionMessage::Input(mut agent, mut req, reply) => {
-                req.from_offset = state.offset;
+                // A caller that names an offset (to read again after a lost answer) is served from
+                // there; otherwise from what this actor delivered last.
+                req.from_offset = req.from_offset.or(state.offset);
                 let r = agent.input(req).await.map(|r| r.into_inner());
                 state.after(&me, &r);
                 let _ = reply.send(r);

@@ -159,6 +159,7 @@ fn answer(r: SessionReply) -> Json<Value> {
         "signal": r.signal,
         "output": r.output,
         "truncated": r.truncated,
+        "offset": r.offset,
     }))
 }
 
@@ -264,6 +265,9 @@ pub struct InputIn {
     chars: String,
     yield_time_ms: Option<u32>,
     max_output_bytes: Option<u32>,
+    /// Read output from this offset (an earlier answer's `offset`) instead of from what was last
+    /// delivered: a read whose answer was lost can be repeated without losing output.
+    from_offset: Option<u64>,
 }
 
 /// `POST /v1/computers/:id/sessions/:sid/input`: sends `chars` (C escapes), answers new output.
@@ -284,7 +288,7 @@ pub async fn input(
         data,
         yield_ms,
         max_output_bytes: max,
-        from_offset: None,
+        from_offset: b.from_offset,
         owner: owner_of(&caller),
     };
     let r = ask(&h, |reply| SessionMessage::Input(agent, req, reply)).await?;
