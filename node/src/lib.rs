@@ -10,6 +10,7 @@ mod dev;
 pub mod http;
 pub mod ids;
 pub mod link;
+pub mod routing;
 mod server;
 
 pub use dev::dev;

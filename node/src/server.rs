@@ -139,12 +139,15 @@ pub async fn run(
         cluster.set_accepting(false);
     }
     let (stop_tx, stop_rx) = watch::channel(false);
+    // Calls routed from other nodes run through this node's HTTP router, once it exists (step 5).
+    let route_target = crate::routing::RouteTarget::default();
     let grpc = {
         let mut stop = stop_rx.clone();
         let incoming = tonic::transport::server::TcpIncoming::from(listeners.grpc).with_nodelay(Some(true));
         tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(Service::server(cluster.clone()))
+                .add_service(route_target.clone().server())
                 .serve_with_incoming_shutdown(incoming, async move {
                     let _ = stop.wait_for(|s| *s).await;
                 }),
@@ -175,15 +178,16 @@ pub async fn run(
         watch_every,
         stop_rx.clone(),
     ));
-    let app = http::router(http::AppState {
+    let app_state = http::AppState {
         cluster: cluster.clone(),
         fake_providers: cfg.fake_provider_dir.is_some(),
         links: Default::default(),
         sessions: Default::default(),
-        http: reqwest::Client::builder().timeout(Duration::from_secs(120)).build().unwrap_or_default(),
         activity,
         providers,
-    });
+    };
+    let app = http::router(app_state.clone());
+    route_target.set(app.clone(), app_state);
     let mut http_stop = stop_rx.clone();
     let http = tokio::spawn(
         // No Nagle delay: back-to-back small answers (session calls) must not wait for ACKs.

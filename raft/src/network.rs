@@ -48,6 +48,13 @@ pub struct Channels {
 impl Channels {
     /// The channel to `addr` (`host:port`), created lazily once and reused; it reconnects by itself.
     pub fn get(&self, addr: &str) -> Result<ClusterServiceClient<Channel>, tonic::transport::Error> {
+        Ok(ClusterServiceClient::new(self.channel(addr)?)
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE))
+    }
+
+    /// The raw channel to `addr`, for other services on the same peer (routing).
+    pub fn channel(&self, addr: &str) -> Result<Channel, tonic::transport::Error> {
         let mut map = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let channel = match map.get(addr) {
             Some(c) => c.clone(),
@@ -62,9 +69,7 @@ impl Channels {
                 c
             }
         };
-        Ok(ClusterServiceClient::new(channel)
-            .max_decoding_message_size(MAX_MESSAGE)
-            .max_encoding_message_size(MAX_MESSAGE))
+        Ok(channel)
     }
 }
 

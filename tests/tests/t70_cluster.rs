@@ -90,3 +90,61 @@ async fn t10_a_link_moves_when_its_node_dies() {
     assert_eq!(output, expected, "every line once, in order");
     eprintln!("link back on node {} {link_back:?} after SIGKILL of node {holder}", moved["linkNode"]);
 }
+
+/// The receiving half of routing: a node that does not hold a Computer's link answers a routed
+/// call `FAILED_PRECONDITION` naming the owner it knows, before reading any body; the owner
+/// itself runs it (authenticated again: a routed call without a token is refused there).
+#[tokio::test]
+async fn t20_a_non_owner_names_the_owner() {
+    use computerd_proto::cluster::RouteChunk;
+    use computerd_proto::cluster::RouteHead;
+    use computerd_proto::cluster::routing_client::RoutingClient;
+    let c = TestCluster::start(3).await;
+    let (id, code) = paired_computer(&c, "owned").await;
+    let state = c.dir.path().join("agent");
+    let _agent = AgentProc::spawn(&c.url(2, ""), &state, Some(&code), &c.dir.path().join("agent.log"));
+    let owner = wait_for("the link on node 2", Duration::from_secs(30), || async {
+        let (_, v) = c.call(Method::GET, 1, &format!("/v1/computers/{id}"), &c.token, None).await;
+        v["linkNode"].as_u64().filter(|n| *n == 2)
+    })
+    .await;
+    let call = |node: u64, token: Option<String>| {
+        let grpc = c.nodes[&node].grpc.clone();
+        let id = id.clone();
+        async move {
+            let mut client = RoutingClient::connect(format!("http://{grpc}")).await.expect("connect");
+            let mut headers = std::collections::HashMap::new();
+            headers.insert("content-type".to_string(), "application/json".to_string());
+            if let Some(t) = token {
+                headers.insert("authorization".to_string(), format!("Bearer {t}"));
+            }
+            let head = RouteChunk {
+                head: Some(RouteHead {
+                    method: "POST".into(),
+                    path: format!("/v1/computers/{id}/sessions"),
+                    headers,
+                    status: 0,
+                }),
+                body: Vec::new(),
+            };
+            let body = RouteChunk { head: None, body: br#"{"command":"echo owned"}"#.to_vec() };
+            client.forward(futures::stream::iter([head, body])).await
+        }
+    };
+    let refused = call(3, Some(c.token.clone())).await.expect_err("node 3 does not own it");
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+    assert_eq!(refused.metadata().get("x-computerd-owner").and_then(|v| v.to_str().ok()), Some("2"));
+
+    let mut replies = call(owner, None).await.expect("the owner takes it").into_inner();
+    let head = replies.message().await.expect("reply").and_then(|c| c.head).expect("head");
+    assert_eq!(head.status, 401, "a routed call is authenticated again");
+    let mut replies = call(owner, Some(c.token.clone())).await.expect("the owner takes it").into_inner();
+    let head = replies.message().await.expect("reply").and_then(|c| c.head).expect("head");
+    assert_eq!(head.status, 200);
+    let mut body = Vec::new();
+    while let Some(chunk) = replies.message().await.expect("body") {
+        body.extend(chunk.body);
+    }
+    let v: Value = serde_json::from_slice(&body).expect("json");
+    assert_eq!(v["output"], "owned\n");
+}

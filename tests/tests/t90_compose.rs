@@ -84,8 +84,7 @@ async fn t10_compose_cluster_survives_a_killed_leader() {
 
     let killed = project.compose(&["kill", &format!("node{leader}")]);
     assert!(killed.status.success(), "{}", String::from_utf8_lossy(&killed.stderr));
-    wait_for("writes after the leader's container was killed", Duration::from_secs(30), || write("after".into()))
-        .await;
+    wait_for("writes after the leader's container was killed", Duration::from_secs(30), || write("after".into())).await;
     let h = health(http.clone(), lb.clone()).await.expect("health");
     assert_ne!(h["leaderId"].as_u64(), Some(leader), "a new leader: {h}");
 }

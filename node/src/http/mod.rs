@@ -38,8 +38,6 @@ pub struct AppState {
     pub links: std::sync::Arc<computerd_actors::link::LinkRegistry>,
     /// Command sessions with actors on this node.
     pub sessions: std::sync::Arc<computerd_actors::session::SessionRegistry>,
-    /// For forwarding calls to the node that holds a link.
-    pub http: reqwest::Client,
     /// Builds provider adapters (for inspections).
     pub providers: computerd_actors::factory::ProviderFactory,
     /// Work seen on this node, reported to the idle-pause plan in batches.
