@@ -13,6 +13,7 @@
 
 pub mod files;
 pub mod link;
+pub mod mcp;
 pub mod output;
 pub mod pairing;
 pub mod service;

@@ -1,0 +1,493 @@
+//! A strict reader of tool-package archives (tar, or tar inside gzip), written for hostile input:
+//! it extracts regular files and directories into a staging directory and refuses everything
+//! else, naming why. It never follows or creates links, never writes outside the staging
+//! directory, drops setuid/setgid/sticky bits and extended attributes, and ignores owners.
+//!
+//! Accepted: ustar and GNU headers (with a verified checksum), PAX extended headers (`path`,
+//! `size` and harmless keys such as `mtime`; xattrs are dropped), GNU long names. Refused: links,
+//! devices, FIFOs, sparse files, unknown entry types, absolute paths, any `..`, names that collide
+//! (also by case, and a file under a file), a PAX size that disagrees with the header's, global
+//! headers that set anything but a comment, malformed numbers, names or records, truncation,
+//! anything after the end-of-archive marker, and the size limits.
+
+use std::collections::HashMap;
+use std::collections::HashSet;
+use std::io::Read;
+use std::io::Write;
+use std::path::Path;
+
+/// The size limits of one archive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// The archive as stored (compressed or not).
+    pub archive_bytes: u64,
+    /// The sum of the files' sizes once unpacked.
+    pub unpacked_bytes: u64,
+    /// Files and directories.
+    pub members: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { archive_bytes: 8 << 20, unpacked_bytes: 32 << 20, members: 512 }
+    }
+}
+
+/// Why an archive was refused. [`Rejection::reason`] is a stable code for APIs and tests.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Rejection {
+    /// The archive is larger than allowed.
+    #[error("the archive is larger than {0} bytes")]
+    ArchiveTooLarge(u64),
+    /// The unpacked files would be larger than allowed.
+    #[error("the unpacked files are larger than {0} bytes")]
+    UnpackedTooLarge(u64),
+    /// More members than allowed.
+    #[error("the archive has more than {0} members")]
+    TooManyMembers(usize),
+    /// A symbolic link.
+    #[error("{0}: symbolic links are not allowed")]
+    Symlink(String),
+    /// A hard link.
+    #[error("{0}: hard links are not allowed")]
+    Hardlink(String),
+    /// A device, FIFO or contiguous file.
+    #[error("{0}: special files (devices, FIFOs) are not allowed")]
+    SpecialFile(String),
+    /// A sparse file.
+    #[error("{0}: sparse files are not allowed")]
+    Sparse(String),
+    /// An entry type this reader does not know.
+    #[error("entry type {0:?} is not allowed")]
+    UnknownType(char),
+    /// An absolute path.
+    #[error("{0}: absolute paths are not allowed")]
+    AbsolutePath(String),
+    /// A path with `..` (or another way out).
+    #[error("{0}: paths may not leave the package")]
+    PathEscape(String),
+    /// An empty, non-UTF-8 or otherwise unusable name.
+    #[error("a member name is not usable: {0}")]
+    BadName(String),
+    /// Two members with the same path, or a member under a file.
+    #[error("{0}: the name is used twice")]
+    Collision(String),
+    /// Two members whose paths differ only by case.
+    #[error("{0}: the name collides with another by case")]
+    CaseCollision(String),
+    /// A PAX size that disagrees with the header's size.
+    #[error("{0}: the PAX size and the header size disagree")]
+    SizeConflict(String),
+    /// A header that cannot be read (checksum, numbers, magic, records).
+    #[error("malformed header: {0}")]
+    MalformedHeader(String),
+    /// A global header that sets something for every member.
+    #[error("global headers may only carry a comment")]
+    GlobalHeader,
+    /// The archive ends inside a header or a file, or without its end marker.
+    #[error("the archive is truncated")]
+    Truncated,
+    /// Bytes after the end-of-archive marker (or after the gzip stream).
+    #[error("the archive has data after its end")]
+    TrailingData,
+    /// Not gzip-compressed tar and not tar.
+    #[error("the gzip stream is damaged: {0}")]
+    BadCompression(String),
+    /// Writing into the staging directory failed.
+    #[error("staging: {0}")]
+    Staging(String),
+}
+
+impl Rejection {
+    /// A stable code naming the reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Rejection::ArchiveTooLarge(_) => "archive_too_large",
+            Rejection::UnpackedTooLarge(_) => "unpacked_too_large",
+            Rejection::TooManyMembers(_) => "too_many_members",
+            Rejection::Symlink(_) => "symlink",
+            Rejection::Hardlink(_) => "hardlink",
+            Rejection::SpecialFile(_) => "special_file",
+            Rejection::Sparse(_) => "sparse_file",
+            Rejection::UnknownType(_) => "unknown_entry_type",
+            Rejection::AbsolutePath(_) => "absolute_path",
+            Rejection::PathEscape(_) => "path_escape",
+            Rejection::BadName(_) => "bad_name",
+            Rejection::Collision(_) => "name_collision",
+            Rejection::CaseCollision(_) => "case_collision",
+            Rejection::SizeConflict(_) => "pax_size_conflict",
+            Rejection::MalformedHeader(_) => "malformed_header",
+            Rejection::GlobalHeader => "global_header",
+            Rejection::Truncated => "truncated",
+            Rejection::TrailingData => "trailing_data",
+            Rejection::BadCompression(_) => "bad_compression",
+            Rejection::Staging(_) => "staging_failed",
+        }
+    }
+}
+
+/// What an extraction produced.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Extracted {
+    /// Regular files, by path.
+    pub files: Vec<String>,
+    /// Directories, by path.
+    pub dirs: Vec<String>,
+    /// The sum of the files' sizes.
+    pub bytes: u64,
+}
+
+const BLOCK: usize = 512;
+
+/// A reader that says how many bytes it gave, and refuses to give more than `cap`.
+struct Counted<R> {
+    inner: R,
+    read: u64,
+    cap: u64,
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.read >= self.cap {
+            return Err(std::io::Error::other("cap"));
+        }
+        let room = (self.cap - self.read).min(buf.len() as u64) as usize;
+        let n = self.inner.read(&mut buf[..room])?;
+        self.read += n as u64;
+        Ok(n)
+    }
+}
+
+/// Reads exactly `buf.len()` bytes; `Ok(false)` at a clean end before the first byte.
+fn read_block<R: Read>(r: &mut R, buf: &mut [u8], limits: &Limits) -> Result<bool, Rejection> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) if got == 0 => return Ok(false),
+            Ok(0) => return Err(Rejection::Truncated),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if e.to_string() == "cap" => return Err(Rejection::UnpackedTooLarge(limits.unpacked_bytes)),
+            Err(e) => return Err(Rejection::BadCompression(e.to_string())),
+        }
+    }
+    Ok(true)
+}
+
+fn octal(field: &[u8], what: &str) -> Result<u64, Rejection> {
+    if field.first().is_some_and(|b| b & 0x80 != 0) {
+        return Err(Rejection::MalformedHeader(format!("{what} uses the base-256 form")));
+    }
+    let text: Vec<u8> = field.iter().copied().take_while(|b| *b != 0).collect();
+    let text = std::str::from_utf8(&text).map_err(|_| Rejection::MalformedHeader(format!("{what} is not text")))?;
+    let text = text.trim_matches(' ');
+    if text.is_empty() {
+        return Ok(0);
+    }
+    u64::from_str_radix(text, 8).map_err(|_| Rejection::MalformedHeader(format!("{what} is not an octal number")))
+}
+
+fn field_str(field: &[u8]) -> Result<String, Rejection> {
+    let end = field.iter().position(|b| *b == 0).unwrap_or(field.len());
+    String::from_utf8(field[..end].to_vec()).map_err(|_| Rejection::BadName("a name is not UTF-8".into()))
+}
+
+fn checksum_ok(h: &[u8; BLOCK]) -> Result<bool, Rejection> {
+    let stored = octal(&h[148..156], "the checksum")?;
+    let sum: u64 = h.iter().enumerate().map(|(i, b)| if (148..156).contains(&i) { 32 } else { u64::from(*b) }).sum();
+    Ok(stored == sum)
+}
+
+/// PAX records: `"<len> <key>=<value>\n"`, each length counting the whole record.
+fn pax_records(data: &[u8]) -> Result<HashMap<String, String>, Rejection> {
+    let bad = |why: &str| Rejection::MalformedHeader(format!("PAX record: {why}"));
+    let mut out = HashMap::new();
+    let mut rest = data;
+    while !rest.is_empty() {
+        let space = rest.iter().position(|b| *b == b' ').ok_or_else(|| bad("no length"))?;
+        let len: usize = std::str::from_utf8(&rest[..space])
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| bad("a length is not a number"))?;
+        if len <= space + 1 || len > rest.len() || rest[len - 1] != b'\n' {
+            return Err(bad("a length does not match its record"));
+        }
+        let record = std::str::from_utf8(&rest[space + 1..len - 1]).map_err(|_| bad("not UTF-8"))?;
+        let (key, value) = record.split_once('=').ok_or_else(|| bad("no '='"))?;
+        if out.insert(key.to_string(), value.to_string()).is_some() {
+            return Err(bad(&format!("{key} is given twice")));
+        }
+        rest = &rest[len..];
+    }
+    Ok(out)
+}
+
+/// A member's path, checked: relative, no `..`, no empty or odd components. Answers the
+/// normalized path (no leading `./`, no trailing `/`).
+fn clean_path(raw: &str) -> Result<String, Rejection> {
+    if raw.is_empty() {
+        return Err(Rejection::BadName("an empty name".into()));
+    }
+    if raw.starts_with('/') {
+        return Err(Rejection::AbsolutePath(raw.into()));
+    }
+    if raw.contains('\\') || raw.chars().any(char::is_control) {
+        return Err(Rejection::BadName(format!("{raw:?} has a backslash or a control character")));
+    }
+    let mut parts = Vec::new();
+    for (i, part) in raw.trim_end_matches('/').split('/').enumerate() {
+        match part {
+            ".." => return Err(Rejection::PathEscape(raw.into())),
+            "." if i == 0 => {}
+            "" | "." => return Err(Rejection::BadName(format!("{raw:?} has an empty or '.' component"))),
+            p => parts.push(p),
+        }
+    }
+    if parts.is_empty() {
+        return Err(Rejection::BadName(format!("{raw:?} names no file")));
+    }
+    let joined = parts.join("/");
+    if joined.len() > 1024 || parts.iter().any(|p| p.len() > 255) {
+        return Err(Rejection::BadName(format!("{raw:?} is too long")));
+    }
+    Ok(joined)
+}
+
+/// The names seen so far, to refuse collisions (exact, by case, and a member under a file).
+#[derive(Default)]
+struct Names {
+    exact: HashMap<String, bool>, // path -> is a directory
+    folded: HashSet<String>,
+}
+
+impl Names {
+    fn add(&mut self, path: &str, dir: bool) -> Result<(), Rejection> {
+        // Every parent must be (or become) a directory, never a file.
+        let mut parent = String::new();
+        for part in path.split('/').collect::<Vec<_>>().split_last().map(|(_, p)| p.to_vec()).unwrap_or_default() {
+            if !parent.is_empty() {
+                parent.push('/');
+            }
+            parent.push_str(part);
+            match self.exact.get(&parent) {
+                Some(false) => return Err(Rejection::Collision(path.into())),
+                Some(true) => {}
+                None => {
+                    if !self.folded.insert(parent.to_lowercase()) {
+                        return Err(Rejection::CaseCollision(path.into()));
+                    }
+                    self.exact.insert(parent.clone(), true);
+                }
+            }
+        }
+        if let Some(was_dir) = self.exact.get(path) {
+            // A directory named twice is harmless; anything else is a collision.
+            return if *was_dir && dir { Ok(()) } else { Err(Rejection::Collision(path.into())) };
+        }
+        if !self.folded.insert(path.to_lowercase()) {
+            return Err(Rejection::CaseCollision(path.into()));
+        }
+        self.exact.insert(path.into(), dir);
+        Ok(())
+    }
+}
+
+/// Extracts `archive` (tar, or gzip of tar) into `staging`, which must exist and be empty.
+/// Nothing is written outside `staging`; on an error the caller removes `staging`.
+pub fn extract(archive: &[u8], staging: &Path, limits: &Limits) -> Result<Extracted, Rejection> {
+    if archive.len() as u64 > limits.archive_bytes {
+        return Err(Rejection::ArchiveTooLarge(limits.archive_bytes));
+    }
+    // Headers, padding and the end marker come on top of the files' bytes.
+    let cap = limits.unpacked_bytes + (limits.members as u64 + 8) * 3 * BLOCK as u64 + 10240;
+    let gz = archive.starts_with(&[0x1f, 0x8b]);
+    if gz {
+        // Over the slice itself (not a buffered reader), so what is left after the gzip stream is
+        // exactly what the archive has after it.
+        let mut decoder = flate2::bufread::GzDecoder::new(archive);
+        let out = {
+            let mut counted = Counted { inner: &mut decoder, read: 0, cap };
+            extract_tar(&mut counted, staging, limits)?
+        };
+        // The gzip stream must end where the archive ends (no second member, no garbage).
+        let mut rest = Vec::new();
+        decoder.read_to_end(&mut rest).map_err(|e| Rejection::BadCompression(e.to_string()))?;
+        if rest.iter().any(|b| *b != 0) {
+            return Err(Rejection::TrailingData);
+        }
+        if !decoder.into_inner().is_empty() {
+            return Err(Rejection::TrailingData);
+        }
+        Ok(out)
+    } else {
+        let mut counted = Counted { inner: std::io::Cursor::new(archive), read: 0, cap };
+        extract_tar(&mut counted, staging, limits)
+    }
+}
+
+fn extract_tar<R: Read>(r: &mut R, staging: &Path, limits: &Limits) -> Result<Extracted, Rejection> {
+    let mut out = Extracted::default();
+    let mut names = Names::default();
+    let mut pax: Option<HashMap<String, String>> = None;
+    let mut long_name: Option<String> = None;
+    let mut header = [0u8; BLOCK];
+    loop {
+        if !read_block(r, &mut header, limits)? {
+            return Err(Rejection::Truncated); // no end marker
+        }
+        if header.iter().all(|b| *b == 0) {
+            // The end marker is two zero blocks; after it only zero padding may follow.
+            if !read_block(r, &mut header, limits)? || header.iter().any(|b| *b != 0) {
+                return Err(if header.iter().any(|b| *b != 0) {
+                    Rejection::TrailingData
+                } else {
+                    Rejection::Truncated
+                });
+            }
+            let mut rest = [0u8; BLOCK];
+            loop {
+                match r.read(&mut rest) {
+                    Ok(0) => break,
+                    Ok(n) if rest[..n].iter().all(|b| *b == 0) => {}
+                    Ok(_) => return Err(Rejection::TrailingData),
+                    Err(e) if e.to_string() == "cap" => return Err(Rejection::TrailingData),
+                    Err(e) => return Err(Rejection::BadCompression(e.to_string())),
+                }
+            }
+            if pax.is_some() || long_name.is_some() {
+                return Err(Rejection::MalformedHeader("an extended header with no member after it".into()));
+            }
+            return Ok(out);
+        }
+        if !checksum_ok(&header)? {
+            return Err(Rejection::MalformedHeader("the checksum does not match".into()));
+        }
+        let magic = &header[257..263];
+        let ustar = magic == b"ustar\0";
+        let gnu = magic == b"ustar ";
+        if !ustar && !gnu {
+            return Err(Rejection::MalformedHeader("not a ustar or GNU header".into()));
+        }
+        let kind = header[156];
+        let size = octal(&header[124..136], "the size")?;
+        let mode = octal(&header[100..108], "the mode")?;
+        // Extended headers: read their data, apply them to the next member.
+        if matches!(kind, b'x' | b'g' | b'L' | b'K') {
+            if size > 1 << 20 {
+                return Err(Rejection::MalformedHeader("an extended header larger than 1 MiB".into()));
+            }
+            let data = read_data(r, size, limits)?;
+            match kind {
+                b'x' => {
+                    if pax.is_some() {
+                        return Err(Rejection::MalformedHeader("two PAX headers for one member".into()));
+                    }
+                    let recs = pax_records(&data)?;
+                    if recs.keys().any(|k| k.starts_with("GNU.sparse")) {
+                        return Err(Rejection::Sparse(recs.get("path").cloned().unwrap_or_default()));
+                    }
+                    pax = Some(recs);
+                }
+                b'g' => {
+                    if pax_records(&data)?.keys().any(|k| k != "comment") {
+                        return Err(Rejection::GlobalHeader);
+                    }
+                }
+                b'L' => {
+                    if long_name.is_some() {
+                        return Err(Rejection::MalformedHeader("two long names for one member".into()));
+                    }
+                    long_name = Some(field_str(&data)?);
+                }
+                _ => return Err(Rejection::Hardlink("a GNU long link name".into())),
+            }
+            continue;
+        }
+        let ext = pax.take();
+        let long = long_name.take();
+        let raw_name = match (ext.as_ref().and_then(|p| p.get("path")), long) {
+            (Some(p), _) => p.clone(),
+            (None, Some(l)) => l,
+            (None, None) => {
+                let name = field_str(&header[0..100])?;
+                let prefix = if ustar { field_str(&header[345..500])? } else { String::new() };
+                if prefix.is_empty() { name } else { format!("{prefix}/{name}") }
+            }
+        };
+        if let Some(pax_size) = ext.as_ref().and_then(|p| p.get("size")) {
+            let pax_size: u64 = pax_size
+                .parse()
+                .map_err(|_| Rejection::MalformedHeader(format!("{raw_name}: the PAX size is not a number")))?;
+            if pax_size != size {
+                return Err(Rejection::SizeConflict(raw_name));
+            }
+        }
+        match kind {
+            b'0' | 0 | b'5' => {}
+            b'2' => return Err(Rejection::Symlink(raw_name)),
+            b'1' => return Err(Rejection::Hardlink(raw_name)),
+            b'3' | b'4' | b'6' | b'7' => return Err(Rejection::SpecialFile(raw_name)),
+            b'S' => return Err(Rejection::Sparse(raw_name)),
+            other => return Err(Rejection::UnknownType(other as char)),
+        }
+        let dir = kind == b'5' || (kind != b'5' && raw_name.ends_with('/') && size == 0);
+        let path = clean_path(&raw_name)?;
+        names.add(&path, dir)?;
+        if out.files.len() + out.dirs.len() >= limits.members {
+            return Err(Rejection::TooManyMembers(limits.members));
+        }
+        let target = staging.join(&path);
+        let io = |e: std::io::Error| Rejection::Staging(format!("{path}: {e}"));
+        if dir {
+            if size != 0 {
+                return Err(Rejection::MalformedHeader(format!("{path}: a directory with contents")));
+            }
+            std::fs::create_dir_all(&target).map_err(io)?;
+            out.dirs.push(path);
+            continue;
+        }
+        out.bytes += size;
+        if out.bytes > limits.unpacked_bytes {
+            return Err(Rejection::UnpackedTooLarge(limits.unpacked_bytes));
+        }
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent).map_err(io)?;
+        }
+        // create_new: never through an existing file or link (there are none: the names are checked).
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).open(&target).map_err(io)?;
+        copy_data(r, &mut f, size, limits)?;
+        f.sync_all().map_err(io)?;
+        // Owners are ignored; setuid, setgid, sticky and group/other write bits are dropped.
+        let safe = if mode & 0o111 != 0 { 0o755 } else { 0o644 };
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(safe)).map_err(io)?;
+        out.files.push(path);
+    }
+}
+
+fn padding(size: u64) -> u64 {
+    (BLOCK as u64 - size % BLOCK as u64) % BLOCK as u64
+}
+
+fn read_data<R: Read>(r: &mut R, size: u64, limits: &Limits) -> Result<Vec<u8>, Rejection> {
+    let mut data = Vec::new();
+    copy_data(r, &mut data, size, limits)?;
+    Ok(data)
+}
+
+fn copy_data<R: Read, W: Write>(r: &mut R, w: &mut W, size: u64, limits: &Limits) -> Result<(), Rejection> {
+    let mut left = size + padding(size);
+    let mut written = 0u64;
+    let mut buf = [0u8; 64 * 1024];
+    while left > 0 {
+        let want = left.min(buf.len() as u64) as usize;
+        if !read_block(r, &mut buf[..want], limits)? {
+            return Err(Rejection::Truncated);
+        }
+        let keep = (size - written).min(want as u64) as usize;
+        w.write_all(&buf[..keep]).map_err(|e| Rejection::Staging(e.to_string()))?;
+        written += keep as u64;
+        left -= want as u64;
+    }
+    Ok(())
+}

@@ -1,0 +1,224 @@
+//! The package installer, run inside the Computer: read the archive from the workspace (never
+//! downloaded), check its SHA-256 before decompressing anything, unpack it into a fresh staging
+//! directory with the strict reader ([`super::archive`]), check the entrypoint, and only then
+//! publish it by one rename to `RUNTIME/packages/<id>/<version>-<digest12>`. Any refusal names its
+//! reason and removes the staging directory; published packages and everything else stay as they
+//! were. It never runs pip, npm or any hook.
+
+use std::path::Path;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+use sha2::Digest;
+
+use super::archive;
+use super::archive::Limits;
+use super::archive::Rejection;
+
+/// How many packages one Computer keeps.
+pub const MAX_PACKAGES: usize = 32;
+/// Interpreters an entrypoint may name instead of a file of the package.
+pub const INTERPRETERS: [&str; 3] = ["python3", "node", "bash"];
+
+/// A package's manifest. Unknown fields (permissions, hooks, ...) are refused.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// `example.mcp.server`: lowercase letters, digits, `.`, `-`, `_`.
+    pub id: String,
+    /// `1.0.0`: letters, digits, `.`, `-`, `+`.
+    pub version: String,
+    /// The archive's SHA-256, 64 lowercase hex digits.
+    pub sha256: String,
+    /// The server's command: an interpreter or a `./file` of the package, then arguments.
+    pub entrypoint: Vec<String>,
+    /// Whether bindings share the one read-only copy of the code.
+    pub share_immutable_package: bool,
+}
+
+/// Why an install was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InstallError {
+    /// The manifest is not acceptable.
+    #[error("manifest: {0}")]
+    Manifest(String),
+    /// The artifact path is not a file of the workspace.
+    #[error("artifactPath: {0}")]
+    Artifact(String),
+    /// The archive's digest is not the manifest's.
+    #[error("the archive's SHA-256 is not the manifest's")]
+    DigestMismatch,
+    /// The archive was refused.
+    #[error(transparent)]
+    Archive(#[from] Rejection),
+    /// The entrypoint's interpreter is not installed on this Computer.
+    #[error("the interpreter {0} is not installed")]
+    MissingInterpreter(String),
+    /// The entrypoint names no file of the package.
+    #[error("the entrypoint {0} is not a file of the package")]
+    MissingEntrypoint(String),
+    /// Too many packages on this Computer.
+    #[error("this computer already has {MAX_PACKAGES} packages")]
+    TooManyPackages,
+    /// The same id and version with another digest is installed.
+    #[error("{0} is already installed with another digest")]
+    VersionExists(String),
+    /// The runtime directory could not be written.
+    #[error("runtime: {0}")]
+    Runtime(String),
+}
+
+impl InstallError {
+    /// A stable code naming the reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            InstallError::Manifest(_) => "bad_manifest",
+            InstallError::Artifact(_) => "bad_artifact_path",
+            InstallError::DigestMismatch => "digest_mismatch",
+            InstallError::Archive(r) => r.reason(),
+            InstallError::MissingInterpreter(_) => "missing_interpreter",
+            InstallError::MissingEntrypoint(_) => "missing_entrypoint",
+            InstallError::TooManyPackages => "too_many_packages",
+            InstallError::VersionExists(_) => "version_exists",
+            InstallError::Runtime(_) => "runtime_failed",
+        }
+    }
+}
+
+/// A published package.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Installed {
+    /// Where its files are (read-only for bindings).
+    pub dir: PathBuf,
+    /// Its files.
+    pub files: Vec<String>,
+    /// The sum of their sizes.
+    pub bytes: u64,
+    /// False when this exact package was already installed (nothing was changed).
+    pub new: bool,
+}
+
+impl Manifest {
+    /// Parses a manifest from JSON, naming the first problem.
+    pub fn parse(v: &serde_json::Value) -> Result<Manifest, InstallError> {
+        let m: Manifest = serde_json::from_value(v.clone()).map_err(|e| InstallError::Manifest(e.to_string()))?;
+        let id_ok = !m.id.is_empty()
+            && m.id.len() <= 100
+            && m.id.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || ".-_".contains(c))
+            && !m.id.starts_with('.');
+        if !id_ok {
+            return Err(InstallError::Manifest("id must be 1-100 of a-z 0-9 . - _".into()));
+        }
+        let version_ok = !m.version.is_empty()
+            && m.version.len() <= 64
+            && m.version.chars().all(|c| c.is_ascii_alphanumeric() || ".-+".contains(c))
+            && !m.version.starts_with('.');
+        if !version_ok {
+            return Err(InstallError::Manifest("version must be 1-64 of A-Z a-z 0-9 . - +".into()));
+        }
+        if m.sha256.len() != 64 || !m.sha256.chars().all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c)) {
+            return Err(InstallError::Manifest("sha256 must be 64 lowercase hex digits".into()));
+        }
+        if m.entrypoint.is_empty() || m.entrypoint.len() > 64 || m.entrypoint.iter().any(|a| a.len() > 4096) {
+            return Err(InstallError::Manifest("entrypoint must be 1-64 arguments".into()));
+        }
+        Ok(m)
+    }
+}
+
+/// Removes a directory tree when dropped, unless kept.
+struct Staging(Option<PathBuf>);
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            let _ = std::fs::remove_dir_all(p);
+        }
+    }
+}
+
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH").map(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file())).unwrap_or(false)
+}
+
+/// Installs the archive at `artifact` (relative to `workspace`) as `manifest` says, under
+/// `runtime` (root-owned: `runtime/staging`, `runtime/packages`).
+pub fn install(
+    workspace: &Path,
+    artifact: &str,
+    manifest: &Manifest,
+    runtime: &Path,
+    limits: &Limits,
+) -> Result<Installed, InstallError> {
+    // 1. The artifact: a regular file of the workspace, at most the archive limit.
+    if artifact.is_empty() || artifact.starts_with('/') || artifact.split('/').any(|p| p == "..") {
+        return Err(InstallError::Artifact("must be a path inside the workspace, without '..'".into()));
+    }
+    let path = workspace.join(artifact);
+    let meta = std::fs::symlink_metadata(&path).map_err(|e| InstallError::Artifact(format!("{artifact}: {e}")))?;
+    if !meta.is_file() {
+        return Err(InstallError::Artifact(format!("{artifact} is not a regular file")));
+    }
+    if meta.len() > limits.archive_bytes {
+        return Err(Rejection::ArchiveTooLarge(limits.archive_bytes).into());
+    }
+    let bytes = std::fs::read(&path).map_err(|e| InstallError::Artifact(format!("{artifact}: {e}")))?;
+    if bytes.len() as u64 > limits.archive_bytes {
+        return Err(Rejection::ArchiveTooLarge(limits.archive_bytes).into());
+    }
+    // 2. The digest, before anything is decompressed.
+    if hex::encode(sha2::Sha256::digest(&bytes)) != manifest.sha256 {
+        return Err(InstallError::DigestMismatch);
+    }
+    // 3. The entrypoint's interpreter, when it names one.
+    let program = &manifest.entrypoint[0];
+    let interpreter = INTERPRETERS.contains(&program.as_str());
+    if interpreter && !on_path(program) {
+        return Err(InstallError::MissingInterpreter(program.clone()));
+    }
+    if !interpreter && !program.starts_with("./") {
+        return Err(InstallError::Manifest(format!(
+            "entrypoint[0] must be one of {INTERPRETERS:?} or ./a-file-of-the-package"
+        )));
+    }
+    // 4. Already there? The same digest is a no-op; another digest under the same version is not.
+    let rt = |e: std::io::Error| InstallError::Runtime(e.to_string());
+    let packages = runtime.join("packages");
+    let home = packages.join(&manifest.id);
+    let name = format!("{}-{}", manifest.version, &manifest.sha256[..12]);
+    let dest = home.join(&name);
+    if dest.is_dir() {
+        return Ok(Installed { dir: dest, files: Vec::new(), bytes: 0, new: false });
+    }
+    if let Ok(entries) = std::fs::read_dir(&home)
+        && entries.flatten().any(|e| e.file_name().to_string_lossy().starts_with(&format!("{}-", manifest.version)))
+    {
+        return Err(InstallError::VersionExists(format!("{} {}", manifest.id, manifest.version)));
+    }
+    let count = std::fs::read_dir(&packages)
+        .map(|ids| ids.flatten().filter_map(|d| std::fs::read_dir(d.path()).ok()).map(|v| v.count()).sum::<usize>())
+        .unwrap_or(0);
+    if count >= MAX_PACKAGES {
+        return Err(InstallError::TooManyPackages);
+    }
+    // 5. Unpack into a fresh staging directory (removed on any refusal).
+    let staging_root = runtime.join("staging");
+    std::fs::create_dir_all(&staging_root).map_err(rt)?;
+    let staging_dir = staging_root.join(format!("{}-{}", manifest.id, hex::encode(rand::random::<[u8; 8]>())));
+    std::fs::create_dir(&staging_dir).map_err(rt)?;
+    let mut staging = Staging(Some(staging_dir.clone()));
+    let out = archive::extract(&bytes, &staging_dir, limits)?;
+    // 6. A `./file` entrypoint must be a file of the package, or an interpreter's script one.
+    let script = if interpreter { manifest.entrypoint.get(1).filter(|a| a.starts_with("./")) } else { Some(program) };
+    if let Some(script) = script {
+        let rel = script.trim_start_matches("./");
+        if !out.files.iter().any(|f| f == rel) {
+            return Err(InstallError::MissingEntrypoint(script.clone()));
+        }
+    }
+    // 7. Publish: one rename, after which the package is complete.
+    std::fs::create_dir_all(&home).map_err(rt)?;
+    std::fs::rename(&staging_dir, &dest).map_err(rt)?;
+    staging.0 = None;
+    Ok(Installed { dir: dest, files: out.files, bytes: out.bytes, new: true })
+}

