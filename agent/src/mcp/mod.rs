@@ -4,3 +4,4 @@
 
 pub mod archive;
 pub mod install;
+pub mod runner;
