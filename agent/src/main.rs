@@ -27,6 +27,13 @@ struct Cli {
     /// Where relative file paths resolve (default: the home directory).
     #[arg(long, env = "COMPUTER_AGENT_WORKDIR")]
     workdir: Option<PathBuf>,
+    /// Where tool packages, their bindings' homes and the registry live (root-owned; default
+    /// STATE/runtime).
+    #[arg(long, env = "COMPUTER_AGENT_RUNTIME")]
+    runtime: Option<PathBuf>,
+    /// The deadline of one MCP tool call, in seconds.
+    #[arg(long, env = "COMPUTER_AGENT_MCP_DEADLINE_SECS", default_value_t = 45)]
+    mcp_deadline_secs: u64,
     /// A session no call used for this many seconds is ended.
     #[arg(long, env = "COMPUTER_AGENT_SESSION_IDLE_SECS", default_value_t = computer_agent::sessions::IDLE_LIMIT.as_secs_f64())]
     session_idle_secs: f64,
@@ -76,7 +83,13 @@ async fn main() -> std::process::ExitCode {
         cli.workdir.or_else(|| std::env::var_os("HOME").map(PathBuf::from)).unwrap_or_else(|| PathBuf::from("/"));
     let sessions = Sessions::default();
     sessions.start_reaper(idle_limit);
-    let svc = AgentService { sessions, workdir, generation: Arc::new(AtomicU64::new(0)) };
+    let runtime = cli.runtime.clone().unwrap_or_else(|| cli.state.join("runtime"));
+    let limits = computer_agent::mcp::runner::RunLimits {
+        deadline: std::time::Duration::from_secs(cli.mcp_deadline_secs.max(1)),
+        ..Default::default()
+    };
+    let tools = computer_agent::mcp::bindings::Tools::new(runtime, workdir.clone(), limits);
+    let svc = AgentService { sessions, workdir, generation: Arc::new(AtomicU64::new(0)), tools: Some(tools) };
     link::run(cli.server, cred, svc).await;
     std::process::ExitCode::SUCCESS
 }

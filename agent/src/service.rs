@@ -46,6 +46,8 @@ pub struct AgentService {
     pub workdir: PathBuf,
     /// The generation of the current link (0: none yet).
     pub generation: Arc<AtomicU64>,
+    /// MCP tool packages (`None`: this agent does not host them).
+    pub tools: Option<crate::mcp::bindings::Tools>,
 }
 
 fn check<T>(g: &AtomicU64, req: &Request<T>) -> Result<(), Status> {
@@ -258,6 +260,21 @@ impl Agent for AgentService {
             }
         });
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+
+    async fn mcp(
+        &self,
+        req: Request<computerd_proto::agent::McpJson>,
+    ) -> Result<Response<computerd_proto::agent::McpJson>, Status> {
+        check(&self.generation, &req)?;
+        let Some(tools) = &self.tools else {
+            return Err(Status::unimplemented("this agent does not host tool packages"));
+        };
+        let request: crate::mcp::bindings::McpRequest = serde_json::from_str(&req.get_ref().json)
+            .map_err(|e| Status::invalid_argument(format!("bad MCP request: {e}")))?;
+        let reply = tools.handle(request).await;
+        let json = serde_json::to_string(&reply).map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(computerd_proto::agent::McpJson { json }))
     }
 
     async fn ping(&self, req: Request<Nothing>) -> Result<Response<Nothing>, Status> {

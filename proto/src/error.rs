@@ -27,6 +27,8 @@ pub enum ErrorKind {
     ComputerExecutionFailed,
     /// A body or file is over its limit.
     TooLarge,
+    /// A tool package (or its manifest) was refused; `reason` names why.
+    PackageRejected,
 }
 
 impl ErrorKind {
@@ -45,6 +47,7 @@ impl ErrorKind {
             Self::ComputerUnsupported => "ComputerUnsupported",
             Self::ComputerExecutionFailed => "ComputerExecutionFailed",
             Self::TooLarge => "too_large",
+            Self::PackageRejected => "package_rejected",
         }
     }
 
@@ -63,6 +66,7 @@ impl ErrorKind {
             "ComputerUnsupported" => Self::ComputerUnsupported,
             "ComputerExecutionFailed" => Self::ComputerExecutionFailed,
             "too_large" => Self::TooLarge,
+            "package_rejected" => Self::PackageRejected,
             _ => return None,
         })
     }
@@ -82,6 +86,7 @@ impl ErrorKind {
             Self::ComputerUnsupported => 422,
             Self::ComputerExecutionFailed => 502,
             Self::TooLarge => 413,
+            Self::PackageRejected => 422,
         }
     }
 
@@ -100,6 +105,7 @@ impl ErrorKind {
             Self::ComputerUnsupported => tonic::Code::Unimplemented,
             Self::ComputerExecutionFailed => tonic::Code::Unavailable,
             Self::TooLarge => tonic::Code::ResourceExhausted,
+            Self::PackageRejected => tonic::Code::InvalidArgument,
         }
     }
 }
@@ -129,6 +135,7 @@ mod tests {
             ErrorKind::ComputerUnsupported,
             ErrorKind::ComputerExecutionFailed,
             ErrorKind::TooLarge,
+            ErrorKind::PackageRejected,
         ];
         for k in all {
             assert_eq!(ErrorKind::parse(k.as_str()), Some(k));

@@ -3,5 +3,6 @@
 //! staging directory and publishes it only once every check passed.
 
 pub mod archive;
+pub mod bindings;
 pub mod install;
 pub mod runner;

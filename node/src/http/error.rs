@@ -22,12 +22,14 @@ pub struct ApiError {
     pub message: String,
     /// For `ComputerConflict`: the execution that holds the Computer.
     pub execution_id: Option<String>,
+    /// A stable code naming why (a refused tool package's reason).
+    pub reason: Option<String>,
 }
 
 impl ApiError {
     /// An error of `kind`.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Self { kind, message: message.into(), execution_id: None }
+        Self { kind, message: message.into(), execution_id: None, reason: None }
     }
 
     /// 400 `invalid_request`.
@@ -53,7 +55,7 @@ impl From<Reject> for ApiError {
             RejectKind::ComputerConflict => ErrorKind::ComputerConflict,
             RejectKind::Unsupported => ErrorKind::ComputerUnsupported,
         };
-        Self { kind, message: r.message, execution_id: r.execution_id }
+        Self { kind, message: r.message, execution_id: r.execution_id, reason: None }
     }
 }
 
@@ -85,6 +87,9 @@ impl IntoResponse for ApiError {
         let mut error = serde_json::json!({ "kind": self.kind.as_str(), "message": self.message, "errorId": error_id });
         if let Some(e) = self.execution_id {
             error["executionId"] = e.into();
+        }
+        if let Some(r) = self.reason {
+            error["reason"] = r.into();
         }
         let body = serde_json::json!({ "error": error });
         (status, Json(body)).into_response()

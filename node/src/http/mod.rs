@@ -15,6 +15,7 @@ mod identity;
 mod openapi;
 mod providers;
 mod sessions;
+mod tools;
 mod util;
 
 pub use auth::Auth;
@@ -63,6 +64,12 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/computers/{id}/stop", post(computers::stop))
         .route("/v1/computers/{id}/usage", get(computers::usage))
         .route("/v1/computers/{id}/sandbox", get(computers::sandbox))
+        .route("/api/bots/{bot}/tools", get(tools::list))
+        .route("/api/bots/{bot}/tools/install", post(tools::install))
+        .route("/api/bots/{bot}/tools/computer_mcp", post(tools::model_tool))
+        .route("/api/bots/{bot}/tools/{binding}", delete(tools::revoke))
+        .route("/api/bots/{bot}/tools/{binding}/discover", post(tools::discover))
+        .route("/api/bots/{bot}/tools/{binding}/call", post(tools::call))
         .route("/v1/computers/{id}/acquire", post(computers::acquire))
         .route("/v1/computers/{id}/release", post(computers::release))
         .route("/v1/computers/{id}/bots", get(grants::list))

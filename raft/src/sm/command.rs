@@ -286,6 +286,45 @@ pub enum Command {
         /// Unix ms.
         at_ms: u64,
     },
+    /// Records an MCP binding being installed (admission: installing). Answers its id.
+    BindingReserve {
+        /// The caller's token id.
+        by: String,
+        /// The binding.
+        binding: super::tools::ToolBinding,
+    },
+    /// The agent's answer to an install or a discovery.
+    BindingSettle {
+        /// The binding.
+        binding_id: String,
+        /// Ready (with tools) or failed.
+        ready: bool,
+        /// The tool schemas.
+        tools: serde_json::Value,
+        /// Why it failed.
+        error: Option<serde_json::Value>,
+    },
+    /// Closes a binding's admission for good.
+    BindingRevoke {
+        /// The caller's token id.
+        by: String,
+        /// The binding.
+        binding_id: String,
+    },
+    /// Journals a tool call before it is sent. Answers `new`, `done`, `running` or `unknown`.
+    OperationBegin {
+        /// The caller's token id.
+        by: String,
+        /// The operation.
+        operation: super::tools::Operation,
+    },
+    /// A tool call's result (`None`: its answer was lost, the effect is unknown).
+    OperationFinish {
+        /// The journal key.
+        key: String,
+        /// The MCP result.
+        result: Option<serde_json::Value>,
+    },
     /// Replaces the capability rules.
     SetRules {
         /// The token id of the caller.
@@ -319,6 +358,11 @@ impl Command {
             Command::ReportActivity { .. } => "report_activity",
             Command::PlanPause { .. } => "plan_pause",
             Command::SandboxVanished { .. } => "sandbox_vanished",
+            Command::BindingReserve { .. } => "binding_reserve",
+            Command::BindingSettle { .. } => "binding_settle",
+            Command::BindingRevoke { .. } => "binding_revoke",
+            Command::OperationBegin { .. } => "operation_begin",
+            Command::OperationFinish { .. } => "operation_finish",
             Command::Bootstrap { .. } => "bootstrap",
             Command::CreateMember { .. } => "create_member",
             Command::CreateBot { .. } => "create_bot",
@@ -364,7 +408,8 @@ pub struct Reject {
 }
 
 impl Reject {
-    pub(crate) fn new(kind: RejectKind, message: impl Into<String>) -> Self {
+    /// A refusal of this kind.
+    pub fn new(kind: RejectKind, message: impl Into<String>) -> Self {
         Self { kind, message: message.into(), execution_id: None }
     }
 }

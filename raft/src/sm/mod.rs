@@ -12,6 +12,7 @@ mod lifecycle;
 mod model;
 mod plan;
 mod state;
+mod tools;
 
 pub use access::Decided;
 pub use access::decide;
@@ -38,3 +39,8 @@ pub use plan::SYSTEM;
 pub use plan::pause_key;
 pub use state::Caller;
 pub use state::State;
+pub use tools::BindingState;
+pub use tools::Operation;
+pub use tools::OperationState;
+pub use tools::ToolBinding;
+pub use tools::operation_key;

@@ -26,6 +26,8 @@ use super::model::Rule;
 use super::model::UsageSpan;
 use super::plan::DueIndex;
 use super::plan::PlanEntry;
+use super::tools::Operation;
+use super::tools::ToolBinding;
 
 /// Everything the state machine holds. Serialized whole into snapshots.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -78,6 +80,12 @@ pub struct State {
     /// The plan by deadline.
     #[serde(default)]
     pub plan_due: DueIndex,
+    /// MCP tool bindings by id.
+    #[serde(default)]
+    pub tool_bindings: BTreeMap<String, ToolBinding>,
+    /// The tool-call journal, by "bot\noperationId".
+    #[serde(default)]
+    pub operations: BTreeMap<String, Operation>,
 }
 
 /// An authenticated caller: a live token and what it speaks for.
@@ -161,6 +169,8 @@ impl State {
             Command::PlanPause { computer_id, version, execution_id, at_ms } => {
                 Some(self.plan_pause(computer_id, *version, execution_id, *at_ms).map(Some))
             }
+            Command::BindingReserve { by, binding } => Some(self.binding_reserve(by, binding).map(Some)),
+            Command::OperationBegin { by, operation } => Some(self.operation_begin(by, operation).map(Some)),
             Command::LinkUp { computer_id, credential_hash, node_id, at_ms } => {
                 Some(self.link_up(computer_id, credential_hash, *node_id, *at_ms).map(|g| Some(g.to_string())))
             }
@@ -181,6 +191,11 @@ impl State {
         match cmd {
             Command::LinkDown { computer_id, generation, at_ms } => self.link_down(computer_id, *generation, *at_ms),
             Command::SandboxVanished { computer_id, at_ms } => self.sandbox_vanished(computer_id, *at_ms),
+            Command::BindingSettle { binding_id, ready, tools, error } => {
+                self.binding_settle(binding_id, *ready, tools, error.as_ref())
+            }
+            Command::BindingRevoke { by, binding_id } => self.binding_revoke(by, binding_id),
+            Command::OperationFinish { key, result } => self.operation_finish(key, result.as_ref()),
             Command::ReportActivity { marks } => {
                 self.report_activity(marks);
                 Ok(())
@@ -192,6 +207,8 @@ impl State {
             | Command::Acquire { .. }
             | Command::RedeemPairing { .. }
             | Command::PlanPause { .. }
+            | Command::BindingReserve { .. }
+            | Command::OperationBegin { .. }
             | Command::LinkUp { .. } => Err(Reject::new(RejectKind::Invalid, "handled in apply")),
             Command::CreateProvider { by, provider } => self.create_provider(by, provider),
             Command::ClaimExecution { execution_id, claim, at_ms } => self.claim(execution_id, claim, *at_ms),

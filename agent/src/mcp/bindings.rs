@@ -1,0 +1,360 @@
+//! Bindings: a package installed for a bot, with its own UID, private HOME and state, kept in a
+//! root-owned registry under the runtime directory (`RUNTIME/registry.json`, 0600), so a restart
+//! of the agent keeps them. The node drives them through the agent's `Mcp` RPC with the JSON
+//! [`McpRequest`] and answers [`McpReply`].
+//!
+//! Layout under the runtime directory (root-owned, apart from the task home): `packages/` (the
+//! published code, read-only to bindings), `private/<binding>` (a copy readable only by the
+//! binding's group, when the package is not shared), `homes/<binding>` (the binding's HOME and
+//! state, 0700, owned by its UID), `staging/` (installs in progress).
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+use serde::Serialize;
+use serde_json::Value;
+use sha2::Digest;
+
+use super::archive::Limits;
+use super::install;
+use super::install::Manifest;
+use super::runner;
+use super::runner::RunLimits;
+use super::runner::ServerSpec;
+
+/// Bindings kept per Computer.
+pub const MAX_BINDINGS: usize = 64;
+/// The first UID given to a binding.
+pub const FIRST_UID: u32 = 200_000;
+
+/// What the node asks.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "camelCase")]
+pub enum McpRequest {
+    /// Install a package from the workspace and bind it (new UID, HOME, state).
+    #[serde(rename_all = "camelCase")]
+    Install {
+        /// The binding's id (chosen by the node, recorded in the store first).
+        binding_id: String,
+        /// The archive, relative to the workspace.
+        artifact_path: String,
+        /// The manifest (unknown fields refused).
+        manifest: Value,
+    },
+    /// List the binding's tools.
+    #[serde(rename_all = "camelCase")]
+    Discover {
+        /// The binding.
+        binding_id: String,
+    },
+    /// Call a tool.
+    #[serde(rename_all = "camelCase")]
+    Call {
+        /// The binding.
+        binding_id: String,
+        /// The tool.
+        tool: String,
+        /// Its arguments.
+        arguments: serde_json::Map<String, Value>,
+    },
+    /// Close the binding for good and kill its processes.
+    #[serde(rename_all = "camelCase")]
+    Revoke {
+        /// The binding.
+        binding_id: String,
+    },
+}
+
+/// What the agent answers: a result, or a refusal with a stable reason.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct McpReply {
+    /// The answer (tools, a call's MCP result, `{"drained"}`), when it worked.
+    pub result: Option<Value>,
+    /// Why not.
+    pub error: Option<McpFailure>,
+}
+
+/// A refusal.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct McpFailure {
+    /// A stable code (`digest_mismatch`, `symlink`, `revoked`, `deadline`, ...).
+    pub reason: String,
+    /// For people.
+    pub message: String,
+}
+
+impl McpReply {
+    fn ok(v: Value) -> Self {
+        McpReply { result: Some(v), error: None }
+    }
+    fn fail(reason: &str, message: impl Into<String>) -> Self {
+        McpReply { result: None, error: Some(McpFailure { reason: reason.into(), message: message.into() }) }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Binding {
+    package: PathBuf,
+    code: PathBuf,
+    entrypoint: Vec<String>,
+    version: String,
+    uid: u32,
+    tree_digest: String,
+    revoked: bool,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct Registry {
+    next_uid: u32,
+    bindings: BTreeMap<String, Binding>,
+}
+
+/// The bindings of this agent.
+#[derive(Clone)]
+pub struct Tools {
+    runtime: PathBuf,
+    workspace: PathBuf,
+    limits: RunLimits,
+    lock: std::sync::Arc<tokio::sync::Mutex<()>>,
+}
+
+/// A digest of a directory tree: every file's path, mode and bytes, in order.
+fn tree_digest(dir: &Path) -> std::io::Result<String> {
+    fn walk(base: &Path, dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+        for e in std::fs::read_dir(dir)? {
+            let e = e?;
+            let t = e.file_type()?;
+            if t.is_dir() {
+                walk(base, &e.path(), out)?;
+            } else {
+                out.push(e.path().strip_prefix(base).map(Path::to_path_buf).unwrap_or_default());
+            }
+        }
+        Ok(())
+    }
+    let mut files = Vec::new();
+    walk(dir, dir, &mut files)?;
+    files.sort();
+    let mut h = sha2::Sha256::new();
+    for f in files {
+        let p = dir.join(&f);
+        let meta = std::fs::symlink_metadata(&p)?;
+        h.update(f.to_string_lossy().as_bytes());
+        h.update([0]);
+        h.update(format!("{:o}", meta.permissions().mode() & 0o7777).as_bytes());
+        h.update([0]);
+        h.update(std::fs::read(&p)?);
+        h.update([0]);
+    }
+    Ok(hex::encode(h.finalize()))
+}
+
+fn copy_private(from: &Path, to: &Path, gid: u32) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    std::os::unix::fs::chown(to, Some(0), Some(gid))?;
+    std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o750))?;
+    for e in std::fs::read_dir(from)? {
+        let e = e?;
+        let dest = to.join(e.file_name());
+        if e.file_type()?.is_dir() {
+            copy_private(&e.path(), &dest, gid)?;
+        } else {
+            std::fs::copy(e.path(), &dest)?;
+            std::os::unix::fs::chown(&dest, Some(0), Some(gid))?;
+            let exec = std::fs::metadata(e.path())?.permissions().mode() & 0o111 != 0;
+            std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(if exec { 0o750 } else { 0o640 }))?;
+        }
+    }
+    Ok(())
+}
+
+fn check_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 100 && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+impl Tools {
+    /// Bindings under `runtime`; archives are read from `workspace`.
+    pub fn new(runtime: PathBuf, workspace: PathBuf, limits: RunLimits) -> Self {
+        Tools { runtime, workspace, limits, lock: Default::default() }
+    }
+
+    fn load(&self) -> Registry {
+        std::fs::read(self.runtime.join("registry.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or(Registry { next_uid: FIRST_UID, bindings: BTreeMap::new() })
+    }
+
+    fn save(&self, r: &Registry) -> std::io::Result<()> {
+        std::fs::create_dir_all(&self.runtime)?;
+        std::fs::set_permissions(&self.runtime, std::fs::Permissions::from_mode(0o755))?;
+        let tmp = self.runtime.join("registry.json.tmp");
+        let bytes = serde_json::to_vec_pretty(r).map_err(std::io::Error::other)?;
+        std::fs::write(&tmp, bytes)?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
+        std::fs::File::open(&tmp)?.sync_all()?;
+        std::fs::rename(tmp, self.runtime.join("registry.json"))
+    }
+
+    fn spec(&self, b: &Binding, id: &str) -> ServerSpec {
+        ServerSpec {
+            code: b.code.clone(),
+            entrypoint: b.entrypoint.clone(),
+            uid: b.uid,
+            gid: b.uid,
+            home: self.runtime.join("homes").join(id),
+            limits: self.limits.clone(),
+        }
+    }
+
+    /// Handles one request.
+    pub async fn handle(&self, req: McpRequest) -> McpReply {
+        let _one_at_a_time = self.lock.lock().await;
+        match req {
+            McpRequest::Install { binding_id, artifact_path, manifest } => {
+                self.install(&binding_id, &artifact_path, &manifest).await
+            }
+            McpRequest::Discover { binding_id } => match self.ready(&binding_id) {
+                Ok((b, spec)) => {
+                    drop(b);
+                    let (r, _) = runner::discover(&spec).await;
+                    r.map(McpReply::ok).unwrap_or_else(|e| McpReply::fail(run_reason(&e), e.to_string()))
+                }
+                Err(e) => e,
+            },
+            McpRequest::Call { binding_id, tool, arguments } => match self.ready(&binding_id) {
+                Ok((_, spec)) => {
+                    let (r, _) = runner::call(&spec, &tool, arguments).await;
+                    r.map(McpReply::ok).unwrap_or_else(|e| McpReply::fail(run_reason(&e), e.to_string()))
+                }
+                Err(e) => e,
+            },
+            McpRequest::Revoke { binding_id } => {
+                let mut reg = self.load();
+                let Some(b) = reg.bindings.get_mut(&binding_id) else {
+                    return McpReply::fail("no_binding", "no such binding");
+                };
+                b.revoked = true;
+                let uid = b.uid;
+                if let Err(e) = self.save(&reg) {
+                    return McpReply::fail("runtime_failed", e.to_string());
+                }
+                let drain = runner::kill_uid(uid).await;
+                McpReply::ok(serde_json::json!({"drained": drain.confirmed, "killed": drain.killed}))
+            }
+        }
+    }
+
+    /// The binding, re-verified: it exists, is not revoked, and its code is byte for byte what
+    /// was installed.
+    fn ready(&self, id: &str) -> Result<(Binding, ServerSpec), McpReply> {
+        let reg = self.load();
+        let b = reg.bindings.get(id).cloned().ok_or_else(|| McpReply::fail("no_binding", "no such binding"))?;
+        if b.revoked {
+            return Err(McpReply::fail("revoked", "the binding was revoked"));
+        }
+        match tree_digest(&b.code) {
+            Ok(d) if d == b.tree_digest => {}
+            Ok(_) => return Err(McpReply::fail("package_changed", "the package's files changed since install")),
+            Err(e) => return Err(McpReply::fail("package_missing", e.to_string())),
+        }
+        let spec = self.spec(&b, id);
+        Ok((b, spec))
+    }
+
+    async fn install(&self, id: &str, artifact: &str, manifest: &Value) -> McpReply {
+        if !check_id(id) {
+            return McpReply::fail("bad_binding_id", "a binding id is letters, digits, _ and -");
+        }
+        let manifest = match Manifest::parse(manifest) {
+            Ok(m) => m,
+            Err(e) => return McpReply::fail(e.reason(), e.to_string()),
+        };
+        let mut reg = self.load();
+        if let Some(b) = reg.bindings.get(id) {
+            // The node sends an install again after a lost answer: answer what is there.
+            if b.revoked {
+                return McpReply::fail("revoked", "the binding was revoked");
+            }
+            let (_, spec) = match self.ready(id) {
+                Ok(x) => x,
+                Err(e) => return e,
+            };
+            let (r, _) = runner::discover(&spec).await;
+            return r
+                .map(|t| McpReply::ok(serde_json::json!({"tools": t})))
+                .unwrap_or_else(|e| McpReply::fail(run_reason(&e), e.to_string()));
+        }
+        if reg.bindings.len() >= MAX_BINDINGS {
+            return McpReply::fail("too_many_bindings", format!("this computer keeps at most {MAX_BINDINGS} bindings"));
+        }
+        let (ws, rt, m) = (self.workspace.clone(), self.runtime.clone(), manifest.clone());
+        let artifact = artifact.to_string();
+        let installed =
+            tokio::task::spawn_blocking(move || install::install(&ws, &artifact, &m, &rt, &Limits::default()))
+                .await
+                .map_err(|e| install::InstallError::Runtime(e.to_string()));
+        let installed = match installed.and_then(|r| r) {
+            Ok(i) => i,
+            Err(e) => return McpReply::fail(e.reason(), e.to_string()),
+        };
+        let uid = reg.next_uid.max(FIRST_UID);
+        let home = self.runtime.join("homes").join(id);
+        let code = if manifest.share_immutable_package {
+            installed.dir.clone()
+        } else {
+            self.runtime.join("private").join(id)
+        };
+        let setup = (|| -> std::io::Result<String> {
+            std::fs::create_dir_all(&home)?;
+            std::os::unix::fs::chown(&home, Some(uid), Some(uid))?;
+            std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700))?;
+            for d in [self.runtime.join("packages"), self.runtime.join("homes")] {
+                std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755))?;
+            }
+            if !manifest.share_immutable_package {
+                let private = self.runtime.join("private");
+                std::fs::create_dir_all(&private)?;
+                std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o755))?;
+                copy_private(&installed.dir, &code, uid)?;
+            }
+            tree_digest(&code)
+        })();
+        let digest = match setup {
+            Ok(d) => d,
+            Err(e) => return McpReply::fail("runtime_failed", e.to_string()),
+        };
+        let b = Binding {
+            package: installed.dir,
+            code,
+            entrypoint: manifest.entrypoint.clone(),
+            version: manifest.version.clone(),
+            uid,
+            tree_digest: digest,
+            revoked: false,
+        };
+        let spec = self.spec(&b, id);
+        reg.next_uid = uid + 1;
+        reg.bindings.insert(id.to_string(), b);
+        if let Err(e) = self.save(&reg) {
+            return McpReply::fail("runtime_failed", e.to_string());
+        }
+        let (tools, _) = runner::discover(&spec).await;
+        match tools {
+            Ok(t) => McpReply::ok(serde_json::json!({"tools": t, "uid": uid})),
+            Err(e) => McpReply::fail(run_reason(&e), format!("installed, but discovery failed: {e}")),
+        }
+    }
+}
+
+fn run_reason(e: &runner::RunError) -> &'static str {
+    match e {
+        runner::RunError::Spawn(_) => "server_did_not_start",
+        runner::RunError::Protocol(_) => "mcp_error",
+        runner::RunError::Deadline(_) => "deadline",
+    }
+}

