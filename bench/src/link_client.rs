@@ -68,6 +68,7 @@ pub async fn open_link(ws_url: &str, cred: &Credential) -> Result<JoinHandle<Str
     let generation = v["generation"].as_u64().ok_or_else(|| anyhow!("refused: {}", v["error"]))?;
     let svc = AgentService {
         sessions: Sessions::default(),
+        tools: None,
         workdir: PathBuf::from("/"),
         generation: Arc::new(AtomicU64::new(generation)),
     };
