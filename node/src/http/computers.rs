@@ -12,7 +12,6 @@ use computerd_raft::sm::ComputerState;
 use computerd_raft::sm::Execution;
 use computerd_raft::sm::ExecutionKind;
 use computerd_raft::sm::ExecutionState;
-use computerd_raft::sm::Requester;
 use computerd_raft::sm::Source;
 use computerd_raft::sm::Submit;
 use serde::Deserialize;
@@ -149,25 +148,7 @@ async fn submit(state: &AppState, caller: &Caller, submit: Submit) -> Result<(St
 }
 
 fn new_execution(key: &str, hash: String, kind: ExecutionKind, computer_id: &str, now: u64) -> Execution {
-    Execution {
-        id: new_id("exe"),
-        command_key: key.to_string(),
-        body_hash: hash,
-        kind,
-        computer_id: computer_id.to_string(),
-        state: ExecutionState::Pending,
-        requester: Requester { token_id: String::new(), member_id: String::new(), bot_id: None },
-        approval: None,
-        claim: None,
-        dispatched_at: None,
-        error: None,
-        decision: None,
-        late_answer: None,
-        pairing_code: None,
-        pairing_expires_at: None,
-        created_at: now,
-        finished_at: None,
-    }
+    Execution::pending(&new_id("exe"), key, &hash, kind, computer_id, now)
 }
 
 /// `POST /v1/computers`

@@ -218,6 +218,38 @@ pub struct Execution {
 }
 
 impl Execution {
+    /// A pending execution with no requester yet (the store fills it in at submit).
+    pub fn pending(
+        id: &str,
+        command_key: &str,
+        body_hash: &str,
+        kind: ExecutionKind,
+        computer_id: &str,
+        at: u64,
+    ) -> Self {
+        Execution {
+            id: id.to_string(),
+            command_key: command_key.to_string(),
+            body_hash: body_hash.to_string(),
+            kind,
+            computer_id: computer_id.to_string(),
+            state: ExecutionState::Pending,
+            requester: Requester { token_id: String::new(), member_id: String::new(), bot_id: None },
+            approval: None,
+            claim: None,
+            dispatched_at: None,
+            error: None,
+            decision: None,
+            late_answer: None,
+            pairing_code: None,
+            pairing_expires_at: None,
+            created_at: at,
+            finished_at: None,
+        }
+    }
+}
+
+impl Execution {
     /// Pending, running or of unknown outcome: it still holds its Computer.
     pub fn is_open(&self) -> bool {
         matches!(self.state, ExecutionState::Pending | ExecutionState::Running | ExecutionState::OutcomeUnknown)

@@ -19,7 +19,6 @@ use super::command::RejectKind;
 use super::model::ComputerState;
 use super::model::Execution;
 use super::model::ExecutionKind;
-use super::model::ExecutionState;
 use super::model::Requester;
 use super::model::Source;
 use super::state::State;
@@ -137,25 +136,15 @@ impl State {
         if self.executions.contains_key(execution_id) {
             return Err(Reject::new(RejectKind::Conflict, "execution id collision"));
         }
-        let exe = Execution {
-            id: execution_id.to_string(),
-            command_key: key,
-            body_hash: format!("idle-pause:{version}"),
-            kind: ExecutionKind::Pause,
-            computer_id: computer_id.to_string(),
-            state: ExecutionState::Pending,
-            requester: Requester { token_id: SYSTEM.into(), member_id: SYSTEM.into(), bot_id: None },
-            approval: None,
-            claim: None,
-            dispatched_at: None,
-            error: None,
-            decision: None,
-            late_answer: None,
-            pairing_code: None,
-            pairing_expires_at: None,
-            created_at: at,
-            finished_at: None,
-        };
+        let mut exe = Execution::pending(
+            execution_id,
+            &key,
+            &format!("idle-pause:{version}"),
+            ExecutionKind::Pause,
+            computer_id,
+            at,
+        );
+        exe.requester = Requester { token_id: SYSTEM.into(), member_id: SYSTEM.into(), bot_id: None };
         if let Some(c) = self.computers.get_mut(computer_id) {
             c.active_execution = Some(exe.id.clone());
         }
