@@ -1,4 +1,4 @@
-//! Shared parts of the computerd benchmarks `store-bench`, `exec-bench`, `agent-bench` and `docker-bench`: the
+//! Shared parts of the computerd benchmarks `store-bench`, `exec-bench`, `agent-bench`, `docker-bench` and `cluster-bench`: the
 //! closed-loop workload runner ([`workload`]), settings from the environment ([`settings`]), for
 //! store-bench's reference, etcd clusters ([`etcd`]), and for agent-bench, a minimal agent link
 //! client and a plain WebSocket baseline ([`link_client`]).

@@ -168,6 +168,7 @@ pub type DueIndex = BTreeSet<(u64, String)>;
 mod tests {
     use super::*;
     use crate::sm::model::Computer;
+    use crate::sm::model::ExecutionState;
 
     fn running(after: Option<u64>, at: u64) -> State {
         let mut s = State::default();
