@@ -34,6 +34,9 @@ struct Cli {
     /// The deadline of one MCP tool call, in seconds.
     #[arg(long, env = "COMPUTER_AGENT_MCP_DEADLINE_SECS", default_value_t = 45)]
     mcp_deadline_secs: u64,
+    /// The first UID given to a tool binding (agents sharing a machine need separate ranges).
+    #[arg(long, env = "COMPUTER_AGENT_MCP_FIRST_UID", default_value_t = computer_agent::mcp::bindings::FIRST_UID)]
+    mcp_first_uid: u32,
     /// A session no call used for this many seconds is ended.
     #[arg(long, env = "COMPUTER_AGENT_SESSION_IDLE_SECS", default_value_t = computer_agent::sessions::IDLE_LIMIT.as_secs_f64())]
     session_idle_secs: f64,
@@ -88,7 +91,7 @@ async fn main() -> std::process::ExitCode {
         deadline: std::time::Duration::from_secs(cli.mcp_deadline_secs.max(1)),
         ..Default::default()
     };
-    let tools = computer_agent::mcp::bindings::Tools::new(runtime, workdir.clone(), limits);
+    let tools = computer_agent::mcp::bindings::Tools::new(runtime, workdir.clone(), limits, cli.mcp_first_uid);
     let svc = AgentService { sessions, workdir, generation: Arc::new(AtomicU64::new(0)), tools: Some(tools) };
     link::run(cli.server, cred, svc).await;
     std::process::ExitCode::SUCCESS

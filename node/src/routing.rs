@@ -59,9 +59,35 @@ pub fn computer_of(path: &str) -> Option<&str> {
 
 type ReplyStream = Pin<Box<dyn Stream<Item = Result<RouteChunk, Status>> + Send>>;
 
+/// A not-owner answer naming the owner this node knows.
+fn not_owner(state: &AppState, computer: &str) -> Status {
+    let owner = state.cluster.state().read(|s| s.computers.get(computer).and_then(|c| c.link_node));
+    let mut status = Status::failed_precondition("this node does not hold the computer's link");
+    if let Some(n) = owner.filter(|n| *n != state.cluster.id())
+        && let Ok(v) = n.to_string().parse()
+    {
+        status.metadata_mut().insert(OWNER, v);
+    }
+    status
+}
+
 #[tonic::async_trait]
 impl Routing for RouteTarget {
     type ForwardStream = ReplyStream;
+
+    async fn relay_mcp(
+        &self,
+        req: Request<computerd_proto::cluster::McpRelay>,
+    ) -> Result<Response<computerd_proto::cluster::McpRelayReply>, Status> {
+        let Some((_, state)) = self.inner.get().cloned() else {
+            return Err(Status::unavailable("this node is still starting"));
+        };
+        let r = req.into_inner();
+        let Some(link) = state.links.get(&r.computer_id) else { return Err(not_owner(&state, &r.computer_id)) };
+        let mut agent = link.client;
+        let reply = agent.mcp(computerd_proto::agent::McpJson { json: r.json }).await?.into_inner();
+        Ok(Response::new(computerd_proto::cluster::McpRelayReply { json: reply.json }))
+    }
 
     async fn forward(&self, req: Request<Streaming<RouteChunk>>) -> Result<Response<ReplyStream>, Status> {
         let Some((router, state)) = self.inner.get().cloned() else {
@@ -75,14 +101,7 @@ impl Routing for RouteTarget {
             .ok_or_else(|| Status::invalid_argument("a routed call starts with its head"))?;
         let computer = computer_of(&head.path).ok_or_else(|| Status::invalid_argument("not a call on a computer"))?;
         if state.links.get(computer).is_none() {
-            let owner = state.cluster.state().read(|s| s.computers.get(computer).and_then(|c| c.link_node));
-            let mut status = Status::failed_precondition("this node does not hold the computer's link");
-            if let Some(n) = owner.filter(|n| *n != state.cluster.id())
-                && let Ok(v) = n.to_string().parse()
-            {
-                status.metadata_mut().insert(OWNER, v);
-            }
-            return Err(status);
+            return Err(not_owner(&state, computer));
         }
         let mut builder = axum::http::Request::builder().method(head.method.as_str()).uri(head.path.as_str());
         for (k, v) in &head.headers {

@@ -21,7 +21,19 @@ fn reason(v: &Value) -> &str {
 
 #[tokio::test]
 async fn t10_install_discover_call_journal_revoke() {
-    let c = TestCluster::start(1).await;
+    flow(1, 1, 1, "210000").await;
+}
+
+/// The same through a 3-node cluster: the agent is linked to node 2, the calls go to node 3 (the
+/// agent requests are relayed over gRPC to node 2), the bot and grant are made on node 1.
+#[tokio::test]
+async fn t20_the_same_through_three_nodes() {
+    flow(3, 2, 3, "220000").await;
+}
+
+/// `first_uid`: tests run side by side on one machine, so each agent gets its own UID range.
+async fn flow(nodes: u64, agent_node: u64, api: u64, first_uid: &str) {
+    let c = TestCluster::start(nodes).await;
     let (id, code) = paired_computer(&c, "tools").await;
     let workspace = c.dir.path().join("workspace");
     std::fs::create_dir_all(workspace.join("uploads")).expect("workspace");
@@ -39,7 +51,13 @@ async fn t10_install_discover_call_journal_revoke() {
     let state = c.dir.path().join("agent");
     let ws = workspace.to_string_lossy().into_owned();
     let log = c.dir.path().join("agent.log");
-    let _agent = AgentProc::spawn_with(&c.url(1, ""), &state, Some(&code), &log, &["--workdir", &ws]);
+    let _agent = AgentProc::spawn_with(
+        &c.url(agent_node, ""),
+        &state,
+        Some(&code),
+        &log,
+        &["--workdir", &ws, "--mcp-first-uid", first_uid],
+    );
     wait_state(&c, &id, "running").await;
     let (s, bot) = c.call(Method::POST, 1, "/v1/bots", &c.token, Some(json!({"name": "toolbot"}))).await;
     assert_eq!(s, 201, "{bot}");
@@ -54,7 +72,7 @@ async fn t10_install_discover_call_journal_revoke() {
     let install_path = format!("/api/bots/{bot}/tools/install");
     let install = |m: Value| {
         let body = json!({"artifactPath": "uploads/server.tar.gz", "manifest": m});
-        c.call(Method::POST, 1, &install_path, &c.token, Some(body))
+        c.call(Method::POST, api, &install_path, &c.token, Some(body))
     };
     let (s, v) = install(manifest(&hex::encode(sha2::Sha256::digest(b"other")))).await;
     assert_eq!((s, reason(&v)), (422, "digest_mismatch"), "{v}");
@@ -72,7 +90,7 @@ async fn t10_install_discover_call_journal_revoke() {
     let call_path = format!("/api/bots/{bot}/tools/{binding}/call");
     let call = |op: &str, text: &str| {
         let body = json!({"operationId": op, "tool": "echo", "arguments": {"text": text}});
-        c.call(Method::POST, 1, &call_path, &c.token, Some(body))
+        c.call(Method::POST, api, &call_path, &c.token, Some(body))
     };
     let (s, first) = call("op-1", "hi").await;
     assert_eq!(s, 200, "{first}");
@@ -95,14 +113,14 @@ async fn t10_install_discover_call_journal_revoke() {
         .await;
     assert_eq!((s, v["bindings"][0]["bindingId"].as_str()), (200, Some(binding.as_str())), "{v}");
     let body = json!({"action": "call", "bindingId": binding, "tool": "whoami"});
-    let (s, v) = c.call(Method::POST, 1, &format!("/api/bots/{bot}/tools/computer_mcp"), &c.token, Some(body)).await;
+    let (s, v) = c.call(Method::POST, api, &format!("/api/bots/{bot}/tools/computer_mcp"), &c.token, Some(body)).await;
     assert_eq!(s, 200, "{v}");
     let who = v["result"]["ok"]["content"][0]["text"].as_str().unwrap_or_default().to_string();
     assert!(!who.starts_with("0 "), "the server does not run as root: {who}");
-    let (s, v) = c.call(Method::POST, 1, &format!("/api/bots/{bot}/tools/{binding}/discover"), &c.token, None).await;
+    let (s, v) = c.call(Method::POST, api, &format!("/api/bots/{bot}/tools/{binding}/discover"), &c.token, None).await;
     assert_eq!((s, v["tools"].as_array().map(|t| t.len() > 3)), (200, Some(true)), "{v}");
 
-    let (s, v) = c.call(Method::DELETE, 1, &format!("/api/bots/{bot}/tools/{binding}"), &c.token, None).await;
+    let (s, v) = c.call(Method::DELETE, api, &format!("/api/bots/{bot}/tools/{binding}"), &c.token, None).await;
     assert_eq!((s, v["revoked"].clone(), v["drained"].clone()), (200, json!(true), json!(true)), "{v}");
     let (s, v) = call("op-2", "after").await;
     assert_eq!((s, v["error"]["kind"].as_str()), (403, Some("forbidden")), "a revoked binding is not callable: {v}");

@@ -27,7 +27,8 @@ use super::runner::ServerSpec;
 
 /// Bindings kept per Computer.
 pub const MAX_BINDINGS: usize = 64;
-/// The first UID given to a binding.
+/// The first UID given to a binding (by default; agents sharing one machine need their own
+/// ranges).
 pub const FIRST_UID: u32 = 200_000;
 
 /// What the node asks.
@@ -119,6 +120,7 @@ pub struct Tools {
     runtime: PathBuf,
     workspace: PathBuf,
     limits: RunLimits,
+    first_uid: u32,
     lock: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
@@ -177,16 +179,17 @@ fn check_id(id: &str) -> bool {
 }
 
 impl Tools {
-    /// Bindings under `runtime`; archives are read from `workspace`.
-    pub fn new(runtime: PathBuf, workspace: PathBuf, limits: RunLimits) -> Self {
-        Tools { runtime, workspace, limits, lock: Default::default() }
+    /// Bindings under `runtime`, with UIDs from `first_uid` on; archives are read from
+    /// `workspace`.
+    pub fn new(runtime: PathBuf, workspace: PathBuf, limits: RunLimits, first_uid: u32) -> Self {
+        Tools { runtime, workspace, limits, first_uid: first_uid.max(1000), lock: Default::default() }
     }
 
     fn load(&self) -> Registry {
         std::fs::read(self.runtime.join("registry.json"))
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or(Registry { next_uid: FIRST_UID, bindings: BTreeMap::new() })
+            .unwrap_or(Registry { next_uid: self.first_uid, bindings: BTreeMap::new() })
     }
 
     fn save(&self, r: &Registry) -> std::io::Result<()> {
@@ -302,7 +305,7 @@ impl Tools {
             Ok(i) => i,
             Err(e) => return McpReply::fail(e.reason(), e.to_string()),
         };
-        let uid = reg.next_uid.max(FIRST_UID);
+        let uid = reg.next_uid.max(self.first_uid);
         let home = self.runtime.join("homes").join(id);
         let code = if manifest.share_immutable_package {
             installed.dir.clone()

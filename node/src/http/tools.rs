@@ -14,8 +14,9 @@
 //! - `POST …/tools/computer_mcp` `{"action": "list" | "discover" | "call", ...}`: the
 //!   model-facing tool, over the same paths.
 //!
-//! The calls run on the node holding the Computer's agent link (this node, or an error naming
-//! the node that holds it).
+//! Rights and the store's records are handled on the node that took the call; the agent request
+//! itself runs on the node holding the Computer's agent link (relayed over gRPC when that is
+//! another node).
 
 use axum::Json;
 use axum::extract::Path;
@@ -113,9 +114,15 @@ async fn agent_mcp(
     computer: &str,
     request: Value,
 ) -> Result<Result<Value, (String, String)>, ApiError> {
-    let mut agent = agent_for(state, caller, computer, true).await?;
-    let reply = agent.mcp(McpJson { json: request.to_string() }).await.map_err(agent_error)?.into_inner();
-    let v: Value = serde_json::from_str(&reply.json)
+    let json = match relay_target(state, computer) {
+        // The link is on another node: relay the request there (rights were checked here).
+        Some(node) => relay(state, node, computer, request.to_string()).await?,
+        None => {
+            let mut agent = agent_for(state, caller, computer, true).await?;
+            agent.mcp(McpJson { json: request.to_string() }).await.map_err(agent_error)?.into_inner().json
+        }
+    };
+    let v: Value = serde_json::from_str(&json)
         .map_err(|_| ApiError::new(ErrorKind::ComputerExecutionFailed, "the agent's answer is not JSON"))?;
     match (&v["result"], &v["error"]) {
         (r, Value::Null) if !r.is_null() => Ok(Ok(r.clone())),
@@ -124,6 +131,47 @@ async fn agent_mcp(
             e["message"].as_str().unwrap_or_default().to_string(),
         ))),
     }
+}
+
+/// The node to relay to, when another node holds the Computer's link.
+fn relay_target(state: &AppState, computer: &str) -> Option<u64> {
+    if state.links.get(computer).is_some() {
+        return None;
+    }
+    state
+        .cluster
+        .state()
+        .read(|s| s.computers.get(computer).and_then(|c| c.link_node))
+        .filter(|n| *n != state.cluster.id())
+}
+
+/// Relays an MCP request to `node` over gRPC; a stale directory is followed once.
+async fn relay(state: &AppState, node: u64, computer: &str, json: String) -> Result<String, ApiError> {
+    use computerd_proto::cluster::McpRelay;
+    use computerd_proto::cluster::routing_client::RoutingClient;
+    let mut target = node;
+    for attempt in 0..2 {
+        let addr = state.cluster.view().members.into_iter().find(|m| m.id == target).map(|m| m.addr.grpc);
+        let addr =
+            addr.ok_or_else(|| ApiError::new(ErrorKind::Unavailable, "the computer's agent is not connected"))?;
+        let channel = state.cluster.channels().channel(&addr).map_err(|e| {
+            ApiError::new(ErrorKind::ComputerExecutionFailed, format!("no channel to node {target}: {e}"))
+        })?;
+        let mut client = RoutingClient::new(channel);
+        let req = McpRelay { computer_id: computer.to_string(), json: json.clone() };
+        match client.relay_mcp(req).await {
+            Ok(r) => return Ok(r.into_inner().json),
+            Err(s) if s.code() == tonic::Code::FailedPrecondition && attempt == 0 => {
+                let owner = s.metadata().get(crate::routing::OWNER).and_then(|v| v.to_str().ok()?.parse().ok());
+                match owner {
+                    Some(n) if n != state.cluster.id() => target = n,
+                    _ => break,
+                }
+            }
+            Err(s) => return Err(agent_error(s)),
+        }
+    }
+    Err(ApiError::new(ErrorKind::ComputerExecutionFailed, "the computer's agent is not connected"))
 }
 
 fn rejected(reason: String, message: String) -> ApiError {
