@@ -126,4 +126,20 @@ async fn flow(nodes: u64, agent_node: u64, api: u64, first_uid: &str) {
     assert_eq!((s, v["error"]["kind"].as_str()), (403, Some("forbidden")), "a revoked binding is not callable: {v}");
     let (s, v) = call("op-1", "hi").await;
     assert_eq!((s, v["replayed"].clone()), (200, json!(true)), "a finished operation still replays: {v}");
+
+    // Reauthorize: only with the flag, as a new binding with a new UID; the old id stays revoked.
+    let (s, v) = install(manifest(&digest)).await;
+    assert_eq!((s, reason(&v)), (409, "revoked"), "{v}");
+    let body = json!({"artifactPath": "uploads/server.tar.gz", "manifest": manifest(&digest), "reauthorize": true});
+    let (s, v) = c.call(Method::POST, api, &install_path, &c.token, Some(body)).await;
+    assert_eq!(s, 201, "{v}");
+    let renewed = v["bindingId"].as_str().expect("binding").to_string();
+    assert_ne!(renewed, binding);
+    let body = json!({"action": "call", "bindingId": renewed, "tool": "whoami"});
+    let (s, v) = c.call(Method::POST, api, &format!("/api/bots/{bot}/tools/computer_mcp"), &c.token, Some(body)).await;
+    assert_eq!(s, 200, "{v}");
+    let who_now = v["result"]["ok"]["content"][0]["text"].as_str().unwrap_or_default().to_string();
+    assert_ne!(who_now.split(' ').next(), who.split(' ').next(), "a new UID: {who_now} vs {who}");
+    let (s, _) = call("op-3", "old id").await;
+    assert_eq!(s, 403, "the old binding id never regains rights");
 }

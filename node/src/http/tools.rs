@@ -191,14 +191,52 @@ pub async fn install(
     let Json(b) = body?;
     check_id(&bot_id, "bot", "botId").map_err(|_| ApiError::not_found("no such bot"))?;
     state.cluster.state().read(|s| s.tool_bot(&caller, &bot_id))?;
-    if b.reauthorize {
-        return Err(ApiError::new(ErrorKind::ComputerUnsupported, "reauthorize is not built yet"));
-    }
     let m = &b.manifest;
     let (Some(pkg), Some(version), Some(sha)) = (m["id"].as_str(), m["version"].as_str(), m["sha256"].as_str()) else {
         return Err(rejected("bad_manifest".into(), "the manifest needs id, version and sha256".into()));
     };
     let computer = computer_for(&state, &caller, &bot_id, b.computer_id)?;
+    // A revoked package comes back only through `reauthorize`, with the same version and digest,
+    // as a new binding (new UID and state) once the old runtime is confirmed stopped; the old
+    // binding id stays revoked for good.
+    let revoked: Vec<ToolBinding> = state.cluster.state().read(|s| {
+        s.tool_bindings
+            .values()
+            .filter(|x| {
+                x.bot_id == bot_id
+                    && x.computer_id == computer
+                    && x.package_id == pkg
+                    && x.state == BindingState::Revoked
+            })
+            .cloned()
+            .collect()
+    });
+    match (b.reauthorize, revoked.iter().find(|x| x.version == version && x.sha256 == sha)) {
+        (false, _) if !revoked.is_empty() => {
+            let mut e = ApiError::new(
+                ErrorKind::Conflict,
+                "this package was revoked for the bot: install it again with \"reauthorize\": true",
+            );
+            e.reason = Some("revoked".into());
+            return Err(e);
+        }
+        (true, None) => {
+            return Err(rejected(
+                "nothing_to_reauthorize".into(),
+                "reauthorize needs a revoked binding of the same package, version and digest".into(),
+            ));
+        }
+        (true, Some(old)) => {
+            // The old runtime must be confirmed stopped (draining again is harmless).
+            let drained = agent_mcp(&state, &caller, &computer, json!({"op": "revoke", "bindingId": old.id})).await?;
+            if !matches!(&drained, Ok(r) if r["drained"] == true) {
+                let mut e = ApiError::new(ErrorKind::Conflict, "the old binding's processes are not confirmed stopped");
+                e.reason = Some("drain_incomplete".into());
+                return Err(e);
+            }
+        }
+        (false, _) => {}
+    }
     let binding = ToolBinding {
         id: new_id("mcb"),
         bot_id: bot_id.clone(),
