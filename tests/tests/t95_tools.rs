@@ -120,6 +120,49 @@ async fn flow(nodes: u64, agent_node: u64, api: u64, first_uid: &str) {
     let (s, v) = c.call(Method::POST, api, &format!("/api/bots/{bot}/tools/{binding}/discover"), &c.token, None).await;
     assert_eq!((s, v["tools"].as_array().map(|t| t.len() > 3)), (200, Some(true)), "{v}");
 
+    // Version 1.1.0 of the package (its echo answers "v2:…"), installed as a second binding.
+    let v2 = std::fs::read_to_string(pkg.join("server.py"))
+        .expect("server")
+        .replace("return args.get(\"text\", \"\"), False", "return \"v2:\" + args.get(\"text\", \"\"), False");
+    let pkg2 = c.dir.path().join("pkg2");
+    std::fs::create_dir_all(&pkg2).expect("pkg2");
+    std::fs::write(pkg2.join("server.py"), v2).expect("v2");
+    let archive2 = workspace.join("uploads/server-1.1.tar.gz");
+    let out =
+        Command::new("tar").arg("-C").arg(&pkg2).arg("-czf").arg(&archive2).arg("server.py").output().expect("tar");
+    assert!(out.status.success());
+    let digest2 = hex::encode(sha2::Sha256::digest(std::fs::read(&archive2).expect("archive")));
+    let mut m2 = manifest(&digest2);
+    m2["version"] = json!("1.1.0");
+    let body = json!({"artifactPath": "uploads/server-1.1.tar.gz", "manifest": m2});
+    let (s, v) = c.call(Method::POST, api, &install_path, &c.token, Some(body)).await;
+    assert_eq!(s, 201, "{v}");
+    let second = v["bindingId"].as_str().expect("binding").to_string();
+
+    // Switch the first binding to 1.1.0: same UID and state, new code; the second is revoked.
+    let switch_path = format!("/api/bots/{bot}/tools/{binding}/switch");
+    let (s, v) = c
+        .call(Method::POST, api, &switch_path, &c.token, Some(json!({"operationId": "sw-1", "version": "1.1.0"})))
+        .await;
+    assert_eq!((s, v["replayed"].clone()), (200, json!(false)), "{v}");
+    assert_eq!(v["receipt"]["version"], "1.1.0");
+    let (s, v) = call("op-switched", "hi").await;
+    assert_eq!((s, v["result"]["ok"]["content"][0]["text"].as_str()), (200, Some("v2:hi")), "{v}");
+    let body = json!({"action": "call", "bindingId": binding, "tool": "whoami"});
+    let (_, v) = c.call(Method::POST, api, &format!("/api/bots/{bot}/tools/computer_mcp"), &c.token, Some(body)).await;
+    assert_eq!(v["result"]["ok"]["content"][0]["text"].as_str(), Some(who.as_str()), "the UID and HOME are kept");
+    let body = json!({"operationId": "op-second", "tool": "echo", "arguments": {"text": "x"}});
+    let (s, _) = c.call(Method::POST, api, &format!("/api/bots/{bot}/tools/{second}/call"), &c.token, Some(body)).await;
+    assert_eq!(s, 403, "the bot's binding that was at the target is revoked");
+    let (s, v) = c
+        .call(Method::POST, api, &switch_path, &c.token, Some(json!({"operationId": "sw-1", "version": "1.1.0"})))
+        .await;
+    assert_eq!((s, v["replayed"].clone()), (200, json!(true)), "a retry replays the receipt: {v}");
+    let (s, v) = c
+        .call(Method::POST, api, &switch_path, &c.token, Some(json!({"operationId": "sw-1", "version": "1.0.0"})))
+        .await;
+    assert_eq!((s, v["error"]["kind"].as_str()), (422, Some("IdempotencyKeyReused")), "{v}");
+
     let (s, v) = c.call(Method::DELETE, api, &format!("/api/bots/{bot}/tools/{binding}"), &c.token, None).await;
     assert_eq!((s, v["revoked"].clone(), v["drained"].clone()), (200, json!(true), json!(true)), "{v}");
     let (s, v) = call("op-2", "after").await;
@@ -130,7 +173,10 @@ async fn flow(nodes: u64, agent_node: u64, api: u64, first_uid: &str) {
     // Reauthorize: only with the flag, as a new binding with a new UID; the old id stays revoked.
     let (s, v) = install(manifest(&digest)).await;
     assert_eq!((s, reason(&v)), (409, "revoked"), "{v}");
-    let body = json!({"artifactPath": "uploads/server.tar.gz", "manifest": manifest(&digest), "reauthorize": true});
+    // (The revoked binding is now at 1.1.0: reauthorize that version and digest.)
+    let mut m2 = manifest(&digest2);
+    m2["version"] = json!("1.1.0");
+    let body = json!({"artifactPath": "uploads/server-1.1.tar.gz", "manifest": m2, "reauthorize": true});
     let (s, v) = c.call(Method::POST, api, &install_path, &c.token, Some(body)).await;
     assert_eq!(s, 201, "{v}");
     let renewed = v["bindingId"].as_str().expect("binding").to_string();

@@ -61,6 +61,18 @@ pub enum McpRequest {
         /// Its arguments.
         arguments: serde_json::Map<String, Value>,
     },
+    /// Move the binding to another installed version of its package, keeping its UID and state.
+    #[serde(rename_all = "camelCase")]
+    Switch {
+        /// The binding.
+        binding_id: String,
+        /// The operation (names the protected receipt).
+        operation_id: String,
+        /// The version the store saw the binding at.
+        from_version: String,
+        /// The version to move to.
+        version: String,
+    },
     /// Close the binding for good and kill its processes.
     #[serde(rename_all = "camelCase")]
     Revoke {
@@ -125,7 +137,7 @@ pub struct Tools {
 }
 
 /// A digest of a directory tree: every file's path, mode and bytes, in order.
-fn tree_digest(dir: &Path) -> std::io::Result<String> {
+pub fn tree_digest(dir: &Path) -> std::io::Result<String> {
     fn walk(base: &Path, dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
         for e in std::fs::read_dir(dir)? {
             let e = e?;
@@ -236,6 +248,9 @@ impl Tools {
                 }
                 Err(e) => e,
             },
+            McpRequest::Switch { binding_id, operation_id, from_version, version } => {
+                self.switch(&binding_id, &operation_id, &from_version, &version).await
+            }
             McpRequest::Revoke { binding_id } => {
                 let mut reg = self.load();
                 let Some(b) = reg.bindings.get_mut(&binding_id) else {
@@ -267,6 +282,116 @@ impl Tools {
         }
         let spec = self.spec(&b, id);
         Ok((b, spec))
+    }
+
+    /// Switches a binding's code to another installed version of its package. A protected
+    /// receipt (`RUNTIME/receipts/<operation>.json`) records that it happened; a retry proceeds
+    /// only when there is no receipt and the binding is still at the source version (do it), or a
+    /// receipt and the binding at the target (answer it again).
+    async fn switch(&self, id: &str, op: &str, from: &str, to: &str) -> McpReply {
+        if !check_id(op) {
+            return McpReply::fail("bad_operation_id", "an operation id is letters, digits, _ and -");
+        }
+        let mut reg = self.load();
+        let Some(b) = reg.bindings.get(id).cloned() else { return McpReply::fail("no_binding", "no such binding") };
+        if b.revoked {
+            return McpReply::fail("revoked", "the binding was revoked");
+        }
+        let receipts = self.runtime.join("receipts");
+        let receipt_path = receipts.join(format!("{op}.json"));
+        let receipt: Option<Value> = std::fs::read(&receipt_path).ok().and_then(|r| serde_json::from_slice(&r).ok());
+        match (&receipt, b.version.as_str()) {
+            (Some(r), v) if v == to && r["binding"] == id => {
+                let (tools, _) = runner::discover(&self.spec(&b, id)).await;
+                return match tools {
+                    Ok(t) => McpReply::ok(
+                        serde_json::json!({"tools": t, "version": to, "sha256": r["sha256"], "replayed": true}),
+                    ),
+                    Err(e) => McpReply::fail(run_reason(&e), e.to_string()),
+                };
+            }
+            (None, v) if v == from => {}
+            _ => {
+                return McpReply::fail(
+                    "transition_lost",
+                    "the binding is neither at the source without a receipt nor at the target with one",
+                );
+            }
+        }
+        // The target: an installed version of the same package, whose bytes are still what was published.
+        let Some(home) = b.package.parent().map(Path::to_path_buf) else {
+            return McpReply::fail("package_missing", "the binding's package has no home");
+        };
+        let target = std::fs::read_dir(&home).ok().and_then(|entries| {
+            entries.flatten().find(|e| {
+                e.file_type().is_ok_and(|t| t.is_dir())
+                    && e.file_name().to_string_lossy().starts_with(&format!("{to}-"))
+            })
+        });
+        let Some(target) = target.map(|e| e.path()) else {
+            return McpReply::fail(
+                "version_not_installed",
+                format!("version {to} of the package is not installed here"),
+            );
+        };
+        let record: Option<Value> =
+            std::fs::read(format!("{}.json", target.display())).ok().and_then(|r| serde_json::from_slice(&r).ok());
+        let Some(record) = record else { return McpReply::fail("package_missing", "the target's record is missing") };
+        match tree_digest(&target) {
+            Ok(d) if record["treeDigest"] == d.as_str() => {}
+            _ => return McpReply::fail("package_changed", "the target version's files changed since install"),
+        }
+        let manifest: Manifest = match Manifest::parse(&record["manifest"]) {
+            Ok(m) => m,
+            Err(e) => return McpReply::fail(e.reason(), e.to_string()),
+        };
+        // Retire the source: nothing of the UID runs while the code changes under it.
+        let drain = runner::kill_uid(b.uid).await;
+        if !drain.confirmed {
+            return McpReply::fail("drain_incomplete", "the binding's processes did not all stop");
+        }
+        let code = if manifest.share_immutable_package {
+            target.clone()
+        } else {
+            let private = self.runtime.join("private").join(format!("{id}-{to}"));
+            if let Err(e) = copy_private(&target, &private, b.uid) {
+                return McpReply::fail("runtime_failed", e.to_string());
+            }
+            private
+        };
+        let digest = match tree_digest(&code) {
+            Ok(d) => d,
+            Err(e) => return McpReply::fail("runtime_failed", e.to_string()),
+        };
+        let mut nb = b.clone();
+        nb.package = target;
+        nb.code = code;
+        nb.entrypoint = manifest.entrypoint.clone();
+        nb.version = to.to_string();
+        nb.tree_digest = digest;
+        reg.bindings.insert(id.to_string(), nb.clone());
+        let receipt = serde_json::json!({"binding": id, "from": from, "to": to, "sha256": manifest.sha256});
+        let written = (|| -> std::io::Result<()> {
+            std::fs::create_dir_all(&receipts)?;
+            std::fs::set_permissions(&receipts, std::fs::Permissions::from_mode(0o700))?;
+            // The registry first, then the receipt: a crash between leaves "at target, no
+            // receipt", which a retry refuses rather than guesses.
+            self.save(&reg)?;
+            let tmp = receipts.join(format!(".{op}.tmp"));
+            std::fs::write(&tmp, receipt.to_string())?;
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
+            std::fs::rename(tmp, &receipt_path)
+        })();
+        if let Err(e) = written {
+            return McpReply::fail("runtime_failed", e.to_string());
+        }
+        let (tools, _) = runner::discover(&self.spec(&nb, id)).await;
+        match tools {
+            Ok(t) => McpReply::ok(
+                serde_json::json!({"tools": t, "version": to, "sha256": manifest.sha256, "replayed": false}),
+            ),
+            Err(e) => McpReply::fail(run_reason(&e), format!("switched, but discovery failed: {e}")),
+        }
     }
 
     async fn install(&self, id: &str, artifact: &str, manifest: &Value) -> McpReply {

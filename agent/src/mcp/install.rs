@@ -191,12 +191,20 @@ pub fn install(
         return Ok(Installed { dir: dest, files: Vec::new(), bytes: 0, new: false });
     }
     if let Ok(entries) = std::fs::read_dir(&home)
-        && entries.flatten().any(|e| e.file_name().to_string_lossy().starts_with(&format!("{}-", manifest.version)))
+        && entries.flatten().any(|e| {
+            e.file_type().is_ok_and(|t| t.is_dir())
+                && e.file_name().to_string_lossy().starts_with(&format!("{}-", manifest.version))
+        })
     {
         return Err(InstallError::VersionExists(format!("{} {}", manifest.id, manifest.version)));
     }
     let count = std::fs::read_dir(&packages)
-        .map(|ids| ids.flatten().filter_map(|d| std::fs::read_dir(d.path()).ok()).map(|v| v.count()).sum::<usize>())
+        .map(|ids| {
+            ids.flatten()
+                .filter_map(|d| std::fs::read_dir(d.path()).ok())
+                .map(|v| v.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())).count())
+                .sum::<usize>()
+        })
         .unwrap_or(0);
     if count >= MAX_PACKAGES {
         return Err(InstallError::TooManyPackages);
@@ -216,8 +224,18 @@ pub fn install(
             return Err(InstallError::MissingEntrypoint(script.clone()));
         }
     }
-    // 7. Publish: one rename, after which the package is complete.
+    // 7. Publish: the package's record (manifest and tree digest, root-owned, beside it), then one
+    //    rename, after which the package is complete.
     std::fs::create_dir_all(&home).map_err(rt)?;
+    let digest = super::bindings::tree_digest(&staging_dir).map_err(rt)?;
+    let record = serde_json::json!({"manifest": {
+        "id": manifest.id, "version": manifest.version, "sha256": manifest.sha256,
+        "entrypoint": manifest.entrypoint, "share_immutable_package": manifest.share_immutable_package,
+    }, "treeDigest": digest});
+    let record_path = home.join(format!("{name}.json"));
+    let tmp = home.join(format!(".{name}.json.tmp"));
+    std::fs::write(&tmp, record.to_string()).map_err(rt)?;
+    std::fs::rename(&tmp, &record_path).map_err(rt)?;
     std::fs::rename(&staging_dir, &dest).map_err(rt)?;
     staging.0 = None;
     Ok(Installed { dir: dest, files: out.files, bytes: out.bytes, new: true })

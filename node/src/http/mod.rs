@@ -70,6 +70,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/bots/{bot}/tools/{binding}", delete(tools::revoke))
         .route("/api/bots/{bot}/tools/{binding}/discover", post(tools::discover))
         .route("/api/bots/{bot}/tools/{binding}/call", post(tools::call))
+        .route("/api/bots/{bot}/tools/{binding}/switch", post(tools::switch))
         .route("/v1/computers/{id}/acquire", post(computers::acquire))
         .route("/v1/computers/{id}/release", post(computers::release))
         .route("/v1/computers/{id}/bots", get(grants::list))

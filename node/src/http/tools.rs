@@ -68,6 +68,14 @@ pub struct CallIn {
     arguments: serde_json::Map<String, Value>,
 }
 
+/// `POST …/switch` body.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SwitchIn {
+    operation_id: String,
+    version: String,
+}
+
 /// `POST …/computer_mcp` body.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -401,6 +409,83 @@ pub async fn call(
     let caller = auth.for_write(&state).await?;
     let Json(c) = body?;
     do_call(&state, &caller, &bot_id, &id, c).await.map(Json)
+}
+
+/// `POST /api/bots/{botId}/tools/{bindingId}/switch` `{operationId, version}`: moves the binding
+/// to another installed version of its package, keeping its UID and state. The store reserves the
+/// switch durably first (closing the participants to new calls); the agent retires the source,
+/// re-verifies the target's bytes, repoints the binding, writes a protected receipt and
+/// discovers the schemas; the store then commits version, readiness and schemas in one step (and
+/// revokes the bot's binding that was already at the target, once drained). Retrying with the same
+/// operation id replays the receipt, or carries a pending switch on (the agent decides from its
+/// receipt whether it may).
+pub async fn switch(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path((bot_id, id)): Path<(String, String)>,
+    body: Body<SwitchIn>,
+) -> Result<Json<Value>, ApiError> {
+    let caller = auth.for_write(&state).await?;
+    let Json(w) = body?;
+    if w.operation_id.is_empty()
+        || w.operation_id.len() > 100
+        || !w.operation_id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Err(ApiError::invalid("operationId must be 1 to 100 of letters, digits, - and _"));
+    }
+    let sw = computerd_raft::sm::Switch {
+        operation_id: w.operation_id.clone(),
+        bot_id: bot_id.clone(),
+        binding_id: id.clone(),
+        from_version: String::new(),
+        to_version: w.version.clone(),
+        target_binding: None,
+        state: computerd_raft::sm::SwitchState::Reserved,
+        receipt: None,
+    };
+    let key = operation_key(&bot_id, &w.operation_id);
+    let seen = apply(&state, Command::SwitchReserve { by: caller.token.id.clone(), switch: sw }).await?;
+    state.cluster.read_barrier().await?;
+    let stored = state.cluster.state().read(|s| s.switches.get(&key).cloned());
+    let stored = stored.ok_or_else(|| ApiError::not_found("no such switch"))?;
+    match seen.as_deref() {
+        Some("done") => {
+            return Ok(Json(
+                json!({"operationId": w.operation_id, "bindingId": id, "replayed": true, "receipt": stored.receipt}),
+            ));
+        }
+        Some("reserved") => {}
+        other => {
+            let mut e = ApiError::new(ErrorKind::Conflict, format!("the switch is {}", other.unwrap_or("unknown")));
+            e.reason = other.map(str::to_string);
+            return Err(e);
+        }
+    }
+    let computer = state.cluster.state().read(|s| s.tool_bindings.get(&id).map(|b| b.computer_id.clone()));
+    let computer = computer.ok_or_else(|| ApiError::not_found("no such binding"))?;
+    // The bot's binding already at the target is drained first (it is revoked at commit).
+    if let Some(target) = &stored.target_binding {
+        let drained = agent_mcp(&state, &caller, &computer, json!({"op": "revoke", "bindingId": target})).await?;
+        if !matches!(&drained, Ok(r) if r["drained"] == true) {
+            let mut e = ApiError::new(ErrorKind::Conflict, "the target binding's processes are not confirmed stopped");
+            e.reason = Some("drain_incomplete".into());
+            return Err(e);
+        }
+    }
+    let request = json!({"op": "switch", "bindingId": id, "operationId": w.operation_id,
+        "fromVersion": stored.from_version, "version": w.version});
+    // A lost answer leaves the switch reserved: sending the same operation again carries it on.
+    match agent_mcp(&state, &caller, &computer, request).await? {
+        Ok(receipt) => {
+            apply(&state, Command::SwitchSettle { key, receipt: receipt.clone(), ok: true }).await?;
+            Ok(Json(json!({"operationId": w.operation_id, "bindingId": id, "replayed": false, "receipt": receipt})))
+        }
+        Err((reason, message)) => {
+            let refusal = json!({"reason": reason, "message": message});
+            apply(&state, Command::SwitchSettle { key, receipt: refusal, ok: false }).await?;
+            Err(rejected(reason, message))
+        }
+    }
 }
 
 /// `DELETE /api/bots/{botId}/tools/{bindingId}`: revoke.

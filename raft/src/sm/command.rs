@@ -325,6 +325,22 @@ pub enum Command {
         /// The MCP result.
         result: Option<serde_json::Value>,
     },
+    /// Reserves a version switch of a binding. Answers `reserved`, `done`, `failed` or `cancelled`.
+    SwitchReserve {
+        /// The caller's token id.
+        by: String,
+        /// The switch.
+        switch: super::tools::Switch,
+    },
+    /// The agent's answer to a switch: commit it (`ok`) or reopen the participants.
+    SwitchSettle {
+        /// The journal key.
+        key: String,
+        /// The receipt (version, sha256, tools) or the refusal.
+        receipt: serde_json::Value,
+        /// Whether it switched.
+        ok: bool,
+    },
     /// Replaces the capability rules.
     SetRules {
         /// The token id of the caller.
@@ -363,6 +379,8 @@ impl Command {
             Command::BindingRevoke { .. } => "binding_revoke",
             Command::OperationBegin { .. } => "operation_begin",
             Command::OperationFinish { .. } => "operation_finish",
+            Command::SwitchReserve { .. } => "switch_reserve",
+            Command::SwitchSettle { .. } => "switch_settle",
             Command::Bootstrap { .. } => "bootstrap",
             Command::CreateMember { .. } => "create_member",
             Command::CreateBot { .. } => "create_bot",

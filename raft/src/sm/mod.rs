@@ -42,5 +42,7 @@ pub use state::State;
 pub use tools::BindingState;
 pub use tools::Operation;
 pub use tools::OperationState;
+pub use tools::Switch;
+pub use tools::SwitchState;
 pub use tools::ToolBinding;
 pub use tools::operation_key;

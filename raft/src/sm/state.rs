@@ -86,6 +86,9 @@ pub struct State {
     /// The tool-call journal, by "bot\noperationId".
     #[serde(default)]
     pub operations: BTreeMap<String, Operation>,
+    /// Version switches of tool bindings, by "bot\noperationId".
+    #[serde(default)]
+    pub switches: BTreeMap<String, super::tools::Switch>,
 }
 
 /// An authenticated caller: a live token and what it speaks for.
@@ -171,6 +174,7 @@ impl State {
             }
             Command::BindingReserve { by, binding } => Some(self.binding_reserve(by, binding).map(Some)),
             Command::OperationBegin { by, operation } => Some(self.operation_begin(by, operation).map(Some)),
+            Command::SwitchReserve { by, switch } => Some(self.switch_reserve(by, switch).map(Some)),
             Command::LinkUp { computer_id, credential_hash, node_id, at_ms } => {
                 Some(self.link_up(computer_id, credential_hash, *node_id, *at_ms).map(|g| Some(g.to_string())))
             }
@@ -196,6 +200,7 @@ impl State {
             }
             Command::BindingRevoke { by, binding_id } => self.binding_revoke(by, binding_id),
             Command::OperationFinish { key, result } => self.operation_finish(key, result.as_ref()),
+            Command::SwitchSettle { key, receipt, ok } => self.switch_settle(key, receipt, *ok),
             Command::ReportActivity { marks } => {
                 self.report_activity(marks);
                 Ok(())
@@ -209,6 +214,7 @@ impl State {
             | Command::PlanPause { .. }
             | Command::BindingReserve { .. }
             | Command::OperationBegin { .. }
+            | Command::SwitchReserve { .. }
             | Command::LinkUp { .. } => Err(Reject::new(RejectKind::Invalid, "handled in apply")),
             Command::CreateProvider { by, provider } => self.create_provider(by, provider),
             Command::ClaimExecution { execution_id, claim, at_ms } => self.claim(execution_id, claim, *at_ms),

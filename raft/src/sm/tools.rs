@@ -28,6 +28,8 @@ pub enum BindingState {
     Ready,
     /// The install was refused.
     Failed,
+    /// Taking part in a version switch: closed to new calls until it ends.
+    Switching,
     /// Closed for good; its id never regains rights.
     Revoked,
 }
@@ -88,6 +90,42 @@ pub struct Operation {
     pub result: Option<Value>,
     /// Unix ms.
     pub started_at: u64,
+}
+
+/// Where a version switch stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SwitchState {
+    /// Durably reserved; the participants are closed to new calls.
+    Reserved,
+    /// Committed: version pointer, readiness and schemas in one step.
+    Done,
+    /// The agent refused it; the participants are open again.
+    Failed,
+    /// A participant was revoked; every participant is closed.
+    Cancelled,
+}
+
+/// A version switch of a binding, journaled by operation id.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Switch {
+    /// The caller's operation id.
+    pub operation_id: String,
+    /// The bot.
+    pub bot_id: String,
+    /// The binding that moves (keeps its UID and state).
+    pub binding_id: String,
+    /// The version it leaves.
+    pub from_version: String,
+    /// The version it moves to.
+    pub to_version: String,
+    /// The bot's binding already at the target version, drained and revoked by the switch.
+    pub target_binding: Option<String>,
+    /// Where it stands.
+    pub state: SwitchState,
+    /// The receipt once done (version, sha256, tools), or why it failed.
+    pub receipt: Option<Value>,
 }
 
 /// The journal key of an operation (operation ids are scoped to their bot).
@@ -158,13 +196,119 @@ impl State {
         }
     }
 
-    /// Closes a binding's admission for good (before the agent drains it).
+    /// Closes a binding's admission for good (before the agent drains it). Revoking a
+    /// participant of a pending switch cancels the switch and closes every participant.
     pub(crate) fn binding_revoke(&mut self, by: &str, id: &str) -> Result<(), Reject> {
         let caller = self.caller_by_token_id(by)?;
         let b = self.tool_bindings.get(id).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such binding"))?;
         self.tool_bot(&caller, &b.bot_id)?;
-        if let Some(b) = self.tool_bindings.get_mut(id) {
-            b.state = BindingState::Revoked;
+        let mut closing = vec![id.to_string()];
+        for sw in self.switches.values_mut() {
+            let part = sw.binding_id == id || sw.target_binding.as_deref() == Some(id);
+            if sw.state == SwitchState::Reserved && part {
+                sw.state = SwitchState::Cancelled;
+                closing.push(sw.binding_id.clone());
+                closing.extend(sw.target_binding.clone());
+            }
+        }
+        for c in closing {
+            if let Some(b) = self.tool_bindings.get_mut(&c) {
+                b.state = BindingState::Revoked;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reserves a version switch (or finds the one this operation id reserved): the binding and
+    /// the bot's binding already at the target close to new calls. Answers the switch's state:
+    /// `reserved` (new or still pending: send it to the agent), `done`, `failed` or `cancelled`.
+    pub(crate) fn switch_reserve(&mut self, by: &str, sw: &Switch) -> Result<String, Reject> {
+        let caller = self.caller_by_token_id(by)?;
+        self.tool_bot(&caller, &sw.bot_id)?;
+        let key = operation_key(&sw.bot_id, &sw.operation_id);
+        if let Some(seen) = self.switches.get(&key) {
+            if seen.binding_id != sw.binding_id || seen.to_version != sw.to_version {
+                return Err(Reject::new(
+                    RejectKind::IdempotencyKeyReused,
+                    "this operationId was used with another request",
+                ));
+            }
+            return Ok(match seen.state {
+                SwitchState::Reserved => "reserved",
+                SwitchState::Done => "done",
+                SwitchState::Failed => "failed",
+                SwitchState::Cancelled => "cancelled",
+            }
+            .into());
+        }
+        let b = self
+            .tool_bindings
+            .get(&sw.binding_id)
+            .filter(|b| b.bot_id == sw.bot_id)
+            .ok_or_else(|| Reject::new(RejectKind::NotFound, "no such binding"))?
+            .clone();
+        if b.state != BindingState::Ready {
+            return Err(Reject::new(RejectKind::Conflict, format!("the binding is {:?}", b.state).to_lowercase()));
+        }
+        if b.version == sw.to_version {
+            return Err(Reject::new(RejectKind::Invalid, "the binding is already at that version"));
+        }
+        self.check_operate(&caller, &b.computer_id)?;
+        let target = self
+            .tool_bindings
+            .values()
+            .find(|t| {
+                t.id != b.id
+                    && t.bot_id == b.bot_id
+                    && t.computer_id == b.computer_id
+                    && t.package_id == b.package_id
+                    && t.version == sw.to_version
+                    && matches!(t.state, BindingState::Ready | BindingState::Installing)
+            })
+            .map(|t| t.id.clone());
+        let mut sw = sw.clone();
+        sw.from_version = b.version.clone();
+        sw.target_binding = target.clone();
+        sw.state = SwitchState::Reserved;
+        sw.receipt = None;
+        for id in std::iter::once(b.id.clone()).chain(target) {
+            if let Some(x) = self.tool_bindings.get_mut(&id) {
+                x.state = BindingState::Switching;
+            }
+        }
+        self.switches.insert(key, sw);
+        Ok("reserved".into())
+    }
+
+    /// The agent switched: version pointer, readiness and schemas change together; the target
+    /// binding is revoked. Or it refused: the participants open again.
+    pub(crate) fn switch_settle(&mut self, key: &str, receipt: &Value, ok: bool) -> Result<(), Reject> {
+        let sw = self.switches.get(key).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such switch"))?.clone();
+        if sw.state != SwitchState::Reserved {
+            return Err(Reject::new(RejectKind::Conflict, "the switch is not pending"));
+        }
+        if ok {
+            if let Some(b) = self.tool_bindings.get_mut(&sw.binding_id) {
+                b.version = sw.to_version.clone();
+                if let Some(sha) = receipt["sha256"].as_str() {
+                    b.sha256 = sha.to_string();
+                }
+                b.tools = receipt["tools"].clone();
+                b.state = BindingState::Ready;
+            }
+            if let Some(t) = sw.target_binding.as_ref().and_then(|t| self.tool_bindings.get_mut(t)) {
+                t.state = BindingState::Revoked;
+            }
+        } else {
+            for id in std::iter::once(&sw.binding_id).chain(sw.target_binding.as_ref()) {
+                if let Some(x) = self.tool_bindings.get_mut(id).filter(|x| x.state == BindingState::Switching) {
+                    x.state = BindingState::Ready;
+                }
+            }
+        }
+        if let Some(s) = self.switches.get_mut(key) {
+            s.state = if ok { SwitchState::Done } else { SwitchState::Failed };
+            s.receipt = Some(receipt.clone());
         }
         Ok(())
     }
