@@ -46,7 +46,10 @@ pub async fn run(server: String, cred: Credential, svc: AgentService) {
 }
 
 async fn connect_once(server: &str, cred: &Credential, svc: &AgentService) -> Result<(), String> {
-    let (ws, _) = tokio_tungstenite::connect_async(link_url(server)).await.map_err(|e| e.to_string())?;
+    // TCP_NODELAY: a small answer written in pieces must not wait for the node's delayed ACK
+    // (Nagle cost ~40 ms per call before).
+    let (ws, _) =
+        tokio_tungstenite::connect_async_with_config(link_url(server), None, true).await.map_err(|e| e.to_string())?;
     let (mut tx, mut rx) = ws.split();
     let hello = serde_json::json!({ "computerId": cred.computer_id, "credential": cred.credential });
     tx.send(Message::Text(hello.to_string().into())).await.map_err(|e| e.to_string())?;

@@ -1,5 +1,5 @@
-//! Shared parts of the computerd benchmarks `store-bench`, `exec-bench`, `agent-bench`, `docker-bench` and `cluster-bench`: the
-//! closed-loop workload runner ([`workload`]), settings from the environment ([`settings`]), for
+//! Shared parts of the computerd benchmarks (`store-bench`, `exec-bench`, `agent-bench`,
+//! `docker-bench`, `cluster-bench`, `mcp-bench`): the closed-loop workload runner ([`workload`]), settings from the environment ([`settings`]), for
 //! store-bench's reference, etcd clusters ([`etcd`]), and for agent-bench, a minimal agent link
 //! client and a plain WebSocket baseline ([`link_client`]).
 
