@@ -189,3 +189,66 @@ async fn flow(nodes: u64, agent_node: u64, api: u64, first_uid: &str) {
     let (s, _) = call("op-3", "old id").await;
     assert_eq!(s, 403, "the old binding id never regains rights");
 }
+
+/// A tool call whose answer is lost (the agent is SIGKILLed while the server sleeps) is recorded
+/// `unknown`; sending the same operation again reports that and does not run it again, even once
+/// the agent is back.
+#[tokio::test]
+async fn t30_a_lost_call_is_unknown_and_never_redone() {
+    let c = TestCluster::start(1).await;
+    let (id, code) = paired_computer(&c, "lost").await;
+    let workspace = c.dir.path().join("workspace");
+    std::fs::create_dir_all(&workspace).expect("workspace");
+    let pkg = c.dir.path().join("pkg");
+    std::fs::create_dir_all(&pkg).expect("pkg");
+    let fixture =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../agent/tests/fixtures/mcp_fixture_server.py");
+    std::fs::copy(fixture, pkg.join("server.py")).expect("fixture");
+    let archive = workspace.join("server.tar.gz");
+    let out = Command::new("tar").arg("-C").arg(&pkg).arg("-czf").arg(&archive).arg("server.py").output().expect("tar");
+    assert!(out.status.success());
+    let digest = hex::encode(sha2::Sha256::digest(std::fs::read(&archive).expect("archive")));
+    let state = c.dir.path().join("agent");
+    let ws = workspace.to_string_lossy().into_owned();
+    let log = c.dir.path().join("agent.log");
+    let flags = ["--workdir", ws.as_str(), "--mcp-first-uid", "240000"];
+    let mut agent = AgentProc::spawn_with(&c.url(1, ""), &state, Some(&code), &log, &flags);
+    wait_state(&c, &id, "running").await;
+    let (_, bot) = c.call(Method::POST, 1, "/v1/bots", &c.token, Some(json!({"name": "lostbot"}))).await;
+    let bot = bot["id"].as_str().expect("bot").to_string();
+    c.call(Method::PUT, 1, &format!("/v1/computers/{id}/bots/{bot}"), &c.token, None).await;
+    let manifest = json!({"id": "lost.server", "version": "1.0.0", "sha256": digest,
+        "entrypoint": ["python3", "./server.py"], "share_immutable_package": true});
+    let body = json!({"artifactPath": "server.tar.gz", "manifest": manifest});
+    let (s, v) = c.call(Method::POST, 1, &format!("/api/bots/{bot}/tools/install"), &c.token, Some(body)).await;
+    assert_eq!(s, 201, "{v}");
+    let binding = v["bindingId"].as_str().expect("binding").to_string();
+
+    let marker = c.dir.path().join("shared");
+    std::fs::create_dir_all(&marker).expect("shared");
+    std::fs::set_permissions(&marker, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).expect("chmod");
+    let pidfile = marker.join("started.pid");
+    let body =
+        json!({"operationId": "op-lost", "tool": "pid_then_sleep", "arguments": {"path": pidfile, "seconds": 20}});
+    let url = c.url(1, &format!("/api/bots/{bot}/tools/{binding}/call"));
+    let pending = {
+        let (http, token, body, url) = (c.http.clone(), c.token.clone(), body.clone(), url.clone());
+        tokio::spawn(
+            async move { http.post(url).bearer_auth(token).json(&body).send().await.map(|r| r.status().as_u16()) },
+        )
+    };
+    computerd_tests::wait_for("the tool to start", std::time::Duration::from_secs(20), || async {
+        std::fs::read_to_string(&pidfile).ok().filter(|p| !p.is_empty()).map(|_| ())
+    })
+    .await;
+    agent.kill();
+    let status = pending.await.expect("join").expect("an answer");
+    assert!(status >= 500, "the call's answer was lost: {status}");
+    std::fs::remove_file(&pidfile).expect("rm");
+
+    let _agent = AgentProc::spawn_with(&c.url(1, ""), &state, None, &log, &flags);
+    wait_state(&c, &id, "running").await;
+    let (s, v) = c.call(Method::POST, 1, &format!("/api/bots/{bot}/tools/{binding}/call"), &c.token, Some(body)).await;
+    assert_eq!((s, reason(&v)), (409, "outcome_unknown"), "{v}");
+    assert!(!pidfile.exists(), "the call was not run again");
+}
