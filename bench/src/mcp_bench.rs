@@ -5,8 +5,9 @@
 //!   re-verify the package's files (tree digest), start the stdio server under the binding's UID
 //!   with its limits (setsid, RLIMIT_AS/NPROC/NOFILE, no_new_privs), MCP `initialize`,
 //!   `tools/call echo`, close, then kill every process of the UID and confirm none is left.
-//! - **bare**: rmcp's client starting `python3 server.py` (the same file) as a plain child, the
-//!   same `initialize` and `tools/call`, then closing it.
+//! - **bare**: rmcp's client starting the same interpreter on `server.py` (the same file) as a
+//!   plain child with the same small environment, the same `initialize` and `tools/call`, then
+//!   closing the session (its clean-up).
 //!
 //! Both start a fresh server per call (no resident instance), alternate, and are timed from the
 //! request to the result. The server is the stdlib-only fixture of the agent's tests. Needs root
@@ -52,8 +53,19 @@ fn ms(d: Duration) -> f64 {
 
 async fn bare_call(server: &std::path::Path) -> Result<Duration> {
     let t0 = Instant::now();
-    let mut cmd = tokio::process::Command::new("python3");
-    cmd.arg(server).current_dir(server.parent().context("server dir")?);
+    // The same interpreter the runner finds (its PATH), and the same small environment: only the
+    // UID, the limits, the checks and the clean-up differ.
+    let python = ["/usr/local/bin/python3", "/usr/bin/python3", "/bin/python3"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .context("no python3 on the runner's PATH")?;
+    let mut cmd = tokio::process::Command::new(python);
+    cmd.arg(server)
+        .current_dir(server.parent().context("server dir")?)
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("HOME", server.parent().context("server dir")?)
+        .env("LANG", "C.UTF-8");
     let transport = rmcp::transport::TokioChildProcess::builder(cmd)
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -62,8 +74,9 @@ async fn bare_call(server: &std::path::Path) -> Result<Duration> {
     let client = ().serve(transport).await.context("initialize")?;
     let params = serde_json::from_value(json!({"name": "echo", "arguments": {"text": "x"}}))?;
     let r = client.call_tool(params).await.context("call")?;
-    let d = t0.elapsed();
+    // A bare client's clean-up: close the session (the server exits on end of input).
     let _ = client.cancel().await;
+    let d = t0.elapsed();
     if serde_json::to_value(&r)?["content"][0]["text"] != "x" {
         bail!("the bare call answered {r:?}");
     }
@@ -139,7 +152,7 @@ async fn main() -> Result<()> {
         )
     };
     row("computerd: verify files + server under its UID and limits + kill the UID", &a);
-    row("bare: rmcp client + python3 server.py as a plain child", &b);
+    row("bare: rmcp client + the same python3 server.py as a plain child", &b);
     let ratio = ms(percentile(&a, 0.5)) / ms(percentile(&b, 0.5)).max(f64::EPSILON);
     let ratio99 = ms(percentile(&a, 0.99)) / ms(percentile(&b, 0.99)).max(f64::EPSILON);
     println!(

@@ -170,25 +170,24 @@ fn command(spec: &ServerSpec) -> Result<tokio::process::Command, RunError> {
     Ok(cmd)
 }
 
-/// The processes whose real UID is `uid`.
+/// The live (not zombie) processes of `uid`. The owner of `/proc/<pid>` is the process's
+/// effective UID, which for a binding's processes is also the real one (they cannot change it):
+/// one `stat` per process, and the status file only for the matches.
 fn pids_of(uid: u32) -> Vec<i32> {
+    use std::os::unix::fs::MetadataExt;
     let mut out = Vec::new();
     let Ok(dir) = std::fs::read_dir("/proc") else { return out };
     for e in dir.flatten() {
         let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
+        if e.metadata().ok().map(|m| m.uid()) != Some(uid) {
+            continue;
+        }
         let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { continue };
         // A zombie holds nothing; its parent (or init) reaps it.
         if status.lines().any(|l| l.starts_with("State:") && l.contains("Z (zombie)")) {
             continue;
         }
-        let real = status
-            .lines()
-            .find_map(|l| l.strip_prefix("Uid:"))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse::<u32>().ok());
-        if real == Some(uid) {
-            out.push(pid);
-        }
+        out.push(pid);
     }
     out
 }
@@ -200,7 +199,10 @@ pub async fn kill_uid(uid: u32) -> Drain {
         return Drain { confirmed: false, killed: 0 };
     }
     let mut killed = 0;
-    for _ in 0..100 {
+    // Between rounds, a short wait that grows: a killed process is gone within microseconds, a
+    // fork racing the kills is caught by a later round. About 2 s in all before giving up.
+    let mut pause = Duration::from_micros(100);
+    for _ in 0..40 {
         let pids = pids_of(uid);
         if pids.is_empty() {
             return Drain { confirmed: true, killed };
@@ -211,7 +213,8 @@ pub async fn kill_uid(uid: u32) -> Drain {
                 killed += 1;
             }
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(100));
     }
     Drain { confirmed: pids_of(uid).is_empty(), killed }
 }
