@@ -131,6 +131,7 @@ impl Agent for AgentService {
                 &r.owner,
                 &r.data,
                 r.from_offset,
+                r.repeat,
                 Duration::from_millis(r.yield_ms as u64),
                 r.max_output_bytes as usize,
             )

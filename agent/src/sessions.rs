@@ -23,6 +23,9 @@ use crate::output::OutputBuf;
 
 /// Output kept per session.
 const BUFFER_BYTES: usize = 8 << 20;
+/// How long, and how many, sessions whose end was answered are kept for repeated reads.
+const ANSWERED_FOR: Duration = Duration::from_secs(120);
+const ANSWERED_KEPT: usize = 1024;
 /// A session unused this long is ended (the default of [`Sessions::start_reaper`]).
 pub const IDLE_LIMIT: Duration = Duration::from_secs(30 * 60);
 
@@ -156,6 +159,9 @@ pub struct Ended {
 #[derive(Default, Clone)]
 pub struct Sessions {
     inner: Arc<Mutex<HashMap<String, Arc<Session>>>>,
+    /// Sessions whose end was answered, kept for a while so that a read whose answer was lost
+    /// can be repeated from its offset (`fromOffset`); oldest first.
+    answered: Arc<Mutex<std::collections::VecDeque<(String, Instant, Arc<Session>)>>>,
     /// Ends not yet delivered to a node, oldest first (bounded).
     ended: Arc<Mutex<std::collections::VecDeque<Ended>>>,
     ended_changed: Arc<Notify>,
@@ -337,9 +343,25 @@ impl Sessions {
         s.touch();
         let r = s.reply(from, max);
         if !r.running {
-            self.inner.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+            let gone = self.inner.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+            if let Some(gone) = gone {
+                let mut kept = self.answered.lock().unwrap_or_else(|p| p.into_inner());
+                kept.push_back((id.to_string(), Instant::now(), gone));
+                while kept.len() > ANSWERED_KEPT || kept.front().is_some_and(|k| k.1.elapsed() > ANSWERED_FOR) {
+                    kept.pop_front();
+                }
+            }
         }
         r
+    }
+
+    /// A session whose end was already answered, for a repeated read from an offset.
+    fn answered(&self, id: &str, owner: &str) -> Option<Arc<Session>> {
+        let kept = self.answered.lock().unwrap_or_else(|p| p.into_inner());
+        kept.iter()
+            .rev()
+            .find(|(k, at, s)| k == id && s.owner == owner && at.elapsed() <= ANSWERED_FOR)
+            .map(|(_, _, s)| s.clone())
     }
 
     /// Writes input (may be empty: only read) and waits up to `yield_for`.
@@ -350,10 +372,20 @@ impl Sessions {
         owner: &str,
         data: &[u8],
         from: Option<u64>,
+        repeat: bool,
         yield_for: Duration,
         max: usize,
     ) -> Result<Reply, SessionError> {
-        let s = self.get(id, owner)?;
+        let s = match (self.get(id, owner), from) {
+            (Ok(s), _) => s,
+            // Its end was answered, but that answer may have been lost: a repeated read from an
+            // offset the caller named (and only a read) gets the same end again.
+            (Err(SessionError::NotFound), Some(from)) if repeat && data.is_empty() => {
+                let done = self.answered(id, owner).ok_or(SessionError::NotFound)?;
+                return Ok(done.reply(Some(from), max));
+            }
+            (Err(e), _) => return Err(e),
+        };
         s.touch();
         if !data.is_empty() {
             let mut input = s.input.lock().await;
@@ -453,15 +485,38 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_answered_end_can_be_read_again_from_an_offset() {
+        let s = Sessions::default();
+        let r = s.start("r", spec("echo one; sleep 0.3; echo two"), Duration::from_millis(250), 1000).await;
+        let r = r.expect("start");
+        assert!(r.running);
+        let first = s.input("r", "", b"", None, false, Duration::from_secs(5), 1000).await.expect("read");
+        assert_eq!((first.running, first.chunk.text.as_str()), (false, "two\n"));
+        // That answer was lost: a plain call is told the session is gone, a repeated read from the
+        // offset before it gets the same end again, and only the owner does.
+        assert!(matches!(
+            s.input("r", "", b"", None, false, Duration::from_millis(250), 1000).await,
+            Err(SessionError::NotFound)
+        ));
+        let from = Some(r.chunk.offset);
+        let again = s.input("r", "", b"", from, true, Duration::from_millis(250), 1000).await.expect("again");
+        assert_eq!((again.running, again.chunk.text.as_str(), again.exit_code), (false, "two\n", Some(0)));
+        assert!(matches!(
+            s.input("r", "stranger", b"", from, true, Duration::from_millis(250), 1000).await,
+            Err(SessionError::NotFound)
+        ));
+    }
+
+    #[tokio::test]
     async fn input_reaches_the_command_and_kill_ends_the_group() {
         let s = Sessions::default();
         let r = s.start("c", spec("cat"), Duration::from_millis(250), 1000).await.expect("start");
         assert!(r.running);
         assert!(matches!(
-            s.input("c", "someone-else", b"x", None, Duration::from_millis(250), 10).await,
+            s.input("c", "someone-else", b"x", None, false, Duration::from_millis(250), 10).await,
             Err(SessionError::NotFound)
         ));
-        let r = s.input("c", "", b"ping\n", None, Duration::from_millis(500), 1000).await.expect("input");
+        let r = s.input("c", "", b"ping\n", None, false, Duration::from_millis(500), 1000).await.expect("input");
         assert_eq!(r.chunk.text, "ping\n");
         let r = s
             .start("k", spec("trap '' HUP; sleep 1000 & sleep 1000"), Duration::from_millis(250), 1000)

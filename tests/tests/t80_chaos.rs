@@ -146,6 +146,7 @@ async fn session_runner(api: Api, computer: String, k: usize, stop: Arc<AtomicBo
         let mut offset = v["offset"].as_u64();
         let started = Instant::now();
         let url = format!("/v1/computers/{computer}/sessions/{sid}/input");
+        let mut last_refusal = String::new();
         let done = loop {
             if started.elapsed() > Duration::from_secs(60) {
                 break false;
@@ -160,12 +161,15 @@ async fn session_runner(api: Api, computer: String, k: usize, stop: Arc<AtomicBo
                     }
                 }
                 // Not reachable yet, or the answer was lost: read again from the same offset.
-                _ => tokio::time::sleep(Duration::from_millis(50)).await,
+                other => {
+                    last_refusal = format!("{other:?}");
+                    tokio::time::sleep(Duration::from_millis(50)).await
+                }
             }
         };
         let expected: String = (1..=40).map(|i| format!("{tag}-{i}\n")).collect();
         if !done {
-            violations.push(format!("{tag}: not read to its end within 60 s"));
+            violations.push(format!("{tag}: not read to its end within 60 s; last refusal: {last_refusal}"));
         } else if output != expected {
             violations.push(format!("{tag}: output differs: {output:?}"));
         } else {

@@ -289,6 +289,7 @@ pub async fn input(
         yield_ms,
         max_output_bytes: max,
         from_offset: b.from_offset,
+        repeat: b.from_offset.is_some(),
         owner: owner_of(&caller),
     };
     let r = ask(&h, |reply| SessionMessage::Input(agent, req, reply)).await?;
