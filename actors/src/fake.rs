@@ -98,7 +98,13 @@ impl FakeProvider {
             .append(true)
             .open(&self.journal)
             .map_err(|e| ProviderError::NotSent(format!("journal: {e}")))?;
-        writeln!(f, "{line}").and_then(|_| f.sync_data()).map_err(|e| ProviderError::NotSent(format!("journal: {e}")))
+        // One write per line: nodes (a deposed leader finishing a call it had sent, and the new
+        // one) append to the same journal, and formatted writes could interleave mid-line.
+        let mut text = line.to_string();
+        text.push('\n');
+        f.write_all(text.as_bytes())
+            .and_then(|_| f.sync_data())
+            .map_err(|e| ProviderError::NotSent(format!("journal: {e}")))
     }
 
     fn lines(&self) -> Vec<Value> {

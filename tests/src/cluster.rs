@@ -108,10 +108,11 @@ impl TestCluster {
 
     /// The journal lines of a fake provider: one per effect that reached it.
     pub fn journal(&self, provider_id: &str) -> Vec<Value> {
-        fs::read_to_string(self.fake_dir().join(format!("{provider_id}.jsonl")))
-            .unwrap_or_default()
-            .lines()
-            .map(|l| serde_json::from_str(l).expect("journal line"))
+        let text = fs::read_to_string(self.fake_dir().join(format!("{provider_id}.jsonl"))).unwrap_or_default();
+        // Only whole lines: a line without its newline is being written right now.
+        text.split_inclusive('\n')
+            .filter(|l| l.ends_with('\n'))
+            .map(|l| serde_json::from_str(l.trim_end()).expect("journal line"))
             .collect()
     }
 
