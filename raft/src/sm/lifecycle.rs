@@ -679,7 +679,6 @@ mod tests {
     use crate::sm::identity::Token;
     use crate::sm::model::Provider;
     use crate::sm::model::ProviderKind;
-    use crate::sm::model::Requester;
 
     const OWNER: &str = "tok_owner";
 
@@ -742,25 +741,7 @@ mod tests {
 
     fn submit(by: &str, kind: ExecutionKind, computer: &str, key: &str, body: &str) -> Command {
         let n = format!("{key}-{body}-{by}");
-        let exe = Execution {
-            id: format!("exe_{n}"),
-            command_key: key.into(),
-            body_hash: body.into(),
-            kind,
-            computer_id: computer.into(),
-            state: ExecutionState::Pending,
-            requester: Requester { token_id: String::new(), member_id: String::new(), bot_id: None },
-            approval: None,
-            claim: None,
-            dispatched_at: None,
-            error: None,
-            decision: None,
-            late_answer: None,
-            pairing_code: None,
-            pairing_expires_at: None,
-            created_at: 1,
-            finished_at: None,
-        };
+        let exe = Execution::pending(&format!("exe_{n}"), key, body, kind, computer, 1);
         let owner = if by == OWNER || by.starts_with("tok_bot") { "mem_o" } else { "mem_x" };
         let c = (kind == ExecutionKind::Create).then(|| Computer {
             id: computer.into(),
