@@ -57,6 +57,11 @@ use anyhow::Result;
 use anyhow::bail;
 use computer_agent::pairing::Credential;
 use computerd_bench::link_client;
+use computerd_bench::report::ERROR_SAMPLES;
+use computerd_bench::report::call_json;
+use computerd_bench::report::excerpt;
+use computerd_bench::report::loadavg;
+use computerd_bench::report::panics;
 use computerd_bench::settings;
 use computerd_bench::workload::Timing;
 use computerd_bench::workload::percentile_ms;
@@ -104,8 +109,6 @@ const POLL_EVERY: Duration = Duration::from_millis(50);
 const SETTLE_BOUND: Duration = Duration::from_secs(60);
 /// Pause after a failed operation, so a broken part does not spin.
 const ERROR_PAUSE: Duration = Duration::from_millis(10);
-/// Error messages kept per operation.
-const ERROR_SAMPLES: usize = 3;
 /// Open files needed besides one per link (sockets, logs, the store).
 const FD_MARGIN: u64 = 512;
 
@@ -446,27 +449,6 @@ impl Api {
     async fn input(&self, computer: &str, sid: &str, chars: &str, yield_ms: u32) -> Result<Value> {
         let body = json!({"chars": chars, "yieldTimeMs": yield_ms});
         self.post(&format!("/v1/computers/{computer}/sessions/{sid}/input"), body, StatusCode::OK).await
-    }
-}
-
-/// Sends `req` and answers its JSON body when the status is `expected`.
-async fn call_json(req: reqwest::RequestBuilder, expected: StatusCode) -> Result<Value> {
-    let resp = req.send().await?;
-    let status = resp.status();
-    let body = resp.bytes().await?;
-    if status != expected {
-        let text = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
-        bail!("HTTP {status}: {text}");
-    }
-    serde_json::from_slice(&body).context("the answer is not JSON")
-}
-
-/// A JSON value for an error message, cut to 200 characters.
-fn excerpt(v: &Value) -> String {
-    let s = v.to_string();
-    match s.char_indices().nth(200) {
-        Some((i, _)) => format!("{}…", &s[..i]),
-        None => s,
     }
 }
 
@@ -905,27 +887,6 @@ async fn part_plain(conns: usize) -> Result<PlainMemory> {
 
 // ---------------------------------------------------------------------------------------------
 // The run.
-
-/// `/proc/loadavg`'s three load averages.
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|e| format!("unknown ({e})"))
-}
-
-/// The first few panics in a node's log, each with the line after it (the message).
-fn panics(c: &TestCluster) -> Vec<String> {
-    let Some(node) = c.nodes.get(&1) else { return Vec::new() };
-    let text = std::fs::read_to_string(&node.log).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines
-        .iter()
-        .enumerate()
-        .filter(|(_, l)| l.contains("panicked at"))
-        .take(ERROR_SAMPLES)
-        .map(|(i, l)| format!("{} {}", l.trim(), lines.get(i + 1).map_or("", |m| m.trim())))
-        .collect()
-}
 
 /// The last lines of a log file.
 fn log_tail(path: &Path, lines: usize) -> String {

@@ -40,6 +40,11 @@ use std::time::Instant;
 use anyhow::Context;
 use anyhow::Result;
 use anyhow::bail;
+use computerd_bench::report::ERROR_SAMPLES;
+use computerd_bench::report::call_json;
+use computerd_bench::report::excerpt;
+use computerd_bench::report::loadavg;
+use computerd_bench::report::panics;
 use computerd_bench::settings;
 use computerd_bench::workload;
 use computerd_bench::workload::Op;
@@ -69,8 +74,6 @@ const LINK_BOUND: Duration = Duration::from_secs(60);
 const POLL_EVERY: Duration = Duration::from_millis(50);
 /// Pause after a failed request, so a broken part does not spin.
 const ERROR_PAUSE: Duration = Duration::from_millis(10);
-/// Error messages kept per operation.
-const ERROR_SAMPLES: usize = 3;
 
 /// Goal of part 1: non-owner p50 ÷ owner p50.
 const GOAL_ROUTED_P50_RATIO: f64 = 1.1;
@@ -222,27 +225,6 @@ struct Cell {
 
 // ---------------------------------------------------------------------------------------------
 // Calls.
-
-/// Sends `req` and answers its JSON body when the status is `expected`.
-async fn call_json(req: reqwest::RequestBuilder, expected: StatusCode) -> Result<Value> {
-    let resp = req.send().await?;
-    let status = resp.status();
-    let body = resp.bytes().await?;
-    if status != expected {
-        let text = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
-        bail!("HTTP {status}: {text}");
-    }
-    serde_json::from_slice(&body).context("the answer is not JSON")
-}
-
-/// A JSON value for an error message, cut to 200 characters.
-fn excerpt(v: &Value) -> String {
-    let s = v.to_string();
-    match s.char_indices().nth(200) {
-        Some((i, _)) => format!("{}…", &s[..i]),
-        None => s,
-    }
-}
 
 /// `POST url` with `body` and the token; answers the time to the whole answer and the answer.
 async fn post_timed(http: &reqwest::Client, token: &str, url: &str, body: &Value) -> Result<(Duration, Value)> {
@@ -539,31 +521,6 @@ async fn part_lb(c: &TestCluster, http: &reqwest::Client, writers: &[usize], tim
 
 // ---------------------------------------------------------------------------------------------
 // The run.
-
-/// `/proc/loadavg`'s three load averages.
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|e| format!("unknown ({e})"))
-}
-
-/// The first few panics in the nodes' logs, each with the line after it (the message).
-fn panics(c: &TestCluster) -> Vec<String> {
-    let mut out = Vec::new();
-    for node in c.nodes.values() {
-        let text = std::fs::read_to_string(&node.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        out.extend(
-            lines
-                .iter()
-                .enumerate()
-                .filter(|(_, l)| l.contains("panicked at"))
-                .take(ERROR_SAMPLES)
-                .map(|(i, l)| format!("node {}: {} {}", node.id, l.trim(), lines.get(i + 1).map_or("", |m| m.trim()))),
-        );
-    }
-    out
-}
 
 fn print_summary(part: &str, s: &Summary) {
     println!(

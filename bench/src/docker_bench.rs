@@ -49,6 +49,11 @@ use std::time::Instant;
 use anyhow::Context;
 use anyhow::Result;
 use anyhow::bail;
+use computerd_bench::report::ERROR_SAMPLES;
+use computerd_bench::report::call_json;
+use computerd_bench::report::excerpt;
+use computerd_bench::report::loadavg;
+use computerd_bench::report::panics;
 use computerd_bench::settings;
 use computerd_bench::workload::percentile_ms;
 use computerd_raft::sm::Computer;
@@ -83,8 +88,6 @@ const POLL_EVERY: Duration = Duration::from_millis(5);
 const SETTLE_BOUND: Duration = Duration::from_secs(60);
 /// Pause after a failed operation, so a broken part does not spin.
 const ERROR_PAUSE: Duration = Duration::from_millis(100);
-/// Error messages kept per operation.
-const ERROR_SAMPLES: usize = 3;
 
 /// Part 4: Computers in the plan.
 const PLANNED: usize = 100_000;
@@ -414,27 +417,6 @@ impl Api {
             }
             tokio::time::sleep(POLL_EVERY * 4).await;
         }
-    }
-}
-
-/// Sends `req` and answers its JSON body when the status is `expected`.
-async fn call_json(req: reqwest::RequestBuilder, expected: StatusCode) -> Result<Value> {
-    let resp = req.send().await?;
-    let status = resp.status();
-    let body = resp.bytes().await?;
-    if status != expected {
-        let text = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
-        bail!("HTTP {status}: {text}");
-    }
-    serde_json::from_slice(&body).context("the answer is not JSON")
-}
-
-/// A JSON value for an error message, cut to 200 characters.
-fn excerpt(v: &Value) -> String {
-    let s = v.to_string();
-    match s.char_indices().nth(200) {
-        Some((i, _)) => format!("{}…", &s[..i]),
-        None => s,
     }
 }
 
@@ -980,27 +962,6 @@ fn part_scheduler(planned: usize, samples: usize) -> Result<Vec<TickCase>> {
 
 // ---------------------------------------------------------------------------------------------
 // The run.
-
-/// `/proc/loadavg`'s three load averages.
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|e| format!("unknown ({e})"))
-}
-
-/// The first few panics in node 1's log, each with the line after it (the message).
-fn panics(c: &TestCluster) -> Vec<String> {
-    let Some(node) = c.nodes.get(&1) else { return Vec::new() };
-    let text = std::fs::read_to_string(&node.log).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines
-        .iter()
-        .enumerate()
-        .filter(|(_, l)| l.contains("panicked at"))
-        .take(ERROR_SAMPLES)
-        .map(|(i, l)| format!("{} {}", l.trim(), lines.get(i + 1).map_or("", |m| m.trim())))
-        .collect()
-}
 
 /// Part 4's samples: cheap, so at least 20 (a p99 of 5 samples is their max).
 fn tick_samples(samples: usize) -> usize {

@@ -37,6 +37,7 @@ use std::time::Instant;
 use anyhow::Context;
 use anyhow::Result;
 use anyhow::bail;
+use computerd_bench::report::call_json;
 use computerd_bench::settings;
 use computerd_bench::workload;
 use computerd_bench::workload::Op;
@@ -319,18 +320,6 @@ async fn create_provider(http: &reqwest::Client, url: &str, token: &str) -> Resu
         .await
         .context("create the fake provider")?;
     Ok(v.get("id").and_then(Value::as_str).context("the provider has no id")?.to_string())
-}
-
-/// Sends `req` and answers its JSON body when the status is `expected`.
-async fn call_json(req: reqwest::RequestBuilder, expected: StatusCode) -> Result<Value> {
-    let resp = req.send().await?;
-    let status = resp.status();
-    let body = resp.bytes().await?;
-    if status != expected {
-        let text = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
-        bail!("HTTP {status}: {text}");
-    }
-    serde_json::from_slice(&body).context("the answer is not JSON")
 }
 
 /// Every Computer the owner sees (a linearizable read on the node behind `url`).

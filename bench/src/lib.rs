@@ -1,10 +1,12 @@
 //! Shared parts of the computerd benchmarks (`store-bench`, `exec-bench`, `agent-bench`,
-//! `docker-bench`, `cluster-bench`, `mcp-bench`): the closed-loop workload runner ([`workload`]), settings from the environment ([`settings`]), for
-//! store-bench's reference, etcd clusters ([`etcd`]), and for agent-bench, a minimal agent link
-//! client and a plain WebSocket baseline ([`link_client`]).
+//! `docker-bench`, `cluster-bench`, `mcp-bench`): the closed-loop workload runner
+//! ([`workload`]), settings from the environment ([`settings`]), JSON calls and report helpers
+//! ([`report`]), for store-bench's reference, etcd clusters ([`etcd`]), and for agent-bench, a
+//! minimal agent link client and a plain WebSocket baseline ([`link_client`]).
 
 pub mod base64;
 pub mod etcd;
 pub mod link_client;
+pub mod report;
 pub mod settings;
 pub mod workload;

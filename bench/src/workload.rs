@@ -17,12 +17,10 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::base64;
+use crate::report::ERROR_SAMPLES;
 
 /// Pause after a failed request, so a down endpoint does not turn a writer into a busy loop.
 const ERROR_PAUSE: Duration = Duration::from_millis(10);
-
-/// Error messages kept per cell for the report.
-const ERROR_SAMPLES: usize = 3;
 
 /// What one write is.
 pub enum Op {
