@@ -226,16 +226,17 @@ impl Tools {
         }
     }
 
-    /// Handles one request.
+    /// Handles one request. Requests that change the registry (install, switch, revoke) run one
+    /// at a time; calls and discoveries only read it, so one binding's long call holds up no other.
     pub async fn handle(&self, req: McpRequest) -> McpReply {
-        let _one_at_a_time = self.lock.lock().await;
+        let changes = !matches!(req, McpRequest::Call { .. } | McpRequest::Discover { .. });
+        let _writer = if changes { Some(self.lock.lock().await) } else { None };
         match req {
             McpRequest::Install { binding_id, artifact_path, manifest } => {
                 self.install(&binding_id, &artifact_path, &manifest).await
             }
             McpRequest::Discover { binding_id } => match self.ready(&binding_id) {
-                Ok((b, spec)) => {
-                    drop(b);
+                Ok((_, spec)) => {
                     let (r, _) = runner::discover(&spec).await;
                     r.map(McpReply::ok).unwrap_or_else(|e| McpReply::fail(run_reason(&e), e.to_string()))
                 }
