@@ -82,11 +82,7 @@ pub async fn run_reporter(
     every: Duration,
     mut stop: watch::Receiver<bool>,
 ) {
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(every) => {}
-            _ = stop.wait_for(|s| *s) => return,
-        }
+    while crate::tick(every, &mut stop).await {
         let marks: Vec<(String, u64)> = {
             let all = activity.take(now_ms());
             cluster.state().read(|s| all.into_iter().filter(|(id, _)| s.plan.contains_key(id)).collect())
@@ -107,11 +103,7 @@ const PAUSES_PER_TICK: usize = 256;
 /// On the leader, every `every`: asks for the idle pause of each due Computer (the store turns
 /// each into one execution per plan version; the driver runs it like any other).
 pub async fn run_scheduler(cluster: Cluster, every: Duration, mut stop: watch::Receiver<bool>) {
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(every) => {}
-            _ = stop.wait_for(|s| *s) => return,
-        }
+    while crate::tick(every, &mut stop).await {
         if cluster.view().leader_id != Some(cluster.id()) {
             continue;
         }

@@ -28,3 +28,11 @@ pub mod watch;
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
+
+/// Waits `every`; answers false once `stop` turns true instead (for periodic background tasks).
+pub async fn tick(every: std::time::Duration, stop: &mut tokio::sync::watch::Receiver<bool>) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(every) => true,
+        _ = stop.wait_for(|s| *s) => false,
+    }
+}

@@ -25,11 +25,7 @@ pub async fn run_sandbox_watch(
     every: Duration,
     mut stop: watch::Receiver<bool>,
 ) {
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(every) => {}
-            _ = stop.wait_for(|s| *s) => return,
-        }
+    while crate::tick(every, &mut stop).await {
         if cluster.view().leader_id == Some(cluster.id()) {
             pass(&cluster, &providers).await;
         }
