@@ -106,7 +106,12 @@ impl ComputerState {
 
     async fn handle_run(&mut self, exe_id: &str) {
         let claim = new_claim();
-        let claimed = Command::ClaimExecution { execution_id: exe_id.into(), claim: claim.clone(), at_ms: now_ms() };
+        let claimed = Command::ClaimExecution {
+            execution_id: exe_id.into(),
+            claim: claim.clone(),
+            node: Some(self.args.cluster.id()),
+            at_ms: now_ms(),
+        };
         if !matches!(self.propose(claimed).await, Some(Response::Ok)) {
             return;
         }

@@ -5,8 +5,9 @@
 //! - [`session`]: `SessionActor`, one per command session, running its calls in order.
 //! - [`idle`]: the node side of idle pause: work seen, reported in batches; the leader's scheduler.
 //! - [`watch`]: the leader's check that running and paused sandboxes still exist.
-//! - [`driver`]: hands claimable executions to Computer actors on the leader; settles executions a
-//!   lost driver left behind.
+//! - [`driver`]: on every node, hands the claimable executions of the Computers placed on it to
+//!   their Computer actors; settles calls whose sender is gone.
+//! - [`placement`]: the leader's record of the live nodes, over which the store places Computers.
 //! - [`provider`]: the adapter contract (no retries, no self-resume, precise failure kinds);
 //!   [`docker`] drives the local Docker engine; [`fake`] is the fault-injecting adapter for tests;
 //!   [`factory`] builds adapters.
@@ -20,6 +21,7 @@ pub mod factory;
 pub mod fake;
 pub mod idle;
 pub mod link;
+pub mod placement;
 pub mod provider;
 pub mod session;
 pub mod watch;

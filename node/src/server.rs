@@ -94,20 +94,25 @@ pub async fn serve(cfg: ServeConfig, shutdown: impl Future<Output = ()> + Send +
     run(cfg, listeners, shutdown).await
 }
 
-/// Completes on SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
+/// Completes on SIGTERM or SIGINT. The handlers are installed when this is called, not when the
+/// future is first polled: a signal that arrives while the node starts is not the default
+/// (killing) action. Call it inside the runtime.
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
     use tokio::signal::unix::SignalKind;
     use tokio::signal::unix::signal;
-    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => {},
-                _ = int.recv() => {},
+    let handlers = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()));
+    async move {
+        match handlers {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {},
+                    _ = int.recv() => {},
+                }
             }
+            _ => std::future::pending::<()>().await,
         }
-        _ => std::future::pending::<()>().await,
+        tracing::info!("shutdown signal received");
     }
-    tracing::info!("shutdown signal received");
 }
 
 /// Runs a node on the given listeners until `shutdown` completes.
@@ -163,9 +168,17 @@ pub async fn run(
     }
     tracing::info!(node_id = cfg.node_id, %addr, "node serving");
 
-    // 5. The execution driver (acts while this node leads) and HTTP.
+    // 5. The execution driver (drives the Computers placed on this node), the leader's record of
+    //    the live nodes they are placed over, and HTTP. A member silent for three minimum
+    //    election timeouts is dead to placement.
     let providers = ProviderFactory { fake_dir: cfg.fake_provider_dir.clone() };
     let driver = tokio::spawn(run_driver(cluster.clone(), providers.clone(), stop_rx.clone()));
+    let liveness = tokio::spawn(computerd_actors::placement::run_liveness(
+        cluster.clone(),
+        Duration::from_millis(cfg.tuning().heartbeat_ms.max(50)),
+        Duration::from_millis(cfg.tuning().election_min_ms * 3),
+        stop_rx.clone(),
+    ));
     // Idle pause: this node's work marks, reported in batches; the scheduler acts while leading.
     let activity: std::sync::Arc<computerd_actors::idle::Activity> = Default::default();
     let tick = Duration::from_secs(1);
@@ -210,6 +223,7 @@ pub async fn run(
     let _ = stop_tx.send(true);
     let http_result = http.await;
     let _ = driver.await;
+    let _ = liveness.await;
     let _ = reporter.await;
     let _ = scheduler.await;
     let _ = watch.await;

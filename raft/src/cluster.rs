@@ -230,6 +230,19 @@ impl Cluster {
         }
     }
 
+    /// On the leader: for each other member, how long since it last acknowledged a heartbeat or
+    /// an append (`None`: never, in this term). `None` on a node that does not lead.
+    pub fn peer_silence(&self) -> Option<std::collections::BTreeMap<NodeId, Option<Duration>>> {
+        let m = self.raft().metrics().borrow_watched().clone();
+        let acks = m.heartbeat?;
+        Some(
+            acks.into_iter()
+                .filter(|(id, _)| *id != self.id())
+                .map(|(id, at)| (id, at.map(|t| openraft::Instant::elapsed(&*t))))
+                .collect(),
+        )
+    }
+
     /// The leader this node knows, with its addresses.
     pub fn leader(&self) -> Option<(NodeId, NodeAddr)> {
         let m = self.raft().metrics().borrow_watched().clone();

@@ -195,31 +195,86 @@ async fn t40_lost_answer_needs_a_decision() {
     assert_eq!(c.journal(&p).len(), 1, "nothing was re-sent");
 }
 
-/// SIGKILL of the node driving a provider call: the next leader marks it `outcome_unknown`
-/// and never sends it again.
+/// SIGKILL of the node driving a provider call: once it is declared dead, the Computer's new
+/// owner marks the call `outcome_unknown` and never sends it again.
 #[tokio::test]
 async fn t50_node_kill_during_a_provider_call() {
     let mut c = TestCluster::start_fake(3).await;
     let p = provider(&c, json!({"create": "hang"})).await;
-    let leader = c.leader().await;
-    let via = (1..=3).find(|i| *i != leader).expect("a follower");
-    let (st, r) = create(&c, via, &c.token, "kill-1", &p).await;
+    let (st, r) = create(&c, 1, &c.token, "kill-1", &p).await;
     assert_eq!(st, 202);
     let exe = s(&r, "executionId");
     wait_for("the call to reach the provider", Duration::from_secs(20), || async {
         (c.journal(&p).len() == 1).then_some(())
     })
     .await;
-    c.kill(leader);
+    let (_, running) = c.call(Method::GET, 1, &format!("/v1/executions/{exe}"), &c.token, None).await;
+    let driver = running["driverNode"].as_u64().unwrap_or_else(|| panic!("no driver node: {running}"));
+    let via = (1..=3).find(|i| *i != driver).expect("another node");
+    c.kill(driver);
     let done = c.settle(via, &exe, &c.token).await;
     assert_eq!(done["state"], "outcome_unknown", "{done}");
     assert!(done["error"]["message"].as_str().is_some_and(|m| m.contains("node driving this call stopped")), "{done}");
-    // Give a (wrong) re-send every chance to show: another leadership change and a full settle.
-    c.spawn(leader);
+    // Give a (wrong) re-send every chance to show: the node comes back (the Computer may move
+    // back to it) and everything settles again.
+    c.spawn(driver);
     c.wait_voters(3).await;
     let (_, again) = c.call(Method::GET, via, &format!("/v1/executions/{exe}"), &c.token, None).await;
     assert_eq!(again["state"], "outcome_unknown");
     assert_eq!(c.journal(&p).len(), 1, "a dispatched call is never sent twice");
+}
+
+/// Lifecycle work is placed over the live nodes: Computers spread over the three nodes, each
+/// execution is driven by its Computer's node, the Computers of a SIGKILLed node move to the
+/// others (and their commands run there), and they come back when the node does.
+#[tokio::test]
+async fn t55_lifecycle_work_is_placed_over_live_nodes() {
+    let mut c = TestCluster::start_fake(3).await;
+    let p = provider(&c, json!({})).await;
+    let mut placed: Vec<(String, u64)> = Vec::new();
+    for i in 0..12 {
+        let (st, r) = create(&c, 1 + i % 3, &c.token, &format!("place-{i}"), &p).await;
+        assert_eq!(st, 202, "{r}");
+        let done = c.settle(1, &s(&r, "executionId"), &c.token).await;
+        assert_eq!(done["state"], "succeeded", "{done}");
+        let computer = s(&done["resource"], "id");
+        let (_, v) = c.call(Method::GET, 2, &format!("/v1/computers/{computer}"), &c.token, None).await;
+        let node = v["driverNode"].as_u64().unwrap_or_else(|| panic!("not placed: {v}"));
+        assert_eq!(done["driverNode"].as_u64(), Some(node), "the execution ran on its Computer's node");
+        placed.push((computer, node));
+    }
+    let nodes: std::collections::BTreeSet<u64> = placed.iter().map(|(_, n)| *n).collect();
+    assert!(nodes.len() >= 2, "12 Computers all on one node: {placed:?}");
+
+    // Kill a node that owns some; its Computers move to live nodes and their pauses run there.
+    let victim = placed[0].1;
+    let others: Vec<u64> = (1..=3).filter(|n| *n != victim).collect();
+    c.kill(victim);
+    let moved: Vec<&String> = placed.iter().filter(|(_, n)| *n == victim).map(|(id, _)| id).collect();
+    for id in &moved {
+        let (st, r) = c
+            .call(Method::POST, others[0], &format!("/v1/computers/{id}/pause"), &c.token, Some(json!({"commandKey": format!("pause-{id}")})))
+            .await;
+        assert_eq!(st, 202, "{r}");
+        let done = c.settle(others[0], &s(&r, "executionId"), &c.token).await;
+        assert_eq!(done["state"], "succeeded", "{done}");
+        let by = done["driverNode"].as_u64().expect("driven");
+        assert!(others.contains(&by), "the pause of {id} ran on node {by}, which is dead");
+    }
+    // The others stayed where they were.
+    for (id, node) in placed.iter().filter(|(_, n)| *n != victim) {
+        let (_, v) = c.call(Method::GET, others[0], &format!("/v1/computers/{id}"), &c.token, None).await;
+        assert_eq!(v["driverNode"].as_u64(), Some(*node), "{id} moved although its node lives");
+    }
+    // Back again: the victim's Computers return to it.
+    c.spawn(victim);
+    c.wait_voters(3).await;
+    let id = moved[0].clone();
+    wait_for("the Computer to return to its node", Duration::from_secs(20), || async {
+        let (_, v) = c.call(Method::GET, others[0], &format!("/v1/computers/{id}"), &c.token, None).await;
+        (v["driverNode"].as_u64() == Some(victim)).then_some(())
+    })
+    .await;
 }
 
 /// A pause while a delete runs is `ComputerConflict` naming the delete; a stop on an unknown

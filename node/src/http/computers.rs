@@ -38,8 +38,9 @@ const MAX_PAUSE_AFTER: u64 = 30 * 24 * 3600;
 /// How long a pairing code stays valid.
 const PAIRING_VALID_MS: u64 = 10 * 60 * 1000;
 
-/// A Computer as callers see it.
-pub fn computer_view(c: &Computer) -> Value {
+/// A Computer as callers see it. `driverNode` is the node its lifecycle work is placed on
+/// (absent while no node is recorded live); `linkNode` the node holding its agent link.
+pub fn computer_view(s: &computerd_raft::sm::State, c: &Computer) -> Value {
     json!({
         "id": c.id,
         "name": c.name,
@@ -54,6 +55,7 @@ pub fn computer_view(c: &Computer) -> Value {
         "paired": c.agent_credential.is_some(),
         "linkGeneration": c.link_generation,
         "linkNode": c.link_node,
+        "driverNode": s.placement(&c.id),
         "createdAt": c.created_at,
     })
 }
@@ -73,6 +75,7 @@ pub fn receipt(s: &computerd_raft::sm::State, e: &Execution, caller: &Caller, no
         "decision": e.decision,
         "approvalId": e.approval,
         "lateAnswer": e.late_answer,
+        "driverNode": e.claim_node,
     });
     let mine = e.requester.token_id == caller.token.id
         || (e.requester.member_id == caller.member.id && e.requester.bot_id.is_none() && caller.bot.is_none());
@@ -368,7 +371,7 @@ pub async fn list(State(state): State<AppState>, auth: Auth) -> Result<Json<Valu
     let rows: Vec<Value> = state
         .cluster
         .state()
-        .read(|s| s.computers.values().filter(|c| s.can_see(&caller, c)).map(computer_view).collect());
+        .read(|s| s.computers.values().filter(|c| s.can_see(&caller, c)).map(|c| computer_view(s, c)).collect());
     Ok(Json(json!({ "computers": rows })))
 }
 
@@ -376,7 +379,7 @@ pub async fn list(State(state): State<AppState>, auth: Auth) -> Result<Json<Valu
 #[utoipa::path(get, path = "/v1/computers/{id}", tag = "computers", params(("id" = String, Path)), responses((status = 200, body = Object), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn get(State(state): State<AppState>, auth: Auth, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     let caller = auth.current(&state).await?;
-    let v = state.cluster.state().read(|s| s.visible_computer(&caller, &id).map(computer_view))?;
+    let v = state.cluster.state().read(|s| s.visible_computer(&caller, &id).map(|c| computer_view(s, c)))?;
     Ok(Json(v))
 }
 
@@ -421,7 +424,7 @@ pub async fn stop(State(state): State<AppState>, auth: Auth, Path(id): Path<Stri
     apply(&state, Command::StopComputer { by: caller.token.id.clone(), computer_id: id.clone(), at_ms: now_ms() })
         .await?;
     state.cluster.read_barrier().await?;
-    let v = state.cluster.state().read(|s| s.visible_computer(&caller, &id).map(computer_view))?;
+    let v = state.cluster.state().read(|s| s.visible_computer(&caller, &id).map(|c| computer_view(s, c)))?;
     Ok(Json(v))
 }
 

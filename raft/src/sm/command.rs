@@ -116,6 +116,10 @@ pub enum Command {
         execution_id: String,
         /// The driver's claim; later steps must carry it.
         claim: String,
+        /// The claiming node, which must own the Computer (`None` in entries from before
+        /// placement).
+        #[serde(default)]
+        node: Option<u64>,
         /// Unix ms.
         at_ms: u64,
     },
@@ -145,6 +149,9 @@ pub enum Command {
         execution_id: String,
         /// The claim the taking-over driver saw.
         claim: String,
+        /// The declaring node: the claim's own node, or the owner once the claim's node is dead.
+        #[serde(default)]
+        node: Option<u64>,
         /// Why.
         reason: String,
         /// Unix ms.
@@ -279,6 +286,11 @@ pub enum Command {
         /// Unix ms.
         at_ms: u64,
     },
+    /// The leader records the nodes it hears from; Computers are placed over them.
+    SetLiveNodes {
+        /// The live nodes (at least the leader).
+        nodes: Vec<u64>,
+    },
     /// The provider no longer holds the Computer's sandbox: it is marked failed, not hidden.
     SandboxVanished {
         /// The Computer.
@@ -373,6 +385,7 @@ impl Command {
             Command::SessionEnded { .. } => "session_ended",
             Command::ReportActivity { .. } => "report_activity",
             Command::PlanPause { .. } => "plan_pause",
+            Command::SetLiveNodes { .. } => "set_live_nodes",
             Command::SandboxVanished { .. } => "sandbox_vanished",
             Command::BindingReserve { .. } => "binding_reserve",
             Command::BindingSettle { .. } => "binding_settle",

@@ -253,17 +253,19 @@ impl State {
     }
 
     /// A driver claims a pending execution, or takes over one whose call was never dispatched.
-    pub(crate) fn claim(&mut self, exe_id: &str, claim: &str, at: u64) -> Result<(), Reject> {
+    pub(crate) fn claim(&mut self, exe_id: &str, claim: &str, node: Option<u64>, at: u64) -> Result<(), Reject> {
         let exe = self.executions.get(exe_id).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such execution"))?;
         let takeover = exe.state == ExecutionState::Running && exe.dispatched_at.is_none();
         if !(self.claimable(exe) || takeover) {
             return Err(Reject::new(RejectKind::Conflict, "the execution cannot be claimed"));
         }
+        self.check_claim_node(&exe.computer_id, node)?;
         let computer_id = exe.computer_id.clone();
         let kind = exe.kind;
         if let Some(e) = self.executions.get_mut(exe_id) {
             e.state = ExecutionState::Running;
             e.claim = Some(claim.to_string());
+            e.claim_node = node;
         }
         if !takeover {
             self.push_event(at, "ExecutionStarted", &computer_id, Some(exe_id), serde_json::json!({"kind": kind}));
@@ -279,6 +281,7 @@ impl State {
         if exe.state != ExecutionState::Running || exe.claim.as_deref() != Some(claim) || exe.dispatched_at.is_some() {
             return Err(Reject::new(RejectKind::Conflict, "stale claim"));
         }
+        self.check_dispatch_node(&exe.computer_id, exe.claim_node)?;
         // The cluster's own idle pauses need no member's right; everything else is re-checked.
         let system = exe.requester.token_id == super::plan::SYSTEM;
         let rights = if system {
@@ -353,7 +356,14 @@ impl State {
     }
 
     /// A driver taking over declares a dispatched, unanswered call unknown (never re-sends it).
-    pub(crate) fn mark_unknown(&mut self, exe_id: &str, seen_claim: &str, reason: &str, at: u64) -> Result<(), Reject> {
+    pub(crate) fn mark_unknown(
+        &mut self,
+        exe_id: &str,
+        seen_claim: &str,
+        node: Option<u64>,
+        reason: &str,
+        at: u64,
+    ) -> Result<(), Reject> {
         let exe = self.executions.get(exe_id).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such execution"))?;
         if exe.state != ExecutionState::Running
             || exe.dispatched_at.is_none()
@@ -361,6 +371,7 @@ impl State {
         {
             return Err(Reject::new(RejectKind::Conflict, "not a dispatched, running execution"));
         }
+        self.check_unknown_node(&exe.computer_id, exe.claim_node, node)?;
         self.mark_unknown_now(exe_id, reason, at);
         Ok(())
     }
@@ -770,7 +781,7 @@ mod tests {
     }
 
     fn run(s: &mut State, exe: &str, outcome: Outcome) {
-        ok(s.apply(&Command::ClaimExecution { execution_id: exe.into(), claim: "k".into(), at_ms: 20 }));
+        ok(s.apply(&Command::ClaimExecution { execution_id: exe.into(), claim: "k".into(), node: None, at_ms: 20 }));
         ok(s.apply(&Command::DispatchExecution { execution_id: exe.into(), claim: "k".into(), at_ms: 30 }));
         ok(s.apply(&Command::FinishExecution { execution_id: exe.into(), claim: "k".into(), outcome, at_ms: 40 }));
     }
@@ -828,7 +839,7 @@ mod tests {
         }));
         let exe = ok(s.apply(&submit("tok_2", ExecutionKind::Pause, "cmp_1", "k2", "p"))).expect("id");
         ok(s.apply(&Command::RevokeToken { by: OWNER.into(), token_id: "tok_2".into(), at_ms: 15 }));
-        ok(s.apply(&Command::ClaimExecution { execution_id: exe.clone(), claim: "k".into(), at_ms: 20 }));
+        ok(s.apply(&Command::ClaimExecution { execution_id: exe.clone(), claim: "k".into(), node: None, at_ms: 20 }));
         let r =
             rejected(s.apply(&Command::DispatchExecution { execution_id: exe.clone(), claim: "k".into(), at_ms: 30 }));
         assert_eq!(r.kind, RejectKind::Forbidden);
@@ -839,17 +850,62 @@ mod tests {
     }
 
     #[test]
+    fn placement_fences_claims_dispatches_and_takeovers() {
+        let mut s = world();
+        created(&mut s);
+        ok(s.apply(&Command::SetLiveNodes { nodes: vec![1, 2, 3] }));
+        let owner = s.placement("cmp_1").expect("placed");
+        let other = [1, 2, 3].into_iter().find(|n| *n != owner).expect("another node");
+        let exe = ok(s.apply(&submit(OWNER, ExecutionKind::Pause, "cmp_1", "k2", "p"))).expect("id");
+        let claim = |claim: &str, node: u64| Command::ClaimExecution {
+            execution_id: exe.clone(),
+            claim: claim.into(),
+            node: Some(node),
+            at_ms: 20,
+        };
+        let r = rejected(s.apply(&claim("a", other)));
+        assert_eq!(r.kind, RejectKind::Conflict, "a node that does not own the Computer cannot claim");
+        assert_eq!(s.executions[&exe].state, ExecutionState::Pending, "a refused claim changes nothing");
+        ok(s.apply(&claim("b", owner)));
+        // The owner is declared dead before it dispatched: its dispatch is refused, nothing is sent.
+        let rest: Vec<u64> = [1, 2, 3].into_iter().filter(|n| *n != owner).collect();
+        ok(s.apply(&Command::SetLiveNodes { nodes: rest.clone() }));
+        let next = s.placement("cmp_1").expect("moved");
+        assert_ne!(next, owner);
+        rejected(s.apply(&Command::DispatchExecution { execution_id: exe.clone(), claim: "b".into(), at_ms: 30 }));
+        assert_eq!(s.executions[&exe].dispatched_at, None);
+        // The new owner takes it over and sends it; the old one coming back cannot call it lost.
+        ok(s.apply(&claim("c", next)));
+        ok(s.apply(&Command::DispatchExecution { execution_id: exe.clone(), claim: "c".into(), at_ms: 40 }));
+        let unknown = |node: u64| Command::MarkUnknown {
+            execution_id: exe.clone(),
+            claim: "c".into(),
+            node: Some(node),
+            reason: "lost".into(),
+            at_ms: 50,
+        };
+        let third = rest.iter().copied().find(|n| *n != next).expect("a third node");
+        rejected(s.apply(&unknown(third)));
+        assert_eq!(s.executions[&exe].state, ExecutionState::Running, "the sender is live: its answer may come");
+        // Once the sender is dead, the Computer's new owner may declare the call unknown.
+        ok(s.apply(&Command::SetLiveNodes { nodes: vec![third] }));
+        ok(s.apply(&unknown(third)));
+        assert_eq!(s.executions[&exe].state, ExecutionState::OutcomeUnknown);
+    }
+
+    #[test]
     fn lost_answer_is_unknown_until_decided_and_stale_claims_are_fenced() {
         let mut s = world();
         created(&mut s);
         let exe = ok(s.apply(&submit(OWNER, ExecutionKind::Pause, "cmp_1", "k2", "p"))).expect("id");
-        ok(s.apply(&Command::ClaimExecution { execution_id: exe.clone(), claim: "old".into(), at_ms: 20 }));
+        ok(s.apply(&Command::ClaimExecution { execution_id: exe.clone(), claim: "old".into(), node: None, at_ms: 20 }));
         ok(s.apply(&Command::DispatchExecution { execution_id: exe.clone(), claim: "old".into(), at_ms: 30 }));
         // A takeover must not re-claim a dispatched call; it declares it unknown.
-        rejected(s.apply(&Command::ClaimExecution { execution_id: exe.clone(), claim: "new".into(), at_ms: 35 }));
+        rejected(s.apply(&Command::ClaimExecution { execution_id: exe.clone(), claim: "new".into(), node: None, at_ms: 35 }));
         ok(s.apply(&Command::MarkUnknown {
             execution_id: exe.clone(),
             claim: "old".into(),
+            node: None,
             reason: "driver lost".into(),
             at_ms: 36,
         }));
@@ -874,7 +930,7 @@ mod tests {
     fn late_create_answer_keeps_the_sandbox_and_usage() {
         let mut s = world();
         let exe = ok(s.apply(&submit(OWNER, ExecutionKind::Create, "cmp_1", "k1", "a"))).expect("id");
-        ok(s.apply(&Command::ClaimExecution { execution_id: exe.clone(), claim: "k".into(), at_ms: 20 }));
+        ok(s.apply(&Command::ClaimExecution { execution_id: exe.clone(), claim: "k".into(), node: None, at_ms: 20 }));
         ok(s.apply(&Command::DispatchExecution { execution_id: exe.clone(), claim: "k".into(), at_ms: 30 }));
         let lost = Outcome::Unknown { reason: "timeout".into() };
         ok(s.apply(&Command::FinishExecution {

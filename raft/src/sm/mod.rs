@@ -10,6 +10,7 @@ mod command;
 mod identity;
 mod lifecycle;
 mod model;
+mod placement;
 mod plan;
 mod state;
 mod tools;

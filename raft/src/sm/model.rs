@@ -199,6 +199,9 @@ pub struct Execution {
     pub approval: Option<String>,
     /// The claim of the driver that runs it (fences out a deposed driver).
     pub claim: Option<String>,
+    /// The node that made the claim (`None` for claims from before placement).
+    #[serde(default)]
+    pub claim_node: Option<u64>,
     /// Set when the provider call is about to be sent: a driver that takes over never re-sends.
     pub dispatched_at: Option<u64>,
     /// Why it failed.
@@ -237,6 +240,7 @@ impl Execution {
             requester: Requester { token_id: String::new(), member_id: String::new(), bot_id: None },
             approval: None,
             claim: None,
+            claim_node: None,
             dispatched_at: None,
             error: None,
             decision: None,

@@ -89,6 +89,9 @@ pub struct State {
     /// Version switches of tool bindings, by "bot\noperationId".
     #[serde(default)]
     pub switches: BTreeMap<String, super::tools::Switch>,
+    /// The nodes the leader hears from; Computers are placed over them (`placement`).
+    #[serde(default)]
+    pub live_nodes: std::collections::BTreeSet<u64>,
 }
 
 /// An authenticated caller: a live token and what it speaks for.
@@ -217,13 +220,16 @@ impl State {
             | Command::SwitchReserve { .. }
             | Command::LinkUp { .. } => Err(Reject::new(RejectKind::Invalid, "handled in apply")),
             Command::CreateProvider { by, provider } => self.create_provider(by, provider),
-            Command::ClaimExecution { execution_id, claim, at_ms } => self.claim(execution_id, claim, *at_ms),
+            Command::ClaimExecution { execution_id, claim, node, at_ms } => {
+                self.claim(execution_id, claim, *node, *at_ms)
+            }
+            Command::SetLiveNodes { nodes } => self.set_live_nodes(nodes),
             Command::DispatchExecution { execution_id, claim, at_ms } => self.dispatch(execution_id, claim, *at_ms),
             Command::FinishExecution { execution_id, claim, outcome, at_ms } => {
                 self.finish(execution_id, claim, outcome, *at_ms)
             }
-            Command::MarkUnknown { execution_id, claim, reason, at_ms } => {
-                self.mark_unknown(execution_id, claim, reason, *at_ms)
+            Command::MarkUnknown { execution_id, claim, node, reason, at_ms } => {
+                self.mark_unknown(execution_id, claim, *node, reason, *at_ms)
             }
             Command::DecideExecution { by, execution_id, outcome, reason, at_ms } => {
                 self.decide(by, execution_id, *outcome, reason, *at_ms)
