@@ -59,9 +59,14 @@ pub fn computer_of(path: &str) -> Option<&str> {
 
 type ReplyStream = Pin<Box<dyn Stream<Item = Result<RouteChunk, Status>> + Send>>;
 
-/// A not-owner answer naming the owner this node knows.
-fn not_owner(state: &AppState, computer: &str) -> Status {
-    let owner = state.cluster.state().read(|s| s.computers.get(computer).and_then(|c| c.link_node));
+/// A not-owner answer naming the owner. When this node's applied state names none (or itself),
+/// it may lag behind a link that was just recorded: it catches up to the leader's commit first.
+async fn not_owner(state: &AppState, computer: &str) -> Status {
+    let read = || state.cluster.state().read(|s| s.computers.get(computer).and_then(|c| c.link_node));
+    let mut owner = read();
+    if owner.is_none_or(|n| n == state.cluster.id()) && state.cluster.read_barrier().await.is_ok() {
+        owner = read();
+    }
     let mut status = Status::failed_precondition("this node does not hold the computer's link");
     if let Some(n) = owner.filter(|n| *n != state.cluster.id())
         && let Ok(v) = n.to_string().parse()
@@ -83,7 +88,7 @@ impl Routing for RouteTarget {
             return Err(Status::unavailable("this node is still starting"));
         };
         let r = req.into_inner();
-        let Some(link) = state.links.get(&r.computer_id) else { return Err(not_owner(&state, &r.computer_id)) };
+        let Some(link) = state.links.get(&r.computer_id) else { return Err(not_owner(&state, &r.computer_id).await) };
         let mut agent = link.client;
         let reply = agent.mcp(computerd_proto::agent::McpJson { json: r.json }).await?.into_inner();
         Ok(Response::new(computerd_proto::cluster::McpRelayReply { json: reply.json }))
@@ -101,7 +106,7 @@ impl Routing for RouteTarget {
             .ok_or_else(|| Status::invalid_argument("a routed call starts with its head"))?;
         let computer = computer_of(&head.path).ok_or_else(|| Status::invalid_argument("not a call on a computer"))?;
         if state.links.get(computer).is_none() {
-            return Err(not_owner(&state, computer));
+            return Err(not_owner(&state, computer).await);
         }
         let mut builder = axum::http::Request::builder().method(head.method.as_str()).uri(head.path.as_str());
         for (k, v) in &head.headers {

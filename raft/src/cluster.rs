@@ -154,6 +154,11 @@ impl Cluster {
             election_timeout_max: tuning.election_min_ms * 2,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(tuning.snapshot_every),
             max_in_snapshot_log_to_keep: tuning.keep_logs,
+            // A follower whose timer fires first asks before it bumps its term: a node cut off
+            // by a partition cannot disrupt the leader when it comes back, and after a leader
+            // crash the candidates do not split the vote by each taking a new term while the
+            // others still hold the dead leader's lease.
+            enable_pre_vote: Some(true),
             ..Default::default()
         };
         let config = Arc::new(config.validate().map_err(|e| ClusterError::Invalid(e.to_string()))?);
