@@ -277,7 +277,13 @@ impl Cluster {
                 }
             };
             let reply = if leader.0 == self.id() {
-                self.propose_local(req.clone()).await?
+                // A leader cut off from its quorum commits nothing, and may not learn that it was
+                // deposed until the partition heals: give up at the deadline too (the write may
+                // still apply, as after a lost forward).
+                match tokio::time::timeout_at(deadline, self.propose_local(req.clone())).await {
+                    Ok(reply) => reply?,
+                    Err(_) => return Err(ClusterError::Unavailable("the write was not committed in time".into())),
+                }
             } else {
                 let mut client =
                     self.channels().get(&leader.1.grpc).map_err(|e| ClusterError::Invalid(e.to_string()))?;

@@ -366,6 +366,23 @@ async fn isolated_writer(api: Api, f: usize, healing: Arc<AtomicBool>, answered:
     seen
 }
 
+/// Checks, once a write through the balancer was acknowledged during a partition, that the
+/// isolated node has applied less than the rest: `Some(violation)` if not.
+async fn partition_leak(c: &TestCluster, target: u64) -> Option<String> {
+    let applied = |h: Option<Value>| h.and_then(|h| h["lastApplied"].as_u64());
+    let cut_off = applied(c.health(target).await);
+    let mut rest = None;
+    for id in c.alive().into_iter().filter(|id| *id != target) {
+        rest = rest.max(applied(c.health(id).await));
+    }
+    match (cut_off, rest) {
+        (Some(a), Some(b)) if a < b => None,
+        (a, b) => {
+            Some(format!("node {target}, cut off, applied {a:?} and its peers at most {b:?}: the partition leaked"))
+        }
+    }
+}
+
 /// Whether a paired Computer runs commands again through the balancer: a short session answers
 /// its output.
 async fn runs_commands(api: &Api, computer: &str) -> bool {
@@ -487,6 +504,10 @@ async fn t10_chaos() {
         println!("  fault {f}: {fault:?} of node {target} (leader {leader}): writes back after {back:?}");
         write_back.push(back);
         if let Some((writer, healing, answered)) = isolated {
+            // The partition holds: the probe was applied by the majority, not by the cut-off node.
+            if let Some(v) = partition_leak(&c, target).await {
+                violations.push(v);
+            }
             // The isolated node keeps its clients (and its agents' links, through HAProxy): let
             // its writer see a few answers, then heal and count what it acknowledged.
             wait_for("the isolated node's writer to be answered", Duration::from_secs(60), || async {
