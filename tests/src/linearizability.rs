@@ -82,7 +82,8 @@ where
     M::Input: Clone,
     M::Output: Clone,
 {
-    let mut objects: BTreeMap<&str, Vec<&Operation<M::Input, M::Output>>> = BTreeMap::new();
+    type Ops<'a, M> = Vec<&'a Operation<<M as Model>::Input, <M as Model>::Output>>;
+    let mut objects: BTreeMap<&str, Ops<M>> = BTreeMap::new();
     for op in history {
         objects.entry(op.object.as_str()).or_default().push(op);
     }
@@ -265,7 +266,7 @@ impl Model for Lifecycle {
                 Absent => Some(Exists(Some(id.clone()), *stage)),
                 _ => observe(id, *stage),
             },
-            (Input::Submit, Some(Output::Refused | Output::NotFound)) => (*state == Absent).then(|| Absent),
+            (Input::Submit, Some(Output::Refused | Output::NotFound)) => (*state == Absent).then_some(Absent),
             (Input::Read(_), None) => Some(state.clone()),
             (Input::Read(asked), Some(Output::Execution(id, stage))) => {
                 (asked == id).then(|| observe(id, *stage)).flatten()
