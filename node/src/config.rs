@@ -1,5 +1,12 @@
 //! Command-line configuration. Every flag has a `COMPUTERD_*` environment equivalent.
+//!
+//! Peer source address: by default the kernel chooses where a node's connections to its peers
+//! start from. `--peer-source-ip` names a local IP instead (usually the one of `--grpc`) for
+//! every node-to-node connection (Raft, forwarded writes and reads, routed calls, joins), so
+//! firewall rules can tell a node's peer traffic from its clients' (the chaos suite partitions
+//! nodes on loopback this way, each node on its own 127.x.y.z).
 
+use std::net::IpAddr;
 use std::path::PathBuf;
 
 use clap::Args;
@@ -57,6 +64,7 @@ impl DevConfig {
             keep_logs: t.keep_logs,
             fake_provider_dir: None,
             sandbox_watch_secs: 10.0,
+            peer_source_ip: None,
         }
     }
 }
@@ -105,6 +113,10 @@ pub struct ServeConfig {
     /// exist at their provider (seconds).
     #[arg(long, env = "COMPUTERD_SANDBOX_WATCH_SECS", default_value_t = 10.0)]
     pub sandbox_watch_secs: f64,
+    /// The local IP every connection to a peer starts from (default: the kernel chooses). It
+    /// must be an address of this host that reaches the peers; checked at start-up.
+    #[arg(long, env = "COMPUTERD_PEER_SOURCE_IP")]
+    pub peer_source_ip: Option<IpAddr>,
 }
 
 impl ServeConfig {

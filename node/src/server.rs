@@ -15,6 +15,7 @@ use computerd_actors::factory::ProviderFactory;
 use computerd_raft::NodeAddr;
 use computerd_raft::cluster::Cluster;
 use computerd_raft::cluster::ClusterError;
+use computerd_raft::network::Channels;
 use computerd_raft::service::Service;
 use computerd_raft::sm::Command;
 use computerd_raft::sm::Member;
@@ -135,8 +136,10 @@ pub async fn run(
         grpc: cfg.advertise_grpc.clone().map_or_else(|| local(&listeners.grpc, "grpc"), Ok)?,
     };
 
-    // 2. The store.
-    let cluster = Cluster::start(cfg.node_id, &dir.store_dir(), &cfg.tuning()).await?;
+    // 2. The store, and the channels to peers (from the peer source address, if one is set).
+    check_peer_source(cfg.peer_source_ip)?;
+    let channels = Channels::from_source(cfg.peer_source_ip);
+    let cluster = Cluster::start(cfg.node_id, &dir.store_dir(), &cfg.tuning(), channels).await?;
 
     // 3. gRPC, so peers can reach this node while it joins. A node with an empty store that is
     //    told to join refuses Raft RPCs until the leader expects its empty log.
@@ -234,6 +237,15 @@ pub async fn run(
         (Ok(Ok(())), Ok(Ok(()))) => Ok(()),
         (h, g) => Err(NodeError::Server(format!("http: {h:?}, grpc: {g:?}"))),
     }
+}
+
+/// `--peer-source-ip` must be an address of this host: binding a socket to it proves it, where a
+/// wrong one would only show as unreachable peers.
+fn check_peer_source(ip: Option<std::net::IpAddr>) -> Result<(), NodeError> {
+    let Some(ip) = ip else { return Ok(()) };
+    std::net::TcpListener::bind((ip, 0))
+        .map(drop)
+        .map_err(|e| NodeError::Config(format!("--peer-source-ip {ip} is not an address of this host: {e}")))
 }
 
 /// Step 4: a fresh node bootstraps (no `--join`) or joins; a known node resumes.

@@ -143,8 +143,8 @@ pub struct Cluster {
 
 impl Cluster {
     /// Opens the store in `dir` and starts the Raft node (not yet serving RPCs: add
-    /// [`crate::service::Service`] to a gRPC server).
-    pub async fn start(id: NodeId, dir: &Path, tuning: &Tuning) -> Result<Cluster, ClusterError> {
+    /// [`crate::service::Service`] to a gRPC server); `channels` reach the peers.
+    pub async fn start(id: NodeId, dir: &Path, tuning: &Tuning, channels: Channels) -> Result<Cluster, ClusterError> {
         let (log, sm) = store::open(dir).map_err(|e| ClusterError::Fatal(format!("cannot open the store: {e}")))?;
         let reader = sm.reader();
         let config = Config {
@@ -162,7 +162,6 @@ impl Cluster {
             ..Default::default()
         };
         let config = Arc::new(config.validate().map_err(|e| ClusterError::Invalid(e.to_string()))?);
-        let channels = Channels::default();
         let raft = Raft::new(id, config, NetworkFactory::new(channels.clone()), log, sm)
             .await
             .map_err(|e| ClusterError::Fatal(e.to_string()))?;
@@ -296,7 +295,13 @@ impl Cluster {
                 }
             };
             let reply = if leader.0 == self.id() {
-                self.propose_local(req.clone()).await?
+                // A leader cut off from its quorum commits nothing, and may not learn that it was
+                // deposed until the partition heals: give up at the deadline too (the write may
+                // still apply, as after a lost forward).
+                match tokio::time::timeout_at(deadline, self.propose_local(req.clone())).await {
+                    Ok(reply) => reply?,
+                    Err(_) => return Err(ClusterError::Unavailable("the write was not committed in time".into())),
+                }
             } else {
                 let mut client =
                     self.channels().get(&leader.1.grpc).map_err(|e| ClusterError::Invalid(e.to_string()))?;

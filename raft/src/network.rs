@@ -1,7 +1,11 @@
 //! The Raft network client: one reused tonic channel per peer, a deadline on every call.
+//!
+//! Every node-to-node connection (Raft, forwarding, routing, joins) starts from these channels,
+//! so a node given a peer source address (`--peer-source-ip`) opens all of them from it.
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -43,9 +47,16 @@ pub const MAX_MESSAGE: usize = 64 << 20;
 #[derive(Clone, Default)]
 pub struct Channels {
     inner: Arc<Mutex<HashMap<String, Channel>>>,
+    /// The local address outgoing connections start from (`None`: the kernel chooses).
+    source: Option<IpAddr>,
 }
 
 impl Channels {
+    /// Channels whose connections start from `source` (`None`: the kernel chooses).
+    pub fn from_source(source: Option<IpAddr>) -> Self {
+        Self { inner: Default::default(), source }
+    }
+
     /// The channel to `addr` (`host:port`), created lazily once and reused; it reconnects by itself.
     pub fn get(&self, addr: &str) -> Result<ClusterServiceClient<Channel>, tonic::transport::Error> {
         Ok(ClusterServiceClient::new(self.channel(addr)?)
@@ -64,6 +75,7 @@ impl Channels {
                     .tcp_nodelay(true)
                     .http2_keep_alive_interval(Duration::from_secs(5))
                     .keep_alive_timeout(Duration::from_secs(5))
+                    .local_address(self.source)
                     .connect_lazy();
                 map.insert(addr.to_string(), c.clone());
                 c

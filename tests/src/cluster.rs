@@ -1,7 +1,15 @@
 //! Real `computerd` node processes for tests and benchmarks.
+//!
+//! Addresses: each cluster gets its own loopback block `127.B.C.0` (B.C from the process id and
+//! a counter, so concurrent test processes differ); node `id` listens for HTTP and gRPC on
+//! `127.B.C.(10+id)`, on free ports, and dials its peers from that address
+//! (`--peer-source-ip`), so [`crate::netfault`] can cut node-to-node traffic while clients on
+//! 127.0.0.1 still reach every node.
 
 use std::collections::BTreeMap;
 use std::fs;
+use std::net::IpAddr;
+use std::net::Ipv4Addr;
 use std::net::TcpListener;
 use std::path::Path;
 use std::path::PathBuf;
@@ -42,7 +50,20 @@ pub fn computerd_bin() -> PathBuf {
 
 /// A free loopback port (bound, read, released).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+    free_port_on(IpAddr::V4(Ipv4Addr::LOCALHOST))
+}
+
+/// A free port on `ip` (bound, read, released).
+pub fn free_port_on(ip: IpAddr) -> u16 {
+    TcpListener::bind((ip, 0)).and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+}
+
+/// This cluster's loopback block `127.B.C.0`, B in 1..=254 (never 127.0.x.x, the clients').
+fn cluster_block() -> [u8; 3] {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst) % 16;
+    let k = std::process::id().wrapping_mul(16).wrapping_add(n) % (254 * 256);
+    [127, 1 + (k / 256) as u8, (k % 256) as u8]
 }
 
 /// One node process and what it needs to be restarted the same way.
@@ -51,9 +72,11 @@ pub struct Node {
     pub id: u64,
     /// Its data dir.
     pub data: PathBuf,
-    /// `127.0.0.1:port` of the HTTP API.
+    /// Its own loopback address: it listens there and dials its peers from there.
+    pub ip: IpAddr,
+    /// `ip:port` of the HTTP API.
     pub http: String,
-    /// `127.0.0.1:port` of gRPC.
+    /// `ip:port` of gRPC.
     pub grpc: String,
     /// The running process, if any.
     pub child: Option<Child>,
@@ -75,6 +98,8 @@ pub struct TestCluster {
     pub token: String,
     /// Extra flags for every node.
     pub flags: Vec<String>,
+    /// The cluster's loopback block (see the module doc).
+    block: [u8; 3],
 }
 
 impl TestCluster {
@@ -134,6 +159,7 @@ impl TestCluster {
             http,
             token: String::new(),
             flags: flags.iter().map(|s| s.to_string()).collect(),
+            block: cluster_block(),
         };
         c.add_node(1, None);
         c.spawn(1);
@@ -156,11 +182,14 @@ impl TestCluster {
     fn add_node(&mut self, id: u64, join: Option<String>) {
         let data = self.dir.path().join(format!("node{id}"));
         let log = self.dir.path().join(format!("node{id}.log"));
+        let [a, b, c] = self.block;
+        let ip = IpAddr::V4(Ipv4Addr::new(a, b, c, u8::try_from(10 + id).expect("node ids up to 245")));
         let node = Node {
             id,
             data,
-            http: format!("127.0.0.1:{}", free_port()),
-            grpc: format!("127.0.0.1:{}", free_port()),
+            ip,
+            http: format!("{ip}:{}", free_port_on(ip)),
+            grpc: format!("{ip}:{}", free_port_on(ip)),
             child: None,
             log,
             join,
@@ -187,6 +216,7 @@ impl TestCluster {
             .arg("--data")
             .arg(&node.data)
             .args(["--http", &node.http, "--grpc", &node.grpc])
+            .args(["--peer-source-ip", &node.ip.to_string()])
             .args(&flags)
             .env("COMPUTERD_LOG", std::env::var("COMPUTERD_LOG").unwrap_or_else(|_| "info,openraft=warn".into()))
             .stdin(Stdio::null())
@@ -208,6 +238,7 @@ impl TestCluster {
             .arg("--data")
             .arg(&node.data)
             .args(["--http", &node.http, "--grpc", &node.grpc])
+            .args(["--peer-source-ip", &node.ip.to_string()])
             .args(extra)
             .stdin(Stdio::null())
             .output()

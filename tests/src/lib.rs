@@ -7,10 +7,13 @@ pub mod agent;
 pub mod cluster;
 pub mod docker;
 pub mod lb;
+pub mod linearizability;
+pub mod netfault;
 pub mod wait;
 
 pub use cluster::Node;
 pub use cluster::TestCluster;
 pub use cluster::computerd_bin;
 pub use cluster::free_port;
+pub use cluster::free_port_on;
 pub use wait::wait_for;

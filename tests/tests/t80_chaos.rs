@@ -1,9 +1,17 @@
 //! The chaos suite: a cluster behind HAProxy under a workload of writers, lifecycle commands and
 //! paired agents running commands, while nodes are SIGKILLed (the leader or a random one),
-//! restarted, or SIGSTOPped past the election timeout. Invariants are checked by code at the
-//! end; the report gives the operations, the faults, the violations (must be 0) and, per fault,
-//! how long until writes through the balancer succeed again and until the links of the node's
-//! agents are back.
+//! restarted, SIGSTOPped past the election timeout, or cut off from their peers by a network
+//! partition (the leader or a random node; iptables rules, see `computerd_tests::netfault`)
+//! while clients still reach them. Invariants are checked by code at the end; the report gives
+//! the operations, the faults, the violations (must be 0) and, per fault, how long until writes
+//! through the balancer succeed again and until the links of the node's agents are back.
+//!
+//! During a partition a writer aims at the isolated node itself: it must acknowledge nothing
+//! before the heal (it cannot reach a quorum), and whatever it acknowledges must survive.
+//! The lifecycle workload records a history (submissions of create, pause and delete, by one or
+//! two concurrent clients per key, retried after lost answers; reads of their executions) that
+//! must be linearizable (`computerd_tests::linearizability`). Partition faults are skipped, with
+//! the reason printed, where iptables is not usable (not root, not installed).
 //!
 //! Size: `CHAOS_NODES` (default 3), `CHAOS_FAULTS` (default 6, CI's bounded run; the report of
 //! the issue uses 20+), e.g. `CHAOS_NODES=5 CHAOS_FAULTS=24 cargo nextest run -p computerd-tests
@@ -21,6 +29,13 @@ use computerd_tests::TestCluster;
 use computerd_tests::agent::AgentProc;
 use computerd_tests::agent::paired_computer;
 use computerd_tests::lb::Haproxy;
+use computerd_tests::linearizability;
+use computerd_tests::linearizability::History;
+use computerd_tests::linearizability::Input;
+use computerd_tests::linearizability::Lifecycle;
+use computerd_tests::linearizability::Output;
+use computerd_tests::linearizability::Stage;
+use computerd_tests::netfault::NetFault;
 use computerd_tests::wait_for;
 use nix::sys::signal::Signal;
 use reqwest::Method;
@@ -33,16 +48,15 @@ struct Api {
     http: reqwest::Client,
     base: String,
     token: String,
+    /// How long a call waits for its answer before it counts as lost.
+    timeout: Duration,
 }
 
 impl Api {
     /// `None` on a transport error (the answer is unknown).
     async fn call(&self, method: Method, path: &str, body: Option<Value>) -> Option<(u16, Value)> {
-        let mut r = self
-            .http
-            .request(method, format!("{}{path}", self.base))
-            .bearer_auth(&self.token)
-            .timeout(Duration::from_secs(20));
+        let mut r =
+            self.http.request(method, format!("{}{path}", self.base)).bearer_auth(&self.token).timeout(self.timeout);
         if let Some(b) = body {
             r = r.json(&b);
         }
@@ -91,29 +105,150 @@ async fn bot_writer(api: Api, w: usize, stop: Arc<AtomicBool>, tally: Arc<Tally>
     acked
 }
 
-/// Lifecycle commands: creates with fresh keys; a lost answer is sent again with the same key
-/// and body (the SDK's way) until it is answered. Answers (key, body, execution id).
-async fn creator(api: Api, provider: String, stop: Arc<AtomicBool>, tally: Arc<Tally>) -> Vec<(String, Value, String)> {
+/// The answer to a lifecycle submission, as the history sees it: a receipt, a refusal with
+/// nothing stored (4xx), or lost (a transport error or a 5xx: it may have been stored).
+fn submit_output(answer: &Option<(u16, Value)>) -> Option<Output> {
+    match answer {
+        Some((202, v)) => Some(Output::Execution(
+            v["executionId"].as_str().unwrap_or_default().to_string(),
+            Stage::parse(v["state"].as_str().unwrap_or_default())?,
+        )),
+        Some((400..=499, _)) => Some(Output::Refused),
+        _ => None,
+    }
+}
+
+/// One client's submission of a lifecycle command: sent again with the same key and body after
+/// a lost answer (the SDK's way) until it is answered or 30 s pass; every attempt is recorded.
+/// Answers the receipt, if one was acknowledged.
+async fn submit_once(
+    api: Api,
+    history: Arc<History>,
+    key: String,
+    method: Method,
+    path: String,
+    body: Value,
+    tally: Arc<Tally>,
+) -> Option<Value> {
+    let started = Instant::now();
+    loop {
+        let invoke = history.now();
+        let answer = api.call(method.clone(), &path, Some(body.clone())).await;
+        let output = submit_output(&answer);
+        history.record(&key, Input::Submit, invoke, output.clone());
+        match (answer, output) {
+            (Some((202, v)), Some(_)) => {
+                tally.ok.fetch_add(1, Ordering::Relaxed);
+                return Some(v);
+            }
+            (_, Some(_)) => return None,
+            _ if started.elapsed() < Duration::from_secs(30) => {
+                tally.failed.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            _ => return None,
+        }
+    }
+}
+
+/// A lifecycle command submitted by `clients` concurrent clients with the same key and body;
+/// answers a receipt acknowledged to one of them.
+#[allow(clippy::too_many_arguments)]
+async fn submit(
+    api: &Api,
+    history: &Arc<History>,
+    key: &str,
+    method: Method,
+    path: &str,
+    body: Value,
+    clients: usize,
+    tally: &Arc<Tally>,
+) -> Option<Value> {
+    let tasks: Vec<_> = (0..clients)
+        .map(|_| {
+            let (api, history, tally) = (api.clone(), history.clone(), tally.clone());
+            tokio::spawn(submit_once(
+                api,
+                history,
+                key.to_string(),
+                method.clone(),
+                path.to_string(),
+                body.clone(),
+                tally,
+            ))
+        })
+        .collect();
+    let mut receipt = None;
+    for t in tasks {
+        receipt = receipt.or(t.await.expect("submitter"));
+    }
+    receipt
+}
+
+/// Reads an execution until it is final (or 30 s pass), recording every read; answers the last
+/// stage seen.
+async fn follow(api: &Api, history: &History, key: &str, exe: &str) -> Option<Stage> {
+    let started = Instant::now();
+    let mut last = None;
+    while started.elapsed() < Duration::from_secs(30) {
+        let invoke = history.now();
+        let answer = api.call(Method::GET, &format!("/v1/executions/{exe}"), None).await;
+        let output = match &answer {
+            Some((200, v)) => Stage::parse(v["state"].as_str().unwrap_or_default())
+                .map(|s| Output::Execution(v["executionId"].as_str().unwrap_or_default().to_string(), s)),
+            Some((404, _)) => Some(Output::NotFound),
+            _ => None,
+        };
+        history.record(key, Input::Read(exe.to_string()), invoke, output.clone());
+        if let Some(Output::Execution(_, s)) = output {
+            last = Some(s);
+            if s.is_final() {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    last
+}
+
+/// Lifecycle commands, recorded in `history`: creates with fresh keys (every third by two
+/// concurrent clients), each followed to its end; every second created Computer is then paused
+/// and deleted the same way. Answers the acknowledged creates (key, body, execution id).
+async fn lifecycle(
+    api: Api,
+    provider: String,
+    history: Arc<History>,
+    stop: Arc<AtomicBool>,
+    tally: Arc<Tally>,
+) -> Vec<(String, Value, String)> {
     let mut acked = Vec::new();
     let mut i = 0;
     while !stop.load(Ordering::SeqCst) {
         let key = format!("chaos-create-{i}");
+        let clients = if i % 3 == 0 { 2 } else { 1 };
         i += 1;
         let body = json!({"commandKey": key, "name": key, "source": {"_tag": "Provider", "provider": provider}});
-        let started = Instant::now();
-        loop {
-            match api.call(Method::POST, "/v1/computers", Some(body.clone())).await {
-                Some((202, v)) => {
-                    tally.ok.fetch_add(1, Ordering::Relaxed);
-                    let exe = v["executionId"].as_str().unwrap_or_default().to_string();
-                    acked.push((key.clone(), body.clone(), exe));
-                    break;
-                }
-                _ if started.elapsed() < Duration::from_secs(30) => {
-                    tally.failed.fetch_add(1, Ordering::Relaxed);
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                _ => break,
+        let Some(r) = submit(&api, &history, &key, Method::POST, "/v1/computers", body.clone(), clients, &tally).await
+        else {
+            continue;
+        };
+        let exe = r["executionId"].as_str().unwrap_or_default().to_string();
+        acked.push((key.clone(), body, exe.clone()));
+        if follow(&api, &history, &key, &exe).await != Some(Stage::Succeeded) || i % 2 == 1 {
+            continue;
+        }
+        let computer = r["resource"]["id"].as_str().unwrap_or_default().to_string();
+        for (verb, method, path) in [
+            ("pause", Method::POST, format!("/v1/computers/{computer}/pause")),
+            ("delete", Method::DELETE, format!("/v1/computers/{computer}")),
+        ] {
+            let key = format!("chaos-{verb}-{i}");
+            let body = json!({"commandKey": key});
+            let clients = if i % 4 == 0 { 2 } else { 1 };
+            let Some(r) = submit(&api, &history, &key, method, &path, body, clients, &tally).await else { break };
+            let exe = r["executionId"].as_str().unwrap_or_default();
+            if follow(&api, &history, &key, exe).await != Some(Stage::Succeeded) {
+                break;
             }
         }
     }
@@ -179,11 +314,81 @@ async fn session_runner(api: Api, computer: String, k: usize, stop: Arc<AtomicBo
     (whole, violations)
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 enum Fault {
     KillLeader,
     KillRandom,
     StopLeader,
+    PartitionLeader,
+    PartitionRandom,
+}
+
+impl Fault {
+    fn name(self) -> &'static str {
+        match self {
+            Fault::KillLeader => "SIGKILL leader",
+            Fault::KillRandom => "SIGKILL random node",
+            Fault::StopLeader => "SIGSTOP leader",
+            Fault::PartitionLeader => "partition leader",
+            Fault::PartitionRandom => "partition random node",
+        }
+    }
+}
+
+/// What the writer aimed at an isolated node saw.
+#[derive(Default)]
+struct Isolated {
+    /// Writes sent.
+    sent: u64,
+    /// Names acknowledged (201), with whether the answer came before the heal began.
+    acked: Vec<(String, bool)>,
+    /// Writes refused with an answer (not 201).
+    refused: u64,
+}
+
+/// Writes bots with unique names straight to an isolated node's HTTP address until `healing`
+/// is set (requests under way finish); `answered` counts the writes that got any answer or
+/// none within their timeout.
+async fn isolated_writer(api: Api, f: usize, healing: Arc<AtomicBool>, answered: Arc<AtomicU64>) -> Isolated {
+    let mut seen = Isolated::default();
+    while !healing.load(Ordering::SeqCst) {
+        let name = format!("chaos-isolated-{f}-{}", seen.sent);
+        seen.sent += 1;
+        let answer = api.call(Method::POST, "/v1/bots", Some(json!({"name": name}))).await;
+        let before_heal = !healing.load(Ordering::SeqCst);
+        match answer {
+            Some((201, _)) => seen.acked.push((name, before_heal)),
+            Some(_) => seen.refused += 1,
+            None => {}
+        }
+        answered.fetch_add(1, Ordering::SeqCst);
+    }
+    seen
+}
+
+/// Checks, once a write through the balancer was acknowledged during a partition, that the
+/// isolated node has applied less than the rest: `Some(violation)` if not.
+async fn partition_leak(c: &TestCluster, target: u64) -> Option<String> {
+    let applied = |h: Option<Value>| h.and_then(|h| h["lastApplied"].as_u64());
+    let cut_off = applied(c.health(target).await);
+    let mut rest = None;
+    for id in c.alive().into_iter().filter(|id| *id != target) {
+        rest = rest.max(applied(c.health(id).await));
+    }
+    match (cut_off, rest) {
+        (Some(a), Some(b)) if a < b => None,
+        (a, b) => {
+            Some(format!("node {target}, cut off, applied {a:?} and its peers at most {b:?}: the partition leaked"))
+        }
+    }
+}
+
+/// Whether a paired Computer runs commands again through the balancer: a short session answers
+/// its output.
+async fn runs_commands(api: &Api, computer: &str) -> bool {
+    let body = json!({"command": "echo back", "yieldTimeMs": 5000});
+    let path = format!("/v1/computers/{computer}/sessions");
+    matches!(api.call(Method::POST, &path, Some(body)).await, Some((200, v)) if v["output"] == "back\n")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -194,7 +399,19 @@ async fn t10_chaos() {
     let mut c = TestCluster::start_fake_with(nodes, &["--election-ms", &election]).await;
     let backends: Vec<String> = c.nodes.values().map(|n| n.http.clone()).collect();
     let lb = Haproxy::start(c.dir.path(), &backends).await;
-    let api = Api { http: c.http.clone(), base: lb.url(""), token: c.token.clone() };
+    let api = Api { http: c.http.clone(), base: lb.url(""), token: c.token.clone(), timeout: Duration::from_secs(20) };
+    // Partitions need iptables; without it they are left out of the rotation.
+    let net = match NetFault::new() {
+        Ok(n) => Some(n),
+        Err(why) => {
+            println!("chaos: partition faults skipped: {why}");
+            None
+        }
+    };
+    let mut rotation = vec![Fault::KillLeader, Fault::KillRandom, Fault::StopLeader];
+    if net.is_some() {
+        rotation.extend([Fault::PartitionLeader, Fault::PartitionRandom]);
+    }
     let (s, p) = api
         .call(Method::POST, "/v1/computer-providers", Some(json!({"kind": "fake", "name": "f", "config": {}})))
         .await
@@ -223,8 +440,10 @@ async fn t10_chaos() {
     let stop = Arc::new(AtomicBool::new(false));
     let writes = Arc::new(Tally::default());
     let creates = Arc::new(Tally::default());
+    let history = Arc::new(History::default());
     let bots: Vec<_> = (0..2).map(|w| tokio::spawn(bot_writer(api.clone(), w, stop.clone(), writes.clone()))).collect();
-    let creator = tokio::spawn(creator(api.clone(), provider.clone(), stop.clone(), creates.clone()));
+    let lifecycle =
+        tokio::spawn(lifecycle(api.clone(), provider.clone(), history.clone(), stop.clone(), creates.clone()));
     let sessions: Vec<_> = computers
         .iter()
         .enumerate()
@@ -233,15 +452,18 @@ async fn t10_chaos() {
 
     let mut write_back = Vec::new();
     let mut link_back = Vec::new();
+    let mut link_after_heal = Vec::new();
     let mut injected: HashMap<&'static str, usize> = HashMap::new();
     let mut violations: Vec<String> = Vec::new();
+    let mut isolated_acked = Vec::new();
+    let (mut isolated_sent, mut isolated_refused, mut isolated_early) = (0, 0, 0);
     for f in 0..faults {
         // Let the workload run between faults.
         tokio::time::sleep(Duration::from_millis(700)).await;
-        let fault = [Fault::KillLeader, Fault::KillRandom, Fault::StopLeader][f % 3];
+        let fault = rotation[f % rotation.len()];
         let leader = c.leader().await;
         let target = match fault {
-            Fault::KillRandom => c.alive()[rand::random::<u32>() as usize % c.alive().len()],
+            Fault::KillRandom | Fault::PartitionRandom => c.alive()[rand::random::<u32>() as usize % c.alive().len()],
             _ => leader,
         };
         // Which links live on the target.
@@ -254,17 +476,24 @@ async fn t10_chaos() {
             }
         }
         let t0 = Instant::now();
+        let mut isolated = None;
         match fault {
             Fault::StopLeader => c.signal(target, Signal::SIGSTOP),
-            _ => c.kill(target),
+            Fault::KillLeader | Fault::KillRandom => c.kill(target),
+            Fault::PartitionLeader | Fault::PartitionRandom => {
+                let net = net.as_ref().expect("partitions run with iptables");
+                let peers: Vec<_> = c.nodes.values().map(|n| n.ip).collect();
+                net.isolate(c.nodes[&target].ip, &peers).expect("isolate");
+                // A writer aimed at the isolated node itself, for the length of the partition.
+                // Its answers are bounded: an isolated node may hold a write until the heal.
+                let direct = Api { base: c.url(target, ""), timeout: Duration::from_secs(3), ..api.clone() };
+                let healing = Arc::new(AtomicBool::new(false));
+                let answered = Arc::new(AtomicU64::new(0));
+                let writer = tokio::spawn(isolated_writer(direct, f, healing.clone(), answered.clone()));
+                isolated = Some((writer, healing, answered));
+            }
         }
-        *injected
-            .entry(match fault {
-                Fault::KillLeader => "SIGKILL leader",
-                Fault::KillRandom => "SIGKILL random node",
-                Fault::StopLeader => "SIGSTOP leader",
-            })
-            .or_default() += 1;
+        *injected.entry(fault.name()).or_default() += 1;
         // Writes through the balancer are back when a probe write is acknowledged.
         let probe = format!("chaos-probe-{f}");
         let back = wait_for("writes to come back", Duration::from_secs(30), || async {
@@ -274,17 +503,60 @@ async fn t10_chaos() {
         .await;
         println!("  fault {f}: {fault:?} of node {target} (leader {leader}): writes back after {back:?}");
         write_back.push(back);
-        for id in &moving {
-            let back = wait_for("a link to come back", Duration::from_secs(30), || async {
-                let (_, v) = api.call(Method::GET, &format!("/v1/computers/{id}"), None).await?;
-                (v["state"] == "running" && v["linkNode"].as_u64().is_some_and(|n| n != target)).then(|| t0.elapsed())
+        if let Some((writer, healing, answered)) = isolated {
+            // The partition holds: the probe was applied by the majority, not by the cut-off node.
+            if let Some(v) = partition_leak(&c, target).await {
+                violations.push(v);
+            }
+            // The isolated node keeps its clients (and its agents' links, through HAProxy): let
+            // its writer see a few answers, then heal and count what it acknowledged.
+            wait_for("the isolated node's writer to be answered", Duration::from_secs(60), || async {
+                (answered.load(Ordering::SeqCst) >= 3 && t0.elapsed() >= Duration::from_secs(2)).then_some(())
             })
             .await;
-            link_back.push(back);
+            healing.store(true, Ordering::SeqCst);
+            net.as_ref().expect("iptables").heal().expect("heal");
+            let healed = Instant::now();
+            let seen = writer.await.expect("isolated writer");
+            let early: Vec<_> = seen.acked.iter().filter(|(_, before)| *before).map(|(n, _)| n.clone()).collect();
+            for name in &early {
+                violations.push(format!("node {target}, cut off from its peers, acknowledged the write {name}"));
+            }
+            println!(
+                "    isolated node {target}: {} writes sent to it, {} acknowledged before the heal, {} after, {} refused",
+                seen.sent,
+                early.len(),
+                seen.acked.len() - early.len(),
+                seen.refused
+            );
+            isolated_sent += seen.sent;
+            isolated_refused += seen.refused;
+            isolated_early += early.len();
+            isolated_acked.extend(seen.acked.into_iter().map(|(n, _)| n));
+            // Its links stayed where they were (HAProxy still reaches the node): they are back
+            // when their Computers run commands again.
+            for id in &moving {
+                let back = wait_for("a link to work again", Duration::from_secs(30), || async {
+                    runs_commands(&api, id).await.then(|| healed.elapsed())
+                })
+                .await;
+                link_after_heal.push(back);
+            }
+        } else {
+            for id in &moving {
+                let back = wait_for("a link to come back", Duration::from_secs(30), || async {
+                    let (_, v) = api.call(Method::GET, &format!("/v1/computers/{id}"), None).await?;
+                    (v["state"] == "running" && v["linkNode"].as_u64().is_some_and(|n| n != target))
+                        .then(|| t0.elapsed())
+                })
+                .await;
+                link_back.push(back);
+            }
         }
         match fault {
             Fault::StopLeader => c.signal(target, Signal::SIGCONT),
-            _ => c.spawn(target),
+            Fault::KillLeader | Fault::KillRandom => c.spawn(target),
+            Fault::PartitionLeader | Fault::PartitionRandom => {}
         }
         c.wait_voters(nodes as usize).await;
     }
@@ -294,7 +566,7 @@ async fn t10_chaos() {
     for b in bots {
         acked_bots.extend(b.await.expect("writer"));
     }
-    let acked_creates = creator.await.expect("creator");
+    let acked_creates = lifecycle.await.expect("lifecycle");
     let mut whole_sessions = 0;
     for s in sessions {
         let (whole, v) = s.await.expect("sessions");
@@ -302,11 +574,11 @@ async fn t10_chaos() {
         violations.extend(v);
     }
 
-    // 1. No acknowledged write is lost.
+    // 1. No acknowledged write is lost (the isolated nodes' acknowledgements included).
     let (_, v) = api.call(Method::GET, "/v1/bots", None).await.expect("bots");
     let present: std::collections::HashSet<&str> =
         v["bots"].as_array().map(|b| b.iter().filter_map(|b| b["name"].as_str()).collect()).unwrap_or_default();
-    for name in &acked_bots {
+    for name in acked_bots.iter().chain(&isolated_acked) {
         if !present.contains(name.as_str()) {
             violations.push(format!("acknowledged bot {name} is lost"));
         }
@@ -344,16 +616,47 @@ async fn t10_chaos() {
         }
     }
 
+    // 5. The history of submissions and receipts is linearizable, key by key.
+    let ops = history.operations();
+    let verdict = linearizability::check(&Lifecycle, &ops);
+    for (key, ops) in &verdict.illegal {
+        let excerpt: Vec<String> = ops.iter().take(30).map(|o| format!("      {o}")).collect();
+        violations.push(format!("the history of {key} is not linearizable:\n{}", excerpt.join("\n")));
+    }
+    for key in &verdict.undecided {
+        violations.push(format!("the history of {key} could not be decided within the search budget"));
+    }
+
     println!("chaos report: {nodes} nodes behind HAProxy, {faults} faults");
     println!(
-        "  operations: {} bot writes acknowledged ({} failed or unknown), {} creates acknowledged ({} attempts failed), {} sessions read whole",
+        "  operations: {} bot writes acknowledged ({} failed or unknown), {} lifecycle submissions acknowledged ({} creates; {} attempts failed), {} sessions read whole",
         writes.ok.load(Ordering::Relaxed),
         writes.failed.load(Ordering::Relaxed),
+        creates.ok.load(Ordering::Relaxed),
         acked_creates.len(),
         creates.failed.load(Ordering::Relaxed),
         whole_sessions
     );
     println!("  faults injected: {injected:?}");
+    if net.is_some() {
+        println!(
+            "  writes sent to isolated nodes: {isolated_sent}, acknowledged while isolated: {isolated_early} (must be 0), after the heal: {}, refused: {isolated_refused}",
+            isolated_acked.len() - isolated_early
+        );
+    }
+    let lost = ops.iter().filter(|o| o.end.is_none()).count();
+    let reads = ops.iter().filter(|o| matches!(o.input, Input::Read(_))).count();
+    println!(
+        "  history linearizable: {} operations ({} submissions, {reads} reads, {lost} with lost answers) on {} command keys: {}",
+        verdict.operations,
+        verdict.operations - reads,
+        verdict.objects,
+        if verdict.illegal.is_empty() && verdict.undecided.is_empty() {
+            "yes".to_string()
+        } else {
+            format!("{} keys not linearizable, {} undecided", verdict.illegal.len(), verdict.undecided.len())
+        }
+    );
     println!(
         "  writes back after a fault: p50 {:?}, p99 {:?}, max {:?} (n={})",
         percentile(write_back.clone(), 0.5),
@@ -368,6 +671,15 @@ async fn t10_chaos() {
         link_back.iter().max().copied().unwrap_or_default(),
         link_back.len()
     );
+    if net.is_some() {
+        println!(
+            "  links of an isolated node working again after the heal: p50 {:?}, p99 {:?}, max {:?} (n={})",
+            percentile(link_after_heal.clone(), 0.5),
+            percentile(link_after_heal.clone(), 0.99),
+            link_after_heal.iter().max().copied().unwrap_or_default(),
+            link_after_heal.len()
+        );
+    }
     println!("  invariant violations: {}", violations.len());
     for v in violations.iter().take(20) {
         println!("    {v}");
