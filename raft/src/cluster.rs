@@ -133,6 +133,13 @@ struct Inner {
     raft: Raft,
     reader: StateReader,
     channels: Channels,
+    /// When this process started: the epoch of `leader_contact_ms`.
+    started: Instant,
+    /// Ms after `started` of the last append (or heartbeat) accepted from a current leader;
+    /// 0 = never.
+    leader_contact_ms: std::sync::atomic::AtomicU64,
+    /// How long a node may go without quorum contact before it steps aside.
+    contact_window: Duration,
 }
 
 /// A node's handle on the replicated store. Cheap to clone.
@@ -166,7 +173,12 @@ impl Cluster {
             .await
             .map_err(|e| ClusterError::Fatal(e.to_string()))?;
         let accepting = std::sync::atomic::AtomicBool::new(true);
-        Ok(Cluster { inner: Arc::new(Inner { id, accepting, raft, reader, channels }) })
+        // Five minimum election timeouts (2 s by default): longer than an election after a leader
+        // crash takes, so a healthy follower never steps aside while a new leader is chosen.
+        let contact_window = Duration::from_millis(tuning.election_min_ms * 5);
+        let (started, leader_contact_ms) = (Instant::now(), std::sync::atomic::AtomicU64::new(0));
+        let inner = Inner { id, accepting, raft, reader, channels, started, leader_contact_ms, contact_window };
+        Ok(Cluster { inner: Arc::new(inner) })
     }
 
     /// Opens or closes this node to Raft RPCs (closed while a fresh node joins).
@@ -245,6 +257,30 @@ impl Cluster {
                 .map(|(id, at)| (id, at.map(|t| openraft::Instant::elapsed(&*t))))
                 .collect(),
         )
+    }
+
+    /// Records that a current leader's append or heartbeat was accepted.
+    pub fn note_leader_contact(&self) {
+        let ms = (self.inner.started.elapsed().as_millis() as u64).max(1);
+        self.inner.leader_contact_ms.store(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether this node is in touch with a quorum: a leader acknowledged by a quorum, or a
+    /// follower that heard from its leader, within five minimum election timeouts (a single-voter
+    /// cluster's leader always is). A node out of touch is cut off (a partition, or a dead
+    /// quorum): it cannot commit anything, so it should not take calls or hold links.
+    pub fn quorum_contact(&self) -> bool {
+        let m = self.raft().metrics().borrow_watched().clone();
+        let window = self.inner.contact_window;
+        if m.current_leader == Some(self.id()) {
+            let voters: Vec<NodeId> = m.membership_config.membership().voter_ids().collect();
+            if voters == [self.id()] {
+                return true;
+            }
+            return m.last_quorum_acked.is_some_and(|t| openraft::Instant::elapsed(&*t) < window);
+        }
+        let at = self.inner.leader_contact_ms.load(std::sync::atomic::Ordering::Relaxed);
+        at != 0 && self.inner.started.elapsed().saturating_sub(Duration::from_millis(at)) < window
     }
 
     /// The leader this node knows, with its addresses.

@@ -62,6 +62,9 @@ impl ClusterService for Service {
         self.cluster.check_accepting()?;
         let rpc = decode(req.get_ref()).map_err(bad_request)?;
         let resp = self.cluster.raft().append_entries(rpc).await.map_err(internal)?;
+        if resp.is_success() || resp.is_conflict() {
+            self.cluster.note_leader_contact(); // not a deposed leader's: that one gets HigherVote
+        }
         Ok(tonic::Response::new(encode(&resp).map_err(internal)?))
     }
 

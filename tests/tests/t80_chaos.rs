@@ -98,7 +98,9 @@ async fn bot_writer(api: Api, w: usize, stop: Arc<AtomicBool>, tally: Arc<Tally>
                 acked.push(name);
             }
             _ => {
+                // Pacing, not synchronisation: a balancer with no backend up answers at once.
                 tally.failed.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
         }
     }

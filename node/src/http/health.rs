@@ -15,24 +15,30 @@ use super::openapi::ErrorBody;
 #[allow(unused_imports)]
 use super::openapi::ReceiptDoc;
 
-/// The node's view of the cluster.
-#[utoipa::path(get, path = "/v1/health", tag = "cluster", responses((status = 200, description = "This node's view of the cluster", body = Object)))]
-pub async fn health(State(state): State<AppState>) -> Json<Value> {
+/// The node's view of the cluster; 503 while the node is out of touch with a quorum (cut off
+/// by a partition, or its quorum is gone), so a load balancer stops sending it calls it could
+/// not commit.
+#[utoipa::path(get, path = "/v1/health", tag = "cluster", responses((status = 200, description = "This node's view of the cluster", body = Object), (status = 503, description = "The same view, from a node out of touch with a quorum", body = Object)))]
+pub async fn health(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
+    let contact = state.cluster.quorum_contact();
     let v = state.cluster.view();
     let members: Vec<Value> = v
         .members
         .iter()
         .map(|m| json!({"id": m.id, "http": m.addr.http, "grpc": m.addr.grpc, "voter": m.voter}))
         .collect();
-    Json(json!({
+    let status = if contact { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    let body = Json(json!({
         "nodeId": v.node_id,
+        "quorumContact": contact,
         "leaderId": v.leader_id,
         "term": v.term,
         "lastApplied": v.last_applied,
         "snapshotIndex": v.snapshot,
         "purgedIndex": v.purged,
         "members": members,
-    }))
+    }));
+    (status, body)
 }
 
 /// `DELETE /v1/cluster/nodes/:id`: removes a node from the membership (owner/admin).
