@@ -73,7 +73,9 @@ pub struct Tuning {
 impl Default for Tuning {
     fn default() -> Self {
         // Compaction as etcd does by default (--snapshot-count, --snapshot-catchup-entries).
-        Self { heartbeat_ms: 100, election_min_ms: 400, snapshot_every: 100_000, keep_logs: 5_000 }
+        // Elections: 300-600 ms (a follower's vote lease is the maximum). Pre-vote keeps a slow
+        // follower whose timer fires from deposing a live leader, so the timeouts can be short.
+        Self { heartbeat_ms: 100, election_min_ms: 300, snapshot_every: 100_000, keep_logs: 5_000 }
     }
 }
 

@@ -397,8 +397,10 @@ async fn runs_commands(api: &Api, computer: &str) -> bool {
 async fn t10_chaos() {
     let nodes = env_usize("CHAOS_NODES", 3) as u64;
     let faults = env_usize("CHAOS_FAULTS", 6);
-    let election = std::env::var("CHAOS_ELECTION_MS").unwrap_or_else(|_| "400".into());
-    let mut c = TestCluster::start_fake_with(nodes, &["--election-ms", &election]).await;
+    // The nodes' default election timeout unless CHAOS_ELECTION_MS sets one.
+    let election = std::env::var("CHAOS_ELECTION_MS").ok();
+    let flags: Vec<&str> = election.as_deref().map(|e| vec!["--election-ms", e]).unwrap_or_default();
+    let mut c = TestCluster::start_fake_with(nodes, &flags).await;
     let backends: Vec<String> = c.nodes.values().map(|n| n.http.clone()).collect();
     let lb = Haproxy::start(c.dir.path(), &backends).await;
     let api = Api { http: c.http.clone(), base: lb.url(""), token: c.token.clone(), timeout: Duration::from_secs(20) };
