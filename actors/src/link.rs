@@ -23,6 +23,7 @@ use std::sync::Mutex;
 
 use computerd_proto::LINK_GENERATION;
 use computerd_proto::agent::Nothing;
+use computerd_proto::agent::SessionEnded;
 use computerd_proto::agent::agent_client::AgentClient;
 use computerd_proto::channel::LinkChannel;
 use computerd_raft::cluster::Cluster;
@@ -127,6 +128,8 @@ pub struct LinkArgs {
     pub generation: u64,
     /// The agent over this link.
     pub client: Agent,
+    /// The link's channel (the one `client` calls through), for the `WatchSessions` stream.
+    pub channel: LinkChannel,
     /// The store.
     pub cluster: Cluster,
     /// This node's links.
@@ -164,7 +167,7 @@ pub async fn run(args: LinkArgs, connection: impl Future<Output = ()>) -> LinkEn
     let mut connection_done = false;
     let end = {
         let mut watch =
-            std::pin::pin!(watch_sessions(&a.cluster, &a.computer_id, a.generation, a.client.clone(), &a.activity));
+            std::pin::pin!(watch_sessions(&a.cluster, &a.computer_id, a.generation, a.channel.clone(), &a.activity));
         loop {
             tokio::select! {
                 () = &mut watch => break LinkEnd::Lost,
@@ -198,6 +201,27 @@ async fn link_down(a: &LinkArgs) {
     }
 }
 
+/// The codec of the `WatchSessions` stream: the generated one with a small decode buffer. Its
+/// reports are a few dozen bytes, and tonic allocates the buffer (8 KiB by default) for the whole
+/// life of the stream, that is, of every idle link; it grows when a larger message comes.
+#[derive(Default)]
+struct ReportCodec;
+
+impl tonic::codec::Codec for ReportCodec {
+    type Encode = Nothing;
+    type Decode = SessionEnded;
+    type Encoder = tonic_prost::ProstEncoder<Nothing>;
+    type Decoder = tonic_prost::ProstDecoder<SessionEnded>;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        tonic_prost::ProstEncoder::new(tonic::codec::BufferSettings::default())
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        tonic_prost::ProstDecoder::new(tonic::codec::BufferSettings::new(256, 32 * 1024))
+    }
+}
+
 /// Turns the agent's reports of commands that ended after their wait into `computer_session`
 /// events.
 /// Returns when the stream ends, which means the link is gone.
@@ -205,10 +229,19 @@ async fn watch_sessions(
     cluster: &Cluster,
     computer_id: &str,
     generation: u64,
-    mut client: Agent,
+    channel: LinkChannel,
     activity: &crate::idle::Activity,
 ) {
-    let mut stream = match client.watch_sessions(Nothing {}).await {
+    let mut grpc = tonic::client::Grpc::with_origin(
+        InterceptedService::new(channel, Generation(generation)),
+        tonic::codegen::http::Uri::from_static("http://agent.link"),
+    );
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static("/computerd.agent.v1.Agent/WatchSessions");
+    let started = async {
+        grpc.ready().await.map_err(|e| tonic::Status::unavailable(format!("the link is not ready: {e}")))?;
+        grpc.server_streaming(tonic::Request::new(Nothing {}), path, ReportCodec).await
+    };
+    let mut stream = match started.await {
         Ok(s) => s.into_inner(),
         Err(e) => {
             tracing::debug!(computer_id = %computer_id, status = %e, "the agent refused WatchSessions");

@@ -96,7 +96,7 @@ pub async fn handle(state: AppState, mut socket: WebSocket) {
         }
     };
     let client = AgentClient::with_origin(
-        InterceptedService::new(channel, Generation(generation)),
+        InterceptedService::new(channel.clone(), Generation(generation)),
         http::Uri::from_static("http://agent.link"),
     )
     .max_decoding_message_size(8 << 20)
@@ -105,6 +105,7 @@ pub async fn handle(state: AppState, mut socket: WebSocket) {
         computer_id: computer_id.clone(),
         generation,
         client,
+        channel,
         cluster: state.cluster.clone(),
         links: state.links.clone(),
         activity: state.activity.clone(),
