@@ -1,7 +1,8 @@
 //! The actors a node places, and the provider adapters they call.
 //!
 //! - [`computer`]: `ComputerActor`, one per Computer with work, drives its lifecycle executions.
-//! - [`link`]: `AgentLinkActor`, one per agent link held by this node, and the link registry.
+//! - [`link`]: the lifecycle of each agent link held by this node (in the link's own task, not an
+//!   actor: an idle link must cost little memory), and the link registry.
 //! - [`session`]: `SessionActor`, one per command session, running its calls in order.
 //! - [`idle`]: the node side of idle pause: work seen, reported in batches; the leader's scheduler.
 //! - [`watch`]: the leader's check that running and paused sandboxes still exist.

@@ -1,14 +1,21 @@
-//! `AgentLinkActor`: one per live agent link on this node. It owns the link's lifecycle: it
-//! registers the link (newest generation wins), relays the agent's `computer_session` reports
-//! over one long-lived `WatchSessions` stream, and when the link ends (that stream fails, or a
-//! newer generation registers) unregisters it (only if still its generation) and commits
-//! `LinkDown` for its generation only, so an old link never unregisters or offlines a newer one.
+//! A link's lifecycle ([`run`], one per live agent link on this node, in the link's own task) and
+//! the link registry. [`run`] registers the link (newest generation wins), relays the agent's
+//! `computer_session` reports over one long-lived `WatchSessions` stream, and when the link ends
+//! (that stream fails, or a newer generation registers) unregisters it (only if still its
+//! generation) and commits `LinkDown` for its generation only, so an old link never unregisters
+//! or offlines a newer one.
 //!
 //! Liveness costs no request: the HTTP/2 connection under the link sends keep-alive PING frames
 //! (set by the WebSocket handler), and a dead connection or a closed WebSocket fails the
-//! `WatchSessions` stream, which is the actor's signal that the link is lost.
+//! `WatchSessions` stream, which is the signal that the link is lost.
 //!
-//! Sent to by: its `WatchSessions` task (lost) and the registry (replaced). Speaks gRPC to the agent.
+//! Memory: an idle link is one task (the WebSocket handler's, which drives the HTTP/2
+//! connection, the stream and this lifecycle together) plus hyper's connection task; it was a
+//! ractor actor before, whose task, message loop and four channels cost about 40 KiB per link
+//! (heaptrack, 2 000 links). Proposals are boxed so that their large futures are not part of
+//! every idle link's task.
+//!
+//! Told by: the registry (replaced). Speaks gRPC to the agent.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,17 +23,15 @@ use std::sync::Mutex;
 
 use computerd_proto::LINK_GENERATION;
 use computerd_proto::agent::Nothing;
+use computerd_proto::agent::SessionEnded;
 use computerd_proto::agent::agent_client::AgentClient;
+use computerd_proto::channel::LinkChannel;
 use computerd_raft::cluster::Cluster;
 use computerd_raft::sm::Command;
 use computerd_raft::sm::Request;
 use futures::StreamExt;
-use ractor::Actor;
-use ractor::ActorProcessingErr;
-use ractor::ActorRef;
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::Channel;
 
 use crate::now_ms;
 
@@ -42,7 +47,7 @@ impl Interceptor for Generation {
 }
 
 /// A gRPC client of one agent over its link.
-pub type Agent = AgentClient<InterceptedService<Channel, Generation>>;
+pub type Agent = AgentClient<InterceptedService<LinkChannel, Generation>>;
 
 /// One live link.
 #[derive(Clone)]
@@ -51,8 +56,8 @@ pub struct Link {
     pub generation: u64,
     /// The agent.
     pub client: Agent,
-    /// The link's actor, told when a newer generation replaces it.
-    actor: ActorRef<LinkMessage>,
+    /// Told when a newer generation replaces it.
+    replaced: Arc<tokio::sync::Notify>,
 }
 
 /// The links this node holds, by Computer id.
@@ -76,7 +81,7 @@ impl LinkRegistry {
             return false;
         }
         if let Some(old) = map.insert(computer_id.to_string(), link) {
-            let _ = old.actor.cast(LinkMessage::Replaced);
+            old.replaced.notify_one();
         }
         drop(map);
         self.added.notify_waiters();
@@ -115,10 +120,7 @@ impl LinkRegistry {
     }
 }
 
-/// The actor behaviour.
-pub struct AgentLinkActor;
-
-/// What a link actor starts with.
+/// What a link starts with.
 pub struct LinkArgs {
     /// The Computer.
     pub computer_id: String,
@@ -126,6 +128,8 @@ pub struct LinkArgs {
     pub generation: u64,
     /// The agent over this link.
     pub client: Agent,
+    /// The link's channel (the one `client` calls through), for the `WatchSessions` stream.
+    pub channel: LinkChannel,
     /// The store.
     pub cluster: Cluster,
     /// This node's links.
@@ -134,74 +138,87 @@ pub struct LinkArgs {
     pub activity: Arc<crate::idle::Activity>,
 }
 
-/// Messages of a link actor.
-pub enum LinkMessage {
+/// Why a link ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkEnd {
+    /// A newer generation of the same Computer was already registered on this node.
+    Stale,
     /// A newer generation of the same Computer registered on this node.
     Replaced,
     /// The `WatchSessions` stream ended: the connection is gone or the agent refused us.
     Lost,
 }
 
-/// The state of a link actor.
-pub struct LinkState {
-    args: LinkArgs,
-    watcher: tokio::task::JoinHandle<()>,
+/// Runs one link until it ends: registers it (newest generation wins), relays its
+/// `WatchSessions` reports, and when that stream ends or a newer generation registers,
+/// unregisters it (only if still its generation) and commits `LinkDown` for its generation.
+/// `connection` (the link's HTTP/2 connection) is driven alongside until it ends.
+pub async fn run(args: LinkArgs, connection: impl Future<Output = ()>) -> LinkEnd {
+    let replaced = Arc::new(tokio::sync::Notify::new());
+    let link = Link { generation: args.generation, client: args.client.clone(), replaced: replaced.clone() };
+    let a = &args;
+    if !a.links.insert(&a.computer_id, link) {
+        tracing::info!(computer_id = %a.computer_id, generation = a.generation, "a newer link is already here");
+        link_down(a).await;
+        return LinkEnd::Stale; // dropping the connection closes the link
+    }
+    tracing::info!(computer_id = %a.computer_id, generation = a.generation, "agent linked");
+    let mut connection = std::pin::pin!(connection);
+    let mut connection_done = false;
+    let end = {
+        let mut watch =
+            std::pin::pin!(watch_sessions(&a.cluster, &a.computer_id, a.generation, a.channel.clone(), &a.activity));
+        loop {
+            tokio::select! {
+                () = &mut watch => break LinkEnd::Lost,
+                () = replaced.notified() => break LinkEnd::Replaced,
+                () = &mut connection, if !connection_done => connection_done = true,
+            }
+        }
+    };
+    match end {
+        LinkEnd::Replaced => {
+            tracing::info!(computer_id = %a.computer_id, generation = a.generation, "link replaced by a newer one")
+        }
+        _ => tracing::info!(computer_id = %a.computer_id, generation = a.generation, "agent link lost"),
+    }
+    a.activity.set_busy(&a.computer_id, false);
+    a.links.remove_if(&a.computer_id, a.generation);
+    link_down(a).await;
+    // The connection lives on while calls still hold the client (it ends when they are done).
+    drop(args);
+    if !connection_done {
+        connection.await;
+    }
+    end
 }
 
-impl Actor for AgentLinkActor {
-    type Msg = LinkMessage;
-    type State = LinkState;
-    type Arguments = LinkArgs;
+/// Commits `LinkDown` for this link's generation only.
+async fn link_down(a: &LinkArgs) {
+    let cmd = Command::LinkDown { computer_id: a.computer_id.clone(), generation: a.generation, at_ms: now_ms() };
+    if let Err(e) = Box::pin(a.cluster.propose(Request::new(cmd))).await {
+        tracing::warn!(computer_id = %a.computer_id, error = %e, "could not record the link's end");
+    }
+}
 
-    async fn pre_start(&self, me: ActorRef<LinkMessage>, args: LinkArgs) -> Result<LinkState, ActorProcessingErr> {
-        let link = Link { generation: args.generation, client: args.client.clone(), actor: me.clone() };
-        if !args.links.insert(&args.computer_id, link) {
-            return Err(format!("a newer link of {} is already here", args.computer_id).into());
-        }
-        tracing::info!(computer_id = %args.computer_id, generation = args.generation, "agent linked");
-        let watch = watch_sessions(
-            args.cluster.clone(),
-            args.computer_id.clone(),
-            args.generation,
-            args.client.clone(),
-            args.activity.clone(),
-        );
-        let watcher = tokio::spawn(async move {
-            watch.await;
-            let _ = me.cast(LinkMessage::Lost);
-        });
-        Ok(LinkState { args, watcher })
+/// The codec of the `WatchSessions` stream: the generated one with a small decode buffer. Its
+/// reports are a few dozen bytes, and tonic allocates the buffer (8 KiB by default) for the whole
+/// life of the stream, that is, of every idle link; it grows when a larger message comes.
+#[derive(Default)]
+struct ReportCodec;
+
+impl tonic::codec::Codec for ReportCodec {
+    type Encode = Nothing;
+    type Decode = SessionEnded;
+    type Encoder = tonic_prost::ProstEncoder<Nothing>;
+    type Decoder = tonic_prost::ProstDecoder<SessionEnded>;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        tonic_prost::ProstEncoder::new(tonic::codec::BufferSettings::default())
     }
 
-    async fn handle(
-        &self,
-        me: ActorRef<LinkMessage>,
-        msg: LinkMessage,
-        state: &mut LinkState,
-    ) -> Result<(), ActorProcessingErr> {
-        let a = &state.args;
-        match msg {
-            LinkMessage::Replaced => {
-                tracing::info!(computer_id = %a.computer_id, generation = a.generation, "link replaced by a newer one")
-            }
-            LinkMessage::Lost => {
-                tracing::info!(computer_id = %a.computer_id, generation = a.generation, "agent link lost")
-            }
-        }
-        me.stop(None);
-        Ok(())
-    }
-
-    async fn post_stop(&self, _me: ActorRef<LinkMessage>, state: &mut LinkState) -> Result<(), ActorProcessingErr> {
-        state.watcher.abort();
-        let a = &state.args;
-        a.activity.set_busy(&a.computer_id, false);
-        a.links.remove_if(&a.computer_id, a.generation);
-        let cmd = Command::LinkDown { computer_id: a.computer_id.clone(), generation: a.generation, at_ms: now_ms() };
-        if let Err(e) = a.cluster.propose(Request::new(cmd)).await {
-            tracing::warn!(computer_id = %a.computer_id, error = %e, "could not record the link's end");
-        }
-        Ok(())
+    fn decoder(&mut self) -> Self::Decoder {
+        tonic_prost::ProstDecoder::new(tonic::codec::BufferSettings::new(256, 32 * 1024))
     }
 }
 
@@ -209,13 +226,22 @@ impl Actor for AgentLinkActor {
 /// events.
 /// Returns when the stream ends, which means the link is gone.
 async fn watch_sessions(
-    cluster: Cluster,
-    computer_id: String,
+    cluster: &Cluster,
+    computer_id: &str,
     generation: u64,
-    mut client: Agent,
-    activity: Arc<crate::idle::Activity>,
+    channel: LinkChannel,
+    activity: &crate::idle::Activity,
 ) {
-    let mut stream = match client.watch_sessions(Nothing {}).await {
+    let mut grpc = tonic::client::Grpc::with_origin(
+        InterceptedService::new(channel, Generation(generation)),
+        tonic::codegen::http::Uri::from_static("http://agent.link"),
+    );
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static("/computerd.agent.v1.Agent/WatchSessions");
+    let started = async {
+        grpc.ready().await.map_err(|e| tonic::Status::unavailable(format!("the link is not ready: {e}")))?;
+        grpc.server_streaming(tonic::Request::new(Nothing {}), path, ReportCodec).await
+    };
+    let mut stream = match started.await {
         Ok(s) => s.into_inner(),
         Err(e) => {
             tracing::debug!(computer_id = %computer_id, status = %e, "the agent refused WatchSessions");
@@ -223,12 +249,12 @@ async fn watch_sessions(
         }
     };
     while let Some(Ok(e)) = stream.next().await {
-        activity.set_busy(&computer_id, e.running > 0);
+        activity.set_busy(computer_id, e.running > 0);
         if e.session_id.is_empty() {
             continue; // a status report only
         }
         let cmd = Command::SessionEnded {
-            computer_id: computer_id.clone(),
+            computer_id: computer_id.to_string(),
             generation,
             session_id: e.session_id,
             owner: e.owner,
@@ -236,7 +262,9 @@ async fn watch_sessions(
             signal: e.signal,
             at_ms: now_ms(),
         };
-        if let Err(err) = cluster.propose(Request::new(cmd)).await {
+        // Boxed: the future of a proposal is large, and would otherwise be part of every idle
+        // link's task.
+        if let Err(err) = Box::pin(cluster.propose(Request::new(cmd))).await {
             tracing::warn!(computer_id = %computer_id, error = %err, "could not record a session's end");
         }
     }

@@ -40,8 +40,9 @@
 //! Environment: `BENCH_SECS`, `BENCH_WARMUP_SECS` (one window each for parts 1 with 2b, 2a and 3),
 //! `BENCH_QUICK`, `BENCH_JSON` and `COMPUTERD_BIN` as in the other benches (see [`settings`]),
 //! and `AGENT_BIN` (default `<target>/release/computer-agent`), `BENCH_LINKS` (default 10 000;
-//! 1 000 when quick) and `BENCH_IDLE_SECS` (the idle wait with all links up; default 10, 4 when
-//! quick).
+//! 1 000 when quick), `BENCH_IDLE_SECS` (the idle wait with all links up; default 10, 4 when
+//! quick) and `BENCH_PARTS` (the parts to run, e.g. `4` or `1,3`: `1` is parts 1 and 2b, `2` is
+//! 2a and 2c, `4` is part 4 and its baseline; default all).
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -122,6 +123,8 @@ const GOAL_KIB_PER_LINK: f64 = 32.0;
 struct Config {
     timing: Timing,
     quick: bool,
+    /// Which of parts 1 to 4 run (index 0 is part 1).
+    parts: [bool; 4],
     links: usize,
     idle: Duration,
     computerd_bin: PathBuf,
@@ -140,9 +143,23 @@ impl Config {
         if !(idle > 0.0 && idle.is_finite()) {
             bail!("BENCH_IDLE_SECS must be > 0");
         }
+        let parts = match std::env::var("BENCH_PARTS") {
+            Ok(v) if !v.trim().is_empty() => {
+                let mut parts = [false; 4];
+                for p in v.split(',').map(str::trim) {
+                    match p.parse::<usize>() {
+                        Ok(n @ 1..=4) => parts[n - 1] = true,
+                        _ => bail!("BENCH_PARTS: {p:?} is not one of 1, 2, 3, 4"),
+                    }
+                }
+                parts
+            }
+            _ => [true; 4],
+        };
         Ok(Config {
             timing: settings::timing(quick)?,
             quick,
+            parts,
             links,
             idle: Duration::from_secs_f64(idle),
             computerd_bin: settings::computerd_bin()?,
@@ -901,72 +918,92 @@ async fn bench(cfg: Config) -> Result<()> {
     let header = format!(
         "agent-bench: sessions, input, file reads and idle links through one computerd node and its agent \
          link, each against a baseline in the same run\n1 node; {:.1} s measured + {:.1} s warm-up for each of \
-         parts 1 with 2b, 2a, 3; {} links, idle {:.1} s{}\ncomputerd: {}\ncomputer-agent: {}\ncores: {cores}; load \
+         parts 1 with 2b, 2a, 3; {} links, idle {:.1} s{}{}\ncomputerd: {}\ncomputer-agent: {}\ncores: {cores}; load \
          average at start: {load_start}",
         cfg.timing.measure.as_secs_f64(),
         cfg.timing.warmup.as_secs_f64(),
         cfg.links,
         cfg.idle.as_secs_f64(),
         if cfg.quick { " (quick mode)" } else { "" },
+        if cfg.parts == [true; 4] {
+            String::new()
+        } else {
+            let on: Vec<String> = (1..=4).filter(|&n| cfg.parts[n - 1]).map(|n| n.to_string()).collect();
+            format!("; only parts {} (BENCH_PARTS)", on.join(","))
+        },
         cfg.computerd_bin.display(),
         cfg.agent_bin.display(),
     );
     eprintln!("{header}");
 
     let http = settings::http_client()?;
-    eprintln!("starting computerd (1 node)");
-    let c = TestCluster::start(1).await;
-    let api = Api { http, base: c.url(1, ""), token: c.token.clone() };
-
-    let (computer, code) = api.paired_computer("bench-agent").await.context("pair the agent's Computer")?;
-    let agent_log = c.dir.path().join("agent.log");
-    let log = std::fs::File::create(&agent_log).context("the agent's log")?;
-    let agent = tokio::process::Command::new(&cfg.agent_bin)
-        .args(["--server", &api.base, "--pair", &code, "--state"])
-        .arg(c.dir.path().join("agent-state"))
-        .env("COMPUTER_AGENT_LOG", "warn")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("start {}", cfg.agent_bin.display()))?;
-    api.wait_running(&computer)
-        .await
-        .with_context(|| format!("the agent did not link; its log ends:\n{}", log_tail(&agent_log, 10)))?;
-
-    eprintln!("parts 1 and 2b: sessions `true` and `echo x` vs raw bash -lc");
-    let (p1, p2b) = part_start_to_exit(&api, &computer, cfg.timing).await;
-    eprintln!("part 2a: input to `head -n 1` until exit vs a raw child");
-    let p2a = part_input_round_trip(&api, &computer, cfg.timing).await;
-    eprintln!("part 2c: input to `cat` with the shortest yield vs a raw cat");
-    let p2c = part_cat_yield(&api, &computer, if cfg.quick { CAT_SAMPLES / 2 } else { CAT_SAMPLES }).await;
-    eprintln!("part 3: 16 MiB file reads vs cat through a pipe");
-    let p3 = part_file_read(&api, &computer, c.dir.path(), cfg.timing).await;
-    drop(agent);
-    let mut node_panics = panics(&c);
-    drop(c);
-
-    // Part 4 on a fresh node, so that its memory holds nothing but the paired Computers.
-    eprintln!("starting a fresh computerd (1 node) for part 4");
-    let c = TestCluster::start(1).await;
-    let node_pid = c.nodes.get(&1).and_then(|n| n.child.as_ref()).map(|ch| ch.id()).context("node 1's process")?;
-    let api = Api { http: api.http, base: c.url(1, ""), token: c.token.clone() };
-    let p4 = part_links(&api, node_pid, cfg.links, cfg.idle).await;
-    node_panics.extend(panics(&c));
-    drop(c);
-    eprintln!("part 4 baseline: {} idle plain WebSocket connections to an echo server", cfg.links);
-    let p4b = part_plain(cfg.links).await;
-    let load_end = loadavg();
-
-    let mut pairs = vec![p1, p2a, p2b];
+    let mut pairs = Vec::new();
     let mut failed = Vec::new();
-    for (part, r) in [("2c", p2c), ("3", p3)] {
-        match r {
-            Ok(p) => pairs.push(p),
-            Err(e) => failed.push(format!("part {part} failed: {e:#}")),
+    let mut node_panics = Vec::new();
+    if cfg.parts[..3].iter().any(|&p| p) {
+        eprintln!("starting computerd (1 node)");
+        let c = TestCluster::start(1).await;
+        let api = Api { http: http.clone(), base: c.url(1, ""), token: c.token.clone() };
+
+        let (computer, code) = api.paired_computer("bench-agent").await.context("pair the agent's Computer")?;
+        let agent_log = c.dir.path().join("agent.log");
+        let log = std::fs::File::create(&agent_log).context("the agent's log")?;
+        let agent = tokio::process::Command::new(&cfg.agent_bin)
+            .args(["--server", &api.base, "--pair", &code, "--state"])
+            .arg(c.dir.path().join("agent-state"))
+            .env("COMPUTER_AGENT_LOG", "warn")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("start {}", cfg.agent_bin.display()))?;
+        api.wait_running(&computer)
+            .await
+            .with_context(|| format!("the agent did not link; its log ends:\n{}", log_tail(&agent_log, 10)))?;
+
+        if cfg.parts[0] {
+            eprintln!("parts 1 and 2b: sessions `true` and `echo x` vs raw bash -lc");
+            let (p1, p2b) = part_start_to_exit(&api, &computer, cfg.timing).await;
+            pairs.extend([p1, p2b]);
         }
+        let mut results = Vec::new();
+        if cfg.parts[1] {
+            eprintln!("part 2a: input to `head -n 1` until exit vs a raw child");
+            pairs.push(part_input_round_trip(&api, &computer, cfg.timing).await);
+            eprintln!("part 2c: input to `cat` with the shortest yield vs a raw cat");
+            let samples = if cfg.quick { CAT_SAMPLES / 2 } else { CAT_SAMPLES };
+            results.push(("2c", part_cat_yield(&api, &computer, samples).await));
+        }
+        if cfg.parts[2] {
+            eprintln!("part 3: 16 MiB file reads vs cat through a pipe");
+            results.push(("3", part_file_read(&api, &computer, c.dir.path(), cfg.timing).await));
+        }
+        for (part, r) in results {
+            match r {
+                Ok(p) => pairs.push(p),
+                Err(e) => failed.push(format!("part {part} failed: {e:#}")),
+            }
+        }
+        drop(agent);
+        node_panics.extend(panics(&c));
+        drop(c);
     }
+
+    let (mut p4, mut p4b) = (None, None);
+    if cfg.parts[3] {
+        // Part 4 on a fresh node, so that its memory holds nothing but the paired Computers.
+        eprintln!("starting a fresh computerd (1 node) for part 4");
+        let c = TestCluster::start(1).await;
+        let node_pid = c.nodes.get(&1).and_then(|n| n.child.as_ref()).map(|ch| ch.id()).context("node 1's process")?;
+        let api = Api { http, base: c.url(1, ""), token: c.token.clone() };
+        p4 = Some(part_links(&api, node_pid, cfg.links, cfg.idle).await);
+        node_panics.extend(panics(&c));
+        drop(c);
+        eprintln!("part 4 baseline: {} idle plain WebSocket connections to an echo server", cfg.links);
+        p4b = Some(part_plain(cfg.links).await);
+    }
+    let load_end = loadavg();
     pairs.sort_by_key(|p| p.part);
 
     println!("{header}; at end: {load_end}\n");
@@ -1007,7 +1044,8 @@ async fn bench(cfg: Config) -> Result<()> {
 
     println!();
     match &p4 {
-        Ok(m) => {
+        None => println!("4    not run (BENCH_PARTS)"),
+        Some(Ok(m)) => {
             println!(
                 "4    links: {} asked, {} paired in {:.1} s ({} errors), {} opened in {:.1} s ({} errors)",
                 m.links, m.paired, m.pair_secs, m.pair_errors, m.opened, m.open_secs, m.open_errors
@@ -1036,10 +1074,11 @@ async fn bench(cfg: Config) -> Result<()> {
                 println!("    {s}");
             }
         }
-        Err(e) => println!("part 4 failed: {e:#}"),
+        Some(Err(e)) => println!("part 4 failed: {e:#}"),
     }
     match &p4b {
-        Ok(p) => {
+        None => {}
+        Some(Ok(p)) => {
             println!(
                 "4    plain WebSocket echo server VmRSS: {} KiB before, {} KiB with {} idle connections ({} errors): \
                  {:.1} KiB/conn",
@@ -1049,7 +1088,7 @@ async fn bench(cfg: Config) -> Result<()> {
                 println!("    {s}");
             }
         }
-        Err(e) => println!("part 4 baseline failed: {e:#}"),
+        Some(Err(e)) => println!("part 4 baseline failed: {e:#}"),
     }
 
     println!(
@@ -1089,8 +1128,8 @@ async fn bench(cfg: Config) -> Result<()> {
             verdict(api / raw >= GOAL_THROUGHPUT_RATIO)
         );
     }
-    if let Ok(m) = &p4 {
-        let plain = p4b.as_ref().ok().map(|p| p.kib_per_conn);
+    if let Some(Ok(m)) = &p4 {
+        let plain = p4b.as_ref().and_then(|p| p.as_ref().ok()).map(|p| p.kib_per_conn);
         let vs_plain = plain.map_or_else(
             || "no baseline".to_string(),
             |k| format!("{:.2}x a plain WebSocket connection ({k:.1} KiB)", m.kib_per_link / k),
@@ -1127,8 +1166,8 @@ async fn bench(cfg: Config) -> Result<()> {
             "failed": failed,
             "nodePanics": node_panics,
             "throughputMiBps": throughput.map(|(api, raw)| json!({"api": api, "raw": raw})),
-            "links": p4.as_ref().ok(),
-            "plainWebSocket": p4b.as_ref().ok(),
+            "links": p4.as_ref().and_then(|p| p.as_ref().ok()),
+            "plainWebSocket": p4b.as_ref().and_then(|p| p.as_ref().ok()),
         });
         let text = serde_json::to_string_pretty(&doc).context("encode JSON")?;
         std::fs::write(path, text + "\n").with_context(|| format!("write {}", path.display()))?;

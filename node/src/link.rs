@@ -1,6 +1,7 @@
 //! The WebSocket handler of `/v1/agent/link`: authenticates the agent, commits the link's
-//! generation, opens gRPC over the connection and hands the link to an `AgentLinkActor`
-//! (`computerd_actors::link`), which watches it and records its end.
+//! generation, opens gRPC over the connection (one hyper HTTP/2 client connection,
+//! `computerd_proto::channel`) and runs the link's lifecycle (`computerd_actors::link::run`),
+//! which watches it and records its end, in this same task.
 //!
 //! A link: the agent sends `{"computerId","credential"}`; the node commits `LinkUp` (a new
 //! generation) and answers `{"generation"}`; then the node speaks gRPC to the agent over the same
@@ -9,16 +10,14 @@
 //! only, and the registry entry is removed only if it is still that generation, so closing an
 //! old link never unregisters a newer one.
 
-use std::sync::Arc;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use axum::extract::ws::Message;
 use axum::extract::ws::WebSocket;
-use computerd_actors::link::AgentLinkActor;
 use computerd_actors::link::Generation;
 use computerd_actors::link::LinkArgs;
 use computerd_proto::agent::agent_client::AgentClient;
+use computerd_proto::channel;
 use computerd_proto::wsio::MessageIo;
 use computerd_raft::sm::Command;
 use computerd_raft::sm::Request;
@@ -26,8 +25,7 @@ use computerd_raft::sm::Response;
 use computerd_raft::sm::hash_secret;
 use futures::SinkExt;
 use futures::StreamExt;
-use ractor::Actor;
-use tonic::transport::Endpoint;
+use tonic::service::interceptor::InterceptedService;
 
 use crate::http::AppState;
 use crate::ids::now_ms;
@@ -59,7 +57,8 @@ pub async fn handle(state: AppState, mut socket: WebSocket) {
         node_id: state.cluster.id(),
         at_ms: now_ms(),
     };
-    let generation = match state.cluster.propose(Request::new(cmd)).await {
+    // Boxed: a proposal's future is large and would otherwise stay part of this task's future.
+    let generation = match Box::pin(state.cluster.propose(Request::new(cmd))).await {
         Ok(Response::Id(g)) => match g.parse::<u64>() {
             Ok(g) => g,
             Err(_) => return refuse(socket, "internal error").await,
@@ -86,49 +85,44 @@ pub async fn handle(state: AppState, mut socket: WebSocket) {
     let tx = tx
         .sink_map_err(|e| std::io::Error::other(e.to_string()))
         .with(|b: bytes::Bytes| async move { Ok::<_, std::io::Error>(Message::Binary(b)) });
-    let slot = Arc::new(Mutex::new(Some(MessageIo::new(Box::pin(rx), Box::pin(tx)))));
-    let connector = tower::service_fn(move |_uri: http::Uri| {
-        let io = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
-        async move { io.map(hyper_util::rt::TokioIo::new).ok_or_else(|| std::io::Error::other("the link is closed")) }
-    });
-    let channel = Endpoint::from_static("http://agent.link")
-        .http2_keep_alive_interval(Duration::from_secs(5))
-        .keep_alive_timeout(Duration::from_secs(10))
-        .keep_alive_while_idle(true)
-        .connect_with_connector(connector)
-        .await;
-    let channel = match channel {
+    let io = MessageIo::new(Box::pin(rx), Box::pin(tx));
+    let settings =
+        channel::Settings { keep_alive_interval: Duration::from_secs(5), keep_alive_timeout: Duration::from_secs(10) };
+    let (channel, connection) = match channel::connect(io, settings).await {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(computer_id = %computer_id, error = %e, "cannot open the agent channel");
             return link_down(&state, &computer_id, generation).await;
         }
     };
-    let client = AgentClient::with_interceptor(channel, Generation(generation))
-        .max_decoding_message_size(8 << 20)
-        .max_encoding_message_size(8 << 20);
+    let client = AgentClient::with_origin(
+        InterceptedService::new(channel.clone(), Generation(generation)),
+        http::Uri::from_static("http://agent.link"),
+    )
+    .max_decoding_message_size(8 << 20)
+    .max_encoding_message_size(8 << 20);
     let args = LinkArgs {
         computer_id: computer_id.clone(),
         generation,
         client,
+        channel,
         cluster: state.cluster.clone(),
         links: state.links.clone(),
         activity: state.activity.clone(),
     };
-    match Actor::spawn(None, AgentLinkActor, args).await {
-        Ok((_, done)) => {
-            let _ = done.await;
+    // This task runs the link's lifecycle and drives its HTTP/2 connection: it ends when the link
+    // does (and any call still holding the client is done).
+    let connection = async {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, "the agent connection ended");
         }
-        Err(e) => {
-            tracing::warn!(computer_id = %computer_id, error = %e, "cannot start the link actor");
-            link_down(&state, &computer_id, generation).await;
-        }
-    }
+    };
+    computerd_actors::link::run(args, connection).await;
 }
 
 async fn link_down(state: &AppState, computer_id: &str, generation: u64) {
     let cmd = Command::LinkDown { computer_id: computer_id.to_string(), generation, at_ms: now_ms() };
-    if let Err(e) = state.cluster.propose(Request::new(cmd)).await {
+    if let Err(e) = Box::pin(state.cluster.propose(Request::new(cmd))).await {
         tracing::warn!(computer_id = %computer_id, error = %e, "could not record the link's end");
     }
 }

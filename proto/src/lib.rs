@@ -3,6 +3,7 @@
 
 #![warn(missing_docs)]
 
+pub mod channel;
 mod error;
 pub mod wsio;
 
