@@ -109,6 +109,16 @@ impl LinkRegistry {
         }
     }
 
+    /// Ends every link this node holds (their agents reconnect, through the balancer, to a node
+    /// that can commit their new generation); answers how many.
+    pub fn shed_all(&self) -> usize {
+        let map = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        for link in map.values() {
+            link.replaced.notify_one();
+        }
+        map.len()
+    }
+
     /// How many links this node holds.
     pub fn len(&self) -> usize {
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).len()
@@ -178,7 +188,7 @@ pub async fn run(args: LinkArgs, connection: impl Future<Output = ()>) -> LinkEn
     };
     match end {
         LinkEnd::Replaced => {
-            tracing::info!(computer_id = %a.computer_id, generation = a.generation, "link replaced by a newer one")
+            tracing::info!(computer_id = %a.computer_id, generation = a.generation, "link told to end (a newer one replaced it, or this node shed it)")
         }
         _ => tracing::info!(computer_id = %a.computer_id, generation = a.generation, "agent link lost"),
     }
@@ -191,6 +201,23 @@ pub async fn run(args: LinkArgs, connection: impl Future<Output = ()>) -> LinkEn
         connection.await;
     }
     end
+}
+
+/// Sheds this node's links while it is out of touch with a quorum (a partition): it cannot
+/// commit their commands or record their sessions' ends, and their agents can reach the majority
+/// even where no balancer shuts their connections. Checks every `every` until `stop`.
+pub async fn run_shedder(
+    cluster: Cluster,
+    links: Arc<LinkRegistry>,
+    every: std::time::Duration,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    while crate::tick(every, &mut stop).await {
+        if !links.is_empty() && !cluster.quorum_contact() {
+            let n = links.shed_all();
+            tracing::warn!(links = n, "out of touch with a quorum: shedding the agent links");
+        }
+    }
 }
 
 /// Commits `LinkDown` for this link's generation only.

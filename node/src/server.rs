@@ -202,6 +202,13 @@ pub async fn run(
         activity,
         providers,
     };
+    // A node cut off from its quorum sheds its agent links, so they move to the majority.
+    let shedder = tokio::spawn(computerd_actors::link::run_shedder(
+        cluster.clone(),
+        app_state.links.clone(),
+        Duration::from_millis(500),
+        stop_rx.clone(),
+    ));
     let app = http::router(app_state.clone());
     route_target.set(app.clone(), app_state);
     let mut http_stop = stop_rx.clone();
@@ -227,6 +234,7 @@ pub async fn run(
     let http_result = http.await;
     let _ = driver.await;
     let _ = liveness.await;
+    let _ = shedder.await;
     let _ = reporter.await;
     let _ = scheduler.await;
     let _ = watch.await;

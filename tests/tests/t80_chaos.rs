@@ -507,13 +507,23 @@ async fn t10_chaos() {
         .await;
         println!("  fault {f}: {fault:?} of node {target} (leader {leader}): writes back after {back:?}");
         write_back.push(back);
+        // The links of the killed, stopped or cut-off node move to live nodes of the majority
+        // (a cut-off node sheds its links and HAProxy marks it down).
+        for id in &moving {
+            let back = wait_for("a link to come back", Duration::from_secs(30), || async {
+                let (_, v) = api.call(Method::GET, &format!("/v1/computers/{id}"), None).await?;
+                (v["state"] == "running" && v["linkNode"].as_u64().is_some_and(|n| n != target)).then(|| t0.elapsed())
+            })
+            .await;
+            link_back.push(back);
+        }
         if let Some((writer, healing, answered)) = isolated {
             // The partition holds: the probe was applied by the majority, not by the cut-off node.
             if let Some(v) = partition_leak(&c, target).await {
                 violations.push(v);
             }
-            // The isolated node keeps its clients (and its agents' links, through HAProxy): let
-            // its writer see a few answers, then heal and count what it acknowledged.
+            // Let the writer aimed at the isolated node see a few answers, then heal and count
+            // what it acknowledged.
             wait_for("the isolated node's writer to be answered", Duration::from_secs(60), || async {
                 (answered.load(Ordering::SeqCst) >= 3 && t0.elapsed() >= Duration::from_secs(2)).then_some(())
             })
@@ -537,24 +547,13 @@ async fn t10_chaos() {
             isolated_refused += seen.refused;
             isolated_early += early.len();
             isolated_acked.extend(seen.acked.into_iter().map(|(n, _)| n));
-            // Its links stayed where they were (HAProxy still reaches the node): they are back
-            // when their Computers run commands again.
+            // Its links moved to the majority (the node shed them); they run commands again.
             for id in &moving {
                 let back = wait_for("a link to work again", Duration::from_secs(30), || async {
                     runs_commands(&api, id).await.then(|| healed.elapsed())
                 })
                 .await;
                 link_after_heal.push(back);
-            }
-        } else {
-            for id in &moving {
-                let back = wait_for("a link to come back", Duration::from_secs(30), || async {
-                    let (_, v) = api.call(Method::GET, &format!("/v1/computers/{id}"), None).await?;
-                    (v["state"] == "running" && v["linkNode"].as_u64().is_some_and(|n| n != target))
-                        .then(|| t0.elapsed())
-                })
-                .await;
-                link_back.push(back);
             }
         }
         match fault {
