@@ -14,7 +14,8 @@
 //! the reason printed, where iptables is not usable (not root, not installed).
 //!
 //! Size: `CHAOS_NODES` (default 3), `CHAOS_FAULTS` (default 6, CI's bounded run; the report of
-//! the issue uses 20+), e.g. `CHAOS_NODES=5 CHAOS_FAULTS=24 cargo nextest run -p computerd-tests
+//! the issue uses 20+), `CHAOS_FAULT_KINDS` (a comma list of fault names as the report prints
+//! them, e.g. `SIGKILL leader`, to narrow the rotation), e.g. `CHAOS_NODES=5 CHAOS_FAULTS=24 cargo nextest run -p computerd-tests
 //! --test t80_chaos --no-capture`.
 
 use std::collections::HashMap;
@@ -416,6 +417,12 @@ async fn t10_chaos() {
     if net.is_some() {
         rotation.extend([Fault::PartitionLeader, Fault::PartitionRandom]);
     }
+    // CHAOS_FAULT_KINDS narrows the rotation, e.g. "SIGKILL leader" for 20+ leader kills.
+    if let Ok(kinds) = std::env::var("CHAOS_FAULT_KINDS") {
+        let wanted: Vec<&str> = kinds.split(',').map(str::trim).collect();
+        rotation.retain(|f| wanted.contains(&f.name()));
+        assert!(!rotation.is_empty(), "CHAOS_FAULT_KINDS={kinds} names no usable fault");
+    }
     let (s, p) = api
         .call(Method::POST, "/v1/computer-providers", Some(json!({"kind": "fake", "name": "f", "config": {}})))
         .await
@@ -455,6 +462,7 @@ async fn t10_chaos() {
         .collect();
 
     let mut write_back = Vec::new();
+    let mut write_back_by_kind: std::collections::BTreeMap<&'static str, Vec<Duration>> = Default::default();
     let mut link_back = Vec::new();
     let mut link_after_heal = Vec::new();
     let mut injected: HashMap<&'static str, usize> = HashMap::new();
@@ -507,6 +515,7 @@ async fn t10_chaos() {
         .await;
         println!("  fault {f}: {fault:?} of node {target} (leader {leader}): writes back after {back:?}");
         write_back.push(back);
+        write_back_by_kind.entry(fault.name()).or_default().push(back);
         // The links of the killed, stopped or cut-off node move to live nodes of the majority
         // (a cut-off node sheds its links and HAProxy marks it down).
         for id in &moving {
@@ -667,6 +676,14 @@ async fn t10_chaos() {
         write_back.iter().max().copied().unwrap_or_default(),
         write_back.len()
     );
+    for (kind, times) in &write_back_by_kind {
+        println!(
+            "    after {kind}: p50 {:?}, p99 {:?} (n={})",
+            percentile(times.clone(), 0.5),
+            percentile(times.clone(), 0.99),
+            times.len()
+        );
+    }
     println!(
         "  links back after their node's fault: p50 {:?}, p99 {:?}, max {:?} (n={})",
         percentile(link_back.clone(), 0.5),
