@@ -1,5 +1,5 @@
 //! The chaos suite: a cluster behind HAProxy under a workload of writers, lifecycle commands and
-//! paired agents running commands, while nodes are SIGKILLed (the leader or a random one),
+//! paired agents running commands (read to their end, or fed input) and writing files, while nodes are SIGKILLed (the leader or a random one),
 //! restarted, SIGSTOPped past the election timeout, or cut off from their peers by a network
 //! partition (the leader or a random node; iptables rules, see `computerd_tests::netfault`)
 //! while clients still reach them. Invariants are checked by code at the end; the report gives
@@ -388,6 +388,76 @@ async fn partition_leak(c: &TestCluster, target: u64) -> Option<String> {
 
 /// Whether a paired Computer runs commands again through the balancer: a short session answers
 /// its output.
+/// File writes on a paired agent's Computer through the balancer: each a new file with its own
+/// content. Answers the (path, content) pairs acknowledged (200), read back at the end.
+async fn file_writer(api: Api, computer: String, dir: String, stop: Arc<AtomicBool>) -> Vec<(String, String)> {
+    let mut acked = Vec::new();
+    let mut n = 0;
+    while !stop.load(Ordering::SeqCst) {
+        n += 1;
+        let path = format!("{dir}/f{n}.txt");
+        let content = format!("file {n} of {computer}\n").repeat(1 + n % 7);
+        let url = format!("/v1/computers/{computer}/files?path={path}");
+        match api.call(Method::PUT, &url, Some(json!({"content": content, "encoding": "utf8"}))).await {
+            Some((200, _)) => acked.push((path, content)),
+            // Not written, or the answer was lost (then the file may or may not be there).
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    acked
+}
+
+/// Sessions with input: a `head -n 10` session is sent ten numbered lines, one input call each.
+/// A session all of whose inputs were acknowledged must echo exactly those lines, in order, and
+/// end; one whose input answer was lost (delivered or not: unknown) is dropped. Answers
+/// (sessions checked, violations).
+async fn input_runner(api: Api, computer: String, k: usize, stop: Arc<AtomicBool>) -> (u64, Vec<String>) {
+    let mut checked = 0;
+    let mut violations = Vec::new();
+    let mut n = 0;
+    while !stop.load(Ordering::SeqCst) {
+        n += 1;
+        let body = json!({"command": "head -n 10", "yieldTimeMs": 250});
+        let Some((200, v)) = api.call(Method::POST, &format!("/v1/computers/{computer}/sessions"), Some(body)).await
+        else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let Some(sid) = v["session"].as_str().map(str::to_string) else { continue };
+        let url = format!("/v1/computers/{computer}/sessions/{sid}/input");
+        let mut output = v["output"].as_str().unwrap_or_default().to_string();
+        let mut sent = String::new();
+        let mut ended = false;
+        let mut certain = true;
+        for i in 1..=10 {
+            let line = format!("k{k}s{n}-{i}\n");
+            // The last line ends `head`: wait for that.
+            let wait = if i == 10 { 5000 } else { 250 };
+            match api.call(Method::POST, &url, Some(json!({"chars": line, "yieldTimeMs": wait}))).await {
+                Some((200, v)) => {
+                    sent.push_str(&line);
+                    output.push_str(v["output"].as_str().unwrap_or_default());
+                    ended = v["running"] == false;
+                }
+                _ => {
+                    certain = false;
+                    break;
+                }
+            }
+        }
+        if !certain {
+            let _ = api.call(Method::DELETE, &format!("/v1/computers/{computer}/sessions/{sid}"), None).await;
+            continue;
+        }
+        if !ended || output != sent {
+            violations.push(format!("input session k{k}s{n}: sent {sent:?}, echoed {output:?}, ended {ended}"));
+        } else {
+            checked += 1;
+        }
+    }
+    (checked, violations)
+}
+
 async fn runs_commands(api: &Api, computer: &str) -> bool {
     let body = json!({"command": "echo back", "yieldTimeMs": 5000});
     let path = format!("/v1/computers/{computer}/sessions");
@@ -459,6 +529,20 @@ async fn t10_chaos() {
         .iter()
         .enumerate()
         .map(|(k, id)| tokio::spawn(session_runner(api.clone(), id.clone(), k, stop.clone())))
+        .collect();
+    let inputs: Vec<_> = computers
+        .iter()
+        .enumerate()
+        .map(|(k, id)| tokio::spawn(input_runner(api.clone(), id.clone(), k, stop.clone())))
+        .collect();
+    let files: Vec<_> = computers
+        .iter()
+        .enumerate()
+        .map(|(k, id)| {
+            let dir = c.dir.path().join(format!("files-{k}"));
+            std::fs::create_dir_all(&dir).expect("files dir");
+            tokio::spawn(file_writer(api.clone(), id.clone(), dir.display().to_string(), stop.clone()))
+        })
         .collect();
 
     let mut write_back = Vec::new();
@@ -585,6 +669,24 @@ async fn t10_chaos() {
         whole_sessions += whole;
         violations.extend(v);
     }
+    let mut input_sessions = 0;
+    for s in inputs {
+        let (checked, v) = s.await.expect("input sessions");
+        input_sessions += checked;
+        violations.extend(v);
+    }
+    // Every acknowledged file write reads back byte-exact through the balancer.
+    let mut files_acked = 0;
+    for (k, f) in files.into_iter().enumerate() {
+        for (path, content) in f.await.expect("file writer") {
+            files_acked += 1;
+            let url = format!("/v1/computers/{}/files?path={path}", computers[k]);
+            match api.call(Method::GET, &url, None).await {
+                Some((200, v)) if v["content"] == content.as_str() => {}
+                other => violations.push(format!("acknowledged file {path} reads back as {other:?}")),
+            }
+        }
+    }
 
     // 1. No acknowledged write is lost (the isolated nodes' acknowledgements included).
     let (_, v) = api.call(Method::GET, "/v1/bots", None).await.expect("bots");
@@ -641,13 +743,15 @@ async fn t10_chaos() {
 
     println!("chaos report: {nodes} nodes behind HAProxy, {faults} faults");
     println!(
-        "  operations: {} bot writes acknowledged ({} failed or unknown), {} lifecycle submissions acknowledged ({} creates; {} attempts failed), {} sessions read whole",
+        "  operations: {} bot writes acknowledged ({} failed or unknown), {} lifecycle submissions acknowledged ({} creates; {} attempts failed), {} sessions read whole, {} input sessions echoed exactly, {} file writes acknowledged and read back",
         writes.ok.load(Ordering::Relaxed),
         writes.failed.load(Ordering::Relaxed),
         creates.ok.load(Ordering::Relaxed),
         acked_creates.len(),
         creates.failed.load(Ordering::Relaxed),
-        whole_sessions
+        whole_sessions,
+        input_sessions,
+        files_acked
     );
     println!("  faults injected: {injected:?}");
     if net.is_some() {
@@ -705,6 +809,7 @@ async fn t10_chaos() {
         println!("    {v}");
     }
     assert!(whole_sessions > 0, "no session was read whole");
+    assert!(input_sessions > 0 && files_acked > 0, "no input session or file write completed");
     assert!(violations.is_empty(), "{} invariant violations", violations.len());
     drop(agents);
 }
