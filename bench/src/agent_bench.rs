@@ -59,6 +59,7 @@ use anyhow::bail;
 use computer_agent::pairing::Credential;
 use computerd_bench::link_client;
 use computerd_bench::report::ERROR_SAMPLES;
+use computerd_bench::report::spawn_agent;
 use computerd_bench::report::call_json;
 use computerd_bench::report::excerpt;
 use computerd_bench::report::loadavg;
@@ -947,17 +948,7 @@ async fn bench(cfg: Config) -> Result<()> {
 
         let (computer, code) = api.paired_computer("bench-agent").await.context("pair the agent's Computer")?;
         let agent_log = c.dir.path().join("agent.log");
-        let log = std::fs::File::create(&agent_log).context("the agent's log")?;
-        let agent = tokio::process::Command::new(&cfg.agent_bin)
-            .args(["--server", &api.base, "--pair", &code, "--state"])
-            .arg(c.dir.path().join("agent-state"))
-            .env("COMPUTER_AGENT_LOG", "warn")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("start {}", cfg.agent_bin.display()))?;
+        let agent = spawn_agent(&cfg.agent_bin, &api.base, &code, c.dir.path(), &agent_log)?;
         api.wait_running(&computer)
             .await
             .with_context(|| format!("the agent did not link; its log ends:\n{}", log_tail(&agent_log, 10)))?;

@@ -45,6 +45,7 @@ use computerd_bench::report::call_json;
 use computerd_bench::report::excerpt;
 use computerd_bench::report::loadavg;
 use computerd_bench::report::panics;
+use computerd_bench::report::spawn_agent;
 use computerd_bench::settings;
 use computerd_bench::workload;
 use computerd_bench::workload::Op;
@@ -288,17 +289,7 @@ async fn part_routing(c: &TestCluster, http: &reqwest::Client, agent_bin: &Path,
     let owner_base = c.url(owner, "");
     let other_base = c.url(non_owner, "");
     let agent_log = c.dir.path().join("agent.log");
-    let log = std::fs::File::create(&agent_log).context("the agent's log")?;
-    let _agent = tokio::process::Command::new(agent_bin)
-        .args(["--server", &owner_base, "--pair", &code, "--state"])
-        .arg(c.dir.path().join("agent-state"))
-        .env("COMPUTER_AGENT_LOG", "warn")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("start {}", agent_bin.display()))?;
+    let _agent = spawn_agent(agent_bin, &owner_base, &code, c.dir.path(), &agent_log)?;
     let deadline = Instant::now() + LINK_BOUND;
     loop {
         // Both nodes must see the link on X (so Y routes it without a barrier or a redirect).

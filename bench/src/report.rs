@@ -1,5 +1,5 @@
-//! Small pieces the benchmark binaries share: JSON calls, error excerpts, and what a report
-//! says about the machine and the nodes.
+//! Small pieces the benchmark binaries share: JSON calls, error excerpts, what a report says
+//! about the machine and the nodes, and a paired `computer-agent` process.
 
 use anyhow::Context;
 use anyhow::Result;
@@ -55,4 +55,26 @@ pub fn panics(c: &TestCluster) -> Vec<String> {
         );
     }
     out
+}
+
+/// Starts `computer-agent` at `bin`, paired with `code` against `server`, its state in
+/// `dir/agent-state` and its warnings in `agent_log`; killed when the handle drops.
+pub fn spawn_agent(
+    bin: &std::path::Path,
+    server: &str,
+    code: &str,
+    dir: &std::path::Path,
+    agent_log: &std::path::Path,
+) -> Result<tokio::process::Child> {
+    let log = std::fs::File::create(agent_log).context("the agent's log")?;
+    tokio::process::Command::new(bin)
+        .args(["--server", server, "--pair", code, "--state"])
+        .arg(dir.join("agent-state"))
+        .env("COMPUTER_AGENT_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("start {}", bin.display()))
 }

@@ -60,25 +60,33 @@ impl State {
         Ok(())
     }
 
+    /// The owner of `computer_id` when it is placed on a node other than `node`.
+    fn other_owner(&self, computer_id: &str, node: Option<u64>) -> Option<(u64, u64)> {
+        match (node, self.placement(computer_id)) {
+            (Some(n), Some(owner)) if n != owner => Some((n, owner)),
+            _ => None,
+        }
+    }
+
     /// Refuses a claim from a node that does not own the execution's Computer.
     pub(crate) fn check_claim_node(&self, computer_id: &str, node: Option<u64>) -> Result<(), Reject> {
-        match (node, self.placement(computer_id)) {
-            (Some(n), Some(owner)) if n != owner => Err(Reject::new(
+        match self.other_owner(computer_id, node) {
+            Some((n, owner)) => Err(Reject::new(
                 RejectKind::Conflict,
                 format!("node {n} does not drive {computer_id}; node {owner} does"),
             )),
-            _ => Ok(()),
+            None => Ok(()),
         }
     }
 
     /// Refuses the dispatch of a claim whose node no longer owns the Computer.
     pub(crate) fn check_dispatch_node(&self, computer_id: &str, claim_node: Option<u64>) -> Result<(), Reject> {
-        match (claim_node, self.placement(computer_id)) {
-            (Some(n), Some(owner)) if n != owner => Err(Reject::new(
+        match self.other_owner(computer_id, claim_node) {
+            Some((n, owner)) => Err(Reject::new(
                 RejectKind::Conflict,
                 format!("{computer_id} moved to node {owner} after node {n} claimed it; nothing was sent"),
             )),
-            _ => Ok(()),
+            None => Ok(()),
         }
     }
 
