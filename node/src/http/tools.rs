@@ -195,7 +195,9 @@ pub async fn install(
     Path(bot_id): Path<String>,
     body: Body<InstallIn>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let caller = auth.for_write(&state).await?;
+    // A current read: the Computer is chosen from the bot's grants, which may have been given
+    // through another node a moment ago.
+    let caller = auth.current(&state).await?;
     let Json(b) = body?;
     check_id(&bot_id, "bot", "botId").map_err(|_| ApiError::not_found("no such bot"))?;
     state.cluster.state().read(|s| s.tool_bot(&caller, &bot_id))?;
