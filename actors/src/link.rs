@@ -1,39 +1,56 @@
 //! A link's lifecycle ([`run`], one per live agent link on this node, in the link's own task) and
-//! the link registry. [`run`] registers the link (newest generation wins), relays the agent's
-//! `computer_session` reports over one long-lived `WatchSessions` stream, and when the link ends
-//! (that stream fails, or a newer generation registers) unregisters it (only if still its
-//! generation) and commits `LinkDown` for its generation only, so an old link never unregisters
-//! or offlines a newer one.
+//! the link registry. [`run`] registers the link (newest generation wins), drives its WebSocket
+//! ([`computerd_proto::mux`]): pings the agent, relays the agent's session reports (as
+//! `computer_session` events and work for the idle-pause plan), and attaches the HTTP/2
+//! connections that calls open; when the link ends (the WebSocket fails, the agent is silent,
+//! or a newer generation registers) it unregisters it (only if still its generation) and
+//! commits `LinkDown` for its generation only, so an old link never unregisters or offlines a
+//! newer one.
 //!
-//! Liveness costs no request: the HTTP/2 connection under the link sends keep-alive PING frames
-//! (set by the WebSocket handler), and a dead connection or a closed WebSocket fails the
-//! `WatchSessions` stream, which is the signal that the link is lost.
+//! Calls reach the agent through [`Link::client`], over an HTTP/2 connection (an epoch) opened on
+//! the link when a call needs one and kept while calls come; [`LINGER`] after the last call the
+//! link lets it go, and the connection ends when the calls still holding it are done.
 //!
-//! Memory: an idle link is one task (the WebSocket handler's, which drives the HTTP/2
-//! connection, the stream and this lifecycle together) plus hyper's connection task; it was a
-//! ractor actor before, whose task, message loop and four channels cost about 40 KiB per link
-//! (heaptrack, 2 000 links). Proposals are boxed so that their large futures are not part of
-//! every idle link's task.
+//! Memory: an idle link is the WebSocket and this one task, with no HTTP/2 state at all. A link
+//! was an HTTP/2 connection for its whole life before, which cost about 43 KiB per idle link
+//! (h2's 16 KiB write and 8 KiB read buffers, hyper's request queue and tasks), and a ractor
+//! actor before that (about 40 KiB more). Proposals are boxed or spawned so that their large
+//! futures are not part of every idle link's task.
 //!
-//! Told by: the registry (replaced). Speaks gRPC to the agent.
+//! Told by: the registry (replaced), callers (an epoch to attach). Speaks gRPC to the agent.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::Mutex;
+use std::time::Duration;
+use std::time::Instant;
 
 use computerd_proto::LINK_GENERATION;
-use computerd_proto::agent::Nothing;
 use computerd_proto::agent::SessionEnded;
 use computerd_proto::agent::agent_client::AgentClient;
 use computerd_proto::channel::LinkChannel;
+use computerd_proto::mux;
+use computerd_proto::mux::EpochEnd;
+use computerd_proto::mux::Event;
+use computerd_proto::mux::Mux;
+use computerd_proto::mux::Transport;
 use computerd_raft::cluster::Cluster;
 use computerd_raft::sm::Command;
 use computerd_raft::sm::Request;
-use futures::StreamExt;
+use prost::Message as _;
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
 
 use crate::now_ms;
+
+/// How often the node pings an agent (and checks on the link).
+pub const PING_EVERY: Duration = Duration::from_secs(5);
+/// How long an agent may be silent (its pongs included) before the link is taken for lost.
+pub const SILENCE: Duration = Duration::from_secs(12);
+/// How long an HTTP/2 connection stays open on a link after its last call was started.
+pub const LINGER: Duration = Duration::from_secs(15);
+/// How long a link that was told to end (replaced, or shed) waits for calls still under way.
+const DRAIN: Duration = Duration::from_secs(60);
 
 /// Adds the link generation to every call.
 #[derive(Clone)]
@@ -54,10 +71,111 @@ pub type Agent = AgentClient<InterceptedService<LinkChannel, Generation>>;
 pub struct Link {
     /// Its generation.
     pub generation: u64,
-    /// The agent.
-    pub client: Agent,
-    /// Told when a newer generation replaces it.
-    replaced: Arc<tokio::sync::Notify>,
+    shared: Arc<Shared>,
+}
+
+/// What a link's task shares with its callers.
+struct Shared {
+    /// Told when a newer generation replaces it (or the node sheds it).
+    replaced: tokio::sync::Notify,
+    /// Told when a caller opened an epoch for the task to attach.
+    opened: tokio::sync::Notify,
+    /// One opener at a time (concurrent first calls share one epoch).
+    opening: tokio::sync::Mutex<()>,
+    epochs: Mutex<Epochs>,
+}
+
+#[derive(Default)]
+struct Epochs {
+    /// The link ended: no more epochs.
+    closed: bool,
+    /// The number of the last epoch opened.
+    last: u32,
+    /// Epochs opened by callers, for the task to attach.
+    new: Vec<EpochEnd>,
+    /// The open channel, and when a call last took it.
+    current: Option<(LinkChannel, Instant)>,
+}
+
+impl Shared {
+    fn current(&self) -> Option<LinkChannel> {
+        let mut e = self.epochs.lock().unwrap_or_else(|p| p.into_inner());
+        match &mut e.current {
+            Some((c, used)) if !c.is_closed() => {
+                *used = Instant::now();
+                Some(c.clone())
+            }
+            _ => None,
+        }
+    }
+
+    /// Lets the channel go once no call took it for [`LINGER`].
+    fn expire(&self) {
+        let mut e = self.epochs.lock().unwrap_or_else(|p| p.into_inner());
+        if e.current.as_ref().is_some_and(|(c, used)| c.is_closed() || used.elapsed() >= LINGER) {
+            e.current = None;
+        }
+    }
+
+    fn take_new(&self) -> Vec<EpochEnd> {
+        std::mem::take(&mut self.epochs.lock().unwrap_or_else(|p| p.into_inner()).new)
+    }
+
+    /// No more epochs; the ones not attached yet end (their calls fail).
+    fn close(&self) {
+        let mut e = self.epochs.lock().unwrap_or_else(|p| p.into_inner());
+        e.closed = true;
+        e.new.clear();
+        e.current = None;
+    }
+}
+
+impl Link {
+    /// A client of the agent: over the link's open HTTP/2 connection, or a new one (an epoch the
+    /// link's task attaches). Fails when the link ended.
+    pub async fn client(&self) -> Result<Agent, tonic::Status> {
+        let agent = |c: LinkChannel| {
+            AgentClient::with_origin(
+                InterceptedService::new(c, Generation(self.generation)),
+                tonic::codegen::http::Uri::from_static("http://agent.link"),
+            )
+            .max_decoding_message_size(8 << 20)
+            .max_encoding_message_size(8 << 20)
+        };
+        if let Some(c) = self.shared.current() {
+            return Ok(agent(c));
+        }
+        let _one = self.shared.opening.lock().await;
+        if let Some(c) = self.shared.current() {
+            return Ok(agent(c));
+        }
+        let gone = || tonic::Status::unavailable("the agent's link ended");
+        let io = {
+            let mut e = self.shared.epochs.lock().unwrap_or_else(|p| p.into_inner());
+            if e.closed {
+                return Err(gone());
+            }
+            e.last += 1;
+            let (end, io) = mux::epoch(e.last);
+            e.new.push(end);
+            io
+        };
+        self.shared.opened.notify_one();
+        let (channel, connection) = computerd_proto::channel::open(io)
+            .await
+            .map_err(|e| tonic::Status::unavailable(format!("cannot open a connection on the agent's link: {e}")))?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "a connection on an agent link ended");
+            }
+        });
+        let mut e = self.shared.epochs.lock().unwrap_or_else(|p| p.into_inner());
+        if e.closed {
+            return Err(gone());
+        }
+        e.current = Some((channel.clone(), Instant::now()));
+        Ok(agent(channel))
+    }
 }
 
 /// The links this node holds, by Computer id.
@@ -81,7 +199,7 @@ impl LinkRegistry {
             return false;
         }
         if let Some(old) = map.insert(computer_id.to_string(), link) {
-            old.replaced.notify_one();
+            old.shared.replaced.notify_one();
         }
         drop(map);
         self.added.notify_waiters();
@@ -114,7 +232,7 @@ impl LinkRegistry {
     pub fn shed_all(&self) -> usize {
         let map = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         for link in map.values() {
-            link.replaced.notify_one();
+            link.shared.replaced.notify_one();
         }
         map.len()
     }
@@ -136,10 +254,6 @@ pub struct LinkArgs {
     pub computer_id: String,
     /// The committed generation of this link.
     pub generation: u64,
-    /// The agent over this link.
-    pub client: Agent,
-    /// The link's channel (the one `client` calls through), for the `WatchSessions` stream.
-    pub channel: LinkChannel,
     /// The store.
     pub cluster: Cluster,
     /// This node's links.
@@ -153,36 +267,51 @@ pub struct LinkArgs {
 pub enum LinkEnd {
     /// A newer generation of the same Computer was already registered on this node.
     Stale,
-    /// A newer generation of the same Computer registered on this node.
+    /// A newer generation of the same Computer registered on this node, or the node shed it.
     Replaced,
-    /// The `WatchSessions` stream ended: the connection is gone or the agent refused us.
+    /// The WebSocket ended or failed, or the agent was silent for [`SILENCE`].
     Lost,
 }
 
-/// Runs one link until it ends: registers it (newest generation wins), relays its
-/// `WatchSessions` reports, and when that stream ends or a newer generation registers,
-/// unregisters it (only if still its generation) and commits `LinkDown` for its generation.
-/// `connection` (the link's HTTP/2 connection) is driven alongside until it ends.
-pub async fn run(args: LinkArgs, connection: impl Future<Output = ()>) -> LinkEnd {
-    let replaced = Arc::new(tokio::sync::Notify::new());
-    let link = Link { generation: args.generation, client: args.client.clone(), replaced: replaced.clone() };
+/// Runs one link until it ends: registers it (newest generation wins), drives its WebSocket
+/// (pings, the agent's reports, the epochs calls open), and when the link ends unregisters it
+/// (only if still its generation) and commits `LinkDown` for its generation. A link told to end
+/// lets the calls under way finish first (for at most a minute).
+pub async fn run<T: Transport>(args: LinkArgs, mut mux: Mux<T>) -> LinkEnd {
+    let shared = Arc::new(Shared {
+        replaced: tokio::sync::Notify::new(),
+        opened: tokio::sync::Notify::new(),
+        opening: tokio::sync::Mutex::new(()),
+        epochs: Mutex::new(Epochs::default()),
+    });
     let a = &args;
-    if !a.links.insert(&a.computer_id, link) {
+    if !a.links.insert(&a.computer_id, Link { generation: a.generation, shared: shared.clone() }) {
         tracing::info!(computer_id = %a.computer_id, generation = a.generation, "a newer link is already here");
         link_down(a).await;
-        return LinkEnd::Stale; // dropping the connection closes the link
+        return LinkEnd::Stale; // dropping the WebSocket closes the link
     }
     tracing::info!(computer_id = %a.computer_id, generation = a.generation, "agent linked");
-    let mut connection = std::pin::pin!(connection);
-    let mut connection_done = false;
-    let end = {
-        let mut watch =
-            std::pin::pin!(watch_sessions(&a.cluster, &a.computer_id, a.generation, a.channel.clone(), &a.activity));
-        loop {
-            tokio::select! {
-                () = &mut watch => break LinkEnd::Lost,
-                () = replaced.notified() => break LinkEnd::Replaced,
-                () = &mut connection, if !connection_done => connection_done = true,
+    let mut tick = tokio::time::interval(PING_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let end = loop {
+        tokio::select! {
+            event = mux.next() => match event {
+                Event::Report(r) => on_report(a, &r),
+                Event::Accepted(_) => {} // a node serves no epochs: dropping it closes it
+                Event::Ended(e) => {
+                    tracing::debug!(computer_id = %a.computer_id, error = %e, "the link's WebSocket ended");
+                    break LinkEnd::Lost;
+                }
+            },
+            () = shared.replaced.notified() => break LinkEnd::Replaced,
+            () = shared.opened.notified() => shared.take_new().into_iter().for_each(|e| mux.attach(e)),
+            _ = tick.tick() => {
+                if mux.last_rx().elapsed() > SILENCE {
+                    tracing::info!(computer_id = %a.computer_id, "the agent was silent for {SILENCE:?}");
+                    break LinkEnd::Lost;
+                }
+                shared.expire();
+                mux.ping();
             }
         }
     };
@@ -194,13 +323,55 @@ pub async fn run(args: LinkArgs, connection: impl Future<Output = ()>) -> LinkEn
     }
     a.activity.set_busy(&a.computer_id, false);
     a.links.remove_if(&a.computer_id, a.generation);
+    shared.close();
     link_down(a).await;
-    // The connection lives on while calls still hold the client (it ends when they are done).
-    drop(args);
-    if !connection_done {
-        connection.await;
+    if end == LinkEnd::Replaced {
+        drain(&mut mux, &shared).await;
     }
     end
+}
+
+/// Drives the WebSocket of a link told to end until the calls on it are done (its epochs ended),
+/// the WebSocket ends, or [`DRAIN`] passes.
+async fn drain<T: Transport>(mux: &mut Mux<T>, shared: &Shared) {
+    let deadline = tokio::time::sleep(DRAIN);
+    tokio::pin!(deadline);
+    // Epochs opened just before the end are attached so that their calls end cleanly.
+    shared.take_new().into_iter().for_each(|e| mux.attach(e));
+    while mux.epochs() > 0 {
+        tokio::select! {
+            event = mux.next() => if matches!(event, Event::Ended(_)) { return },
+            () = &mut deadline => return,
+        }
+    }
+}
+
+/// One report of the agent: its running commands (work, for the idle-pause plan), and a session
+/// that ended after its wait (a `computer_session` event, committed in a task of its own).
+fn on_report(a: &LinkArgs, r: &[u8]) {
+    let Ok(e) = SessionEnded::decode(r) else {
+        tracing::warn!(computer_id = %a.computer_id, "a malformed report from the agent");
+        return;
+    };
+    a.activity.set_busy(&a.computer_id, e.running > 0);
+    if e.session_id.is_empty() {
+        return; // a status report only
+    }
+    let cmd = Command::SessionEnded {
+        computer_id: a.computer_id.clone(),
+        generation: a.generation,
+        session_id: e.session_id,
+        owner: e.owner,
+        exit_code: e.exit_code,
+        signal: e.signal,
+        at_ms: now_ms(),
+    };
+    let (cluster, computer_id) = (a.cluster.clone(), a.computer_id.clone());
+    tokio::spawn(async move {
+        if let Err(err) = cluster.propose(Request::new(cmd)).await {
+            tracing::warn!(computer_id = %computer_id, error = %err, "could not record a session's end");
+        }
+    });
 }
 
 /// Sheds this node's links while it is out of touch with a quorum (a partition): it cannot
@@ -225,74 +396,5 @@ async fn link_down(a: &LinkArgs) {
     let cmd = Command::LinkDown { computer_id: a.computer_id.clone(), generation: a.generation, at_ms: now_ms() };
     if let Err(e) = Box::pin(a.cluster.propose(Request::new(cmd))).await {
         tracing::warn!(computer_id = %a.computer_id, error = %e, "could not record the link's end");
-    }
-}
-
-/// The codec of the `WatchSessions` stream: the generated one with a small decode buffer. Its
-/// reports are a few dozen bytes, and tonic allocates the buffer (8 KiB by default) for the whole
-/// life of the stream, that is, of every idle link; it grows when a larger message comes.
-#[derive(Default)]
-struct ReportCodec;
-
-impl tonic::codec::Codec for ReportCodec {
-    type Encode = Nothing;
-    type Decode = SessionEnded;
-    type Encoder = tonic_prost::ProstEncoder<Nothing>;
-    type Decoder = tonic_prost::ProstDecoder<SessionEnded>;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        tonic_prost::ProstEncoder::new(tonic::codec::BufferSettings::default())
-    }
-
-    fn decoder(&mut self) -> Self::Decoder {
-        tonic_prost::ProstDecoder::new(tonic::codec::BufferSettings::new(256, 32 * 1024))
-    }
-}
-
-/// Turns the agent's reports of commands that ended after their wait into `computer_session`
-/// events.
-/// Returns when the stream ends, which means the link is gone.
-async fn watch_sessions(
-    cluster: &Cluster,
-    computer_id: &str,
-    generation: u64,
-    channel: LinkChannel,
-    activity: &crate::idle::Activity,
-) {
-    let mut grpc = tonic::client::Grpc::with_origin(
-        InterceptedService::new(channel, Generation(generation)),
-        tonic::codegen::http::Uri::from_static("http://agent.link"),
-    );
-    let path = tonic::codegen::http::uri::PathAndQuery::from_static("/computerd.agent.v1.Agent/WatchSessions");
-    let started = async {
-        grpc.ready().await.map_err(|e| tonic::Status::unavailable(format!("the link is not ready: {e}")))?;
-        grpc.server_streaming(tonic::Request::new(Nothing {}), path, ReportCodec).await
-    };
-    let mut stream = match started.await {
-        Ok(s) => s.into_inner(),
-        Err(e) => {
-            tracing::debug!(computer_id = %computer_id, status = %e, "the agent refused WatchSessions");
-            return;
-        }
-    };
-    while let Some(Ok(e)) = stream.next().await {
-        activity.set_busy(computer_id, e.running > 0);
-        if e.session_id.is_empty() {
-            continue; // a status report only
-        }
-        let cmd = Command::SessionEnded {
-            computer_id: computer_id.to_string(),
-            generation,
-            session_id: e.session_id,
-            owner: e.owner,
-            exit_code: e.exit_code,
-            signal: e.signal,
-            at_ms: now_ms(),
-        };
-        // Boxed: the future of a proposal is large, and would otherwise be part of every idle
-        // link's task.
-        if let Err(err) = Box::pin(cluster.propose(Request::new(cmd))).await {
-            tracing::warn!(computer_id = %computer_id, error = %err, "could not record a session's end");
-        }
     }
 }

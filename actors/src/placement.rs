@@ -78,7 +78,8 @@ mod tests {
     #[test]
     fn live_set_rules() {
         let ms = Duration::from_millis;
-        let silence: BTreeMap<u64, Option<Duration>> = BTreeMap::from([(2, Some(ms(100))), (3, Some(ms(5000))), (4, None)]);
+        let silence: BTreeMap<u64, Option<Duration>> =
+            BTreeMap::from([(2, Some(ms(100))), (3, Some(ms(5000))), (4, None)]);
         let members = [1, 2, 3, 4];
         // A young leadership gives the unheard member time; a long-silent one is dead.
         assert_eq!(live_set(1, &members, &silence, ms(200), ms(1200)), BTreeSet::from([1, 2, 4]));

@@ -1,19 +1,33 @@
 //! The link: dial `/v1/agent/link` over WebSocket, authenticate, learn the link generation, then
-//! serve the agent's gRPC service over the connection until it drops; reconnect with jittered
+//! serve the agent's gRPC service on the HTTP/2 connections the node opens over it, and send the
+//! sessions' reports, until it drops (see `computerd_proto::mux`); reconnect with jittered
 //! exponential backoff. Sessions live on across reconnects.
 
+use std::pin::Pin;
 use std::sync::atomic::Ordering;
+use std::task::Context;
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
+use computerd_proto::agent::SessionEnded;
 use computerd_proto::agent::agent_server::AgentServer;
-use computerd_proto::wsio::MessageIo;
+use computerd_proto::mux::EpochIo;
+use computerd_proto::mux::Event;
+use computerd_proto::mux::Mux;
+use computerd_proto::mux::Role;
+use computerd_proto::mux::WsIn;
+use computerd_proto::mux::WsOut;
+use futures::Sink;
 use futures::SinkExt;
+use futures::Stream;
 use futures::StreamExt;
+use prost::Message as _;
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::pairing::Credential;
 use crate::service::AgentService;
+use crate::sessions::Ended;
 
 /// The WebSocket URL of the link for an `http(s)://` server URL.
 pub fn link_url(server: &str) -> String {
@@ -48,12 +62,11 @@ pub async fn run(server: String, cred: Credential, svc: AgentService) {
 async fn connect_once(server: &str, cred: &Credential, svc: &AgentService) -> Result<(), String> {
     // TCP_NODELAY: a small answer written in pieces must not wait for the node's delayed ACK
     // (Nagle cost ~40 ms per call before).
-    let (ws, _) =
+    let (mut ws, _) =
         tokio_tungstenite::connect_async_with_config(link_url(server), None, true).await.map_err(|e| e.to_string())?;
-    let (mut tx, mut rx) = ws.split();
     let hello = serde_json::json!({ "computerId": cred.computer_id, "credential": cred.credential });
-    tx.send(Message::Text(hello.to_string().into())).await.map_err(|e| e.to_string())?;
-    let welcome = match tokio::time::timeout(Duration::from_secs(30), rx.next()).await {
+    ws.send(Message::Text(hello.to_string().into())).await.map_err(|e| e.to_string())?;
+    let welcome = match tokio::time::timeout(Duration::from_secs(30), ws.next()).await {
         Ok(Some(Ok(Message::Text(t)))) => t.to_string(),
         other => return Err(format!("no welcome from the server: {other:?}")),
     };
@@ -61,41 +74,122 @@ async fn connect_once(server: &str, cred: &Credential, svc: &AgentService) -> Re
     let generation = v["generation"].as_u64().ok_or_else(|| format!("refused: {}", v["error"]))?;
     svc.generation.store(generation, Ordering::SeqCst);
     tracing::info!(generation, computer_id = %cred.computer_id, "link up");
-    serve(tx, rx, svc.clone()).await
+    serve(ws, svc.clone()).await
 }
 
 /// The WebSocket of a link.
 pub type LinkSocket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
-/// Serves the agent's gRPC service over an authenticated link (after the welcome) until the
-/// connection ends: HTTP/2 over the WebSocket's binary messages.
-pub async fn serve(
-    tx: futures::stream::SplitSink<LinkSocket, Message>,
-    rx: futures::stream::SplitStream<LinkSocket>,
-    svc: AgentService,
-) -> Result<(), String> {
-    let rx = rx.filter_map(|m| async move {
-        match m {
-            Ok(Message::Binary(b)) => Some(Ok(b)),
-            Ok(_) => None,
-            Err(e) => Some(Err(std::io::Error::other(e.to_string()))),
+/// How long the agent waits without a word from the node (which pings every 5 s) before it
+/// takes the link for dead and dials again.
+const NODE_SILENCE: Duration = Duration::from_secs(15);
+
+/// Serves an authenticated link (after the welcome) until it ends: the agent's gRPC service on
+/// every HTTP/2 connection (epoch) the node opens, and the sessions' reports (a status report
+/// now and whenever the number of running commands changes, and every session that ended after
+/// its wait) as report frames ([`computerd_proto::mux`]).
+pub async fn serve(ws: LinkSocket, svc: AgentService) -> Result<(), String> {
+    let mut mux = Mux::new(Ws(ws), Role::Server);
+    let (epochs, incoming) = futures::channel::mpsc::unbounded::<EpochIo>();
+    let server = tonic::transport::Server::builder()
+        .add_service(AgentServer::new(svc.clone()).max_decoding_message_size(8 << 20))
+        .serve_with_incoming(incoming.map(Ok::<_, std::io::Error>));
+    let mut server = std::pin::pin!(server);
+    let sessions = svc.sessions.clone();
+    let mut running = sessions.running();
+    let status = |running: u32| SessionEnded { running, ..Default::default() }.encode_to_vec();
+    mux.report(&status(*running.borrow_and_update()));
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let ended: Result<(), String> = async {
+        loop {
+            tokio::select! {
+                event = mux.next() => match event {
+                    Event::Accepted(io) => {
+                        if epochs.unbounded_send(io).is_err() {
+                            return Err("the agent's server stopped".into());
+                        }
+                    }
+                    Event::Report(_) => {} // the node sends none
+                    Event::Ended(e) => return Err(format!("the link ended: {e}")),
+                },
+                ended = sessions.next_ended() => {
+                    for e in ended {
+                        let report = SessionEnded {
+                            session_id: e.session_id,
+                            owner: e.owner,
+                            exit_code: e.exit_code,
+                            signal: e.signal,
+                            running: *running.borrow(),
+                        };
+                        mux.report(&report.encode_to_vec());
+                    }
+                }
+                changed = running.changed() => {
+                    if changed.is_err() {
+                        return Err("the sessions are gone".into());
+                    }
+                    mux.report(&status(*running.borrow_and_update()));
+                }
+                r = &mut server => return Err(format!("the agent's server stopped: {r:?}")),
+                _ = tick.tick() => {
+                    if mux.last_rx().elapsed() > NODE_SILENCE {
+                        return Err(format!("no word from the node for {NODE_SILENCE:?}"));
+                    }
+                }
+            }
         }
-    });
-    let tx = tx
-        .sink_map_err(|e| std::io::Error::other(e.to_string()))
-        .with(|b: Bytes| async move { Ok::<_, std::io::Error>(Message::Binary(b)) });
-    let mut io = MessageIo::new(Box::pin(rx), Box::pin(tx));
-    let closed = io.close_signal();
-    // One connection: the incoming stream never ends by itself; the link ends when the
-    // connection (and so the stream) is dropped.
-    let incoming = futures::stream::iter([Ok::<_, std::io::Error>(io)]).chain(futures::stream::pending());
-    tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(5)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
-        .add_service(AgentServer::new(svc).max_decoding_message_size(8 << 20))
-        .serve_with_incoming_shutdown(incoming, async move {
-            let _ = closed.await;
+    }
+    .await;
+    // Reports not written yet are kept for the next link (sessions that ended stay reported).
+    let unsent: Vec<Ended> = mux
+        .take_unsent_reports()
+        .into_iter()
+        .filter_map(|r| SessionEnded::decode(r).ok())
+        .filter(|r| !r.session_id.is_empty())
+        .map(|r| Ended { session_id: r.session_id, owner: r.owner, exit_code: r.exit_code, signal: r.signal })
+        .collect();
+    sessions.requeue(unsent);
+    ended
+}
+
+/// The link's WebSocket as the mux drives it.
+struct Ws(LinkSocket);
+
+impl Stream for Ws {
+    type Item = std::io::Result<WsIn>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        Pin::new(&mut self.0).poll_next(cx).map(|m| {
+            m.map(|m| match m {
+                Ok(Message::Binary(b)) => Ok(WsIn::Binary(b)),
+                Ok(_) => Ok(WsIn::Other),
+                Err(e) => Err(std::io::Error::other(e)),
+            })
         })
-        .await
-        .map_err(|e| e.to_string())
+    }
+}
+
+impl Sink<WsOut> for Ws {
+    type Error = std::io::Error;
+
+    fn poll_ready(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_ready(cx).map_err(std::io::Error::other)
+    }
+
+    fn start_send(mut self: Pin<&mut Self>, item: WsOut) -> std::io::Result<()> {
+        let m = match item {
+            WsOut::Binary(b) => Message::Binary(b),
+            WsOut::Ping => Message::Ping(Bytes::new()),
+        };
+        Pin::new(&mut self.0).start_send(m).map_err(std::io::Error::other)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx).map_err(std::io::Error::other)
+    }
+
+    fn poll_close(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_close(cx).map_err(std::io::Error::other)
+    }
 }

@@ -15,7 +15,6 @@ use computerd_proto::agent::FileInfo;
 use computerd_proto::agent::FilePath;
 use computerd_proto::agent::Nothing;
 use computerd_proto::agent::Resize;
-use computerd_proto::agent::SessionEnded;
 use computerd_proto::agent::SessionInput;
 use computerd_proto::agent::SessionRef;
 use computerd_proto::agent::SessionReply;
@@ -205,62 +204,6 @@ impl Agent for AgentService {
         let path = files::resolve(&self.workdir, &req.get_ref().path).map_err(file_status)?;
         let entries = files::list(&path).await.map_err(file_status)?;
         Ok(Response::new(DirListing { entries: entries.into_iter().map(info).collect() }))
-    }
-
-    type WatchSessionsStream = Pin<Box<dyn Stream<Item = Result<SessionEnded, Status>> + Send>>;
-
-    async fn watch_sessions(&self, req: Request<Nothing>) -> Result<Response<Self::WatchSessionsStream>, Status> {
-        check(&self.generation, &req)?;
-        let (tx, rx) = tokio::sync::mpsc::channel::<Result<SessionEnded, Status>>(64);
-        let sessions = self.sessions.clone();
-        let status = |running: u32| SessionEnded { running, ..Default::default() };
-        tokio::spawn(async move {
-            let mut running = sessions.running();
-            let now = *running.borrow_and_update();
-            if tx.send(Ok(status(now))).await.is_err() {
-                return;
-            }
-            loop {
-                let batch = tokio::select! {
-                    batch = sessions.next_ended() => batch,
-                    changed = running.changed() => {
-                        if changed.is_err() {
-                            return;
-                        }
-                        let now = *running.borrow_and_update();
-                        if tx.send(Ok(status(now))).await.is_err() {
-                            return;
-                        }
-                        continue;
-                    }
-                };
-                let mut undelivered = Vec::new();
-                let mut closed = false;
-                for e in batch {
-                    if closed {
-                        undelivered.push(e);
-                        continue;
-                    }
-                    let msg = SessionEnded {
-                        session_id: e.session_id.clone(),
-                        owner: e.owner.clone(),
-                        exit_code: e.exit_code,
-                        signal: e.signal.clone(),
-                        running: *running.borrow(),
-                    };
-                    if tx.send(Ok(msg)).await.is_err() {
-                        closed = true;
-                        undelivered.push(e);
-                    }
-                }
-                if closed {
-                    // The link went away: keep these for the next link.
-                    sessions.requeue(undelivered);
-                    return;
-                }
-            }
-        });
-        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }
 
     async fn mcp(

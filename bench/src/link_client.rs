@@ -2,9 +2,10 @@
 //!
 //! - [`open_link`]: a minimal agent link, the same handshake and service as `computer-agent`
 //!   (`computer_agent::link`): dial `GET /v1/agent/link`, send `{"computerId","credential"}`,
-//!   read `{"generation"}`, then serve [`AgentService`] (which answers the node's pings) over the
-//!   WebSocket with tonic, with the agent's HTTP/2 keep-alive settings. Only the client's
-//!   WebSocket buffers are smaller, to keep the bench process light; the node's side is unchanged.
+//!   read `{"generation"}`, then serve the link as the agent does ([`computer_agent::link::serve`]:
+//!   [`AgentService`] on the HTTP/2 connections the node opens, the session reports, answers to
+//!   the node's pings). Only the client's WebSocket buffers are smaller, to keep the bench process
+//!   light; the node's side is unchanged.
 //! - [`run_echo_server`] and [`open_plain`]: the baseline, a plain WebSocket echo server with
 //!   tokio-tungstenite's default settings (the same buffer sizes as the node's axum WebSocket), in
 //!   a process of its own, and idle clients of it.
@@ -56,10 +57,10 @@ pub async fn open_link(ws_url: &str, cred: &Credential) -> Result<JoinHandle<Str
     .await
     .context("connecting timed out")?
     .context("connect")?;
-    let (mut tx, mut rx) = ws.split();
+    let mut ws = ws;
     let hello = serde_json::json!({ "computerId": cred.computer_id, "credential": cred.credential });
-    tx.send(Message::Text(hello.to_string().into())).await.context("send the hello")?;
-    let welcome = match tokio::time::timeout(HANDSHAKE_TIMEOUT, rx.next()).await {
+    ws.send(Message::Text(hello.to_string().into())).await.context("send the hello")?;
+    let welcome = match tokio::time::timeout(HANDSHAKE_TIMEOUT, ws.next()).await {
         Ok(Some(Ok(Message::Text(t)))) => t.to_string(),
         Ok(other) => bail!("no welcome from the node: {other:?}"),
         Err(_) => bail!("no welcome from the node within {HANDSHAKE_TIMEOUT:?}"),
@@ -72,7 +73,7 @@ pub async fn open_link(ws_url: &str, cred: &Credential) -> Result<JoinHandle<Str
         workdir: PathBuf::from("/"),
         generation: Arc::new(AtomicU64::new(generation)),
     };
-    let server = computer_agent::link::serve(tx, rx, svc);
+    let server = computer_agent::link::serve(ws, svc);
     Ok(tokio::spawn(async move {
         match server.await {
             Ok(()) => "the link closed".to_string(),

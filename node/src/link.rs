@@ -1,31 +1,34 @@
 //! The WebSocket handler of `/v1/agent/link`: authenticates the agent, commits the link's
-//! generation, opens gRPC over the connection (one hyper HTTP/2 client connection,
-//! `computerd_proto::channel`) and runs the link's lifecycle (`computerd_actors::link::run`),
-//! which watches it and records its end, in this same task.
+//! generation, and runs the link's lifecycle (`computerd_actors::link::run`) on the WebSocket,
+//! in this same task.
 //!
 //! A link: the agent sends `{"computerId","credential"}`; the node commits `LinkUp` (a new
-//! generation) and answers `{"generation"}`; then the node speaks gRPC to the agent over the same
-//! WebSocket (HTTP/2 over binary messages). Every call carries the generation; the agent refuses
-//! others. A link is watched with pings; when it ends, `LinkDown` is committed for its generation
-//! only, and the registry entry is removed only if it is still that generation, so closing an
-//! old link never unregisters a newer one.
+//! generation) and answers `{"generation"}`; then the WebSocket carries the frames of
+//! `computerd_proto::mux`: the HTTP/2 connections on which the node speaks gRPC to the agent
+//! (opened when calls need them), and the agent's session reports. Every call carries the
+//! generation; the agent refuses others. A link is watched with pings; when it ends, `LinkDown`
+//! is committed for its generation only, and the registry entry is removed only if it is still
+//! that generation, so closing an old link never unregisters a newer one.
 
+use std::pin::Pin;
+use std::task::Context;
+use std::task::Poll;
 use std::time::Duration;
 
 use axum::extract::ws::Message;
 use axum::extract::ws::WebSocket;
-use computerd_actors::link::Generation;
 use computerd_actors::link::LinkArgs;
-use computerd_proto::agent::agent_client::AgentClient;
-use computerd_proto::channel;
-use computerd_proto::wsio::MessageIo;
+use computerd_proto::mux::Mux;
+use computerd_proto::mux::Role;
+use computerd_proto::mux::WsIn;
+use computerd_proto::mux::WsOut;
 use computerd_raft::sm::Command;
 use computerd_raft::sm::Request;
 use computerd_raft::sm::Response;
 use computerd_raft::sm::hash_secret;
+use futures::Sink;
 use futures::SinkExt;
-use futures::StreamExt;
-use tonic::service::interceptor::InterceptedService;
+use futures::Stream;
 
 use crate::http::AppState;
 use crate::ids::now_ms;
@@ -73,56 +76,54 @@ pub async fn handle(state: AppState, mut socket: WebSocket) {
     if socket.send(Message::Text(serde_json::json!({ "generation": generation }).to_string().into())).await.is_err() {
         return;
     }
-    let computer_id = hello.computer_id;
-    let (tx, rx) = socket.split();
-    let rx = rx.filter_map(|m| async move {
-        match m {
-            Ok(Message::Binary(b)) => Some(Ok(b)),
-            Ok(_) => None,
-            Err(e) => Some(Err(std::io::Error::other(e.to_string()))),
-        }
-    });
-    let tx = tx
-        .sink_map_err(|e| std::io::Error::other(e.to_string()))
-        .with(|b: bytes::Bytes| async move { Ok::<_, std::io::Error>(Message::Binary(b)) });
-    let io = MessageIo::new(Box::pin(rx), Box::pin(tx));
-    let settings =
-        channel::Settings { keep_alive_interval: Duration::from_secs(5), keep_alive_timeout: Duration::from_secs(10) };
-    let (channel, connection) = match channel::connect(io, settings).await {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::warn!(computer_id = %computer_id, error = %e, "cannot open the agent channel");
-            return link_down(&state, &computer_id, generation).await;
-        }
-    };
-    let client = AgentClient::with_origin(
-        InterceptedService::new(channel.clone(), Generation(generation)),
-        http::Uri::from_static("http://agent.link"),
-    )
-    .max_decoding_message_size(8 << 20)
-    .max_encoding_message_size(8 << 20);
     let args = LinkArgs {
-        computer_id: computer_id.clone(),
+        computer_id: hello.computer_id,
         generation,
-        client,
-        channel,
         cluster: state.cluster.clone(),
         links: state.links.clone(),
         activity: state.activity.clone(),
     };
-    // This task runs the link's lifecycle and drives its HTTP/2 connection: it ends when the link
-    // does (and any call still holding the client is done).
-    let connection = async {
-        if let Err(e) = connection.await {
-            tracing::debug!(error = %e, "the agent connection ended");
-        }
-    };
-    computerd_actors::link::run(args, connection).await;
+    // This task runs the link's lifecycle and drives its WebSocket until the link ends.
+    computerd_actors::link::run(args, Mux::new(Ws(socket), Role::Client)).await;
 }
 
-async fn link_down(state: &AppState, computer_id: &str, generation: u64) {
-    let cmd = Command::LinkDown { computer_id: computer_id.to_string(), generation, at_ms: now_ms() };
-    if let Err(e) = Box::pin(state.cluster.propose(Request::new(cmd))).await {
-        tracing::warn!(computer_id = %computer_id, error = %e, "could not record the link's end");
+/// The link's WebSocket as the mux drives it.
+struct Ws(WebSocket);
+
+impl Stream for Ws {
+    type Item = std::io::Result<WsIn>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        Pin::new(&mut self.0).poll_next(cx).map(|m| {
+            m.map(|m| match m {
+                Ok(Message::Binary(b)) => Ok(WsIn::Binary(b)),
+                Ok(_) => Ok(WsIn::Other),
+                Err(e) => Err(std::io::Error::other(e)),
+            })
+        })
+    }
+}
+
+impl Sink<WsOut> for Ws {
+    type Error = std::io::Error;
+
+    fn poll_ready(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_ready(cx).map_err(std::io::Error::other)
+    }
+
+    fn start_send(mut self: Pin<&mut Self>, item: WsOut) -> std::io::Result<()> {
+        let m = match item {
+            WsOut::Binary(b) => Message::Binary(b),
+            WsOut::Ping => Message::Ping(bytes::Bytes::new()),
+        };
+        Pin::new(&mut self.0).start_send(m).map_err(std::io::Error::other)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx).map_err(std::io::Error::other)
+    }
+
+    fn poll_close(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_close(cx).map_err(std::io::Error::other)
     }
 }

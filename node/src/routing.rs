@@ -89,7 +89,7 @@ impl Routing for RouteTarget {
         };
         let r = req.into_inner();
         let Some(link) = state.links.get(&r.computer_id) else { return Err(not_owner(&state, &r.computer_id).await) };
-        let mut agent = link.client;
+        let mut agent = link.client().await?;
         let reply = agent.mcp(computerd_proto::agent::McpJson { json: r.json }).await?.into_inner();
         Ok(Response::new(computerd_proto::cluster::McpRelayReply { json: reply.json }))
     }

@@ -5,7 +5,7 @@
 
 pub mod channel;
 mod error;
-pub mod wsio;
+pub mod mux;
 
 pub use error::ErrorKind;
 

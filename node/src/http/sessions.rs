@@ -112,7 +112,7 @@ pub async fn agent_for(state: &AppState, caller: &Caller, computer_id: &str, wri
         super::computers::resume_for_call(state, caller, computer_id).await?;
     }
     let client = match state.links.get(computer_id) {
-        Some(l) => l.client,
+        Some(l) => l.client().await.map_err(|_| not_linked(state, computer_id))?,
         None if paused || starting(state, computer_id) => wait_for_link(state, computer_id).await?,
         None => return Err(not_linked(state, computer_id)),
     };
@@ -135,7 +135,7 @@ fn starting(state: &AppState, computer_id: &str) -> bool {
 /// Waits for the agent's link to come (back) to this node.
 async fn wait_for_link(state: &AppState, computer_id: &str) -> Result<Agent, ApiError> {
     match state.links.wait(computer_id, tokio::time::Instant::now() + LINK_WAIT).await {
-        Some(l) => Ok(l.client),
+        Some(l) => l.client().await.map_err(|_| not_linked(state, computer_id)),
         None => Err(not_linked(state, computer_id)),
     }
 }

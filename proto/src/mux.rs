@@ -1,0 +1,484 @@
+//! The link multiplexer: what crosses an agent's one WebSocket after the welcome.
+//!
+//! An idle link must cost the node little (the goal is at most 32 KiB per idle link at 10 000
+//! links), and an HTTP/2 connection alone costs more than that (h2 keeps a 16 KiB write buffer
+//! and an 8 KiB read buffer for its whole life, hyper a request queue and tasks). So HTTP/2 runs
+//! on a link only while it is used: the node opens an HTTP/2 connection (an *epoch*) when a call
+//! needs one, keeps it while calls come, and lets it end after a while without calls; an idle
+//! link is the WebSocket and its task, nothing more. What an idle link needs is carried by
+//! frames of this module: the agent's session reports, and WebSocket pings for liveness.
+//!
+//! Every binary message is one frame, its first byte its kind:
+//!
+//! | kind | layout | meaning |
+//! |---|---|---|
+//! | [`KIND_H2`] | kind, epoch (u32 BE), bytes | bytes of the HTTP/2 connection `epoch` |
+//! | [`KIND_CLOSE`] | kind, epoch (u32 BE) | the sender's side of `epoch` ended |
+//! | [`KIND_REPORT`] | kind, a protobuf `SessionEnded` | a report of the agent's sessions |
+//!
+//! The node is the HTTP/2 client and numbers epochs upwards; the agent serves a new epoch when
+//! its first bytes come (an epoch number it has not seen, above the last one), and never
+//! revives a closed one. Either side ends an epoch by sending `KIND_CLOSE` when its HTTP/2
+//! connection ends; the other then sees the end of the stream.
+//!
+//! [`Mux`] drives one WebSocket in its owner's task: it writes queued frames and the epochs'
+//! bytes (with backpressure: an epoch's writes wait while the WebSocket is full), and reads
+//! frames, handing bytes to their epochs and answering the events ([`Event`]) its owner acts on.
+//! [`EpochIo`] is one epoch's byte stream, on which hyper (node) or tonic (agent) runs HTTP/2.
+
+use std::collections::VecDeque;
+use std::io;
+use std::pin::Pin;
+use std::task::Context;
+use std::task::Poll;
+use std::time::Instant;
+
+use bytes::Buf;
+use bytes::BufMut;
+use bytes::Bytes;
+use bytes::BytesMut;
+use futures::Sink;
+use futures::Stream;
+use futures::channel::mpsc;
+use tokio::io::AsyncRead;
+use tokio::io::AsyncWrite;
+use tokio::io::ReadBuf;
+
+/// Bytes of an HTTP/2 connection.
+pub const KIND_H2: u8 = 0;
+/// The end of one side of an HTTP/2 connection.
+pub const KIND_CLOSE: u8 = 1;
+/// A session report of the agent.
+pub const KIND_REPORT: u8 = 2;
+
+/// The largest write of an epoch that goes in one frame.
+const MAX_CHUNK: usize = 256 * 1024;
+/// Frames an epoch may have waiting for the WebSocket before its writes wait.
+const EPOCH_QUEUE: usize = 8;
+
+/// A message read from the WebSocket, as the mux sees it.
+#[derive(Debug)]
+pub enum WsIn {
+    /// A binary message: a frame.
+    Binary(Bytes),
+    /// Anything else (ping, pong, text): a sign of life only.
+    Other,
+}
+
+/// A message to write to the WebSocket.
+#[derive(Debug)]
+pub enum WsOut {
+    /// A frame.
+    Binary(Bytes),
+    /// A ping (the peer answers it with a pong).
+    Ping,
+}
+
+/// A WebSocket, as the mux drives it: each side adapts its own WebSocket type.
+pub trait Transport: Stream<Item = io::Result<WsIn>> + Sink<WsOut, Error = io::Error> + Unpin + Send {}
+impl<T: Stream<Item = io::Result<WsIn>> + Sink<WsOut, Error = io::Error> + Unpin + Send> Transport for T {}
+
+/// Which side of the link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The node: opens epochs ([`epoch`] + [`Mux::attach`]).
+    Client,
+    /// The agent: serves the epochs the node opens ([`Event::Accepted`]).
+    Server,
+}
+
+/// What the owner of a [`Mux`] is told.
+#[derive(Debug)]
+pub enum Event {
+    /// A report frame's payload (a protobuf `SessionEnded`).
+    Report(Bytes),
+    /// The node opened an epoch: serve HTTP/2 on it (agent side only).
+    Accepted(EpochIo),
+    /// The WebSocket ended or failed; the link is over.
+    Ended(io::Error),
+}
+
+/// The mux's end of one epoch.
+#[derive(Debug)]
+pub struct EpochEnd {
+    id: u32,
+    /// The epoch's incoming bytes, to its connection.
+    to_conn: mpsc::UnboundedSender<Bytes>,
+    /// Frames its connection wrote (already framed).
+    from_conn: mpsc::Receiver<Bytes>,
+}
+
+/// Makes the two ends of epoch `id`: the mux's ([`Mux::attach`]) and the connection's.
+pub fn epoch(id: u32) -> (EpochEnd, EpochIo) {
+    let (to_conn, rx) = mpsc::unbounded();
+    let (tx, from_conn) = mpsc::channel(EPOCH_QUEUE);
+    (EpochEnd { id, to_conn, from_conn }, EpochIo { id, rx, tx, pending: Bytes::new() })
+}
+
+/// One WebSocket of a link, multiplexed (see the module's text).
+pub struct Mux<T> {
+    ws: T,
+    role: Role,
+    epochs: Vec<EpochEnd>,
+    /// Frames of the owner (reports, closes, pings), written before the epochs' bytes.
+    queued: VecDeque<WsOut>,
+    /// The highest epoch served (agent side): lower or equal numbers are never served again.
+    highest: u32,
+    last_rx: Instant,
+}
+
+impl<T: Transport> Mux<T> {
+    /// Takes over a WebSocket (after the welcome).
+    pub fn new(ws: T, role: Role) -> Self {
+        Self { ws, role, epochs: Vec::new(), queued: VecDeque::new(), highest: 0, last_rx: Instant::now() }
+    }
+
+    /// When the peer was last heard from (any message, pongs included).
+    pub fn last_rx(&self) -> Instant {
+        self.last_rx
+    }
+
+    /// How many epochs are open.
+    pub fn epochs(&self) -> usize {
+        self.epochs.len()
+    }
+
+    /// Adds an epoch this side opened (node side).
+    pub fn attach(&mut self, end: EpochEnd) {
+        self.highest = self.highest.max(end.id);
+        self.epochs.push(end);
+    }
+
+    /// Queues a ping.
+    pub fn ping(&mut self) {
+        self.queued.push_back(WsOut::Ping);
+    }
+
+    /// Queues a report (a protobuf `SessionEnded`).
+    pub fn report(&mut self, payload: &[u8]) {
+        let mut b = BytesMut::with_capacity(1 + payload.len());
+        b.put_u8(KIND_REPORT);
+        b.put_slice(payload);
+        self.queued.push_back(WsOut::Binary(b.freeze()));
+    }
+
+    /// The payloads of the reports queued but not written yet (for a link that ended, so that
+    /// its owner can keep them for the next link).
+    pub fn take_unsent_reports(&mut self) -> Vec<Bytes> {
+        self.queued
+            .drain(..)
+            .filter_map(|o| match o {
+                WsOut::Binary(mut b) if b.first() == Some(&KIND_REPORT) => {
+                    b.advance(1);
+                    Some(b)
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Drives the WebSocket until there is something to tell. Cancel-safe: nothing is lost when
+    /// the future is dropped before it answers.
+    pub async fn next(&mut self) -> Event {
+        std::future::poll_fn(|cx| self.poll_event(cx)).await
+    }
+
+    /// Writes what it can, then reads until an event or until nothing is ready.
+    fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Event> {
+        if let Err(e) = self.poll_write(cx) {
+            return Poll::Ready(Event::Ended(e));
+        }
+        loop {
+            let frame = match Pin::new(&mut self.ws).poll_next(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => return Poll::Ready(Event::Ended(io::ErrorKind::UnexpectedEof.into())),
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Event::Ended(e)),
+                Poll::Ready(Some(Ok(WsIn::Other))) => {
+                    self.last_rx = Instant::now();
+                    continue;
+                }
+                Poll::Ready(Some(Ok(WsIn::Binary(b)))) => {
+                    self.last_rx = Instant::now();
+                    b
+                }
+            };
+            if let Some(event) = self.on_frame(frame) {
+                return Poll::Ready(event);
+            }
+        }
+    }
+
+    /// One frame read. A malformed frame is dropped (the agent's bytes are never trusted).
+    fn on_frame(&mut self, mut frame: Bytes) -> Option<Event> {
+        if frame.is_empty() {
+            return None;
+        }
+        let kind = frame.get_u8();
+        if kind == KIND_REPORT {
+            return Some(Event::Report(frame));
+        }
+        if frame.len() < 4 || (kind != KIND_H2 && kind != KIND_CLOSE) {
+            return None;
+        }
+        let id = frame.get_u32();
+        let at = self.epochs.iter().position(|e| e.id == id);
+        match (kind, at) {
+            (KIND_CLOSE, Some(i)) => {
+                // The peer's side ended: the connection reads its end; nothing more is sent.
+                self.epochs.swap_remove(i);
+                None
+            }
+            (KIND_H2, Some(i)) => {
+                // A connection that is gone leaves its bytes unread; its end is seen on writes.
+                let _ = self.epochs[i].to_conn.unbounded_send(frame);
+                None
+            }
+            (KIND_H2, None) if self.role == Role::Server && id > self.highest => {
+                self.highest = id;
+                let (end, io) = epoch(id);
+                let _ = end.to_conn.unbounded_send(frame);
+                self.epochs.push(end);
+                Some(Event::Accepted(io))
+            }
+            _ => None, // a closed or unknown epoch
+        }
+    }
+
+    /// Writes the queued frames, then the epochs' bytes, while the WebSocket takes them; an
+    /// epoch whose connection ended is closed here (after its last bytes).
+    fn poll_write(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
+        loop {
+            match Pin::new(&mut self.ws).poll_ready(cx) {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(e)) => return Err(e),
+                Poll::Pending => return Ok(()),
+            }
+            let Some(out) = self.queued.pop_front().or_else(|| self.poll_epochs(cx).map(WsOut::Binary)) else {
+                break;
+            };
+            Pin::new(&mut self.ws).start_send(out)?;
+        }
+        match Pin::new(&mut self.ws).poll_flush(cx) {
+            Poll::Ready(Err(e)) => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// The next frame an epoch wrote; an epoch whose connection ended is removed and its close
+    /// queued (and answered as the next frame).
+    fn poll_epochs(&mut self, cx: &mut Context<'_>) -> Option<Bytes> {
+        let mut i = 0;
+        while i < self.epochs.len() {
+            match Pin::new(&mut self.epochs[i].from_conn).poll_next(cx) {
+                Poll::Ready(Some(b)) => return Some(b),
+                Poll::Ready(None) => {
+                    let end = self.epochs.swap_remove(i);
+                    let mut b = BytesMut::with_capacity(5);
+                    b.put_u8(KIND_CLOSE);
+                    b.put_u32(end.id);
+                    return Some(b.freeze());
+                }
+                Poll::Pending => i += 1,
+            }
+        }
+        None
+    }
+}
+
+/// One epoch's byte stream (an HTTP/2 connection runs on it). Reads end when the peer closed the
+/// epoch or the link ended; writes fail once the link ended. Dropping it (or shutting it down)
+/// closes the epoch.
+#[derive(Debug)]
+pub struct EpochIo {
+    id: u32,
+    rx: mpsc::UnboundedReceiver<Bytes>,
+    tx: mpsc::Sender<Bytes>,
+    pending: Bytes,
+}
+
+impl EpochIo {
+    /// Its number.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+}
+
+impl AsyncRead for EpochIo {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        loop {
+            if !self.pending.is_empty() {
+                let n = self.pending.len().min(buf.remaining());
+                let chunk = self.pending.split_to(n);
+                buf.put_slice(&chunk);
+                return Poll::Ready(Ok(()));
+            }
+            match Pin::new(&mut self.rx).poll_next(cx) {
+                Poll::Ready(Some(b)) => self.pending = b,
+                Poll::Ready(None) => return Poll::Ready(Ok(())),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
+fn link_gone() -> io::Error {
+    io::Error::new(io::ErrorKind::BrokenPipe, "the link ended")
+}
+
+impl AsyncWrite for EpochIo {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        match self.tx.poll_ready(cx) {
+            Poll::Ready(Ok(())) => {}
+            Poll::Ready(Err(_)) => return Poll::Ready(Err(link_gone())),
+            Poll::Pending => return Poll::Pending,
+        }
+        let n = buf.len().min(MAX_CHUNK);
+        let mut b = BytesMut::with_capacity(5 + n);
+        b.put_u8(KIND_H2);
+        b.put_u32(self.id);
+        b.put_slice(&buf[..n]);
+        match self.tx.start_send(b.freeze()) {
+            Ok(()) => Poll::Ready(Ok(n)),
+            Err(_) => Poll::Ready(Err(link_gone())),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // Written frames are the mux's to send; it flushes the WebSocket as it writes.
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.tx.close_channel();
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl tonic::transport::server::Connected for EpochIo {
+    type ConnectInfo = ();
+    fn connect_info(&self) -> Self::ConnectInfo {}
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::SinkExt;
+    use futures::StreamExt;
+    use tokio::io::AsyncReadExt;
+    use tokio::io::AsyncWriteExt;
+
+    use super::*;
+
+    /// One end of an in-memory WebSocket: binary messages only.
+    struct Pipe {
+        rx: mpsc::Receiver<Bytes>,
+        tx: mpsc::Sender<Bytes>,
+    }
+
+    impl Stream for Pipe {
+        type Item = io::Result<WsIn>;
+        fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+            Pin::new(&mut self.rx).poll_next(cx).map(|m| m.map(|b| Ok(WsIn::Binary(b))))
+        }
+    }
+
+    impl Sink<WsOut> for Pipe {
+        type Error = io::Error;
+        fn poll_ready(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            self.tx.poll_ready(cx).map_err(io::Error::other)
+        }
+        fn start_send(mut self: Pin<&mut Self>, item: WsOut) -> io::Result<()> {
+            match item {
+                WsOut::Binary(b) => self.tx.start_send(b).map_err(io::Error::other),
+                WsOut::Ping => Ok(()),
+            }
+        }
+        fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.tx).poll_flush(cx).map_err(io::Error::other)
+        }
+        fn poll_close(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.tx).poll_close(cx).map_err(io::Error::other)
+        }
+    }
+
+    fn pipes() -> (Pipe, Pipe) {
+        let (a_tx, b_rx) = mpsc::channel(2);
+        let (b_tx, a_rx) = mpsc::channel(2);
+        (Pipe { rx: a_rx, tx: a_tx }, Pipe { rx: b_rx, tx: b_tx })
+    }
+
+    /// Drives a mux in a task; answers the events it tells, and a handle to queue reports.
+    fn drive(
+        mut mux: Mux<Pipe>,
+        mut attach: mpsc::UnboundedReceiver<EpochEnd>,
+        mut reports: mpsc::UnboundedReceiver<Vec<u8>>,
+    ) -> mpsc::UnboundedReceiver<Event> {
+        let (tx, rx) = mpsc::unbounded();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    e = mux.next() => {
+                        let ended = matches!(e, Event::Ended(_));
+                        let _ = tx.unbounded_send(e);
+                        if ended { return; }
+                    }
+                    Some(end) = attach.next() => mux.attach(end),
+                    Some(r) = reports.next() => mux.report(&r),
+                }
+            }
+        });
+        rx
+    }
+
+    #[tokio::test]
+    async fn epochs_carry_bytes_both_ways_in_order_and_close() {
+        let (a, b) = pipes();
+        let (attach_tx, attach_rx) = mpsc::unbounded();
+        let (_r1, r1) = mpsc::unbounded();
+        let (r2_tx, r2) = mpsc::unbounded();
+        let _client = drive(Mux::new(a, Role::Client), attach_rx, r1);
+        let (_a2, a2) = mpsc::unbounded();
+        let mut server = drive(Mux::new(b, Role::Server), a2, r2);
+        let data: Vec<u8> = (0..600_000u32).map(|i| (i % 251) as u8).collect();
+        for id in [1, 2] {
+            let (end, mut io) = epoch(id);
+            attach_tx.unbounded_send(end).expect("attach");
+            let sent = data.clone();
+            let writer = tokio::spawn(async move {
+                io.write_all(&sent).await.expect("write");
+                let mut back = Vec::new();
+                io.read_to_end(&mut back).await.expect("read back");
+                back
+            });
+            let Some(Event::Accepted(mut served)) = server.next().await else { panic!("no epoch {id}") };
+            assert_eq!(served.id(), id);
+            let mut got = vec![0; data.len()];
+            served.read_exact(&mut got).await.expect("read");
+            assert_eq!(got, data);
+            served.write_all(b"done").await.expect("answer");
+            drop(served); // closes the epoch: the client reads its end
+            assert_eq!(writer.await.expect("writer"), b"done");
+        }
+        r2_tx.unbounded_send(b"report".to_vec()).expect("report");
+    }
+
+    #[tokio::test]
+    async fn reports_cross_and_malformed_or_stale_frames_are_dropped() {
+        let (a, mut b) = pipes();
+        let (_at, attach_rx) = mpsc::unbounded();
+        let (_r, r) = mpsc::unbounded();
+        let mut server = drive(Mux::new(a, Role::Server), attach_rx, r);
+        for junk in [&b""[..], &[9, 1, 2][..], &[KIND_H2, 0, 0][..], &[KIND_CLOSE, 0, 0, 0, 7][..]] {
+            b.tx.send(Bytes::copy_from_slice(junk)).await.expect("send");
+        }
+        b.tx.send(Bytes::from_static(&[KIND_H2, 0, 0, 0, 5, b'x'])).await.expect("send");
+        let Some(Event::Accepted(io)) = server.next().await else { panic!("epoch 5 not served") };
+        assert_eq!(io.id(), 5);
+        // A lower epoch after 5 is never served.
+        b.tx.send(Bytes::from_static(&[KIND_H2, 0, 0, 0, 3, b'y'])).await.expect("send");
+        b.tx.send(Bytes::from_static(&[KIND_REPORT, 1, 2, 3])).await.expect("send");
+        let Some(Event::Report(r)) = server.next().await else { panic!("no report") };
+        assert_eq!(&r[..], &[1, 2, 3]);
+        drop(b);
+        assert!(matches!(server.next().await, Some(Event::Ended(_))));
+    }
+}
