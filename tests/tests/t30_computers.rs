@@ -253,7 +253,13 @@ async fn t55_lifecycle_work_is_placed_over_live_nodes() {
     let moved: Vec<&String> = placed.iter().filter(|(_, n)| *n == victim).map(|(id, _)| id).collect();
     for id in &moved {
         let (st, r) = c
-            .call(Method::POST, others[0], &format!("/v1/computers/{id}/pause"), &c.token, Some(json!({"commandKey": format!("pause-{id}")})))
+            .call(
+                Method::POST,
+                others[0],
+                &format!("/v1/computers/{id}/pause"),
+                &c.token,
+                Some(json!({"commandKey": format!("pause-{id}")})),
+            )
             .await;
         assert_eq!(st, 202, "{r}");
         let done = c.settle(others[0], &s(&r, "executionId"), &c.token).await;

@@ -901,7 +901,12 @@ mod tests {
         ok(s.apply(&Command::ClaimExecution { execution_id: exe.clone(), claim: "old".into(), node: None, at_ms: 20 }));
         ok(s.apply(&Command::DispatchExecution { execution_id: exe.clone(), claim: "old".into(), at_ms: 30 }));
         // A takeover must not re-claim a dispatched call; it declares it unknown.
-        rejected(s.apply(&Command::ClaimExecution { execution_id: exe.clone(), claim: "new".into(), node: None, at_ms: 35 }));
+        rejected(s.apply(&Command::ClaimExecution {
+            execution_id: exe.clone(),
+            claim: "new".into(),
+            node: None,
+            at_ms: 35,
+        }));
         ok(s.apply(&Command::MarkUnknown {
             execution_id: exe.clone(),
             claim: "old".into(),
