@@ -27,7 +27,8 @@
 //!    through a pipe (spawn, read to EOF). Goal: at least half the raw pipe's bytes per second.
 //! 4. **memory per idle link**: pairs `BENCH_LINKS` Computers (default 10 000), then opens as
 //!    many links from this process with a minimal link client ([`link_client::open_link`]: the
-//!    agent's handshake and gRPC service, with HTTP/2 keep-alive PINGs every 5 s both ways), half and then
+//!    agent's handshake and link service: session reports, gRPC on the HTTP/2 connections the node
+//!    opens, answers to the node's WebSocket pings every 5 s), half and then
 //!    the other half, and reads the node's `VmRSS` before, between and after (each after an idle
 //!    wait). Against a plain WebSocket echo server (tokio-tungstenite defaults, a process of its
 //!    own) holding as many idle connections. Goal: at most 32 KiB per link.
@@ -842,7 +843,7 @@ async fn part_links(api: &Api, node_pid: u32, links: usize, idle: Duration) -> R
     m.kib_per_link_second_half = m.node_rss_after_kib as f64 / second - m.node_rss_half_kib as f64 / second;
     m.bench_kib_per_link = bench_after.saturating_sub(bench_before) as f64 / opened;
 
-    // Check through the API that the links were up the whole time (a failed keep-alive ends a link).
+    // Check through the API that the links were up the whole time (an unanswered ping ends a link).
     let ids: HashSet<&str> = creds.iter().map(|c| c.computer_id.as_str()).collect();
     let list = api.http.get(api.url("/v1/computers")).bearer_auth(&api.token).timeout(Duration::from_secs(60));
     match call_json(list, StatusCode::OK).await {
@@ -1052,7 +1053,7 @@ async fn bench(cfg: Config) -> Result<()> {
             );
             println!(
                 "4    node: {:.1} KiB/link over all links, {:.1} KiB/link over the second half; {:.1}% of one core \
-                 while idle (HTTP/2 keep-alive PINGs every 5 s)",
+                 while idle (a WebSocket ping every 5 s per link)",
                 m.kib_per_link, m.kib_per_link_second_half, m.node_idle_cpu_percent
             );
             let running = m.running_at_end.map_or_else(|| "unknown".to_string(), |n| n.to_string());
