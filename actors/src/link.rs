@@ -47,7 +47,8 @@ use crate::now_ms;
 pub const PING_EVERY: Duration = Duration::from_secs(5);
 /// How long an agent may be silent (its pongs included) before the link is taken for lost.
 pub const SILENCE: Duration = Duration::from_secs(12);
-/// How long an HTTP/2 connection stays open on a link after its last call was started.
+/// How long an HTTP/2 connection stays open on a link after its last call was started, unless
+/// the registry says otherwise ([`LinkRegistry::with_linger`]).
 pub const LINGER: Duration = Duration::from_secs(15);
 /// How long a link that was told to end (replaced, or shed) waits for calls still under way.
 const DRAIN: Duration = Duration::from_secs(60);
@@ -83,6 +84,8 @@ struct Shared {
     /// One opener at a time (concurrent first calls share one epoch).
     opening: tokio::sync::Mutex<()>,
     epochs: Mutex<Epochs>,
+    /// How many HTTP/2 connections are open on the link (as of the task's last turn).
+    open: std::sync::atomic::AtomicUsize,
 }
 
 #[derive(Default)]
@@ -109,12 +112,17 @@ impl Shared {
         }
     }
 
-    /// Lets the channel go once no call took it for [`LINGER`].
-    fn expire(&self) {
+    /// Lets the channel go once no call took it for `linger`.
+    fn expire(&self, linger: Duration) {
         let mut e = self.epochs.lock().unwrap_or_else(|p| p.into_inner());
-        if e.current.as_ref().is_some_and(|(c, used)| c.is_closed() || used.elapsed() >= LINGER) {
+        if e.current.as_ref().is_some_and(|(c, used)| c.is_closed() || used.elapsed() >= linger) {
             e.current = None;
         }
+    }
+
+    /// True while an HTTP/2 connection is open on the link.
+    fn connected(&self) -> bool {
+        self.open.load(std::sync::atomic::Ordering::Relaxed) > 0
     }
 
     fn take_new(&self) -> Vec<EpochEnd> {
@@ -179,13 +187,30 @@ impl Link {
 }
 
 /// The links this node holds, by Computer id.
-#[derive(Default)]
 pub struct LinkRegistry {
     inner: Mutex<HashMap<String, Link>>,
     added: tokio::sync::Notify,
+    linger: Duration,
+}
+
+impl Default for LinkRegistry {
+    fn default() -> Self {
+        Self::with_linger(LINGER)
+    }
 }
 
 impl LinkRegistry {
+    /// A registry whose links keep an HTTP/2 connection `linger` after its last call.
+    pub fn with_linger(linger: Duration) -> Self {
+        Self { inner: Mutex::default(), added: tokio::sync::Notify::new(), linger }
+    }
+
+    /// How many of the links hold an HTTP/2 connection (the others are idle), as of their
+    /// tasks' last turns.
+    pub fn connected(&self) -> usize {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).values().filter(|l| l.shared.connected()).count()
+    }
+
     /// The live link of a Computer on this node.
     pub fn get(&self, computer_id: &str) -> Option<Link> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).get(computer_id).cloned()
@@ -283,6 +308,7 @@ pub async fn run<T: Transport>(args: LinkArgs, mut mux: Mux<T>) -> LinkEnd {
         opened: tokio::sync::Notify::new(),
         opening: tokio::sync::Mutex::new(()),
         epochs: Mutex::new(Epochs::default()),
+        open: std::sync::atomic::AtomicUsize::new(0),
     });
     let a = &args;
     if !a.links.insert(&a.computer_id, Link { generation: a.generation, shared: shared.clone() }) {
@@ -291,8 +317,11 @@ pub async fn run<T: Transport>(args: LinkArgs, mut mux: Mux<T>) -> LinkEnd {
         return LinkEnd::Stale; // dropping the WebSocket closes the link
     }
     tracing::info!(computer_id = %a.computer_id, generation = a.generation, "agent linked");
-    let mut tick = tokio::time::interval(PING_EVERY);
+    let linger = a.links.linger;
+    // One timer: pings every PING_EVERY, and a linger shorter than that is kept to.
+    let mut tick = tokio::time::interval(PING_EVERY.min(linger / 2).max(Duration::from_millis(50)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut pinged = Instant::now();
     let end = loop {
         tokio::select! {
             event = mux.next() => match event {
@@ -310,10 +339,14 @@ pub async fn run<T: Transport>(args: LinkArgs, mut mux: Mux<T>) -> LinkEnd {
                     tracing::info!(computer_id = %a.computer_id, "the agent was silent for {SILENCE:?}");
                     break LinkEnd::Lost;
                 }
-                shared.expire();
-                mux.ping();
+                shared.expire(linger);
+                if pinged.elapsed() >= PING_EVERY {
+                    pinged = Instant::now();
+                    mux.ping();
+                }
             }
         }
+        shared.open.store(mux.epochs(), std::sync::atomic::Ordering::Relaxed);
     };
     match end {
         LinkEnd::Replaced => {

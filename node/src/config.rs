@@ -64,6 +64,7 @@ impl DevConfig {
             keep_logs: t.keep_logs,
             fake_provider_dir: None,
             sandbox_watch_secs: 10.0,
+            link_linger_secs: 15.0,
             peer_source_ip: None,
         }
     }
@@ -113,6 +114,10 @@ pub struct ServeConfig {
     /// exist at their provider (seconds).
     #[arg(long, env = "COMPUTERD_SANDBOX_WATCH_SECS", default_value_t = 10.0)]
     pub sandbox_watch_secs: f64,
+    /// How long an agent link keeps an HTTP/2 connection open after its last call (seconds);
+    /// an idle link holds none.
+    #[arg(long, env = "COMPUTERD_LINK_LINGER_SECS", default_value_t = 15.0)]
+    pub link_linger_secs: f64,
     /// The local IP every connection to a peer starts from (default: the kernel chooses). It
     /// must be an address of this host that reaches the peers; checked at start-up.
     #[arg(long, env = "COMPUTERD_PEER_SOURCE_IP")]

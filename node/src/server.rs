@@ -126,6 +126,10 @@ pub async fn run(
         .ok()
         .filter(|d| !d.is_zero())
         .ok_or_else(|| NodeError::Config("--sandbox-watch-secs must be a positive number".into()))?;
+    let linger = Duration::try_from_secs_f64(cfg.link_linger_secs)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| NodeError::Config("--link-linger-secs must be a positive number".into()))?;
     // 1. The data dir.
     let mut dir = DataDir::open(&cfg.data, cfg.node_id)?;
     let local = |l: &TcpListener, what: &str| {
@@ -197,7 +201,7 @@ pub async fn run(
     let app_state = http::AppState {
         cluster: cluster.clone(),
         fake_providers: cfg.fake_provider_dir.is_some(),
-        links: Default::default(),
+        links: std::sync::Arc::new(computerd_actors::link::LinkRegistry::with_linger(linger)),
         sessions: Default::default(),
         activity,
         providers,

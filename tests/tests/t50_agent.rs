@@ -488,3 +488,48 @@ async fn t80_resize_sends_sigwinch() {
     let (s, _) = c.call(Method::DELETE, 1, &format!("/v1/computers/{id}/sessions/{sid}"), &c.token, None).await;
     assert_eq!(s, 200);
 }
+
+/// An idle link holds no HTTP/2 connection: a call opens one on the link, the link lets it go
+/// after its linger time (0.3 s here) once the calls on it are done, reports of the agent still
+/// arrive without one, and the next call opens a new one on the same link (no new generation).
+#[tokio::test]
+async fn t90_an_idle_link_lets_its_connection_go() {
+    let c = TestCluster::start_with(1, &["--link-linger-secs", "0.3"]).await;
+    let (id, _agent) = linked(&c, "idle").await;
+    let g = wait_state(&c, &id, "running").await["linkGeneration"].as_u64().expect("generation");
+    let links = || async {
+        let (_, v) = c.call(Method::GET, 1, "/v1/health", &c.token, None).await;
+        v["agentLinks"].clone()
+    };
+    let connected = |want: u64| async move {
+        wait_for(&format!("{want} links with a connection"), Duration::from_secs(20), || async {
+            let l = links().await;
+            (l["linked"] == 1 && l["connected"] == want).then_some(())
+        })
+        .await
+    };
+    // A call under way holds its connection past the linger time.
+    let long = run(&c, &id, json!({"command": "sleep 3; echo done", "yieldTimeMs": 10000}));
+    let (long, ()) = tokio::join!(long, connected(1));
+    assert_eq!(long.1["output"], "done\n", "{}", long.1);
+    connected(0).await;
+
+    // A command that ends after its wait is reported over the idle link.
+    let (_, v) = run(&c, &id, json!({"command": "sleep 1; exit 4", "yieldTimeMs": 250})).await;
+    let sid = v["session"].as_str().expect("session").to_string();
+    connected(0).await;
+    wait_for("a computer_session event", Duration::from_secs(20), || async {
+        let (_, v) = c.call(Method::GET, 1, "/v1/events?after=0", &c.token, None).await;
+        v["events"]
+            .as_array()?
+            .iter()
+            .find(|e| e["type"] == "computer_session" && e["data"]["sessionId"] == sid.as_str())
+            .map(|_| ())
+    })
+    .await;
+
+    let (s, v) = run(&c, &id, json!({"command": "echo again"})).await;
+    assert_eq!((s, v["output"].clone()), (200, json!("again\n")), "{v}");
+    let (_, comp) = c.call(Method::GET, 1, &format!("/v1/computers/{id}"), &c.token, None).await;
+    assert_eq!(comp["linkGeneration"].as_u64(), Some(g), "the same link all along");
+}
