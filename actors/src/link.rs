@@ -322,10 +322,13 @@ pub async fn run<T: Transport>(args: LinkArgs, mut mux: Mux<T>) -> LinkEnd {
     let mut tick = tokio::time::interval(PING_EVERY.min(linger / 2).max(Duration::from_millis(50)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut pinged = Instant::now();
+    // Reports are committed in tasks of their own, a bounded number at a time per link (an agent
+    // that floods reports waits, its link with it).
+    let proposals = Arc::new(tokio::sync::Semaphore::new(REPORTS_IN_FLIGHT));
     let end = loop {
         tokio::select! {
             event = mux.next() => match event {
-                Event::Report(r) => on_report(a, &r),
+                Event::Report(r) => on_report(a, &r, &proposals).await,
                 Event::Accepted(_) => {} // a node serves no epochs: dropping it closes it
                 Event::Ended(e) => {
                     tracing::debug!(computer_id = %a.computer_id, error = %e, "the link's WebSocket ended");
@@ -379,9 +382,13 @@ async fn drain<T: Transport>(mux: &mut Mux<T>, shared: &Shared) {
     }
 }
 
+/// How many reports of one link may be committing at once.
+const REPORTS_IN_FLIGHT: usize = 16;
+
 /// One report of the agent: its running commands (work, for the idle-pause plan), and a session
-/// that ended after its wait (a `computer_session` event, committed in a task of its own).
-fn on_report(a: &LinkArgs, r: &[u8]) {
+/// that ended after its wait (a `computer_session` event, committed in a task of its own while
+/// the link goes on).
+async fn on_report(a: &LinkArgs, r: &[u8], proposals: &Arc<tokio::sync::Semaphore>) {
     let Ok(e) = SessionEnded::decode(r) else {
         tracing::warn!(computer_id = %a.computer_id, "a malformed report from the agent");
         return;
@@ -399,8 +406,10 @@ fn on_report(a: &LinkArgs, r: &[u8]) {
         signal: e.signal,
         at_ms: now_ms(),
     };
+    let Ok(permit) = proposals.clone().acquire_owned().await else { return };
     let (cluster, computer_id) = (a.cluster.clone(), a.computer_id.clone());
     tokio::spawn(async move {
+        let _permit = permit;
         if let Err(err) = cluster.propose(Request::new(cmd)).await {
             tracing::warn!(computer_id = %computer_id, error = %err, "could not record a session's end");
         }
