@@ -3,24 +3,16 @@
 //! sessions' reports, until it drops (see `computerd_proto::mux`); reconnect with jittered
 //! exponential backoff. Sessions live on across reconnects.
 
-use std::pin::Pin;
 use std::sync::atomic::Ordering;
-use std::task::Context;
-use std::task::Poll;
 use std::time::Duration;
 
-use bytes::Bytes;
 use computerd_proto::agent::SessionEnded;
 use computerd_proto::agent::agent_server::AgentServer;
 use computerd_proto::mux::EpochIo;
 use computerd_proto::mux::Event;
 use computerd_proto::mux::Mux;
 use computerd_proto::mux::Role;
-use computerd_proto::mux::WsIn;
-use computerd_proto::mux::WsOut;
-use futures::Sink;
 use futures::SinkExt;
-use futures::Stream;
 use futures::StreamExt;
 use prost::Message as _;
 use tokio_tungstenite::tungstenite::Message;
@@ -89,7 +81,7 @@ const NODE_SILENCE: Duration = Duration::from_secs(15);
 /// now and whenever the number of running commands changes, and every session that ended after
 /// its wait) as report frames ([`computerd_proto::mux`]).
 pub async fn serve(ws: LinkSocket, svc: AgentService) -> Result<(), String> {
-    let mut mux = Mux::new(Ws(ws), Role::Server);
+    let mut mux = Mux::new(computerd_proto::ws_adapter!(ws, Message), Role::Server);
     let (epochs, incoming) = futures::channel::mpsc::unbounded::<EpochIo>();
     let server = tonic::transport::Server::builder()
         .add_service(AgentServer::new(svc.clone()).max_decoding_message_size(8 << 20))
@@ -151,45 +143,4 @@ pub async fn serve(ws: LinkSocket, svc: AgentService) -> Result<(), String> {
         .collect();
     sessions.requeue(unsent);
     ended
-}
-
-/// The link's WebSocket as the mux drives it.
-struct Ws(LinkSocket);
-
-impl Stream for Ws {
-    type Item = std::io::Result<WsIn>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        Pin::new(&mut self.0).poll_next(cx).map(|m| {
-            m.map(|m| match m {
-                Ok(Message::Binary(b)) => Ok(WsIn::Binary(b)),
-                Ok(_) => Ok(WsIn::Other),
-                Err(e) => Err(std::io::Error::other(e)),
-            })
-        })
-    }
-}
-
-impl Sink<WsOut> for Ws {
-    type Error = std::io::Error;
-
-    fn poll_ready(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_ready(cx).map_err(std::io::Error::other)
-    }
-
-    fn start_send(mut self: Pin<&mut Self>, item: WsOut) -> std::io::Result<()> {
-        let m = match item {
-            WsOut::Binary(b) => Message::Binary(b),
-            WsOut::Ping => Message::Ping(Bytes::new()),
-        };
-        Pin::new(&mut self.0).start_send(m).map_err(std::io::Error::other)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx).map_err(std::io::Error::other)
-    }
-
-    fn poll_close(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_close(cx).map_err(std::io::Error::other)
-    }
 }

@@ -10,9 +10,6 @@
 //! is committed for its generation only, and the registry entry is removed only if it is still
 //! that generation, so closing an old link never unregisters a newer one.
 
-use std::pin::Pin;
-use std::task::Context;
-use std::task::Poll;
 use std::time::Duration;
 
 use axum::extract::ws::Message;
@@ -20,15 +17,11 @@ use axum::extract::ws::WebSocket;
 use computerd_actors::link::LinkArgs;
 use computerd_proto::mux::Mux;
 use computerd_proto::mux::Role;
-use computerd_proto::mux::WsIn;
-use computerd_proto::mux::WsOut;
 use computerd_raft::sm::Command;
 use computerd_raft::sm::Request;
 use computerd_raft::sm::Response;
 use computerd_raft::sm::hash_secret;
-use futures::Sink;
 use futures::SinkExt;
-use futures::Stream;
 
 use crate::http::AppState;
 use crate::ids::now_ms;
@@ -84,46 +77,5 @@ pub async fn handle(state: AppState, mut socket: WebSocket) {
         activity: state.activity.clone(),
     };
     // This task runs the link's lifecycle and drives its WebSocket until the link ends.
-    computerd_actors::link::run(args, Mux::new(Ws(socket), Role::Client)).await;
-}
-
-/// The link's WebSocket as the mux drives it.
-struct Ws(WebSocket);
-
-impl Stream for Ws {
-    type Item = std::io::Result<WsIn>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        Pin::new(&mut self.0).poll_next(cx).map(|m| {
-            m.map(|m| match m {
-                Ok(Message::Binary(b)) => Ok(WsIn::Binary(b)),
-                Ok(_) => Ok(WsIn::Other),
-                Err(e) => Err(std::io::Error::other(e)),
-            })
-        })
-    }
-}
-
-impl Sink<WsOut> for Ws {
-    type Error = std::io::Error;
-
-    fn poll_ready(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_ready(cx).map_err(std::io::Error::other)
-    }
-
-    fn start_send(mut self: Pin<&mut Self>, item: WsOut) -> std::io::Result<()> {
-        let m = match item {
-            WsOut::Binary(b) => Message::Binary(b),
-            WsOut::Ping => Message::Ping(bytes::Bytes::new()),
-        };
-        Pin::new(&mut self.0).start_send(m).map_err(std::io::Error::other)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx).map_err(std::io::Error::other)
-    }
-
-    fn poll_close(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_close(cx).map_err(std::io::Error::other)
-    }
+    computerd_actors::link::run(args, Mux::new(computerd_proto::ws_adapter!(socket, Message), Role::Client)).await;
 }

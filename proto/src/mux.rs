@@ -78,6 +78,78 @@ pub enum WsOut {
 pub trait Transport: Stream<Item = io::Result<WsIn>> + Sink<WsOut, Error = io::Error> + Unpin + Send {}
 impl<T: Stream<Item = io::Result<WsIn>> + Sink<WsOut, Error = io::Error> + Unpin + Send> Transport for T {}
 
+/// A WebSocket of any library as a [`Transport`]: its messages are mapped to and from the mux's
+/// with two functions (binary messages are frames; the rest are signs of life).
+pub struct Adapter<S, M> {
+    inner: S,
+    read: fn(M) -> WsIn,
+    write: fn(WsOut) -> M,
+}
+
+impl<S, M> Adapter<S, M> {
+    /// Wraps `inner`.
+    pub fn new(inner: S, read: fn(M) -> WsIn, write: fn(WsOut) -> M) -> Self {
+        Self { inner, read, write }
+    }
+}
+
+impl<S, M, E> Stream for Adapter<S, M>
+where
+    S: Stream<Item = Result<M, E>> + Unpin,
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Item = io::Result<WsIn>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let read = self.read;
+        Pin::new(&mut self.inner).poll_next(cx).map(|m| m.map(|m| m.map(read).map_err(io::Error::other)))
+    }
+}
+
+impl<S, M, E> Sink<WsOut> for Adapter<S, M>
+where
+    S: Sink<M, Error = E> + Unpin,
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Error = io::Error;
+
+    fn poll_ready(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_ready(cx).map_err(io::Error::other)
+    }
+
+    fn start_send(mut self: Pin<&mut Self>, item: WsOut) -> io::Result<()> {
+        let m = (self.write)(item);
+        Pin::new(&mut self.inner).start_send(m).map_err(io::Error::other)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx).map_err(io::Error::other)
+    }
+
+    fn poll_close(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_close(cx).map_err(io::Error::other)
+    }
+}
+
+/// An [`Adapter`] for a WebSocket whose message type `$message` has `Binary(Bytes)` and
+/// `Ping(Bytes)` variants, as axum's and tungstenite's do: `ws_adapter!(socket, Message)`.
+#[macro_export]
+macro_rules! ws_adapter {
+    ($ws:expr, $message:ident) => {
+        $crate::mux::Adapter::new(
+            $ws,
+            |m| match m {
+                $message::Binary(b) => $crate::mux::WsIn::Binary(b),
+                _ => $crate::mux::WsIn::Other,
+            },
+            |o| match o {
+                $crate::mux::WsOut::Binary(b) => $message::Binary(b),
+                $crate::mux::WsOut::Ping => $message::Ping(Default::default()),
+            },
+        )
+    };
+}
+
 /// Which side of the link.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {

@@ -176,6 +176,8 @@ impl TestCluster {
             c.spawn(id);
         }
         c.wait_voters(n as usize).await;
+        // Placement settled: every node sees all n nodes live, so work placed from now on stays put.
+        c.wait_live(n as usize).await;
         c
     }
 
@@ -310,6 +312,20 @@ impl TestCluster {
                 leader = Some(l);
             }
             leader
+        })
+        .await
+    }
+
+    /// Waits until every running node's store names `n` live nodes (the set lifecycle work is
+    /// placed over).
+    pub async fn wait_live(&self, n: usize) {
+        wait_for(&format!("{n} live nodes"), Duration::from_secs(60), || async move {
+            for id in self.alive() {
+                if self.health(id).await?["liveNodes"].as_array()?.len() != n {
+                    return None;
+                }
+            }
+            Some(())
         })
         .await
     }

@@ -37,6 +37,8 @@ pub async fn health(State(state): State<AppState>) -> (StatusCode, Json<Value>) 
         "snapshotIndex": v.snapshot,
         "purgedIndex": v.purged,
         "members": members,
+        // The nodes lifecycle work is placed over (recorded by the leader).
+        "liveNodes": state.cluster.state().read(|s| s.live_nodes.iter().copied().collect::<Vec<u64>>()),
         // The agent links this node holds, and how many of them hold an HTTP/2 connection now
         // (one is opened when a call needs it; an idle link holds none).
         "agentLinks": {"linked": state.links.len(), "connected": state.links.connected()},
