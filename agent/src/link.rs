@@ -51,6 +51,8 @@ pub async fn run(server: String, cred: Credential, svc: AgentService) {
     }
 }
 
+/// One link: answers `Ok` once it was up and then ended (for any reason), `Err` when it never
+/// came up (no connection, no welcome, refused).
 async fn connect_once(server: &str, cred: &Credential, svc: &AgentService) -> Result<(), String> {
     // TCP_NODELAY: a small answer written in pieces must not wait for the node's delayed ACK
     // (Nagle cost ~40 ms per call before).
@@ -66,7 +68,11 @@ async fn connect_once(server: &str, cred: &Credential, svc: &AgentService) -> Re
     let generation = v["generation"].as_u64().ok_or_else(|| format!("refused: {}", v["error"]))?;
     svc.generation.store(generation, Ordering::SeqCst);
     tracing::info!(generation, computer_id = %cred.computer_id, "link up");
-    serve(ws, svc.clone()).await
+    // The link was up: however it ended, the next dial starts from the shortest backoff.
+    if let Err(reason) = serve(ws, svc.clone()).await {
+        tracing::info!(%reason, "the link ended");
+    }
+    Ok(())
 }
 
 /// The WebSocket of a link.
