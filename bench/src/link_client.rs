@@ -50,14 +50,13 @@ fn client_config() -> WebSocketConfig {
 /// agent's gRPC service on it in a task. Answers once the node sent the link generation; the
 /// task ends (with the reason) when the link does, and aborting it closes the link.
 pub async fn open_link(ws_url: &str, cred: &Credential) -> Result<JoinHandle<String>> {
-    let (ws, _) = tokio::time::timeout(
+    let (mut ws, _) = tokio::time::timeout(
         HANDSHAKE_TIMEOUT,
         tokio_tungstenite::connect_async_with_config(ws_url, Some(client_config()), false),
     )
     .await
     .context("connecting timed out")?
     .context("connect")?;
-    let mut ws = ws;
     let hello = serde_json::json!({ "computerId": cred.computer_id, "credential": cred.credential });
     ws.send(Message::Text(hello.to_string().into())).await.context("send the hello")?;
     let welcome = match tokio::time::timeout(HANDSHAKE_TIMEOUT, ws.next()).await {

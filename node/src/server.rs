@@ -116,20 +116,22 @@ pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
     }
 }
 
+/// A duration in seconds given as `flag`, which must be positive.
+fn positive_secs(secs: f64, flag: &str) -> Result<Duration, NodeError> {
+    Duration::try_from_secs_f64(secs)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| NodeError::Config(format!("{flag} must be a positive number")))
+}
+
 /// Runs a node on the given listeners until `shutdown` completes.
 pub async fn run(
     cfg: ServeConfig,
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), NodeError> {
-    let watch_every = Duration::try_from_secs_f64(cfg.sandbox_watch_secs)
-        .ok()
-        .filter(|d| !d.is_zero())
-        .ok_or_else(|| NodeError::Config("--sandbox-watch-secs must be a positive number".into()))?;
-    let linger = Duration::try_from_secs_f64(cfg.link_linger_secs)
-        .ok()
-        .filter(|d| !d.is_zero())
-        .ok_or_else(|| NodeError::Config("--link-linger-secs must be a positive number".into()))?;
+    let watch_every = positive_secs(cfg.sandbox_watch_secs, "--sandbox-watch-secs")?;
+    let linger = positive_secs(cfg.link_linger_secs, "--link-linger-secs")?;
     // 1. The data dir.
     let mut dir = DataDir::open(&cfg.data, cfg.node_id)?;
     let local = |l: &TcpListener, what: &str| {

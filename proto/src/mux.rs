@@ -194,7 +194,7 @@ pub struct Mux<T> {
     epochs: Vec<EpochEnd>,
     /// Frames of the owner (reports, closes, pings), written before the epochs' bytes.
     queued: VecDeque<WsOut>,
-    /// The highest epoch served (agent side): lower or equal numbers are never served again.
+    /// The highest epoch served (agent side only): lower or equal numbers are never served again.
     highest: u32,
     last_rx: Instant,
 }
@@ -217,7 +217,6 @@ impl<T: Transport> Mux<T> {
 
     /// Adds an epoch this side opened (node side).
     pub fn attach(&mut self, end: EpochEnd) {
-        self.highest = self.highest.max(end.id);
         self.epochs.push(end);
     }
 
@@ -343,18 +342,21 @@ impl<T: Transport> Mux<T> {
         while i < self.epochs.len() {
             match Pin::new(&mut self.epochs[i].from_conn).poll_next(cx) {
                 Poll::Ready(Some(b)) => return Some(b),
-                Poll::Ready(None) => {
-                    let end = self.epochs.swap_remove(i);
-                    let mut b = BytesMut::with_capacity(5);
-                    b.put_u8(KIND_CLOSE);
-                    b.put_u32(end.id);
-                    return Some(b.freeze());
-                }
+                Poll::Ready(None) => return Some(epoch_frame(KIND_CLOSE, self.epochs.swap_remove(i).id, &[])),
                 Poll::Pending => i += 1,
             }
         }
         None
     }
+}
+
+/// A frame of epoch `id`: its kind, its number, then `payload`.
+fn epoch_frame(kind: u8, id: u32, payload: &[u8]) -> Bytes {
+    let mut b = BytesMut::with_capacity(5 + payload.len());
+    b.put_u8(kind);
+    b.put_u32(id);
+    b.put_slice(payload);
+    b.freeze()
 }
 
 /// One epoch's byte stream (an HTTP/2 connection runs on it). Reads end when the peer closed the
@@ -405,11 +407,8 @@ impl AsyncWrite for EpochIo {
             Poll::Pending => return Poll::Pending,
         }
         let n = buf.len().min(MAX_CHUNK);
-        let mut b = BytesMut::with_capacity(5 + n);
-        b.put_u8(KIND_H2);
-        b.put_u32(self.id);
-        b.put_slice(&buf[..n]);
-        match self.tx.start_send(b.freeze()) {
+        let frame = epoch_frame(KIND_H2, self.id, &buf[..n]);
+        match self.tx.start_send(frame) {
             Ok(()) => Poll::Ready(Ok(n)),
             Err(_) => Poll::Ready(Err(link_gone())),
         }
