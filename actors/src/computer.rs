@@ -54,28 +54,28 @@ pub enum ComputerMessage {
 }
 
 /// The state of a Computer actor.
-pub struct ComputerState {
+pub struct ComputerActorState {
     args: ComputerArgs,
 }
 
 impl Actor for ComputerActor {
     type Msg = ComputerMessage;
-    type State = ComputerState;
+    type State = ComputerActorState;
     type Arguments = ComputerArgs;
 
     async fn pre_start(
         &self,
         _me: ActorRef<Self::Msg>,
         args: ComputerArgs,
-    ) -> Result<ComputerState, ActorProcessingErr> {
-        Ok(ComputerState { args })
+    ) -> Result<ComputerActorState, ActorProcessingErr> {
+        Ok(ComputerActorState { args })
     }
 
     async fn handle(
         &self,
         _me: ActorRef<Self::Msg>,
         msg: ComputerMessage,
-        state: &mut ComputerState,
+        state: &mut ComputerActorState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             ComputerMessage::Run(exe) => {
@@ -93,7 +93,7 @@ fn new_claim() -> String {
     format!("clm_{}", hex::encode(rand::random::<[u8; 12]>()))
 }
 
-impl ComputerState {
+impl ComputerActorState {
     async fn propose(&self, cmd: Command) -> Option<Response> {
         match self.args.cluster.propose(Request::new(cmd)).await {
             Ok(r) => Some(r),

@@ -4,7 +4,7 @@
 //! claimed again.
 //!
 //! Ownership is the store's placement (`State::placement`: rendezvous hashing over the live nodes
-//! the leader records, see [`crate::placement`]); while no node is recorded live, the leader
+//! the leader records, see [`crate::liveness`]); while no node is recorded live, the leader
 //! owns everything. A call is declared lost by the node that sent it when it is no longer in
 //! flight in this process (the node restarted, or its answer could not be recorded), or by the
 //! Computer's owner once the sender is no longer live. The store re-checks both rules at commit.

@@ -5,10 +5,10 @@
 //!   actor: an idle link must cost little memory), and the link registry.
 //! - [`session`]: `SessionActor`, one per command session, running its calls in order.
 //! - [`idle`]: the node side of idle pause: work seen, reported in batches; the leader's scheduler.
-//! - [`watch`]: the leader's check that running and paused sandboxes still exist.
+//! - [`sandbox_watch`]: the leader's check that running and paused sandboxes still exist.
 //! - [`driver`]: on every node, hands the claimable executions of the Computers placed on it to
 //!   their Computer actors; settles calls whose sender is gone.
-//! - [`placement`]: the leader's record of the live nodes, over which the store places Computers.
+//! - [`liveness`]: the leader's record of the live nodes, over which the store places Computers.
 //! - [`provider`]: the adapter contract (no retries, no self-resume, precise failure kinds);
 //!   [`docker`] drives the local Docker engine; [`fake`] is the fault-injecting adapter for tests;
 //!   [`factory`] builds adapters.
@@ -22,10 +22,10 @@ pub mod factory;
 pub mod fake;
 pub mod idle;
 pub mod link;
-pub mod placement;
+pub mod liveness;
 pub mod provider;
+pub mod sandbox_watch;
 pub mod session;
-pub mod watch;
 
 /// Now, in unix ms (times in commands are chosen by the proposer, never in apply).
 pub fn now_ms() -> u64 {

@@ -4,8 +4,9 @@
 //! session's owner. The actor stops when the session's end was answered (or the agent no longer
 //! knows it), and leaves the registry then.
 //!
-//! Sent to by: the HTTP session routes (through [`SessionRegistry`]). Speaks gRPC to the agent of
-//! the Computer's current link, which each message carries.
+//! Sent to by: the HTTP session routes (through [`SessionRegistry`]), once they checked the
+//! caller's rights. Resolves the Computer's current link itself, for each call, through the
+//! node's owner path ([`AgentSource`]), and speaks gRPC to that agent under the call's deadline.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -22,7 +23,19 @@ use ractor::ActorRef;
 use ractor::RpcReplyPort;
 use tonic::Status;
 
+use computerd_proto::ErrorKind;
+use computerd_proto::deadline;
+
 use crate::link::Agent;
+
+/// Where a session actor gets a client of its Computer's agent: the node's owner path, which
+/// knows where the link is and waits for one that is expected. Errors carry their kind
+/// (`ErrorKind::status`).
+#[async_trait::async_trait]
+pub trait AgentSource: Send + Sync + 'static {
+    /// A client of the Computer's agent over its link on this node.
+    async fn agent(&self, computer_id: &str) -> Result<Agent, Status>;
+}
 
 /// The actor behaviour.
 pub struct SessionActor;
@@ -31,25 +44,29 @@ pub struct SessionActor;
 pub struct SessionArgs {
     /// The session.
     pub session_id: String,
+    /// Its Computer.
+    pub computer_id: String,
     /// Where it leaves when it stops.
     pub registry: Arc<SessionRegistry>,
 }
 
-/// Messages of a session actor; each carries the agent of the current link.
+/// Messages of a session actor.
 pub enum SessionMessage {
     /// Starts the command.
-    Start(Agent, StartSession, RpcReplyPort<Result<SessionReply, Status>>),
+    Start(StartSession, RpcReplyPort<Result<SessionReply, Status>>),
     /// Sends input (the actor fills in the offset), answers new output.
-    Input(Agent, SessionInput, RpcReplyPort<Result<SessionReply, Status>>),
+    Input(SessionInput, RpcReplyPort<Result<SessionReply, Status>>),
     /// Resizes the terminal.
-    Resize(Agent, Resize, RpcReplyPort<Result<(), Status>>),
+    Resize(Resize, RpcReplyPort<Result<(), Status>>),
     /// Kills the process group, answers the last output.
-    Kill(Agent, SessionRef, RpcReplyPort<Result<SessionReply, Status>>),
+    Kill(SessionRef, RpcReplyPort<Result<SessionReply, Status>>),
 }
 
 /// The state of a session actor.
 pub struct SessionState {
     args: SessionArgs,
+    /// The owner path, for the link of each call.
+    source: Arc<dyn AgentSource>,
     /// The output offset delivered so far (`None`: the agent's own cursor).
     offset: Option<u64>,
 }
@@ -64,7 +81,8 @@ impl Actor for SessionActor {
         _me: ActorRef<SessionMessage>,
         args: SessionArgs,
     ) -> Result<SessionState, ActorProcessingErr> {
-        Ok(SessionState { args, offset: None })
+        let source = args.registry.source.clone();
+        Ok(SessionState { args, source, offset: None })
     }
 
     async fn handle(
@@ -74,31 +92,33 @@ impl Actor for SessionActor {
         state: &mut SessionState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            SessionMessage::Start(mut agent, req, reply) => {
-                let r = agent.start(req).await.map(|r| r.into_inner());
+            SessionMessage::Start(req, reply) => {
+                let bound = deadline::session_call(req.yield_ms);
+                let r = state.call(bound, |mut a| async move { a.start(req).await }).await;
                 state.after(&me, &r);
                 let _ = reply.send(r);
             }
-            SessionMessage::Input(mut agent, mut req, reply) => {
+            SessionMessage::Input(mut req, reply) => {
                 // A caller that names an offset (to read again after a lost answer) is served from
                 // there; otherwise from what this actor delivered last.
                 req.from_offset = req.from_offset.or(state.offset);
-                let r = agent.input(req).await.map(|r| r.into_inner());
+                let bound = deadline::session_call(req.yield_ms);
+                let r = state.call(bound, |mut a| async move { a.input(req).await }).await;
                 state.after(&me, &r);
                 let _ = reply.send(r);
             }
-            SessionMessage::Resize(mut agent, req, reply) => {
-                let r = agent.resize_terminal(req).await.map(|_| ());
-                if let Err(s) = &r
-                    && s.code() == tonic::Code::NotFound
-                {
+            SessionMessage::Resize(req, reply) => {
+                let bound = deadline::session_call(0);
+                let r = state.call(bound, |mut a| async move { a.resize_terminal(req).await }).await.map(|_| ());
+                if r.as_ref().is_err_and(gone) {
                     me.stop(None);
                 }
                 let _ = reply.send(r);
             }
-            SessionMessage::Kill(mut agent, req, reply) => {
-                let r = agent.kill(req).await.map(|r| r.into_inner());
-                if r.is_ok() || r.as_ref().is_err_and(|s| s.code() == tonic::Code::NotFound) {
+            SessionMessage::Kill(req, reply) => {
+                let bound = deadline::session_call(0);
+                let r = state.call(bound, |mut a| async move { a.kill(req).await }).await;
+                if r.as_ref().is_ok() || r.as_ref().is_err_and(gone) {
                     me.stop(None);
                 }
                 let _ = reply.send(r);
@@ -117,7 +137,24 @@ impl Actor for SessionActor {
     }
 }
 
+/// True when the agent no longer knows the session.
+fn gone(s: &Status) -> bool {
+    ErrorKind::of(s) == Some(ErrorKind::NotFound)
+}
+
 impl SessionState {
+    /// One call on the agent of the Computer's current link, under `bound`.
+    async fn call<T, F>(&self, bound: std::time::Duration, f: impl FnOnce(Agent) -> F) -> Result<T, Status>
+    where
+        F: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let agent = self.source.agent(&self.args.computer_id).await?;
+        match tokio::time::timeout(bound, f(agent)).await {
+            Ok(r) => r.map(|r| r.into_inner()),
+            Err(_) => Err(ErrorKind::DeadlineExceeded.status("the session call did not end within its deadline")),
+        }
+    }
+
     fn after(&mut self, me: &ActorRef<SessionMessage>, r: &Result<SessionReply, Status>) {
         match r {
             Ok(reply) => {
@@ -126,7 +163,7 @@ impl SessionState {
                     me.stop(None);
                 }
             }
-            Err(s) if matches!(s.code(), tonic::Code::NotFound | tonic::Code::AlreadyExists) => me.stop(None),
+            Err(s) if matches!(ErrorKind::of(s), Some(ErrorKind::NotFound | ErrorKind::Conflict)) => me.stop(None),
             Err(_) => {}
         }
     }
@@ -144,12 +181,18 @@ pub struct SessionHandle {
 }
 
 /// The sessions this node has actors for.
-#[derive(Default)]
 pub struct SessionRegistry {
     inner: Mutex<HashMap<String, SessionHandle>>,
+    /// Where the actors get their links.
+    source: Arc<dyn AgentSource>,
 }
 
 impl SessionRegistry {
+    /// A registry whose actors get their links from `source`.
+    pub fn new(source: Arc<dyn AgentSource>) -> Self {
+        Self { inner: Mutex::default(), source }
+    }
+
     /// The session's actor, started if this node has none yet (a new session, or one whose link
     /// moved here).
     pub async fn get_or_start(
@@ -161,7 +204,11 @@ impl SessionRegistry {
         if let Some(h) = self.inner.lock().unwrap_or_else(|p| p.into_inner()).get(session_id) {
             return Ok(h.clone());
         }
-        let args = SessionArgs { session_id: session_id.to_string(), registry: self.clone() };
+        let args = SessionArgs {
+            session_id: session_id.to_string(),
+            computer_id: computer_id.to_string(),
+            registry: self.clone(),
+        };
         let (actor, _) = Actor::spawn(None, SessionActor, args).await?;
         let handle = SessionHandle { computer_id: computer_id.to_string(), owner: owner.to_string(), actor };
         let mut map = self.inner.lock().unwrap_or_else(|p| p.into_inner());

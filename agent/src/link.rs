@@ -58,7 +58,11 @@ async fn connect_once(server: &str, cred: &Credential, svc: &AgentService) -> Re
     // (Nagle cost ~40 ms per call before).
     let (mut ws, _) =
         tokio_tungstenite::connect_async_with_config(link_url(server), None, true).await.map_err(|e| e.to_string())?;
-    let hello = serde_json::json!({ "computerId": cred.computer_id, "credential": cred.credential });
+    let hello = serde_json::json!({
+        "computerId": cred.computer_id,
+        "credential": cred.credential,
+        "protocol": computerd_proto::LINK_PROTOCOL,
+    });
     ws.send(Message::Text(hello.to_string().into())).await.map_err(|e| e.to_string())?;
     let welcome = match tokio::time::timeout(Duration::from_secs(30), ws.next()).await {
         Ok(Some(Ok(Message::Text(t)))) => t.to_string(),

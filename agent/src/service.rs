@@ -8,6 +8,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use computerd_proto::ErrorKind;
 use computerd_proto::LINK_GENERATION;
 use computerd_proto::agent::DirListing;
 use computerd_proto::agent::FileChunk;
@@ -55,28 +56,28 @@ fn check<T>(g: &AtomicU64, req: &Request<T>) -> Result<(), Status> {
     if got == Some(want) && want > 0 {
         Ok(())
     } else {
-        Err(Status::failed_precondition(format!("stale link generation {got:?}; current is {want}")))
+        Err(ErrorKind::StaleLink.status(format!("stale link generation {got:?}; current is {want}")))
     }
 }
 
 fn session_status(e: SessionError) -> Status {
     match e {
-        SessionError::NotFound => Status::not_found("no such session"),
-        SessionError::Exists => Status::already_exists("session id in use"),
-        SessionError::Spawn(m) => Status::failed_precondition(m),
-        SessionError::Input(m) => Status::failed_precondition(m),
+        SessionError::NotFound => ErrorKind::NotFound.status("no such session"),
+        SessionError::Exists => ErrorKind::Conflict.status("session id in use"),
+        SessionError::Spawn(m) => ErrorKind::InvalidRequest.status(m),
+        SessionError::Input(m) => ErrorKind::InvalidRequest.status(m),
     }
 }
 
 fn file_status(e: FileError) -> Status {
     match e {
-        FileError::InvalidPath(m) => Status::invalid_argument(m),
-        FileError::NotFound => Status::not_found("no such file or directory"),
-        FileError::IsDirectory => Status::failed_precondition("is a directory"),
-        FileError::NotDirectory => Status::failed_precondition("not a directory"),
-        FileError::PermissionDenied => Status::permission_denied("permission denied"),
-        FileError::TooLarge => Status::resource_exhausted(format!("larger than {} bytes", files::MAX_FILE)),
-        FileError::Io(m) => Status::internal(m),
+        FileError::InvalidPath(m) => ErrorKind::InvalidRequest.status(m),
+        FileError::NotFound => ErrorKind::NotFound.status("no such file or directory"),
+        FileError::IsDirectory => ErrorKind::InvalidRequest.status("is a directory"),
+        FileError::NotDirectory => ErrorKind::InvalidRequest.status("not a directory"),
+        FileError::PermissionDenied => ErrorKind::Forbidden.status("permission denied"),
+        FileError::TooLarge => ErrorKind::TooLarge.status(format!("larger than {} bytes", files::MAX_FILE)),
+        FileError::Io(m) => ErrorKind::Internal.status(m),
     }
 }
 
@@ -168,7 +169,7 @@ impl Agent for AgentService {
     async fn write_file(&self, req: Request<Streaming<FileChunk>>) -> Result<Response<FileInfo>, Status> {
         check(&self.generation, &req)?;
         let mut stream = req.into_inner();
-        let first = stream.next().await.ok_or_else(|| Status::invalid_argument("empty write"))??;
+        let first = stream.next().await.ok_or_else(|| ErrorKind::InvalidRequest.status("empty write"))??;
         let path = files::resolve(&self.workdir, &first.path).map_err(file_status)?;
         if tokio::fs::metadata(&path).await.is_ok_and(|m| m.is_dir()) {
             return Err(file_status(FileError::IsDirectory));
@@ -212,12 +213,12 @@ impl Agent for AgentService {
     ) -> Result<Response<computerd_proto::agent::McpJson>, Status> {
         check(&self.generation, &req)?;
         let Some(tools) = &self.tools else {
-            return Err(Status::unimplemented("this agent does not host tool packages"));
+            return Err(ErrorKind::ComputerUnsupported.status("this agent does not host tool packages"));
         };
         let request: crate::mcp::bindings::McpRequest = serde_json::from_str(&req.get_ref().json)
-            .map_err(|e| Status::invalid_argument(format!("bad MCP request: {e}")))?;
+            .map_err(|e| ErrorKind::InvalidRequest.status(format!("bad MCP request: {e}")))?;
         let reply = tools.handle(request).await;
-        let json = serde_json::to_string(&reply).map_err(|e| Status::internal(e.to_string()))?;
+        let json = serde_json::to_string(&reply).map_err(|e| ErrorKind::Internal.status(e.to_string()))?;
         Ok(Response::new(computerd_proto::agent::McpJson { json }))
     }
 

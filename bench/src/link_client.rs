@@ -57,7 +57,11 @@ pub async fn open_link(ws_url: &str, cred: &Credential) -> Result<JoinHandle<Str
     .await
     .context("connecting timed out")?
     .context("connect")?;
-    let hello = serde_json::json!({ "computerId": cred.computer_id, "credential": cred.credential });
+    let hello = serde_json::json!({
+        "computerId": cred.computer_id,
+        "credential": cred.credential,
+        "protocol": computerd_proto::LINK_PROTOCOL,
+    });
     ws.send(Message::Text(hello.to_string().into())).await.context("send the hello")?;
     let welcome = match tokio::time::timeout(HANDSHAKE_TIMEOUT, ws.next()).await {
         Ok(Some(Ok(Message::Text(t)))) => t.to_string(),

@@ -9,9 +9,10 @@ pub mod datadir;
 mod dev;
 pub mod http;
 pub mod ids;
-pub mod link;
-pub mod routing;
+pub mod link_handshake;
+pub mod owner;
 mod server;
+pub mod state;
 
 pub use dev::dev;
 pub use server::Listeners;

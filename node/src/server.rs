@@ -154,7 +154,7 @@ pub async fn run(
     }
     let (stop_tx, stop_rx) = watch::channel(false);
     // Calls routed from other nodes run through this node's HTTP router, once it exists (step 5).
-    let route_target = crate::routing::RouteTarget::default();
+    let route_target = crate::owner::serve::RouteTarget::default();
     let grpc = {
         let mut stop = stop_rx.clone();
         let incoming = tonic::transport::server::TcpIncoming::from(listeners.grpc).with_nodelay(Some(true));
@@ -182,7 +182,7 @@ pub async fn run(
     //    election timeouts is dead to placement.
     let providers = ProviderFactory { fake_dir: cfg.fake_provider_dir.clone() };
     let driver = tokio::spawn(run_driver(cluster.clone(), providers.clone(), stop_rx.clone()));
-    let liveness = tokio::spawn(computerd_actors::placement::run_liveness(
+    let liveness = tokio::spawn(computerd_actors::liveness::run_liveness(
         cluster.clone(),
         Duration::from_millis(cfg.tuning().heartbeat_ms.max(50)),
         Duration::from_millis(cfg.tuning().election_min_ms * 3),
@@ -194,17 +194,20 @@ pub async fn run(
     let reporter =
         tokio::spawn(computerd_actors::idle::run_reporter(activity.clone(), cluster.clone(), tick, stop_rx.clone()));
     let scheduler = tokio::spawn(computerd_actors::idle::run_scheduler(cluster.clone(), tick, stop_rx.clone()));
-    let watch = tokio::spawn(computerd_actors::watch::run_sandbox_watch(
+    let watch = tokio::spawn(computerd_actors::sandbox_watch::run_sandbox_watch(
         cluster.clone(),
         providers.clone(),
         watch_every,
         stop_rx.clone(),
     ));
-    let app_state = http::AppState {
+    let links = std::sync::Arc::new(computerd_actors::link::LinkRegistry::with_linger(linger));
+    let owners = crate::owner::Owners::new(cluster.clone(), links.clone());
+    let app_state = crate::state::AppState {
         cluster: cluster.clone(),
         fake_providers: cfg.fake_provider_dir.is_some(),
-        links: std::sync::Arc::new(computerd_actors::link::LinkRegistry::with_linger(linger)),
-        sessions: Default::default(),
+        links,
+        owners: owners.clone(),
+        sessions: std::sync::Arc::new(computerd_actors::session::SessionRegistry::new(std::sync::Arc::new(owners))),
         activity,
         providers,
     };

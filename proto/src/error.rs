@@ -29,6 +29,14 @@ pub enum ErrorKind {
     TooLarge,
     /// A tool package (or its manifest) was refused; `reason` names why.
     PackageRejected,
+    /// A call on a Computer did not end within its deadline (its owner did not answer in time).
+    DeadlineExceeded,
+    /// Between node and agent: the call carried an older link generation than the agent's (the
+    /// link was replaced). A caller that meets it may try again on the current link.
+    StaleLink,
+    /// Between nodes: this node does not hold the Computer's link (the answer names the owner
+    /// it knows in [`crate::OWNER`]). The sending node goes there; callers never see it.
+    NotOwner,
 }
 
 impl ErrorKind {
@@ -48,6 +56,9 @@ impl ErrorKind {
             Self::ComputerExecutionFailed => "ComputerExecutionFailed",
             Self::TooLarge => "too_large",
             Self::PackageRejected => "package_rejected",
+            Self::DeadlineExceeded => "deadline_exceeded",
+            Self::StaleLink => "stale_link",
+            Self::NotOwner => "not_owner",
         }
     }
 
@@ -67,6 +78,9 @@ impl ErrorKind {
             "ComputerExecutionFailed" => Self::ComputerExecutionFailed,
             "too_large" => Self::TooLarge,
             "package_rejected" => Self::PackageRejected,
+            "deadline_exceeded" => Self::DeadlineExceeded,
+            "stale_link" => Self::StaleLink,
+            "not_owner" => Self::NotOwner,
             _ => return None,
         })
     }
@@ -87,6 +101,9 @@ impl ErrorKind {
             Self::ComputerExecutionFailed => 502,
             Self::TooLarge => 413,
             Self::PackageRejected => 422,
+            Self::DeadlineExceeded => 504,
+            Self::StaleLink => 503,
+            Self::NotOwner => 503,
         }
     }
 
@@ -106,9 +123,29 @@ impl ErrorKind {
             Self::ComputerExecutionFailed => tonic::Code::Unavailable,
             Self::TooLarge => tonic::Code::ResourceExhausted,
             Self::PackageRejected => tonic::Code::InvalidArgument,
+            Self::DeadlineExceeded => tonic::Code::DeadlineExceeded,
+            Self::StaleLink => tonic::Code::FailedPrecondition,
+            Self::NotOwner => tonic::Code::FailedPrecondition,
         }
     }
+
+    /// A gRPC status of this kind: its code, and the kind itself in [`ERROR_KIND`], so the
+    /// receiver reads the kind from the code it carries, never from the message.
+    pub fn status(self, message: impl Into<String>) -> tonic::Status {
+        let mut s = tonic::Status::new(self.tonic_code(), message);
+        s.metadata_mut().insert(ERROR_KIND, tonic::metadata::MetadataValue::from_static(self.as_str()));
+        s
+    }
+
+    /// The kind a status carries in [`ERROR_KIND`] (`None`: a status made without one, e.g. by
+    /// the transport).
+    pub fn of(status: &tonic::Status) -> Option<Self> {
+        status.metadata().get(ERROR_KIND).and_then(|v| v.to_str().ok()).and_then(Self::parse)
+    }
 }
+
+/// The metadata key of a status's error kind (see [`ErrorKind::status`]).
+pub const ERROR_KIND: &str = "x-computerd-kind";
 
 impl std::fmt::Display for ErrorKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -136,6 +173,9 @@ mod tests {
             ErrorKind::ComputerExecutionFailed,
             ErrorKind::TooLarge,
             ErrorKind::PackageRejected,
+            ErrorKind::DeadlineExceeded,
+            ErrorKind::StaleLink,
+            ErrorKind::NotOwner,
         ];
         for k in all {
             assert_eq!(ErrorKind::parse(k.as_str()), Some(k));
@@ -145,5 +185,12 @@ mod tests {
         assert_eq!(ErrorKind::IdempotencyKeyReused.http_status(), 422);
         assert_eq!(ErrorKind::Forbidden.http_status(), 403);
         assert_eq!(ErrorKind::Unauthorized.http_status(), 401);
+        for k in all {
+            let s = k.status("why");
+            assert_eq!(ErrorKind::of(&s), Some(k));
+            assert_eq!(s.code(), k.tonic_code());
+        }
+        // A status without the kind (from the transport) names none; the code alone decides then.
+        assert_eq!(ErrorKind::of(&tonic::Status::failed_precondition("stale link generation")), None);
     }
 }

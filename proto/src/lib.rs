@@ -4,10 +4,24 @@
 #![warn(missing_docs)]
 
 pub mod channel;
+pub mod deadline;
 mod error;
+pub mod mcp;
 pub mod mux;
 
+pub use error::ERROR_KIND;
 pub use error::ErrorKind;
+
+/// The metadata naming the owner (the node holding the Computer's link) in a
+/// [`ErrorKind::NotOwner`] answer.
+pub const OWNER: &str = "x-computerd-owner";
+/// Marks an HTTP call that a node routed to the owner, so the owner runs it where it arrives.
+pub const FORWARDED: &str = "x-computerd-forwarded";
+
+/// The version of the link protocol (the hello, the frames of [`mux`], the agent's service, the
+/// statuses' kinds) that this build speaks. A node refuses an agent that speaks another one; an
+/// agent that states none is from before versions (1).
+pub const LINK_PROTOCOL: u32 = 2;
 
 /// The metadata key carrying the link generation on every node → agent request.
 pub const LINK_GENERATION: &str = "x-link-generation";

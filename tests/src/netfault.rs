@@ -83,6 +83,16 @@ impl NetFault {
         Ok(())
     }
 
+    /// Drops the TCP connections that `from` opens to `to` (a listener), both ways, while the
+    /// connections `to`'s host opens to `from` still pass: e.g. a leader's appends to a
+    /// follower stop, while the follower's own calls to the leader go on.
+    pub fn cut_connections(&self, from: IpAddr, to: std::net::SocketAddr) -> Result<(), String> {
+        let (from, ip, port) = (from.to_string(), to.ip().to_string(), to.port().to_string());
+        iptables(&["-A", &self.chain, "-p", "tcp", "-s", &from, "-d", &ip, "--dport", &port, "-j", "DROP"])?;
+        iptables(&["-A", &self.chain, "-p", "tcp", "-s", &ip, "--sport", &port, "-d", &from, "-j", "DROP"])?;
+        Ok(())
+    }
+
     /// Removes every rule: all nodes reach each other again.
     pub fn heal(&self) -> Result<(), String> {
         iptables(&["-F", &self.chain]).map(drop)

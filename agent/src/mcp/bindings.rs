@@ -31,83 +31,9 @@ pub const MAX_BINDINGS: usize = 64;
 /// ranges).
 pub const FIRST_UID: u32 = 200_000;
 
-/// What the node asks.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "camelCase")]
-pub enum McpRequest {
-    /// Install a package from the workspace and bind it (new UID, HOME, state).
-    #[serde(rename_all = "camelCase")]
-    Install {
-        /// The binding's id (chosen by the node, recorded in the store first).
-        binding_id: String,
-        /// The archive, relative to the workspace.
-        artifact_path: String,
-        /// The manifest (unknown fields refused).
-        manifest: Value,
-    },
-    /// List the binding's tools.
-    #[serde(rename_all = "camelCase")]
-    Discover {
-        /// The binding.
-        binding_id: String,
-    },
-    /// Call a tool.
-    #[serde(rename_all = "camelCase")]
-    Call {
-        /// The binding.
-        binding_id: String,
-        /// The tool.
-        tool: String,
-        /// Its arguments.
-        arguments: serde_json::Map<String, Value>,
-    },
-    /// Move the binding to another installed version of its package, keeping its UID and state.
-    #[serde(rename_all = "camelCase")]
-    Switch {
-        /// The binding.
-        binding_id: String,
-        /// The operation (names the protected receipt).
-        operation_id: String,
-        /// The version the store saw the binding at.
-        from_version: String,
-        /// The version to move to.
-        version: String,
-    },
-    /// Close the binding for good and kill its processes.
-    #[serde(rename_all = "camelCase")]
-    Revoke {
-        /// The binding.
-        binding_id: String,
-    },
-}
-
-/// What the agent answers: a result, or a refusal with a stable reason.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct McpReply {
-    /// The answer (tools, a call's MCP result, `{"drained"}`), when it worked.
-    pub result: Option<Value>,
-    /// Why not.
-    pub error: Option<McpFailure>,
-}
-
-/// A refusal.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct McpFailure {
-    /// A stable code (`digest_mismatch`, `symlink`, `revoked`, `deadline`, ...).
-    pub reason: String,
-    /// For people.
-    pub message: String,
-}
-
-impl McpReply {
-    fn ok(v: Value) -> Self {
-        McpReply { result: Some(v), error: None }
-    }
-    fn fail(reason: &str, message: impl Into<String>) -> Self {
-        McpReply { result: None, error: Some(McpFailure { reason: reason.into(), message: message.into() }) }
-    }
-}
+pub use computerd_proto::mcp::McpFailure;
+pub use computerd_proto::mcp::McpReply;
+pub use computerd_proto::mcp::McpRequest;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Binding {

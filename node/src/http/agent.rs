@@ -15,7 +15,7 @@ use serde_json::json;
 use super::ApiError;
 use super::AppState;
 use super::util::Body;
-use super::util::apply;
+use super::util::propose;
 use crate::ids::now_ms;
 
 /// `POST /v1/agent/pair` body.
@@ -36,12 +36,14 @@ pub async fn pair(State(state): State<AppState>, body: Body<PairIn>) -> Result<J
     let credential = format!("cda_{}", hex::encode(rand::random::<[u8; 32]>()));
     let cmd = Command::RedeemPairing { code, credential_hash: hash_secret(&credential), at_ms: now_ms() };
     let computer_id =
-        apply(&state, cmd).await?.ok_or_else(|| ApiError::new(ErrorKind::Internal, "the store named no computer"))?;
+        propose(&state, cmd).await?.ok_or_else(|| ApiError::new(ErrorKind::Internal, "the store named no computer"))?;
     Ok(Json(json!({ "computerId": computer_id, "credential": credential })))
 }
 
 /// `GET /v1/agent/link`: upgrades to the agent's WebSocket.
 pub async fn link(State(state): State<AppState>, ws: WebSocketUpgrade) -> Response {
     // Small read buffers: an idle link should cost little memory (the default is 128 KiB).
-    ws.max_message_size(1 << 20).read_buffer_size(4 * 1024).on_upgrade(move |socket| crate::link::handle(state, socket))
+    ws.max_message_size(1 << 20)
+        .read_buffer_size(4 * 1024)
+        .on_upgrade(move |socket| crate::link_handshake::handle(state, socket))
 }

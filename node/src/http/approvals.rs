@@ -18,7 +18,7 @@ use super::openapi::ErrorBody;
 #[allow(unused_imports)]
 use super::openapi::ReceiptDoc;
 use super::util::Body;
-use super::util::apply;
+use super::util::propose;
 use crate::ids::now_ms;
 
 /// `GET /v1/approvals`: those the caller may decide, and those its bot asked for.
@@ -71,7 +71,7 @@ pub async fn decide(
         approve: b.decision == ApprovalDecision::Approve,
         at_ms: now_ms(),
     };
-    apply(&state, cmd).await?;
+    propose(&state, cmd).await?;
     state.cluster.read_barrier().await?;
     let a = state.cluster.state().read(|s| s.approvals.get(&id).cloned());
     a.map(|a| Json(json!(a))).ok_or_else(|| ApiError::not_found("no such approval"))
@@ -106,6 +106,6 @@ pub async fn put_rules(
     if b.rules.len() > 1000 {
         return Err(ApiError::invalid("at most 1000 rules"));
     }
-    apply(&state, Command::SetRules { by: caller.token.id.clone(), rules: b.rules.clone() }).await?;
+    propose(&state, Command::SetRules { by: caller.token.id.clone(), rules: b.rules.clone() }).await?;
     Ok(Json(json!({ "rules": b.rules, "default": false })))
 }

@@ -27,9 +27,9 @@ use super::openapi::ErrorBody;
 #[allow(unused_imports)]
 use super::openapi::ReceiptDoc;
 use super::util::Body;
-use super::util::apply;
 use super::util::check_id;
 use super::util::check_name;
+use super::util::propose;
 use crate::ids::new_id;
 use crate::ids::now_ms;
 
@@ -140,7 +140,7 @@ fn absent() -> Value {
 
 /// Submits an execution and answers 202 with its receipt (the existing one for a retry).
 async fn submit(state: &AppState, caller: &Caller, submit: Submit) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let id = apply(state, Command::SubmitExecution(Box::new(submit)))
+    let id = propose(state, Command::SubmitExecution(Box::new(submit)))
         .await?
         .ok_or_else(|| ApiError::new(computerd_proto::ErrorKind::Internal, "the store named no execution"))?;
     state.cluster.read_barrier().await?;
@@ -297,7 +297,7 @@ pub async fn resume_for_call(state: &AppState, caller: &Caller, id: &str) -> Res
         reason: Some("a call needs the paused computer".into()),
         at_ms: now,
     };
-    let exe_id = match apply(state, Command::SubmitExecution(Box::new(s))).await {
+    let exe_id = match propose(state, Command::SubmitExecution(Box::new(s))).await {
         Ok(Some(exe)) => exe,
         Ok(None) => return Err(ApiError::new(computerd_proto::ErrorKind::Internal, "the store named no execution")),
         Err(e) if e.kind == computerd_proto::ErrorKind::ComputerConflict && e.execution_id.is_some() => {
@@ -421,7 +421,7 @@ pub async fn sandbox(
 #[utoipa::path(post, path = "/v1/computers/{id}/stop", tag = "computers", params(("id" = String, Path)), responses((status = 200, description = "The Computer, now failed", body = Object), (status = 409, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn stop(State(state): State<AppState>, auth: Auth, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     let caller = auth.for_write(&state).await?;
-    apply(&state, Command::StopComputer { by: caller.token.id.clone(), computer_id: id.clone(), at_ms: now_ms() })
+    propose(&state, Command::StopComputer { by: caller.token.id.clone(), computer_id: id.clone(), at_ms: now_ms() })
         .await?;
     state.cluster.read_barrier().await?;
     let v = state.cluster.state().read(|s| s.visible_computer(&caller, &id).map(|c| computer_view(s, c)))?;
@@ -465,7 +465,7 @@ pub async fn acquire(
         reason: b.reason,
         at_ms: now_ms(),
     };
-    match apply(&state, cmd).await? {
+    match propose(&state, cmd).await? {
         None => Ok((StatusCode::OK, Json(json!({"computerId": id, "granted": true})))),
         Some(approval) => Ok((
             StatusCode::ACCEPTED,
@@ -501,7 +501,7 @@ pub async fn release(
         let key = b.command_key.ok_or_else(|| ApiError::invalid("destroy needs a commandKey"))?;
         return lifecycle(state, auth, id, ExecutionKind::Delete, Ok(Json(KeyOnly { command_key: key }))).await;
     }
-    apply(&state, Command::DeleteGrant { by: caller.token.id.clone(), computer_id: id.clone(), bot_id: bot.id })
+    propose(&state, Command::DeleteGrant { by: caller.token.id.clone(), computer_id: id.clone(), bot_id: bot.id })
         .await?;
     Ok((StatusCode::OK, Json(json!({"computerId": id, "released": true}))))
 }

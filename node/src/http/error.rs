@@ -43,6 +43,12 @@ impl ApiError {
     }
 }
 
+impl From<crate::owner::CallError> for ApiError {
+    fn from(e: crate::owner::CallError) -> Self {
+        Self::new(e.kind, e.message)
+    }
+}
+
 impl From<Reject> for ApiError {
     fn from(r: Reject) -> Self {
         let kind = match r.kind {

@@ -17,7 +17,7 @@ use super::openapi::ErrorBody;
 #[allow(unused_imports)]
 use super::openapi::ReceiptDoc;
 use super::util::Body;
-use super::util::apply;
+use super::util::propose;
 use crate::ids::now_ms;
 
 /// `GET /v1/executions/:id`: 404 unless the caller may see its Computer.
@@ -76,7 +76,7 @@ pub async fn decide(
         reason,
         at_ms: now_ms(),
     };
-    apply(&state, cmd).await?;
+    propose(&state, cmd).await?;
     state.cluster.read_barrier().await?;
     let now = now_ms();
     let v = state.cluster.state().read(|s| s.executions.get(&id).map(|e| receipt(s, e, &caller, now)));

@@ -26,8 +26,8 @@ use serde_json::json;
 use super::ApiError;
 use super::AppState;
 use super::Auth;
-use super::sessions::agent_error;
-use super::sessions::agent_for;
+use super::calls::agent_for;
+use crate::owner::CallError;
 
 /// The largest file.
 pub const MAX_FILE: usize = 16 << 20;
@@ -248,4 +248,9 @@ pub async fn directory(
         .map(|e| json!({"name": e.name, "type": e.kind, "size": e.size, "mode": e.mode, "mtime": e.mtime}))
         .collect();
     Ok(Json(json!({ "path": q.path, "entries": entries })))
+}
+
+/// The caller's error for an agent's answer (the owner path's one mapping).
+fn agent_error(s: tonic::Status) -> ApiError {
+    CallError::from_status(s).into()
 }

@@ -15,7 +15,7 @@ use super::Auth;
 use super::openapi::ErrorBody;
 #[allow(unused_imports)]
 use super::openapi::ReceiptDoc;
-use super::util::apply;
+use super::util::propose;
 use crate::ids::now_ms;
 
 /// `PUT …/bots/:botId`: grants the bot the right to use the Computer (idempotent).
@@ -32,7 +32,7 @@ pub async fn put(
         bot_id: bot.clone(),
         at_ms: now_ms(),
     };
-    apply(&state, cmd).await?;
+    propose(&state, cmd).await?;
     state.cluster.read_barrier().await?;
     let g = state.cluster.state().read(|s| s.grants.get(&id).and_then(|g| g.get(&bot)).cloned());
     g.map(|g| Json(json!(g))).ok_or_else(|| ApiError::not_found("no such grant"))
@@ -74,6 +74,6 @@ pub async fn delete(
     Path((id, bot)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     let caller = auth.for_write(&state).await?;
-    apply(&state, Command::DeleteGrant { by: caller.token.id.clone(), computer_id: id, bot_id: bot }).await?;
+    propose(&state, Command::DeleteGrant { by: caller.token.id.clone(), computer_id: id, bot_id: bot }).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -20,6 +20,8 @@ use super::openapi::ReceiptDoc;
 /// not commit.
 #[utoipa::path(get, path = "/v1/health", tag = "cluster", responses((status = 200, description = "This node's view of the cluster", body = Object), (status = 503, description = "The same view, from a node out of touch with a quorum", body = Object)))]
 pub async fn health(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let counts = state.owners.counts();
     let contact = state.cluster.quorum_contact();
     let v = state.cluster.view();
     let members: Vec<Value> = v
@@ -42,6 +44,13 @@ pub async fn health(State(state): State<AppState>) -> (StatusCode, Json<Value>) 
         // The agent links this node holds, and how many of them hold an HTTP/2 connection now
         // (one is opened when a call needs it; an idle link holds none).
         "agentLinks": {"linked": state.links.len(), "connected": state.links.connected()},
+        // Calls this node sent to the node holding a Computer's link: all of them, those a stale
+        // view sent on once more, and those whose owner did not take them in time.
+        "routing": {
+            "routed": counts.routed.load(Relaxed),
+            "rerouted": counts.rerouted.load(Relaxed),
+            "timedOut": counts.timed_out.load(Relaxed),
+        },
     }));
     (status, body)
 }

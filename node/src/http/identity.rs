@@ -24,9 +24,9 @@ use super::openapi::ErrorBody;
 #[allow(unused_imports)]
 use super::openapi::ReceiptDoc;
 use super::util::Body;
-use super::util::apply;
 use super::util::check_id;
 use super::util::check_name;
+use super::util::propose;
 use crate::ids::new_id;
 use crate::ids::new_secret;
 use crate::ids::now_ms;
@@ -63,7 +63,7 @@ pub async fn create_member(
     };
     let member =
         Member { id: new_id("mem"), name: check_name(&body.name)?, email, role: body.role, created_at: now_ms() };
-    apply(&state, Command::CreateMember { by: caller.token.id, member: member.clone() }).await?;
+    propose(&state, Command::CreateMember { by: caller.token.id, member: member.clone() }).await?;
     Ok((StatusCode::CREATED, Json(member)))
 }
 
@@ -101,7 +101,7 @@ pub async fn create_bot(
     };
     let bot =
         Bot { id: new_id("bot"), name: check_name(&body.name)?, member_id, created_at: now_ms(), archived_at: None };
-    apply(&state, Command::CreateBot { by: caller.token.id, bot: bot.clone() }).await?;
+    propose(&state, Command::CreateBot { by: caller.token.id, bot: bot.clone() }).await?;
     Ok((StatusCode::CREATED, Json(bot)))
 }
 
@@ -123,7 +123,7 @@ pub async fn archive_bot(
     let caller = auth.for_write(&state).await?;
     caller.check_admin_write()?;
     check_id(&id, "bot", "bot id").map_err(|_| ApiError::not_found("no such bot"))?;
-    apply(&state, Command::ArchiveBot { by: caller.token.id, bot_id: id.clone(), at_ms: now_ms() }).await?;
+    propose(&state, Command::ArchiveBot { by: caller.token.id, bot_id: id.clone(), at_ms: now_ms() }).await?;
     state.cluster.read_barrier().await?;
     let bot = state.cluster.state().read(|s| s.bots.get(&id).cloned());
     bot.map(Json).ok_or_else(|| ApiError::not_found("no such bot"))
@@ -208,7 +208,7 @@ pub async fn create_token(
         created_at: now_ms(),
         revoked_at: None,
     };
-    apply(&state, Command::CreateToken { by: caller.token.id, token: token.clone() }).await?;
+    propose(&state, Command::CreateToken { by: caller.token.id, token: token.clone() }).await?;
     Ok((StatusCode::CREATED, Json(json!({ "token": TokenView::from(&token), "secret": secret }))))
 }
 
@@ -230,7 +230,7 @@ pub async fn revoke_token(
     let caller = auth.for_write(&state).await?;
     caller.check_admin_write()?;
     check_id(&id, "tok", "token id").map_err(|_| ApiError::not_found("no such token"))?;
-    apply(&state, Command::RevokeToken { by: caller.token.id, token_id: id.clone(), at_ms: now_ms() }).await?;
+    propose(&state, Command::RevokeToken { by: caller.token.id, token_id: id.clone(), at_ms: now_ms() }).await?;
     state.cluster.read_barrier().await?;
     let token = state.cluster.state().read(|s| s.tokens.get(&id).map(TokenView::from));
     token.map(Json).ok_or_else(|| ApiError::not_found("no such token"))

@@ -3,6 +3,7 @@
 mod agent;
 mod approvals;
 mod auth;
+mod calls;
 mod computers;
 mod error;
 mod events;
@@ -21,29 +22,13 @@ mod util;
 pub use auth::Auth;
 pub use error::ApiError;
 
+pub use crate::state::AppState;
+
 use axum::Router;
 use axum::routing::delete;
 use axum::routing::get;
 use axum::routing::post;
 use axum::routing::put;
-use computerd_raft::cluster::Cluster;
-
-/// What every handler gets.
-#[derive(Clone)]
-pub struct AppState {
-    /// The replicated store.
-    pub cluster: Cluster,
-    /// Whether this node accepts fake (test) providers.
-    pub fake_providers: bool,
-    /// Agent links held by this node.
-    pub links: std::sync::Arc<computerd_actors::link::LinkRegistry>,
-    /// Command sessions with actors on this node.
-    pub sessions: std::sync::Arc<computerd_actors::session::SessionRegistry>,
-    /// Builds provider adapters (for inspections).
-    pub providers: computerd_actors::factory::ProviderFactory,
-    /// Work seen on this node, reported to the idle-pause plan in batches.
-    pub activity: std::sync::Arc<computerd_actors::idle::Activity>,
-}
 
 /// The API router.
 pub fn router(state: AppState) -> Router {

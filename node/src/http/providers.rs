@@ -21,8 +21,8 @@ use super::openapi::ErrorBody;
 #[allow(unused_imports)]
 use super::openapi::ReceiptDoc;
 use super::util::Body;
-use super::util::apply;
 use super::util::check_name;
+use super::util::propose;
 use crate::ids::new_id;
 use crate::ids::now_ms;
 
@@ -94,7 +94,7 @@ pub async fn create(
         created_by: caller.member.id.clone(),
         created_at: now_ms(),
     };
-    apply(&state, Command::CreateProvider { by: caller.token.id.clone(), provider: p.clone() }).await?;
+    propose(&state, Command::CreateProvider { by: caller.token.id.clone(), provider: p.clone() }).await?;
     Ok((StatusCode::CREATED, Json(provider_view(&p))))
 }
 

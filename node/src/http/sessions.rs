@@ -11,7 +11,6 @@ use axum::Json;
 use axum::extract::Path;
 use axum::extract::State;
 use axum::http::StatusCode;
-use computerd_actors::link::Agent;
 use computerd_actors::session::SessionHandle;
 use computerd_actors::session::SessionMessage;
 use computerd_proto::ErrorKind;
@@ -30,8 +29,10 @@ use serde_json::json;
 use super::ApiError;
 use super::AppState;
 use super::Auth;
+use super::calls::admit;
 use super::util::Body;
 use crate::ids::new_id;
+use crate::owner::CallError;
 
 /// Default and bounds of `yieldTimeMs`.
 const YIELD_DEFAULT: u32 = 10_000;
@@ -73,82 +74,6 @@ pub fn unescape(s: &str) -> Result<Vec<u8>, ApiError> {
         }
     }
     Ok(out)
-}
-
-/// Maps an agent's answer status to an API error.
-pub fn agent_error(s: tonic::Status) -> ApiError {
-    use tonic::Code;
-    match s.code() {
-        Code::NotFound => ApiError::not_found(s.message()),
-        Code::InvalidArgument => ApiError::invalid(s.message()),
-        Code::FailedPrecondition if s.message().starts_with("stale link generation") => {
-            ApiError::new(ErrorKind::ComputerExecutionFailed, "the computer's link was replaced; try again")
-        }
-        Code::FailedPrecondition | Code::AlreadyExists => ApiError::invalid(s.message()),
-        Code::PermissionDenied => ApiError::new(ErrorKind::Forbidden, s.message()),
-        Code::ResourceExhausted => ApiError::new(ErrorKind::TooLarge, s.message()),
-        _ => {
-            tracing::warn!(code = ?s.code(), message = %s.message(), "agent call failed");
-            ApiError::new(ErrorKind::ComputerExecutionFailed, "the call on the computer failed")
-        }
-    }
-}
-
-/// The agent of a Computer the caller may operate, if its link is on this node.
-pub async fn agent_for(state: &AppState, caller: &Caller, computer_id: &str, write: bool) -> Result<Agent, ApiError> {
-    let paused = state.cluster.state().read(|s| {
-        if write {
-            s.check_operate(caller, computer_id)?;
-        } else {
-            s.visible_computer(caller, computer_id)?;
-        }
-        Ok::<_, computerd_raft::sm::Reject>(
-            s.computers.get(computer_id).is_some_and(|c| c.state == computerd_raft::sm::ComputerState::Paused),
-        )
-    })?;
-    if paused {
-        // A call on a paused Computer resumes it first (a read needs no write right for that:
-        // the resume is the caller's, with the rights the store re-checks).
-        super::computers::resume_for_call(state, caller, computer_id).await?;
-    }
-    let client = match state.links.get(computer_id) {
-        Some(l) => l.client().await.map_err(|_| not_linked(state, computer_id))?,
-        None if paused || starting(state, computer_id) => wait_for_link(state, computer_id).await?,
-        None => return Err(not_linked(state, computer_id)),
-    };
-    state.activity.touch(computer_id);
-    Ok(client)
-}
-
-/// How long a call waits for the agent of a Computer that is resuming or starting.
-const LINK_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
-
-fn starting(state: &AppState, computer_id: &str) -> bool {
-    state.cluster.state().read(|s| {
-        s.computers.get(computer_id).is_some_and(|c| {
-            matches!(c.state, computerd_raft::sm::ComputerState::Starting | computerd_raft::sm::ComputerState::Running)
-                && s.runs_agent(computer_id)
-        })
-    })
-}
-
-/// Waits for the agent's link to come (back) to this node.
-async fn wait_for_link(state: &AppState, computer_id: &str) -> Result<Agent, ApiError> {
-    match state.links.wait(computer_id, tokio::time::Instant::now() + LINK_WAIT).await {
-        Some(l) => l.client().await.map_err(|_| not_linked(state, computer_id)),
-        None => Err(not_linked(state, computer_id)),
-    }
-}
-
-fn not_linked(state: &AppState, computer_id: &str) -> ApiError {
-    let elsewhere = state.cluster.state().read(|s| s.computers.get(computer_id).and_then(|c| c.link_node));
-    match elsewhere {
-        Some(n) if n != state.cluster.id() => ApiError::new(
-            ErrorKind::Unavailable,
-            format!("the computer's link is on node {n}; call that node (routing between nodes comes later)"),
-        ),
-        _ => ApiError::new(ErrorKind::ComputerExecutionFailed, "the computer's agent is not connected"),
-    }
 }
 
 fn answer(r: SessionReply) -> Json<Value> {
@@ -215,7 +140,7 @@ async fn ask<T: Send + 'static>(
     msg: impl FnOnce(RpcReplyPort<Result<T, tonic::Status>>) -> SessionMessage,
 ) -> Result<T, ApiError> {
     match h.actor.call(msg, None).await {
-        Ok(CallResult::Success(r)) => r.map_err(agent_error),
+        Ok(CallResult::Success(r)) => r.map_err(|s| CallError::from_status(s).into()),
         _ => Err(ApiError::new(ErrorKind::ComputerExecutionFailed, "the session's actor stopped; try again")),
     }
 }
@@ -238,7 +163,7 @@ pub async fn start(
         return Err(ApiError::invalid("env names must be non-empty without '=' or NUL"));
     }
     let (yield_ms, max) = limits(b.yield_time_ms, b.max_output_bytes)?;
-    let agent = agent_for(&state, &caller, &id, true).await?;
+    admit(&state, &caller, &id, true).await?;
     let sid = new_id("cse");
     let h = session_of(&state, &caller, &id, &sid).await?;
     let req = StartSession {
@@ -253,7 +178,7 @@ pub async fn start(
         max_output_bytes: max,
         owner: owner_of(&caller),
     };
-    let r = ask(&h, |reply| SessionMessage::Start(agent, req, reply)).await?;
+    let r = ask(&h, |reply| SessionMessage::Start(req, reply)).await?;
     Ok(answer(r))
 }
 
@@ -281,7 +206,7 @@ pub async fn input(
     let Json(b) = body?;
     let data = unescape(&b.chars)?;
     let (yield_ms, max) = limits(b.yield_time_ms, b.max_output_bytes)?;
-    let agent = agent_for(&state, &caller, &id, true).await?;
+    admit(&state, &caller, &id, true).await?;
     let h = session_of(&state, &caller, &id, &sid).await?;
     let req = SessionInput {
         session_id: sid,
@@ -292,7 +217,7 @@ pub async fn input(
         repeat: b.from_offset.is_some(),
         owner: owner_of(&caller),
     };
-    let r = ask(&h, |reply| SessionMessage::Input(agent, req, reply)).await?;
+    let r = ask(&h, |reply| SessionMessage::Input(req, reply)).await?;
     Ok(answer(r))
 }
 
@@ -316,10 +241,10 @@ pub async fn resize(
     if b.rows == 0 || b.cols == 0 {
         return Err(ApiError::invalid("rows and cols must be at least 1"));
     }
-    let agent = agent_for(&state, &caller, &id, true).await?;
+    admit(&state, &caller, &id, true).await?;
     let h = session_of(&state, &caller, &id, &sid).await?;
     let req = Resize { session_id: sid, rows: b.rows as u32, cols: b.cols as u32, owner: owner_of(&caller) };
-    ask(&h, |reply| SessionMessage::Resize(agent, req, reply)).await?;
+    ask(&h, |reply| SessionMessage::Resize(req, reply)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -330,10 +255,10 @@ pub async fn stop(
     Path((id, sid)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
     let caller = auth.current(&state).await?;
-    let agent = agent_for(&state, &caller, &id, true).await?;
+    admit(&state, &caller, &id, true).await?;
     let h = session_of(&state, &caller, &id, &sid).await?;
     let req = SessionRef { session_id: sid, max_output_bytes: MAX_OUTPUT_DEFAULT, owner: owner_of(&caller) };
-    let r = ask(&h, |reply| SessionMessage::Kill(agent, req, reply)).await?;
+    let r = ask(&h, |reply| SessionMessage::Kill(req, reply)).await?;
     Ok(answer(r))
 }
 

@@ -23,7 +23,7 @@ use axum::extract::Path;
 use axum::extract::State;
 use axum::http::StatusCode;
 use computerd_proto::ErrorKind;
-use computerd_proto::agent::McpJson;
+use computerd_proto::mcp::McpRequest;
 use computerd_raft::sm::BindingState;
 use computerd_raft::sm::Caller;
 use computerd_raft::sm::Command;
@@ -39,11 +39,10 @@ use sha2::Digest;
 use super::ApiError;
 use super::AppState;
 use super::Auth;
-use super::sessions::agent_error;
-use super::sessions::agent_for;
+use super::calls::agent_for;
 use super::util::Body;
-use super::util::apply;
 use super::util::check_id;
+use super::util::propose;
 use crate::ids::new_id;
 use crate::ids::now_ms;
 
@@ -114,72 +113,22 @@ fn computer_for(state: &AppState, caller: &Caller, bot_id: &str, named: Option<S
     }
 }
 
-/// One `Mcp` request to the agent of `computer`: `Ok(result)` or the agent's refusal (reason,
-/// message) — a transport failure is the outer error.
+/// One MCP request to the agent of `computer`, wherever its link is: `Ok(result)` or the
+/// agent's refusal (reason, message); a failure to reach the agent is the outer error.
 async fn agent_mcp(
     state: &AppState,
     caller: &Caller,
     computer: &str,
-    request: Value,
+    request: McpRequest,
 ) -> Result<Result<Value, (String, String)>, ApiError> {
-    let json = match relay_target(state, computer) {
-        // The link is on another node: relay the request there (rights were checked here).
-        Some(node) => relay(state, node, computer, request.to_string()).await?,
-        None => {
-            let mut agent = agent_for(state, caller, computer, true).await?;
-            agent.mcp(McpJson { json: request.to_string() }).await.map_err(agent_error)?.into_inner().json
-        }
-    };
-    let v: Value = serde_json::from_str(&json)
-        .map_err(|_| ApiError::new(ErrorKind::ComputerExecutionFailed, "the agent's answer is not JSON"))?;
-    match (&v["result"], &v["error"]) {
-        (r, Value::Null) if !r.is_null() => Ok(Ok(r.clone())),
-        (_, e) => Ok(Err((
-            e["reason"].as_str().unwrap_or("unknown").to_string(),
-            e["message"].as_str().unwrap_or_default().to_string(),
-        ))),
+    // Rights were checked by the caller of this function; a link held here (or expected here)
+    // is used under the same rules as any call on the Computer.
+    let reply = state.owners.mcp(computer, &request, agent_for(state, caller, computer, true)).await?;
+    match (reply.result, reply.error) {
+        (Some(r), None) if !r.is_null() => Ok(Ok(r)),
+        (_, Some(e)) => Ok(Err((e.reason, e.message))),
+        (_, None) => Ok(Err(("unknown".into(), "the agent answered neither a result nor a refusal".into()))),
     }
-}
-
-/// The node to relay to, when another node holds the Computer's link.
-fn relay_target(state: &AppState, computer: &str) -> Option<u64> {
-    if state.links.get(computer).is_some() {
-        return None;
-    }
-    state
-        .cluster
-        .state()
-        .read(|s| s.computers.get(computer).and_then(|c| c.link_node))
-        .filter(|n| *n != state.cluster.id())
-}
-
-/// Relays an MCP request to `node` over gRPC; a stale directory is followed once.
-async fn relay(state: &AppState, node: u64, computer: &str, json: String) -> Result<String, ApiError> {
-    use computerd_proto::cluster::McpRelay;
-    use computerd_proto::cluster::routing_client::RoutingClient;
-    let mut target = node;
-    for attempt in 0..2 {
-        let addr = state.cluster.view().members.into_iter().find(|m| m.id == target).map(|m| m.addr.grpc);
-        let addr =
-            addr.ok_or_else(|| ApiError::new(ErrorKind::Unavailable, "the computer's agent is not connected"))?;
-        let channel = state.cluster.channels().channel(&addr).map_err(|e| {
-            ApiError::new(ErrorKind::ComputerExecutionFailed, format!("no channel to node {target}: {e}"))
-        })?;
-        let mut client = RoutingClient::new(channel);
-        let req = McpRelay { computer_id: computer.to_string(), json: json.clone() };
-        match client.relay_mcp(req).await {
-            Ok(r) => return Ok(r.into_inner().json),
-            Err(s) if s.code() == tonic::Code::FailedPrecondition && attempt == 0 => {
-                let owner = s.metadata().get(crate::routing::OWNER).and_then(|v| v.to_str().ok()?.parse().ok());
-                match owner {
-                    Some(n) if n != state.cluster.id() => target = n,
-                    _ => break,
-                }
-            }
-            Err(s) => return Err(agent_error(s)),
-        }
-    }
-    Err(ApiError::new(ErrorKind::ComputerExecutionFailed, "the computer's agent is not connected"))
 }
 
 fn rejected(reason: String, message: String) -> ApiError {
@@ -238,7 +187,8 @@ pub async fn install(
         }
         (true, Some(old)) => {
             // The old runtime must be confirmed stopped (draining again is harmless).
-            let drained = agent_mcp(&state, &caller, &computer, json!({"op": "revoke", "bindingId": old.id})).await?;
+            let drained =
+                agent_mcp(&state, &caller, &computer, McpRequest::Revoke { binding_id: old.id.clone() }).await?;
             if !matches!(&drained, Ok(r) if r["drained"] == true) {
                 let mut e = ApiError::new(ErrorKind::Conflict, "the old binding's processes are not confirmed stopped");
                 e.reason = Some("drain_incomplete".into());
@@ -259,10 +209,11 @@ pub async fn install(
         error: None,
         created_at: now_ms(),
     };
-    let id = apply(&state, Command::BindingReserve { by: caller.token.id.clone(), binding: binding.clone() })
+    let id = propose(&state, Command::BindingReserve { by: caller.token.id.clone(), binding: binding.clone() })
         .await?
         .unwrap_or(binding.id);
-    let request = json!({"op": "install", "bindingId": id, "artifactPath": b.artifact_path, "manifest": b.manifest});
+    let request =
+        McpRequest::Install { binding_id: id.clone(), artifact_path: b.artifact_path, manifest: b.manifest.clone() };
     let answer = agent_mcp(&state, &caller, &computer, request).await;
     let (ready, tools, error) = match &answer {
         Ok(Ok(r)) => (true, r["tools"].clone(), None),
@@ -271,7 +222,7 @@ pub async fn install(
         Err(_) => (false, Value::Null, None),
     };
     if answer.is_ok() {
-        apply(&state, Command::BindingSettle { binding_id: id.clone(), ready, tools: tools.clone(), error }).await?;
+        propose(&state, Command::BindingSettle { binding_id: id.clone(), ready, tools: tools.clone(), error }).await?;
     }
     match answer {
         Ok(Ok(_)) => Ok((StatusCode::CREATED, Json(json!({"bindingId": id, "tools": tools})))),
@@ -319,11 +270,11 @@ fn ready_binding(state: &AppState, caller: &Caller, bot_id: &str, id: &str) -> R
 
 async fn do_discover(state: &AppState, caller: &Caller, bot_id: &str, id: &str) -> Result<Value, ApiError> {
     let b = ready_binding(state, caller, bot_id, id)?;
-    match agent_mcp(state, caller, &b.computer_id, json!({"op": "discover", "bindingId": id})).await? {
+    match agent_mcp(state, caller, &b.computer_id, McpRequest::Discover { binding_id: id.to_string() }).await? {
         Ok(tools) => {
             let cmd =
                 Command::BindingSettle { binding_id: id.to_string(), ready: true, tools: tools.clone(), error: None };
-            apply(state, cmd).await?;
+            propose(state, cmd).await?;
             Ok(json!({"bindingId": id, "tools": tools}))
         }
         Err((reason, message)) => Err(rejected(reason, message)),
@@ -356,7 +307,7 @@ async fn do_call(state: &AppState, caller: &Caller, bot_id: &str, id: &str, c: C
         started_at: now_ms(),
     };
     let key = operation_key(bot_id, &c.operation_id);
-    let begun = apply(state, Command::OperationBegin { by: caller.token.id.clone(), operation: op }).await?;
+    let begun = propose(state, Command::OperationBegin { by: caller.token.id.clone(), operation: op }).await?;
     match begun.as_deref() {
         Some("new") => {}
         Some("done") => {
@@ -380,14 +331,14 @@ async fn do_call(state: &AppState, caller: &Caller, bot_id: &str, id: &str, c: C
     // New: the store let it in (the binding is ready and the caller may use its Computer).
     let computer = state.cluster.state().read(|s| s.tool_bindings.get(id).map(|b| b.computer_id.clone()));
     let computer = computer.ok_or_else(|| ApiError::not_found("no such binding"))?;
-    let request = json!({"op": "call", "bindingId": id, "tool": c.tool, "arguments": c.arguments});
+    let request = McpRequest::Call { binding_id: id.to_string(), tool: c.tool.clone(), arguments: c.arguments.clone() };
     match agent_mcp(state, caller, &computer, request).await {
         Ok(answer) => {
             let result = match &answer {
                 Ok(r) => json!({"ok": r}),
                 Err((reason, message)) => json!({"error": {"reason": reason, "message": message}}),
             };
-            apply(state, Command::OperationFinish { key, result: Some(result) }).await?;
+            propose(state, Command::OperationFinish { key, result: Some(result) }).await?;
             match answer {
                 Ok(r) => Ok(json!({"operationId": c.operation_id, "replayed": false, "result": {"ok": r}})),
                 Err((reason, message)) => Err(rejected(reason, message)),
@@ -395,7 +346,7 @@ async fn do_call(state: &AppState, caller: &Caller, bot_id: &str, id: &str, c: C
         }
         Err(e) => {
             // Sent (or maybe sent) without an answer: unknown, and never redone.
-            let _ = apply(state, Command::OperationFinish { key, result: None }).await;
+            let _ = propose(state, Command::OperationFinish { key, result: None }).await;
             Err(e)
         }
     }
@@ -446,7 +397,7 @@ pub async fn switch(
         receipt: None,
     };
     let key = operation_key(&bot_id, &w.operation_id);
-    let seen = apply(&state, Command::SwitchReserve { by: caller.token.id.clone(), switch: sw }).await?;
+    let seen = propose(&state, Command::SwitchReserve { by: caller.token.id.clone(), switch: sw }).await?;
     state.cluster.read_barrier().await?;
     let stored = state.cluster.state().read(|s| s.switches.get(&key).cloned());
     let stored = stored.ok_or_else(|| ApiError::not_found("no such switch"))?;
@@ -467,24 +418,28 @@ pub async fn switch(
     let computer = computer.ok_or_else(|| ApiError::not_found("no such binding"))?;
     // The bot's binding already at the target is drained first (it is revoked at commit).
     if let Some(target) = &stored.target_binding {
-        let drained = agent_mcp(&state, &caller, &computer, json!({"op": "revoke", "bindingId": target})).await?;
+        let drained = agent_mcp(&state, &caller, &computer, McpRequest::Revoke { binding_id: target.clone() }).await?;
         if !matches!(&drained, Ok(r) if r["drained"] == true) {
             let mut e = ApiError::new(ErrorKind::Conflict, "the target binding's processes are not confirmed stopped");
             e.reason = Some("drain_incomplete".into());
             return Err(e);
         }
     }
-    let request = json!({"op": "switch", "bindingId": id, "operationId": w.operation_id,
-        "fromVersion": stored.from_version, "version": w.version});
+    let request = McpRequest::Switch {
+        binding_id: id.clone(),
+        operation_id: w.operation_id.clone(),
+        from_version: stored.from_version.clone(),
+        version: w.version.clone(),
+    };
     // A lost answer leaves the switch reserved: sending the same operation again carries it on.
     match agent_mcp(&state, &caller, &computer, request).await? {
         Ok(receipt) => {
-            apply(&state, Command::SwitchSettle { key, receipt: receipt.clone(), ok: true }).await?;
+            propose(&state, Command::SwitchSettle { key, receipt: receipt.clone(), ok: true }).await?;
             Ok(Json(json!({"operationId": w.operation_id, "bindingId": id, "replayed": false, "receipt": receipt})))
         }
         Err((reason, message)) => {
             let refusal = json!({"reason": reason, "message": message});
-            apply(&state, Command::SwitchSettle { key, receipt: refusal, ok: false }).await?;
+            propose(&state, Command::SwitchSettle { key, receipt: refusal, ok: false }).await?;
             Err(rejected(reason, message))
         }
     }
@@ -505,8 +460,8 @@ pub async fn revoke(
             })
         })?;
     // Admission closes first: from here on no new call is let through.
-    apply(&state, Command::BindingRevoke { by: caller.token.id.clone(), binding_id: id.clone() }).await?;
-    let drained = match agent_mcp(&state, &caller, &computer, json!({"op": "revoke", "bindingId": id})).await {
+    propose(&state, Command::BindingRevoke { by: caller.token.id.clone(), binding_id: id.clone() }).await?;
+    let drained = match agent_mcp(&state, &caller, &computer, McpRequest::Revoke { binding_id: id.clone() }).await {
         Ok(Ok(r)) => r["drained"].as_bool().unwrap_or(false),
         _ => false,
     };

@@ -13,7 +13,7 @@ use super::AppState;
 pub type Body<T> = Result<Json<T>, JsonRejection>;
 
 /// Proposes a command; a refusal becomes the matching API error. Answers the id a command names.
-pub async fn apply(state: &AppState, cmd: Command) -> Result<Option<String>, ApiError> {
+pub async fn propose(state: &AppState, cmd: Command) -> Result<Option<String>, ApiError> {
     match state.cluster.propose(Request::new(cmd)).await? {
         Response::Ok => Ok(None),
         Response::Id(id) => Ok(Some(id)),

@@ -15,6 +15,7 @@ use std::time::Duration;
 use axum::extract::ws::Message;
 use axum::extract::ws::WebSocket;
 use computerd_actors::link::LinkArgs;
+use computerd_proto::LINK_PROTOCOL;
 use computerd_proto::mux::Mux;
 use computerd_proto::mux::Role;
 use computerd_raft::sm::Command;
@@ -23,14 +24,28 @@ use computerd_raft::sm::Response;
 use computerd_raft::sm::hash_secret;
 use futures::SinkExt;
 
-use crate::http::AppState;
 use crate::ids::now_ms;
+use crate::state::AppState;
 
 #[derive(serde::Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct Hello {
     computer_id: String,
     credential: String,
+    /// The link protocol the agent speaks (absent: an agent from before versions).
+    #[serde(default)]
+    protocol: Option<u32>,
+}
+
+/// Why an agent that speaks another link protocol is refused, naming both versions.
+fn incompatible(agent: Option<u32>) -> Option<String> {
+    let agent = agent.unwrap_or(1);
+    (agent != LINK_PROTOCOL).then(|| {
+        format!(
+            "incompatible agent: this node speaks link protocol {LINK_PROTOCOL} and the agent speaks {agent}; \
+             upgrade computer-agent (a sandbox gets the current agent when it is recreated)"
+        )
+    })
 }
 
 async fn refuse(mut socket: WebSocket, why: &str) {
@@ -45,8 +60,13 @@ pub async fn handle(state: AppState, mut socket: WebSocket) {
         _ => None,
     };
     let Some(hello) = hello else {
-        return refuse(socket, "expected {\"computerId\",\"credential\"}").await;
+        return refuse(socket, "expected {\"computerId\",\"credential\",\"protocol\"}").await;
     };
+    // Refused before anything is written to the store.
+    if let Some(why) = incompatible(hello.protocol) {
+        tracing::info!(computer_id = %hello.computer_id, agent = ?hello.protocol, "agent link refused: incompatible");
+        return refuse(socket, &why).await;
+    }
     let cmd = Command::LinkUp {
         computer_id: hello.computer_id.clone(),
         credential_hash: hash_secret(&hello.credential),
@@ -78,4 +98,18 @@ pub async fn handle(state: AppState, mut socket: WebSocket) {
     };
     // This task runs the link's lifecycle and drives its WebSocket until the link ends.
     computerd_actors::link::run(args, Mux::new(computerd_proto::ws_adapter!(socket, Message), Role::Client)).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_agent_of_another_protocol_is_refused_with_both_versions() {
+        assert_eq!(incompatible(Some(LINK_PROTOCOL)), None);
+        let old = incompatible(None).unwrap_or_default();
+        assert!(old.contains(&format!("protocol {LINK_PROTOCOL}")) && old.contains("speaks 1"), "{old}");
+        let newer = incompatible(Some(LINK_PROTOCOL + 1)).unwrap_or_default();
+        assert!(newer.contains(&format!("speaks {}", LINK_PROTOCOL + 1)), "{newer}");
+    }
 }

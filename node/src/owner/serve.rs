@@ -1,16 +1,22 @@
-//! Routing between nodes, the receiving end: the `Routing` gRPC service runs a call forwarded by
-//! another node (`http/forward.rs` is the sending end) through this node's own HTTP router, so
-//! it is authenticated and authorized here again, exactly as if it had arrived directly.
+//! The receiving end of routed calls: the `Routing` gRPC service runs a call forwarded by
+//! another node ([`super::forward`] is the sending end) through this node's own HTTP router, so
+//! it is authenticated and authorized here again, exactly as if it had arrived directly, and asks
+//! this node's agent link for a relayed MCP request ([`super::relay`]).
 //!
 //! Ownership is checked on the head, before any of the body is read: a node that does not hold
-//! the Computer's link answers `FAILED_PRECONDITION` with `x-computerd-owner` (the owner in its
-//! replica of the directory, if any), and the sender sends the whole call there instead.
+//! the Computer's link answers `NotOwner` ([`Owners::not_owner`]), and the sender sends the whole
+//! call there instead. A call taken is answered its stream's headers at once, and runs under its
+//! kind's deadline ([`super::CallKind`]).
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::OnceLock;
 
 use axum::body::Body;
+use computerd_proto::ErrorKind;
+use computerd_proto::FORWARDED;
+use computerd_proto::cluster::McpRelay;
+use computerd_proto::cluster::McpRelayReply;
 use computerd_proto::cluster::RouteChunk;
 use computerd_proto::cluster::RouteHead;
 use computerd_proto::cluster::routing_server::Routing;
@@ -23,14 +29,11 @@ use tonic::Status;
 use tonic::Streaming;
 use tower::ServiceExt;
 
-use crate::http::AppState;
-
-/// Marks a request that was forwarded once, so it is run where it arrives.
-pub const FORWARDED: &str = "x-computerd-forwarded";
-/// The metadata naming the owner in a not-owner answer.
-pub const OWNER: &str = "x-computerd-owner";
-/// The largest message on a route (a body chunk).
-pub const MAX_ROUTE_MESSAGE: usize = 8 << 20;
+use super::CallKind;
+use super::MAX_ROUTE_MESSAGE;
+use super::Owners;
+use super::computer_of;
+use crate::state::AppState;
 
 /// The HTTP router and state, set once the node serves HTTP (calls before that are refused).
 #[derive(Clone, Default)]
@@ -52,62 +55,51 @@ impl RouteTarget {
     }
 }
 
-/// The Computer a path is about (`/v1/computers/{id}/…`).
-pub fn computer_of(path: &str) -> Option<&str> {
-    path.strip_prefix("/v1/computers/").and_then(|r| r.split(['/', '?']).next()).filter(|id| !id.is_empty())
-}
-
 type ReplyStream = Pin<Box<dyn Stream<Item = Result<RouteChunk, Status>> + Send>>;
-
-/// A not-owner answer naming the owner. When this node's applied state names none (or itself),
-/// it may lag behind a link that was just recorded: it catches up to the leader's commit first.
-async fn not_owner(state: &AppState, computer: &str) -> Status {
-    let read = || state.cluster.state().read(|s| s.computers.get(computer).and_then(|c| c.link_node));
-    let mut owner = read();
-    if owner.is_none_or(|n| n == state.cluster.id()) && state.cluster.read_barrier().await.is_ok() {
-        owner = read();
-    }
-    let mut status = Status::failed_precondition("this node does not hold the computer's link");
-    if let Some(n) = owner.filter(|n| *n != state.cluster.id())
-        && let Ok(v) = n.to_string().parse()
-    {
-        status.metadata_mut().insert(OWNER, v);
-    }
-    status
-}
 
 #[tonic::async_trait]
 impl Routing for RouteTarget {
     type ForwardStream = ReplyStream;
+    type RelayMcpStream = Pin<Box<dyn Stream<Item = Result<McpRelayReply, Status>> + Send>>;
 
-    async fn relay_mcp(
-        &self,
-        req: Request<computerd_proto::cluster::McpRelay>,
-    ) -> Result<Response<computerd_proto::cluster::McpRelayReply>, Status> {
+    async fn relay_mcp(&self, req: Request<McpRelay>) -> Result<Response<Self::RelayMcpStream>, Status> {
         let Some((_, state)) = self.inner.get().cloned() else {
-            return Err(Status::unavailable("this node is still starting"));
+            return Err(ErrorKind::Unavailable.status("this node is still starting"));
         };
         let r = req.into_inner();
-        let Some(link) = state.links.get(&r.computer_id) else { return Err(not_owner(&state, &r.computer_id).await) };
-        let mut agent = link.client().await?;
-        let reply = agent.mcp(computerd_proto::agent::McpJson { json: r.json }).await?.into_inner();
-        Ok(Response::new(computerd_proto::cluster::McpRelayReply { json: reply.json }))
+        let owners: &Owners = &state.owners;
+        if state.links.get(&r.computer_id).is_none() {
+            return Err(owners.not_owner(&r.computer_id).await);
+        }
+        // Taken: the headers go at once; the agent's answer follows as the one message.
+        let call = async move {
+            let mut agent = state.owners.agent(&r.computer_id).await.map_err(|e| e.into_status())?;
+            let mut req = Request::new(computerd_proto::agent::McpJson { json: r.json });
+            req.set_timeout(CallKind::Tool.deadline());
+            let reply = tokio::time::timeout(CallKind::Tool.deadline(), agent.mcp(req))
+                .await
+                .map_err(|_| ErrorKind::DeadlineExceeded.status("the computer's agent did not answer in time"))??;
+            Ok(McpRelayReply { json: reply.into_inner().json })
+        };
+        Ok(Response::new(Box::pin(futures::stream::once(call))))
     }
 
     async fn forward(&self, req: Request<Streaming<RouteChunk>>) -> Result<Response<ReplyStream>, Status> {
         let Some((router, state)) = self.inner.get().cloned() else {
-            return Err(Status::unavailable("this node is still starting"));
+            return Err(ErrorKind::Unavailable.status("this node is still starting"));
         };
         let mut incoming = req.into_inner();
         let head = incoming
             .message()
             .await?
             .and_then(|c| c.head)
-            .ok_or_else(|| Status::invalid_argument("a routed call starts with its head"))?;
-        let computer = computer_of(&head.path).ok_or_else(|| Status::invalid_argument("not a call on a computer"))?;
+            .ok_or_else(|| ErrorKind::InvalidRequest.status("a routed call starts with its head"))?;
+        let computer =
+            computer_of(&head.path).ok_or_else(|| ErrorKind::InvalidRequest.status("not a call on a computer"))?;
         if state.links.get(computer).is_none() {
-            return Err(not_owner(&state, computer).await);
+            return Err(state.owners.not_owner(computer).await);
         }
+        let deadline = tokio::time::Instant::now() + super::kind_of_path(&head.path).deadline();
         let mut builder = axum::http::Request::builder().method(head.method.as_str()).uri(head.path.as_str());
         for (k, v) in &head.headers {
             builder = builder.header(k.as_str(), v.as_str());
@@ -118,14 +110,19 @@ impl Routing for RouteTarget {
         let request = builder
             .header(FORWARDED, "1")
             .body(body)
-            .map_err(|e| Status::invalid_argument(format!("bad routed call: {e}")))?;
+            .map_err(|e| ErrorKind::InvalidRequest.status(format!("bad routed call: {e}")))?;
         // Answer the head at once: the sender holds the body back until it sees that the call
         // was accepted, so the router runs in its own task and feeds the reply stream.
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<RouteChunk, Status>>(4);
         tokio::spawn(async move {
-            let response = match router.oneshot(request).await {
-                Ok(r) => r,
-                Err(never) => match never {},
+            let response = match tokio::time::timeout_at(deadline, router.oneshot(request)).await {
+                Ok(Ok(r)) => r,
+                Ok(Err(never)) => match never {},
+                Err(_) => {
+                    let _ =
+                        tx.send(Err(ErrorKind::DeadlineExceeded.status("the call did not end by its deadline"))).await;
+                    return;
+                }
             };
             let status = response.status().as_u16() as u32;
             let mut headers = std::collections::HashMap::new();
@@ -140,7 +137,17 @@ impl Routing for RouteTarget {
                 return;
             }
             let mut frames = response.into_body().into_data_stream();
-            while let Some(frame) = frames.next().await {
+            loop {
+                let frame = match tokio::time::timeout_at(deadline, frames.next()).await {
+                    Ok(Some(frame)) => frame,
+                    Ok(None) => return,
+                    Err(_) => {
+                        let _ = tx
+                            .send(Err(ErrorKind::DeadlineExceeded.status("the answer was cut at its deadline")))
+                            .await;
+                        return;
+                    }
+                };
                 match frame {
                     Ok(bytes) => {
                         for c in bytes.chunks(MAX_ROUTE_MESSAGE) {
@@ -150,7 +157,9 @@ impl Routing for RouteTarget {
                         }
                     }
                     Err(e) => {
-                        let _ = tx.send(Err(Status::aborted(format!("the answer was cut: {e}")))).await;
+                        let _ = tx
+                            .send(Err(ErrorKind::ComputerExecutionFailed.status(format!("the answer was cut: {e}"))))
+                            .await;
                         return;
                     }
                 }

@@ -1,0 +1,80 @@
+//! MCP requests for a Computer's agent, wherever its link is: on this node over the link, on
+//! another over `Routing.RelayMcp` (the sending node checked the caller's rights and journaled
+//! the call; the owner checks that it holds the link and asks its agent).
+
+use computerd_proto::agent::McpJson;
+use computerd_proto::cluster::McpRelay;
+use computerd_proto::mcp::McpReply;
+use computerd_proto::mcp::McpRequest;
+use futures::StreamExt;
+
+use super::CallError;
+use super::CallKind;
+use super::Miss;
+use super::Owners;
+use super::Place;
+use computerd_proto::ErrorKind;
+
+impl Owners {
+    /// Sends `request` to the Computer's agent: here, or relayed to the node holding its link
+    /// (following one stale view). `local` gives the client when the link is (or is expected)
+    /// here: the caller's own rules for a Computer that is paused or starting apply there.
+    pub async fn mcp<E: From<CallError>>(
+        &self,
+        computer: &str,
+        request: &McpRequest,
+        local: impl Future<Output = Result<computerd_actors::link::Agent, E>>,
+    ) -> Result<McpReply, E> {
+        let json = serde_json::to_string(request)
+            .map_err(|e| CallError::new(ErrorKind::Internal, format!("cannot encode the request: {e}")))?;
+        let answer = match self.locate(computer).await {
+            Place::At(node) => match self.relay(computer, node, &json).await {
+                Ok(json) => Some(json),
+                Err(Miss::Nobody) => None,
+                Err(Miss::Failed(e)) => return Err(e.into()),
+            },
+            Place::Here(_) | Place::Nowhere => None,
+        };
+        let json = match answer {
+            Some(json) => json,
+            None => {
+                let mut agent = local.await?;
+                let mut req = tonic::Request::new(McpJson { json });
+                req.set_timeout(CallKind::Tool.deadline());
+                let call = tokio::time::timeout(CallKind::Tool.deadline(), agent.mcp(req));
+                match call.await {
+                    Ok(r) => r.map_err(CallError::from_status)?.into_inner().json,
+                    Err(_) => {
+                        return Err(CallError::new(
+                            ErrorKind::DeadlineExceeded,
+                            "the computer's agent did not answer the tool request by its deadline",
+                        )
+                        .into());
+                    }
+                }
+            }
+        };
+        let reply = serde_json::from_str(&json).map_err(|_| {
+            CallError::new(ErrorKind::ComputerExecutionFailed, "the agent's answer is not an MCP reply")
+        })?;
+        Ok(reply)
+    }
+
+    async fn relay(&self, computer: &str, node: computerd_raft::NodeId, json: &str) -> Result<String, Miss> {
+        let reached = self
+            .reach(node, CallKind::Tool, |mut client, deadline| {
+                let mut req =
+                    tonic::Request::new(McpRelay { computer_id: computer.to_string(), json: json.to_string() });
+                req.set_timeout(deadline);
+                async move { client.relay_mcp(req).await }
+            })
+            .await?;
+        let node = reached.node;
+        let mut replies = super::until(reached.value, reached.deadline, node);
+        match replies.next().await {
+            Some(Ok(reply)) => Ok(reply.json),
+            Some(Err(e)) => Err(Miss::Failed(e)),
+            None => Err(Miss::Failed(CallError::unreachable(node, "an empty answer"))),
+        }
+    }
+}

@@ -1,0 +1,31 @@
+//! What every HTTP handler and the routing service share: the store, the links held here, the
+//! owner path to the links held elsewhere, and this node's session actors and work marks.
+
+use std::sync::Arc;
+
+use computerd_actors::factory::ProviderFactory;
+use computerd_actors::idle::Activity;
+use computerd_actors::link::LinkRegistry;
+use computerd_actors::session::SessionRegistry;
+use computerd_raft::cluster::Cluster;
+
+use crate::owner::Owners;
+
+/// What every handler gets.
+#[derive(Clone)]
+pub struct AppState {
+    /// The replicated store.
+    pub cluster: Cluster,
+    /// Whether this node accepts fake (test) providers.
+    pub fake_providers: bool,
+    /// Agent links held by this node.
+    pub links: Arc<LinkRegistry>,
+    /// Where each Computer's link is, and clients to it (here or on its node).
+    pub owners: Owners,
+    /// Command sessions with actors on this node.
+    pub sessions: Arc<SessionRegistry>,
+    /// Builds provider adapters (for inspections).
+    pub providers: ProviderFactory,
+    /// Work seen on this node, reported to the idle-pause plan in batches.
+    pub activity: Arc<Activity>,
+}
