@@ -5,8 +5,6 @@
 use serde::Deserialize;
 use serde::Serialize;
 
-use super::command::Reject;
-use super::command::RejectKind;
 use super::identity::Role;
 use super::model::Capability;
 use super::model::Computer;
@@ -22,6 +20,8 @@ use super::model::ProviderKind;
 use super::model::Source;
 use super::model::SpanEnd;
 use super::model::UsageSpan;
+use super::response::Reject;
+use super::response::RejectKind;
 use super::state::State;
 
 /// How many events the log keeps.

@@ -7,9 +7,6 @@ use serde::Deserialize;
 use serde::Serialize;
 
 use super::command::Command;
-use super::command::Reject;
-use super::command::RejectKind;
-use super::command::Response;
 use super::identity::Bot;
 use super::identity::Member;
 use super::identity::Organization;
@@ -26,6 +23,9 @@ use super::model::Rule;
 use super::model::UsageSpan;
 use super::plan::DueIndex;
 use super::plan::PlanEntry;
+use super::response::Reject;
+use super::response::RejectKind;
+use super::response::Response;
 use super::tools::Operation;
 use super::tools::ToolBinding;
 
