@@ -11,7 +11,6 @@ use super::model::Computer;
 use super::model::ComputerState;
 use super::model::Decision;
 use super::model::Effect;
-use super::model::Event;
 use super::model::Execution;
 use super::model::ExecutionError;
 use super::model::ExecutionKind;
@@ -23,9 +22,6 @@ use super::model::UsageSpan;
 use super::response::Reject;
 use super::response::RejectKind;
 use super::state::State;
-
-/// How many events the log keeps.
-pub const EVENT_LOG_LEN: usize = 10_000;
 
 /// What a provider call ended with, as reported by the driver.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -66,28 +62,6 @@ pub struct Submit {
 }
 
 impl State {
-    pub(crate) fn push_event(
-        &mut self,
-        at: u64,
-        kind: &str,
-        computer_id: &str,
-        execution_id: Option<&str>,
-        data: serde_json::Value,
-    ) {
-        self.next_event_seq += 1;
-        self.events.push_back(Event {
-            seq: self.next_event_seq,
-            at,
-            kind: kind.to_string(),
-            computer_id: computer_id.to_string(),
-            execution_id: execution_id.map(String::from),
-            data,
-        });
-        while self.events.len() > EVENT_LOG_LEN {
-            self.events.pop_front();
-        }
-    }
-
     pub(crate) fn set_computer_state(&mut self, id: &str, state: ComputerState, at: u64) {
         let Some(c) = self.computers.get_mut(id) else { return };
         if c.state == state {

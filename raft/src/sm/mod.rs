@@ -7,6 +7,7 @@
 
 mod access;
 mod command;
+mod events;
 mod identity;
 mod lifecycle;
 mod model;
@@ -22,6 +23,8 @@ pub use access::default_rules;
 pub use command::Command;
 pub use command::REQUEST_VERSION;
 pub use command::Request;
+pub use events::EVENT_LOG_LEN;
+pub use events::Event;
 pub use identity::Bot;
 pub use identity::Member;
 pub use identity::Organization;
@@ -29,7 +32,6 @@ pub use identity::Principal;
 pub use identity::Role;
 pub use identity::Token;
 pub use identity::hash_secret;
-pub use lifecycle::EVENT_LOG_LEN;
 pub use lifecycle::Outcome;
 pub use lifecycle::Submit;
 pub use model::*;

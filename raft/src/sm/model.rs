@@ -1,5 +1,5 @@
 //! Records of the Computers API: providers, Computers, lifecycle executions, grants, usage
-//! spans, events, capability rules and approvals.
+//! spans, capability rules and approvals (events are in `events.rs`).
 
 use std::collections::BTreeMap;
 
@@ -298,25 +298,6 @@ pub struct UsageSpan {
     pub ended_by: Option<SpanEnd>,
     /// A pause or delete of unknown outcome touched this span: it is open but uncertain.
     pub outcome_unknown: bool,
-}
-
-/// A lifecycle event in the bounded event log.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Event {
-    /// Cursor: strictly increasing.
-    pub seq: u64,
-    /// Unix ms.
-    pub at: u64,
-    /// `ExecutionStarted`, `ExecutionFinished`, `DecisionNeeded`, `ComputerStateChanged`, ...
-    #[serde(rename = "type")]
-    pub kind: String,
-    /// The Computer concerned.
-    pub computer_id: String,
-    /// The execution concerned, if any.
-    pub execution_id: Option<String>,
-    /// Details.
-    pub data: serde_json::Value,
 }
 
 /// The four capabilities decided by the decider chain.

@@ -7,6 +7,7 @@ use serde::Deserialize;
 use serde::Serialize;
 
 use super::command::Command;
+use super::events::Event;
 use super::identity::Bot;
 use super::identity::Member;
 use super::identity::Organization;
@@ -15,7 +16,6 @@ use super::identity::Role;
 use super::identity::Token;
 use super::model::Approval;
 use super::model::Computer;
-use super::model::Event;
 use super::model::Execution;
 use super::model::Grant;
 use super::model::Provider;
