@@ -17,11 +17,10 @@ use super::model::ExecutionKind;
 use super::model::ExecutionState;
 use super::model::ProviderKind;
 use super::model::Source;
-use super::model::SpanEnd;
-use super::model::UsageSpan;
 use super::response::Reject;
 use super::response::RejectKind;
 use super::state::State;
+use super::usage::SpanEnd;
 
 /// What a provider call ended with, as reported by the driver.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -75,28 +74,6 @@ impl State {
             self.plan_leave(id);
         }
         self.push_event(at, "ComputerStateChanged", id, None, serde_json::json!({"from": from, "to": state}));
-    }
-
-    fn open_span(&mut self, computer_id: &str, at: u64, outcome_unknown: bool) {
-        let spans = self.usage.entry(computer_id.to_string()).or_default();
-        if spans.last().is_some_and(|s| s.end.is_none()) {
-            return;
-        }
-        spans.push(UsageSpan { start: at, end: None, ended_by: None, outcome_unknown });
-    }
-
-    fn close_span(&mut self, computer_id: &str, at: u64, how: SpanEnd) {
-        if let Some(s) = self.usage.get_mut(computer_id).and_then(|v| v.last_mut()).filter(|s| s.end.is_none()) {
-            s.end = Some(at.max(s.start));
-            s.ended_by = Some(how);
-            s.outcome_unknown = false;
-        }
-    }
-
-    fn flag_span(&mut self, computer_id: &str, flag: bool) {
-        if let Some(s) = self.usage.get_mut(computer_id).and_then(|v| v.last_mut()).filter(|s| s.end.is_none()) {
-            s.outcome_unknown = flag;
-        }
     }
 
     /// The idempotency scope of a caller: its bot, or its member.
@@ -664,6 +641,7 @@ mod tests {
     use crate::sm::identity::Token;
     use crate::sm::model::Provider;
     use crate::sm::model::ProviderKind;
+    use crate::sm::usage::UsageSpan;
 
     const OWNER: &str = "tok_owner";
 

@@ -16,6 +16,7 @@ mod plan;
 mod response;
 mod state;
 mod tools;
+mod usage;
 
 pub use access::Decided;
 pub use access::decide;
@@ -50,3 +51,5 @@ pub use tools::Switch;
 pub use tools::SwitchState;
 pub use tools::ToolBinding;
 pub use tools::operation_key;
+pub use usage::SpanEnd;
+pub use usage::UsageSpan;

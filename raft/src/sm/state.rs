@@ -20,7 +20,6 @@ use super::model::Execution;
 use super::model::Grant;
 use super::model::Provider;
 use super::model::Rule;
-use super::model::UsageSpan;
 use super::plan::DueIndex;
 use super::plan::PlanEntry;
 use super::response::Reject;
@@ -28,6 +27,7 @@ use super::response::RejectKind;
 use super::response::Response;
 use super::tools::Operation;
 use super::tools::ToolBinding;
+use super::usage::UsageSpan;
 
 /// Everything the state machine holds. Serialized whole into snapshots.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
