@@ -10,6 +10,7 @@ mod command;
 mod events;
 mod identity;
 mod lifecycle;
+mod link;
 mod model;
 mod placement;
 mod plan;
