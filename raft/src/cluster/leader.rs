@@ -2,6 +2,7 @@
 //! a quorum-confirmed read index (`read_barrier`), forwarded over gRPC from a follower.
 
 use computerd_proto::cluster::Empty;
+use computerd_proto::cluster::cluster_service_client::ClusterServiceClient;
 use openraft::ReadPolicy;
 use openraft::errors::ClientWriteError;
 use openraft::errors::RaftError;
@@ -9,6 +10,7 @@ use openraft::type_config::async_runtime::WatchReceiver;
 use serde::Deserialize;
 use serde::Serialize;
 use tokio::time::Instant;
+use tonic::transport::Channel;
 
 use super::Cluster;
 use super::ClusterError;
@@ -38,6 +40,24 @@ pub enum ReadIndexReply {
     Index(Option<u64>),
     /// This node does not lead; the leader it knows, if any.
     NotLeader(Option<(NodeId, NodeAddr)>),
+}
+
+/// Where the leader is, for one attempt of a call it must serve.
+enum Leader {
+    /// This node leads.
+    Here,
+    /// Another node leads: its gRPC client.
+    At(ClusterServiceClient<Channel>),
+}
+
+/// What one attempt at the leader came to.
+enum Attempt<T> {
+    /// The leader answered.
+    Answered(T),
+    /// The node asked does not lead (any more): ask the leader again after a pause.
+    NotLeader,
+    /// A forwarded call failed (it may still have applied): send it again after a pause.
+    Lost(tonic::Status),
 }
 
 impl Cluster {
@@ -73,59 +93,89 @@ impl Cluster {
         }
     }
 
+    /// Sends `call` to the leader until it answers or `deadline` passes: the one retry loop of
+    /// [`Cluster::propose`] and [`Cluster::read_barrier`]. With no leader known it waits for one;
+    /// when the node asked does not lead, or a forwarded call fails (its answer may be lost after
+    /// it applied), it pauses and asks the leader again; a forward is dropped as soon as this node
+    /// sees another leader, since the old one may never answer. Only for calls that may run twice:
+    /// every command is idempotent, and a read index changes nothing. `what` names the call in
+    /// logs; `late` is the message of the error at the deadline.
+    async fn retry_on_leader<T, F, Fut>(
+        &self,
+        deadline: Instant,
+        what: &str,
+        late: &str,
+        mut call: F,
+    ) -> Result<T, ClusterError>
+    where
+        F: FnMut(Leader) -> Fut,
+        Fut: Future<Output = Result<Attempt<T>, ClusterError>>,
+    {
+        loop {
+            if Instant::now() >= deadline {
+                return Err(ClusterError::Unavailable(late.into()));
+            }
+            let Some((leader, addr)) = self.leader() else {
+                self.wait_for_leader(deadline).await?;
+                continue;
+            };
+            let attempt = if leader == self.id() {
+                call(Leader::Here).await?
+            } else {
+                let client = self.channels().get(&addr.grpc).map_err(|e| ClusterError::Invalid(e.to_string()))?;
+                // A leader that stops answering (stopped, cut off) is replaced after the election
+                // timeout: then send to the new one rather than wait out the whole deadline.
+                tokio::select! {
+                    a = call(Leader::At(client)) => a?,
+                    () = self.leader_moved_from(leader) => {
+                        tracing::debug!(leader, "the leader changed during a {what}; retrying");
+                        continue;
+                    }
+                }
+            };
+            match attempt {
+                Attempt::Answered(answer) => return Ok(answer),
+                Attempt::NotLeader => tokio::time::sleep(RETRY_PAUSE).await,
+                Attempt::Lost(status) => {
+                    // The answer may be lost after the call applied; commands are idempotent
+                    // (and a read index changes nothing), so sending it again is safe.
+                    tracing::debug!(leader, %status, "{what} failed; retrying");
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+            }
+        }
+    }
+
     /// Proposes a command and waits until it is applied; any node may call it.
     pub async fn propose(&self, req: Request) -> Result<Response, ClusterError> {
         let deadline = Instant::now() + WRITE_TIMEOUT;
         let payload = encode(&req).map_err(|e| ClusterError::Invalid(e.to_string()))?;
-        loop {
-            if Instant::now() >= deadline {
-                return Err(ClusterError::Unavailable("no leader accepted the write in time".into()));
-            }
-            let leader = match self.leader() {
-                Some(l) => l,
-                None => {
-                    self.wait_for_leader(deadline).await?;
-                    continue;
-                }
-            };
-            let reply = if leader.0 == self.id() {
+        let (req, payload) = (&req, &payload);
+        let late = "no leader accepted the write in time";
+        self.retry_on_leader(deadline, "forwarded write", late, move |leader| async move {
+            let reply = match leader {
                 // A leader cut off from its quorum commits nothing, and may not learn that it was
                 // deposed until the partition heals: give up at the deadline too (the write may
                 // still apply, as after a lost forward).
-                match tokio::time::timeout_at(deadline, self.propose_local(req.clone())).await {
+                Leader::Here => match tokio::time::timeout_at(deadline, self.propose_local(req.clone())).await {
                     Ok(reply) => reply?,
                     Err(_) => return Err(ClusterError::Unavailable("the write was not committed in time".into())),
-                }
-            } else {
-                let mut client =
-                    self.channels().get(&leader.1.grpc).map_err(|e| ClusterError::Invalid(e.to_string()))?;
-                let mut r = tonic::Request::new(payload.clone());
-                r.set_timeout(deadline.saturating_duration_since(Instant::now()));
-                // A leader that stops answering (stopped, cut off) is replaced after the election
-                // timeout: then send to the new one rather than wait out the whole deadline.
-                let answer = tokio::select! {
-                    a = client.propose(r) => a,
-                    () = self.leader_moved_from(leader.0) => {
-                        tracing::debug!(leader = leader.0, "the leader changed during a forwarded write; retrying");
-                        continue;
-                    }
-                };
-                match answer {
-                    Ok(resp) => decode(resp.get_ref()).map_err(|e| ClusterError::Fatal(e.to_string()))?,
-                    Err(status) => {
-                        // The answer may be lost after the command applied; commands are
-                        // idempotent, so sending it again is safe.
-                        tracing::debug!(leader = leader.0, %status, "forwarded write failed; retrying");
-                        tokio::time::sleep(RETRY_PAUSE).await;
-                        continue;
+                },
+                Leader::At(mut client) => {
+                    let mut r = tonic::Request::new(payload.clone());
+                    r.set_timeout(deadline.saturating_duration_since(Instant::now()));
+                    match client.propose(r).await {
+                        Ok(resp) => decode(resp.get_ref()).map_err(|e| ClusterError::Fatal(e.to_string()))?,
+                        Err(status) => return Ok(Attempt::Lost(status)),
                     }
                 }
             };
-            match reply {
-                ProposeReply::Applied(r) => return Ok(r),
-                ProposeReply::NotLeader(_) => tokio::time::sleep(RETRY_PAUSE).await,
-            }
-        }
+            Ok(match reply {
+                ProposeReply::Applied(r) => Attempt::Answered(r),
+                ProposeReply::NotLeader(_) => Attempt::NotLeader,
+            })
+        })
+        .await
     }
 
     /// Proposes on this node only; answers [`ProposeReply::NotLeader`] when it does not lead.
@@ -145,48 +195,33 @@ impl Cluster {
     /// (a quorum-confirmed read index, never a lease).
     pub async fn read_barrier(&self) -> Result<(), ClusterError> {
         let deadline = Instant::now() + READ_TIMEOUT;
-        loop {
-            if Instant::now() >= deadline {
-                return Err(ClusterError::Unavailable("no quorum confirmed the read in time".into()));
-            }
-            let Some(leader) = self.leader() else {
-                self.wait_for_leader(deadline).await?;
-                continue;
-            };
-            let reply = if leader.0 == self.id() {
-                self.read_index_local().await?
-            } else {
-                let mut client =
-                    self.channels().get(&leader.1.grpc).map_err(|e| ClusterError::Invalid(e.to_string()))?;
-                let mut r = tonic::Request::new(Empty {});
-                r.set_timeout(deadline.saturating_duration_since(Instant::now()));
-                let answer = tokio::select! {
-                    a = client.read_index(r) => a,
-                    () = self.leader_moved_from(leader.0) => continue,
-                };
-                match answer {
-                    Ok(resp) => decode(resp.get_ref()).map_err(|e| ClusterError::Fatal(e.to_string()))?,
-                    Err(status) => {
-                        tracing::debug!(leader = leader.0, %status, "read index failed; retrying");
-                        tokio::time::sleep(RETRY_PAUSE).await;
-                        continue;
+        let late = "no quorum confirmed the read in time";
+        let index = self
+            .retry_on_leader(deadline, "read index", late, move |leader| async move {
+                let reply = match leader {
+                    Leader::Here => self.read_index_local().await?,
+                    Leader::At(mut client) => {
+                        let mut r = tonic::Request::new(Empty {});
+                        r.set_timeout(deadline.saturating_duration_since(Instant::now()));
+                        match client.read_index(r).await {
+                            Ok(resp) => decode(resp.get_ref()).map_err(|e| ClusterError::Fatal(e.to_string()))?,
+                            Err(status) => return Ok(Attempt::Lost(status)),
+                        }
                     }
-                }
-            };
-            match reply {
-                ReadIndexReply::Index(index) => {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    return self
-                        .raft()
-                        .wait(Some(left))
-                        .applied_index_at_least(index, "read barrier")
-                        .await
-                        .map(|_| ())
-                        .map_err(|e| ClusterError::Unavailable(format!("not caught up: {e}")));
-                }
-                ReadIndexReply::NotLeader(_) => tokio::time::sleep(RETRY_PAUSE).await,
-            }
-        }
+                };
+                Ok(match reply {
+                    ReadIndexReply::Index(index) => Attempt::Answered(index),
+                    ReadIndexReply::NotLeader(_) => Attempt::NotLeader,
+                })
+            })
+            .await?;
+        let left = deadline.saturating_duration_since(Instant::now());
+        self.raft()
+            .wait(Some(left))
+            .applied_index_at_least(index, "read barrier")
+            .await
+            .map(|_| ())
+            .map_err(|e| ClusterError::Unavailable(format!("not caught up: {e}")))
     }
 
     /// On the leader: a quorum-confirmed read index.

@@ -6,7 +6,7 @@
 //! change nothing the second time.
 //!
 //! - `leader.rs`: the leader this node knows, and the calls it serves for every node: `propose`
-//!   and `read_barrier`.
+//!   and `read_barrier`, which share one retry loop (`retry_on_leader`) until their deadline.
 //! - `membership.rs`: join, leave, a wiped node's revert, the cluster id.
 //! - `liveness.rs`: the leader's view of its peers' acknowledgements, and this node's quorum
 //!   contact.
