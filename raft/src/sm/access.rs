@@ -1,8 +1,6 @@
 //! Who may see and operate a Computer, the capability decider chain, grants, approvals and
 //! providers. Pure functions over [`State`].
 
-use super::command::Reject;
-use super::command::RejectKind;
 use super::identity::Role;
 use super::model::ActorKind;
 use super::model::Approval;
@@ -16,6 +14,8 @@ use super::model::Grant;
 use super::model::Provider;
 use super::model::Requester;
 use super::model::Rule;
+use super::response::Reject;
+use super::response::RejectKind;
 use super::state::Caller;
 use super::state::State;
 

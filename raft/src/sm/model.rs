@@ -1,5 +1,5 @@
-//! Records of the Computers API: providers, Computers, lifecycle executions, grants, usage
-//! spans, events, capability rules and approvals.
+//! Records of the Computers API: providers, Computers, lifecycle executions, grants, capability
+//! rules and approvals (usage spans are in `usage.rs`, events in `events.rs`).
 
 use std::collections::BTreeMap;
 
@@ -272,51 +272,6 @@ pub struct Grant {
     pub granted_by: String,
     /// Unix ms.
     pub created_at: u64,
-}
-
-/// How a run span ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SpanEnd {
-    /// A confirmed pause.
-    Pause,
-    /// A confirmed delete.
-    Delete,
-    /// A failure.
-    Failure,
-}
-
-/// A time span in which a sandbox ran (the provider bills it; we only record).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct UsageSpan {
-    /// Unix ms.
-    pub start: u64,
-    /// Unix ms, once ended.
-    pub end: Option<u64>,
-    /// How it ended.
-    pub ended_by: Option<SpanEnd>,
-    /// A pause or delete of unknown outcome touched this span: it is open but uncertain.
-    pub outcome_unknown: bool,
-}
-
-/// A lifecycle event in the bounded event log.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Event {
-    /// Cursor: strictly increasing.
-    pub seq: u64,
-    /// Unix ms.
-    pub at: u64,
-    /// `ExecutionStarted`, `ExecutionFinished`, `DecisionNeeded`, `ComputerStateChanged`, ...
-    #[serde(rename = "type")]
-    pub kind: String,
-    /// The Computer concerned.
-    pub computer_id: String,
-    /// The execution concerned, if any.
-    pub execution_id: Option<String>,
-    /// Details.
-    pub data: serde_json::Value,
 }
 
 /// The four capabilities decided by the decider chain.

@@ -16,8 +16,8 @@
 //! An empty set (a store from before placement, or the first instants of a cluster) places
 //! nothing: the leader drives, as the driver's fallback.
 
-use super::command::Reject;
-use super::command::RejectKind;
+use super::response::Reject;
+use super::response::RejectKind;
 use super::state::State;
 
 /// A stable 64-bit FNV-1a hash (the same on every build and platform).

@@ -14,13 +14,13 @@ use std::collections::BTreeSet;
 use serde::Deserialize;
 use serde::Serialize;
 
-use super::command::Reject;
-use super::command::RejectKind;
 use super::model::ComputerState;
 use super::model::Execution;
 use super::model::ExecutionKind;
 use super::model::Requester;
 use super::model::Source;
+use super::response::Reject;
+use super::response::RejectKind;
 use super::state::State;
 
 /// The requester of executions the cluster starts by itself (idle pauses).

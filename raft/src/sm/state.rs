@@ -7,9 +7,7 @@ use serde::Deserialize;
 use serde::Serialize;
 
 use super::command::Command;
-use super::command::Reject;
-use super::command::RejectKind;
-use super::command::Response;
+use super::events::Event;
 use super::identity::Bot;
 use super::identity::Member;
 use super::identity::Organization;
@@ -18,16 +16,18 @@ use super::identity::Role;
 use super::identity::Token;
 use super::model::Approval;
 use super::model::Computer;
-use super::model::Event;
 use super::model::Execution;
 use super::model::Grant;
 use super::model::Provider;
 use super::model::Rule;
-use super::model::UsageSpan;
 use super::plan::DueIndex;
 use super::plan::PlanEntry;
+use super::response::Reject;
+use super::response::RejectKind;
+use super::response::Response;
 use super::tools::Operation;
 use super::tools::ToolBinding;
+use super::usage::UsageSpan;
 
 /// Everything the state machine holds. Serialized whole into snapshots.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -248,271 +248,5 @@ impl State {
             Command::CreateToken { by, token } => self.create_token(by, token),
             Command::RevokeToken { by, token_id, at_ms } => self.revoke_token(by, token_id, *at_ms),
         }
-    }
-
-    fn bootstrap(&mut self, cluster_id: &str, org: &Organization, owner: &Member, token: &Token) -> Result<(), Reject> {
-        if let Some(existing) = &self.cluster_id {
-            // A replay of the same bootstrap is a no-op; another one is refused.
-            if existing == cluster_id && self.tokens.contains_key(&token.id) {
-                return Ok(());
-            }
-            return Err(Reject::new(RejectKind::Conflict, "the cluster is already bootstrapped"));
-        }
-        if owner.role != Role::Owner || token.principal != Principal::Member(owner.id.clone()) {
-            return Err(Reject::new(RejectKind::Invalid, "bootstrap needs an owner and the owner's token"));
-        }
-        self.cluster_id = Some(cluster_id.to_string());
-        self.org = Some(org.clone());
-        self.members.insert(owner.id.clone(), owner.clone());
-        self.insert_token(token);
-        Ok(())
-    }
-
-    fn create_member(&mut self, by: &str, member: &Member) -> Result<(), Reject> {
-        let caller = self.caller_by_token_id(by)?;
-        caller.check_admin_write()?;
-        if member.role == Role::Owner && caller.member.role != Role::Owner {
-            return Err(Reject::new(RejectKind::Forbidden, "only an owner may add an owner"));
-        }
-        if let Some(existing) = self.members.get(&member.id) {
-            return same_or_conflict(existing == member, "member");
-        }
-        if let Some(email) = &member.email
-            && self.members.values().any(|m| m.email.as_deref() == Some(email))
-        {
-            return Err(Reject::new(RejectKind::Conflict, "a member with this email exists"));
-        }
-        self.members.insert(member.id.clone(), member.clone());
-        Ok(())
-    }
-
-    fn create_bot(&mut self, by: &str, bot: &Bot) -> Result<(), Reject> {
-        self.caller_by_token_id(by)?.check_admin_write()?;
-        if let Some(existing) = self.bots.get(&bot.id) {
-            return same_or_conflict(existing == bot, "bot");
-        }
-        if !self.members.contains_key(&bot.member_id) {
-            return Err(Reject::new(RejectKind::NotFound, "no such member"));
-        }
-        if bot.archived_at.is_some() {
-            return Err(Reject::new(RejectKind::Invalid, "a new bot cannot be archived"));
-        }
-        self.bots.insert(bot.id.clone(), bot.clone());
-        Ok(())
-    }
-
-    fn archive_bot(&mut self, by: &str, bot_id: &str, at_ms: u64) -> Result<(), Reject> {
-        self.caller_by_token_id(by)?.check_admin_write()?;
-        let bot = self.bots.get_mut(bot_id).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such bot"))?;
-        if bot.archived_at.is_none() {
-            bot.archived_at = Some(at_ms);
-        }
-        // Archiving ends the bot's rights; the Computers stay.
-        for grants in self.grants.values_mut() {
-            grants.remove(bot_id);
-        }
-        self.grants.retain(|_, g| !g.is_empty());
-        Ok(())
-    }
-
-    fn create_token(&mut self, by: &str, token: &Token) -> Result<(), Reject> {
-        let caller = self.caller_by_token_id(by)?;
-        caller.check_admin_write()?;
-        if let Some(existing) = self.tokens.get(&token.id) {
-            return same_or_conflict(existing == token, "token");
-        }
-        if token.revoked_at.is_some() {
-            return Err(Reject::new(RejectKind::Invalid, "a new token cannot be revoked"));
-        }
-        if self.token_by_hash.contains_key(&token.hash) {
-            return Err(Reject::new(RejectKind::Conflict, "token secret collision"));
-        }
-        match &token.principal {
-            Principal::Member(m) => {
-                let target = self.members.get(m).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such member"))?;
-                // A token acts as its member: only an owner may mint one for somebody else.
-                if target.id != caller.member.id && caller.member.role != Role::Owner {
-                    return Err(Reject::new(
-                        RejectKind::Forbidden,
-                        "only an owner may create a token for another member",
-                    ));
-                }
-            }
-            Principal::Bot(b) => {
-                let bot = self.bots.get(b).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such bot"))?;
-                if bot.archived_at.is_some() {
-                    return Err(Reject::new(RejectKind::Invalid, "the bot is archived"));
-                }
-            }
-        }
-        self.insert_token(token);
-        Ok(())
-    }
-
-    fn revoke_token(&mut self, by: &str, token_id: &str, at_ms: u64) -> Result<(), Reject> {
-        self.caller_by_token_id(by)?.check_admin_write()?;
-        let token = self.tokens.get_mut(token_id).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such token"))?;
-        if token.revoked_at.is_none() {
-            token.revoked_at = Some(at_ms);
-        }
-        Ok(())
-    }
-
-    fn insert_token(&mut self, token: &Token) {
-        self.token_by_hash.insert(token.hash.clone(), token.id.clone());
-        self.tokens.insert(token.id.clone(), token.clone());
-    }
-}
-
-/// A replay of a create with the same id: the same record is a no-op, another is a conflict.
-fn same_or_conflict(same: bool, what: &str) -> Result<(), Reject> {
-    if same {
-        Ok(())
-    } else {
-        Err(Reject::new(RejectKind::Conflict, format!("a different {what} with this id exists")))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::sm::hash_secret;
-
-    fn member(id: &str, role: Role) -> Member {
-        Member { id: id.into(), name: id.into(), email: None, role, created_at: 1 }
-    }
-
-    fn token(id: &str, principal: Principal) -> Token {
-        Token {
-            id: id.into(),
-            name: id.into(),
-            hash: hash_secret(id),
-            principal,
-            read_only: false,
-            computers: None,
-            created_at: 1,
-            revoked_at: None,
-        }
-    }
-
-    fn booted() -> State {
-        let mut s = State::default();
-        let r = s.apply(&Command::Bootstrap {
-            cluster_id: "c1".into(),
-            org: Organization { id: "org_1".into(), name: "o".into(), created_at: 1 },
-            owner: member("mem_owner", Role::Owner),
-            token: token("tok_owner", Principal::Member("mem_owner".into())),
-        });
-        assert_eq!(r, Response::Ok);
-        s
-    }
-
-    fn rejected(r: Response) -> RejectKind {
-        match r {
-            Response::Rejected(r) => r.kind,
-            other => panic!("expected a rejection, got {other:?}"),
-        }
-    }
-
-    #[test]
-    fn bootstrap_once() {
-        let mut s = booted();
-        let again = Command::Bootstrap {
-            cluster_id: "c2".into(),
-            org: Organization { id: "org_2".into(), name: "o".into(), created_at: 1 },
-            owner: member("mem_x", Role::Owner),
-            token: token("tok_x", Principal::Member("mem_x".into())),
-        };
-        let before = s.clone();
-        assert_eq!(rejected(s.apply(&again)), RejectKind::Conflict);
-        assert_eq!(s, before);
-    }
-
-    #[test]
-    fn admin_creates_member_and_bot_and_replay_is_idempotent() {
-        let mut s = booted();
-        let m = member("mem_a", Role::Admin);
-        let cmd = Command::CreateMember { by: "tok_owner".into(), member: m.clone() };
-        assert_eq!(s.apply(&cmd), Response::Ok);
-        assert_eq!(s.apply(&cmd), Response::Ok, "replay of the same create");
-        let other = Command::CreateMember { by: "tok_owner".into(), member: member("mem_a", Role::Member) };
-        assert_eq!(rejected(s.apply(&other)), RejectKind::Conflict);
-        assert_eq!(s.members["mem_a"], m);
-    }
-
-    #[test]
-    fn member_role_cannot_administer_and_admin_cannot_add_owner() {
-        let mut s = booted();
-        s.apply(&Command::CreateMember { by: "tok_owner".into(), member: member("mem_m", Role::Member) });
-        s.apply(&Command::CreateMember { by: "tok_owner".into(), member: member("mem_a", Role::Admin) });
-        s.apply(&Command::CreateToken {
-            by: "tok_owner".into(),
-            token: token("tok_m", Principal::Member("mem_m".into())),
-        });
-        s.apply(&Command::CreateToken {
-            by: "tok_owner".into(),
-            token: token("tok_a", Principal::Member("mem_a".into())),
-        });
-        let before = s.clone();
-        let by_member = Command::CreateMember { by: "tok_m".into(), member: member("mem_z", Role::Member) };
-        assert_eq!(rejected(s.apply(&by_member)), RejectKind::Forbidden);
-        let admin_adds_owner = Command::CreateMember { by: "tok_a".into(), member: member("mem_o2", Role::Owner) };
-        assert_eq!(rejected(s.apply(&admin_adds_owner)), RejectKind::Forbidden);
-        let admin_mints_for_other =
-            Command::CreateToken { by: "tok_a".into(), token: token("tok_x", Principal::Member("mem_m".into())) };
-        assert_eq!(rejected(s.apply(&admin_mints_for_other)), RejectKind::Forbidden);
-        assert_eq!(s, before);
-    }
-
-    #[test]
-    fn read_only_and_computer_limited_tokens_cannot_write_identity() {
-        let mut s = booted();
-        let mut ro = token("tok_ro", Principal::Member("mem_owner".into()));
-        ro.read_only = true;
-        let mut limited = token("tok_lim", Principal::Member("mem_owner".into()));
-        limited.computers = Some(vec!["cmp_1".into()]);
-        s.apply(&Command::CreateToken { by: "tok_owner".into(), token: ro });
-        s.apply(&Command::CreateToken { by: "tok_owner".into(), token: limited });
-        let c = s.caller_by_token_id("tok_ro").expect("caller");
-        assert!(c.check_admin_read().is_ok());
-        assert!(c.check_admin_write().is_err());
-        let l = s.caller_by_token_id("tok_lim").expect("caller");
-        assert!(l.check_admin_read().is_err());
-        let cmd = Command::CreateMember { by: "tok_ro".into(), member: member("mem_z", Role::Member) };
-        assert_eq!(rejected(s.apply(&cmd)), RejectKind::Forbidden);
-    }
-
-    #[test]
-    fn archiving_a_bot_kills_its_tokens_and_revocation_kills_a_token() {
-        let mut s = booted();
-        let bot = Bot {
-            id: "bot_1".into(),
-            name: "b".into(),
-            member_id: "mem_owner".into(),
-            created_at: 1,
-            archived_at: None,
-        };
-        assert_eq!(s.apply(&Command::CreateBot { by: "tok_owner".into(), bot }), Response::Ok);
-        assert_eq!(
-            s.apply(&Command::CreateToken {
-                by: "tok_owner".into(),
-                token: token("tok_b", Principal::Bot("bot_1".into()))
-            }),
-            Response::Ok
-        );
-        assert!(s.caller_by_hash(&hash_secret("tok_b")).is_ok());
-        assert_eq!(
-            s.apply(&Command::ArchiveBot { by: "tok_owner".into(), bot_id: "bot_1".into(), at_ms: 5 }),
-            Response::Ok
-        );
-        assert_eq!(s.caller_by_hash(&hash_secret("tok_b")).map_err(|r| r.kind), Err(RejectKind::Unauthorized));
-        assert_eq!(
-            s.apply(&Command::RevokeToken { by: "tok_owner".into(), token_id: "tok_owner".into(), at_ms: 6 }),
-            Response::Ok
-        );
-        assert!(s.caller_by_token_id("tok_owner").is_err());
-        // The revoked token can no longer act.
-        let cmd = Command::ArchiveBot { by: "tok_owner".into(), bot_id: "bot_1".into(), at_ms: 7 };
-        assert_eq!(rejected(s.apply(&cmd)), RejectKind::Unauthorized);
     }
 }

@@ -8,10 +8,10 @@ use serde::Deserialize;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::command::Reject;
-use super::command::RejectKind;
 use super::identity::Bot;
 use super::identity::Role;
+use super::response::Reject;
+use super::response::RejectKind;
 use super::state::Caller;
 use super::state::State;
 

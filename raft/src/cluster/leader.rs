@@ -1,0 +1,240 @@
+//! The leader this node knows and the calls it serves for every node: a write (`propose`) and
+//! a quorum-confirmed read index (`read_barrier`), forwarded over gRPC from a follower.
+
+use computerd_proto::cluster::Empty;
+use computerd_proto::cluster::cluster_service_client::ClusterServiceClient;
+use openraft::ReadPolicy;
+use openraft::errors::ClientWriteError;
+use openraft::errors::RaftError;
+use openraft::type_config::async_runtime::WatchReceiver;
+use serde::Deserialize;
+use serde::Serialize;
+use tokio::time::Instant;
+use tonic::transport::Channel;
+
+use super::Cluster;
+use super::ClusterError;
+use super::READ_TIMEOUT;
+use super::RETRY_PAUSE;
+use super::WRITE_TIMEOUT;
+use crate::NodeAddr;
+use crate::NodeId;
+use crate::network::decode;
+use crate::network::encode;
+use crate::sm::Request;
+use crate::sm::Response;
+
+/// The answer of a proposal forwarded to a node that may no longer lead.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum ProposeReply {
+    /// Applied; the state machine's response.
+    Applied(Response),
+    /// This node does not lead; the leader it knows, if any.
+    NotLeader(Option<(NodeId, NodeAddr)>),
+}
+
+/// The answer of a read-index request.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum ReadIndexReply {
+    /// Confirmed by a quorum: a read is current once this index is applied.
+    Index(Option<u64>),
+    /// This node does not lead; the leader it knows, if any.
+    NotLeader(Option<(NodeId, NodeAddr)>),
+}
+
+/// Where the leader is, for one attempt of a call it must serve.
+enum Leader {
+    /// This node leads.
+    Here,
+    /// Another node leads: its gRPC client.
+    At(ClusterServiceClient<Channel>),
+}
+
+/// What one attempt at the leader came to.
+enum Attempt<T> {
+    /// The leader answered.
+    Answered(T),
+    /// The node asked does not lead (any more): ask the leader again after a pause.
+    NotLeader,
+    /// A forwarded call failed (it may still have applied): send it again after a pause.
+    Lost(tonic::Status),
+}
+
+impl Cluster {
+    /// The leader this node knows, with its addresses.
+    pub fn leader(&self) -> Option<(NodeId, NodeAddr)> {
+        let m = self.raft().metrics().borrow_watched().clone();
+        let id = m.current_leader?;
+        let addr = m.membership_config.membership().get_node(&id)?.clone();
+        Some((id, addr))
+    }
+
+    pub(super) async fn wait_for_leader(&self, deadline: Instant) -> Result<(), ClusterError> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        self.raft()
+            .wait(Some(left))
+            .metrics(|m| m.current_leader.is_some(), "a leader")
+            .await
+            .map(|_| ())
+            .map_err(|e| ClusterError::Unavailable(format!("no leader: {e}")))
+    }
+
+    /// Returns when this node no longer sees `leader` as the leader (it was deposed, or it went
+    /// quiet past the election timeout), so a call waiting on it can be sent to the next one.
+    async fn leader_moved_from(&self, leader: NodeId) {
+        let mut metrics = self.raft().metrics();
+        loop {
+            if metrics.borrow_and_update().current_leader != Some(leader) {
+                return;
+            }
+            if metrics.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    }
+
+    /// Sends `call` to the leader until it answers or `deadline` passes: the one retry loop of
+    /// [`Cluster::propose`] and [`Cluster::read_barrier`]. With no leader known it waits for one;
+    /// when the node asked does not lead, or a forwarded call fails (its answer may be lost after
+    /// it applied), it pauses and asks the leader again; a forward is dropped as soon as this node
+    /// sees another leader, since the old one may never answer. Only for calls that may run twice:
+    /// every command is idempotent, and a read index changes nothing. `what` names the call in
+    /// logs; `late` is the message of the error at the deadline.
+    async fn retry_on_leader<T, F, Fut>(
+        &self,
+        deadline: Instant,
+        what: &str,
+        late: &str,
+        mut call: F,
+    ) -> Result<T, ClusterError>
+    where
+        F: FnMut(Leader) -> Fut,
+        Fut: Future<Output = Result<Attempt<T>, ClusterError>>,
+    {
+        loop {
+            if Instant::now() >= deadline {
+                return Err(ClusterError::Unavailable(late.into()));
+            }
+            let Some((leader, addr)) = self.leader() else {
+                self.wait_for_leader(deadline).await?;
+                continue;
+            };
+            let attempt = if leader == self.id() {
+                call(Leader::Here).await?
+            } else {
+                let client = self.channels().get(&addr.grpc).map_err(|e| ClusterError::Invalid(e.to_string()))?;
+                // A leader that stops answering (stopped, cut off) is replaced after the election
+                // timeout: then send to the new one rather than wait out the whole deadline.
+                tokio::select! {
+                    a = call(Leader::At(client)) => a?,
+                    () = self.leader_moved_from(leader) => {
+                        tracing::debug!(leader, "the leader changed during a {what}; retrying");
+                        continue;
+                    }
+                }
+            };
+            match attempt {
+                Attempt::Answered(answer) => return Ok(answer),
+                Attempt::NotLeader => tokio::time::sleep(RETRY_PAUSE).await,
+                Attempt::Lost(status) => {
+                    // The answer may be lost after the call applied; commands are idempotent
+                    // (and a read index changes nothing), so sending it again is safe.
+                    tracing::debug!(leader, %status, "{what} failed; retrying");
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+            }
+        }
+    }
+
+    /// Proposes a command and waits until it is applied; any node may call it.
+    pub async fn propose(&self, req: Request) -> Result<Response, ClusterError> {
+        let deadline = Instant::now() + WRITE_TIMEOUT;
+        let payload = encode(&req).map_err(|e| ClusterError::Invalid(e.to_string()))?;
+        let (req, payload) = (&req, &payload);
+        let late = "no leader accepted the write in time";
+        self.retry_on_leader(deadline, "forwarded write", late, move |leader| async move {
+            let reply = match leader {
+                // A leader cut off from its quorum commits nothing, and may not learn that it was
+                // deposed until the partition heals: give up at the deadline too (the write may
+                // still apply, as after a lost forward).
+                Leader::Here => match tokio::time::timeout_at(deadline, self.propose_local(req.clone())).await {
+                    Ok(reply) => reply?,
+                    Err(_) => return Err(ClusterError::Unavailable("the write was not committed in time".into())),
+                },
+                Leader::At(mut client) => {
+                    let mut r = tonic::Request::new(payload.clone());
+                    r.set_timeout(deadline.saturating_duration_since(Instant::now()));
+                    match client.propose(r).await {
+                        Ok(resp) => decode(resp.get_ref()).map_err(|e| ClusterError::Fatal(e.to_string()))?,
+                        Err(status) => return Ok(Attempt::Lost(status)),
+                    }
+                }
+            };
+            Ok(match reply {
+                ProposeReply::Applied(r) => Attempt::Answered(r),
+                ProposeReply::NotLeader(_) => Attempt::NotLeader,
+            })
+        })
+        .await
+    }
+
+    /// Proposes on this node only; answers [`ProposeReply::NotLeader`] when it does not lead.
+    pub async fn propose_local(&self, req: Request) -> Result<ProposeReply, ClusterError> {
+        match self.raft().client_write(req).await {
+            Ok(resp) => Ok(ProposeReply::Applied(resp.data)),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))
+            | Err(RaftError::APIError(ClientWriteError::LogEntryDiscarded(f))) => {
+                Ok(ProposeReply::NotLeader(f.leader_id.zip(f.leader_node)))
+            }
+            Err(RaftError::APIError(e)) => Err(ClusterError::Invalid(e.to_string())),
+            Err(RaftError::Fatal(e)) => Err(ClusterError::Fatal(e.to_string())),
+        }
+    }
+
+    /// Returns once this node's state machine reflects every write acknowledged before the call
+    /// (a quorum-confirmed read index, never a lease).
+    pub async fn read_barrier(&self) -> Result<(), ClusterError> {
+        let deadline = Instant::now() + READ_TIMEOUT;
+        let late = "no quorum confirmed the read in time";
+        let index = self
+            .retry_on_leader(deadline, "read index", late, move |leader| async move {
+                let reply = match leader {
+                    Leader::Here => self.read_index_local().await?,
+                    Leader::At(mut client) => {
+                        let mut r = tonic::Request::new(Empty {});
+                        r.set_timeout(deadline.saturating_duration_since(Instant::now()));
+                        match client.read_index(r).await {
+                            Ok(resp) => decode(resp.get_ref()).map_err(|e| ClusterError::Fatal(e.to_string()))?,
+                            Err(status) => return Ok(Attempt::Lost(status)),
+                        }
+                    }
+                };
+                Ok(match reply {
+                    ReadIndexReply::Index(index) => Attempt::Answered(index),
+                    ReadIndexReply::NotLeader(_) => Attempt::NotLeader,
+                })
+            })
+            .await?;
+        let left = deadline.saturating_duration_since(Instant::now());
+        self.raft()
+            .wait(Some(left))
+            .applied_index_at_least(index, "read barrier")
+            .await
+            .map(|_| ())
+            .map_err(|e| ClusterError::Unavailable(format!("not caught up: {e}")))
+    }
+
+    /// On the leader: a quorum-confirmed read index.
+    pub async fn read_index_local(&self) -> Result<ReadIndexReply, ClusterError> {
+        let fut = self.raft().get_read_log_id(ReadPolicy::ReadIndex);
+        match tokio::time::timeout(READ_TIMEOUT, fut).await {
+            Err(_) => Err(ClusterError::Unavailable("no quorum confirmed the read in time".into())),
+            Ok(Ok((read_log_id, _applied))) => Ok(ReadIndexReply::Index(Some(read_log_id.log_id().index))),
+            Ok(Err(RaftError::APIError(openraft::errors::LinearizableReadError::ForwardToLeader(f)))) => {
+                Ok(ReadIndexReply::NotLeader(f.leader_id.zip(f.leader_node)))
+            }
+            Ok(Err(RaftError::APIError(e))) => Err(ClusterError::Unavailable(e.to_string())),
+            Ok(Err(RaftError::Fatal(e))) => Err(ClusterError::Fatal(e.to_string())),
+        }
+    }
+}

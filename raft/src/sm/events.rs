@@ -1,0 +1,54 @@
+//! The bounded event log: lifecycle events, oldest first, each with a strictly increasing
+//! `seq` that readers use as their cursor (`GET /v1/events?after=`).
+
+use serde::Deserialize;
+use serde::Serialize;
+
+use super::state::State;
+
+/// How many events the log keeps.
+pub const EVENT_LOG_LEN: usize = 10_000;
+
+/// A lifecycle event in the bounded event log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Event {
+    /// Cursor: strictly increasing.
+    pub seq: u64,
+    /// Unix ms.
+    pub at: u64,
+    /// `ExecutionStarted`, `ExecutionFinished`, `DecisionNeeded`, `ComputerStateChanged`, ...
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The Computer concerned.
+    pub computer_id: String,
+    /// The execution concerned, if any.
+    pub execution_id: Option<String>,
+    /// Details.
+    pub data: serde_json::Value,
+}
+
+impl State {
+    /// Appends an event with the next `seq`, dropping the oldest past [`EVENT_LOG_LEN`].
+    pub(crate) fn push_event(
+        &mut self,
+        at: u64,
+        kind: &str,
+        computer_id: &str,
+        execution_id: Option<&str>,
+        data: serde_json::Value,
+    ) {
+        self.next_event_seq += 1;
+        self.events.push_back(Event {
+            seq: self.next_event_seq,
+            at,
+            kind: kind.to_string(),
+            computer_id: computer_id.to_string(),
+            execution_id: execution_id.map(String::from),
+            data,
+        });
+        while self.events.len() > EVENT_LOG_LEN {
+            self.events.pop_front();
+        }
+    }
+}

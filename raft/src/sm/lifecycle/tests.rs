@@ -1,0 +1,301 @@
+//! Unit tests of the lifecycle executions: commands applied to a small world, state compared.
+
+use super::*;
+use crate::sm::Command;
+use crate::sm::Response;
+use crate::sm::hash_secret;
+use crate::sm::identity::Bot;
+use crate::sm::identity::Member;
+use crate::sm::identity::Organization;
+use crate::sm::identity::Principal;
+use crate::sm::identity::Token;
+use crate::sm::model::Provider;
+use crate::sm::model::ProviderKind;
+use crate::sm::usage::UsageSpan;
+
+const OWNER: &str = "tok_owner";
+
+fn token(id: &str, principal: Principal) -> Token {
+    Token {
+        id: id.into(),
+        name: id.into(),
+        hash: hash_secret(id),
+        principal,
+        read_only: false,
+        computers: None,
+        created_at: 1,
+        revoked_at: None,
+    }
+}
+
+fn ok(r: Response) -> Option<String> {
+    match r {
+        Response::Ok => None,
+        Response::Id(id) => Some(id),
+        Response::Rejected(r) => panic!("rejected: {r:?}"),
+    }
+}
+
+fn rejected(r: Response) -> Reject {
+    match r {
+        Response::Rejected(r) => r,
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+}
+
+fn world() -> State {
+    let mut s = State::default();
+    let owner = Member { id: "mem_o".into(), name: "o".into(), email: None, role: Role::Owner, created_at: 1 };
+    ok(s.apply(&Command::Bootstrap {
+        cluster_id: "c".into(),
+        org: Organization { id: "org".into(), name: "o".into(), created_at: 1 },
+        owner,
+        token: token(OWNER, Principal::Member("mem_o".into())),
+    }));
+    let provider = Provider {
+        id: "cpp_1".into(),
+        kind: ProviderKind::Fake,
+        name: "p".into(),
+        config: Default::default(),
+        secrets: Default::default(),
+        created_by: "mem_o".into(),
+        created_at: 1,
+    };
+    ok(s.apply(&Command::CreateProvider { by: OWNER.into(), provider }));
+    let bot = Bot { id: "bot_1".into(), name: "b".into(), member_id: "mem_o".into(), created_at: 1, archived_at: None };
+    ok(s.apply(&Command::CreateBot { by: OWNER.into(), bot }));
+    ok(s.apply(&Command::CreateToken { by: OWNER.into(), token: token("tok_bot", Principal::Bot("bot_1".into())) }));
+    s
+}
+
+fn submit(by: &str, kind: ExecutionKind, computer: &str, key: &str, body: &str) -> Command {
+    let n = format!("{key}-{body}-{by}");
+    let exe = Execution::pending(&format!("exe_{n}"), key, body, kind, computer, 1);
+    let owner = if by == OWNER || by.starts_with("tok_bot") { "mem_o" } else { "mem_x" };
+    let c = (kind == ExecutionKind::Create).then(|| Computer {
+        id: computer.into(),
+        name: "c".into(),
+        owner: owner.into(),
+        shared: false,
+        source: Source::Provider { provider: "cpp_1".into(), template: None },
+        desktop: false,
+        pause_after: Some(600),
+        state: ComputerState::Starting,
+        sandbox: None,
+        active_execution: None,
+        created_at: 1,
+        agent_credential: None,
+        link_generation: 0,
+        link_node: None,
+    });
+    Command::SubmitExecution(Box::new(Submit {
+        by: by.into(),
+        execution: exe,
+        computer: c,
+        approval_id: format!("apr_{n}"),
+        reason: None,
+        at_ms: 10,
+    }))
+}
+
+fn run(s: &mut State, exe: &str, outcome: Outcome) {
+    ok(s.apply(&Command::ClaimExecution { execution_id: exe.into(), claim: "k".into(), node: None, at_ms: 20 }));
+    ok(s.apply(&Command::DispatchExecution { execution_id: exe.into(), claim: "k".into(), at_ms: 30 }));
+    ok(s.apply(&Command::FinishExecution { execution_id: exe.into(), claim: "k".into(), outcome, at_ms: 40 }));
+}
+
+fn created(s: &mut State) -> String {
+    let exe = ok(s.apply(&submit(OWNER, ExecutionKind::Create, "cmp_1", "k1", "a"))).expect("id");
+    run(s, &exe, Outcome::Succeeded { sandbox: Some("sbx".into()) });
+    exe
+}
+
+#[test]
+fn same_key_same_body_replays_and_other_body_is_refused() {
+    let mut s = world();
+    let first = ok(s.apply(&submit(OWNER, ExecutionKind::Create, "cmp_1", "k1", "a"))).expect("id");
+    let before = s.clone();
+    let again = ok(s.apply(&submit(OWNER, ExecutionKind::Create, "cmp_2", "k1", "a"))).expect("id");
+    assert_eq!(again, first, "a retry answers the first execution");
+    assert_eq!(s, before, "a retry changes nothing");
+    let r = rejected(s.apply(&submit(OWNER, ExecutionKind::Create, "cmp_3", "k1", "b")));
+    assert_eq!(r.kind, RejectKind::IdempotencyKeyReused);
+    assert_eq!(s, before);
+}
+
+#[test]
+fn create_runs_to_running_with_an_open_span_and_events() {
+    let mut s = world();
+    let exe = created(&mut s);
+    assert_eq!(s.executions[&exe].state, ExecutionState::Succeeded);
+    let c = &s.computers["cmp_1"];
+    assert_eq!(
+        (c.state, c.sandbox.as_deref(), c.active_execution.as_ref()),
+        (ComputerState::Running, Some("sbx"), None)
+    );
+    assert_eq!(s.usage["cmp_1"], vec![UsageSpan { start: 30, end: None, ended_by: None, outcome_unknown: false }]);
+    let kinds: Vec<&str> = s.events.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(kinds, vec!["ExecutionStarted", "ExecutionFinished", "ComputerStateChanged"]);
+}
+
+#[test]
+fn a_second_lifecycle_command_conflicts_with_the_running_one() {
+    let mut s = world();
+    created(&mut s);
+    let del = ok(s.apply(&submit(OWNER, ExecutionKind::Delete, "cmp_1", "k2", "d"))).expect("id");
+    let r = rejected(s.apply(&submit(OWNER, ExecutionKind::Pause, "cmp_1", "k3", "p")));
+    assert_eq!((r.kind, r.execution_id), (RejectKind::ComputerConflict, Some(del)));
+}
+
+#[test]
+fn rights_are_rechecked_at_dispatch_and_nothing_is_sent_without_them() {
+    let mut s = world();
+    created(&mut s);
+    ok(s.apply(&Command::CreateToken { by: OWNER.into(), token: token("tok_2", Principal::Member("mem_o".into())) }));
+    let exe = ok(s.apply(&submit("tok_2", ExecutionKind::Pause, "cmp_1", "k2", "p"))).expect("id");
+    ok(s.apply(&Command::RevokeToken { by: OWNER.into(), token_id: "tok_2".into(), at_ms: 15 }));
+    ok(s.apply(&Command::ClaimExecution { execution_id: exe.clone(), claim: "k".into(), node: None, at_ms: 20 }));
+    let r = rejected(s.apply(&Command::DispatchExecution { execution_id: exe.clone(), claim: "k".into(), at_ms: 30 }));
+    assert_eq!(r.kind, RejectKind::Forbidden);
+    let e = &s.executions[&exe];
+    assert_eq!((e.state, e.dispatched_at), (ExecutionState::Failed, None));
+    assert_eq!(e.error.as_ref().map(|e| e.kind.as_str()), Some("forbidden"));
+    assert_eq!(s.computers["cmp_1"].state, ComputerState::Running, "the computer stays");
+}
+
+#[test]
+fn placement_fences_claims_dispatches_and_takeovers() {
+    let mut s = world();
+    created(&mut s);
+    ok(s.apply(&Command::SetLiveNodes { nodes: vec![1, 2, 3] }));
+    let owner = s.placement("cmp_1").expect("placed");
+    let other = [1, 2, 3].into_iter().find(|n| *n != owner).expect("another node");
+    let exe = ok(s.apply(&submit(OWNER, ExecutionKind::Pause, "cmp_1", "k2", "p"))).expect("id");
+    let claim = |claim: &str, node: u64| Command::ClaimExecution {
+        execution_id: exe.clone(),
+        claim: claim.into(),
+        node: Some(node),
+        at_ms: 20,
+    };
+    let r = rejected(s.apply(&claim("a", other)));
+    assert_eq!(r.kind, RejectKind::Conflict, "a node that does not own the Computer cannot claim");
+    assert_eq!(s.executions[&exe].state, ExecutionState::Pending, "a refused claim changes nothing");
+    ok(s.apply(&claim("b", owner)));
+    // The owner is declared dead before it dispatched: its dispatch is refused, nothing is sent.
+    let rest: Vec<u64> = [1, 2, 3].into_iter().filter(|n| *n != owner).collect();
+    ok(s.apply(&Command::SetLiveNodes { nodes: rest.clone() }));
+    let next = s.placement("cmp_1").expect("moved");
+    assert_ne!(next, owner);
+    rejected(s.apply(&Command::DispatchExecution { execution_id: exe.clone(), claim: "b".into(), at_ms: 30 }));
+    assert_eq!(s.executions[&exe].dispatched_at, None);
+    // The new owner takes it over and sends it; the old one coming back cannot call it lost.
+    ok(s.apply(&claim("c", next)));
+    ok(s.apply(&Command::DispatchExecution { execution_id: exe.clone(), claim: "c".into(), at_ms: 40 }));
+    let unknown = |node: u64| Command::MarkUnknown {
+        execution_id: exe.clone(),
+        claim: "c".into(),
+        node: Some(node),
+        reason: "lost".into(),
+        at_ms: 50,
+    };
+    let third = rest.iter().copied().find(|n| *n != next).expect("a third node");
+    rejected(s.apply(&unknown(third)));
+    assert_eq!(s.executions[&exe].state, ExecutionState::Running, "the sender is live: its answer may come");
+    // Once the sender is dead, the Computer's new owner may declare the call unknown.
+    ok(s.apply(&Command::SetLiveNodes { nodes: vec![third] }));
+    ok(s.apply(&unknown(third)));
+    assert_eq!(s.executions[&exe].state, ExecutionState::OutcomeUnknown);
+}
+
+#[test]
+fn lost_answer_is_unknown_until_decided_and_stale_claims_are_fenced() {
+    let mut s = world();
+    created(&mut s);
+    let exe = ok(s.apply(&submit(OWNER, ExecutionKind::Pause, "cmp_1", "k2", "p"))).expect("id");
+    ok(s.apply(&Command::ClaimExecution { execution_id: exe.clone(), claim: "old".into(), node: None, at_ms: 20 }));
+    ok(s.apply(&Command::DispatchExecution { execution_id: exe.clone(), claim: "old".into(), at_ms: 30 }));
+    // A takeover must not re-claim a dispatched call; it declares it unknown.
+    rejected(s.apply(&Command::ClaimExecution {
+        execution_id: exe.clone(),
+        claim: "new".into(),
+        node: None,
+        at_ms: 35,
+    }));
+    ok(s.apply(&Command::MarkUnknown {
+        execution_id: exe.clone(),
+        claim: "old".into(),
+        node: None,
+        reason: "driver lost".into(),
+        at_ms: 36,
+    }));
+    assert_eq!(s.executions[&exe].state, ExecutionState::OutcomeUnknown);
+    assert!(s.usage["cmp_1"][0].outcome_unknown, "the span stays open, flagged");
+    assert_eq!(s.events.back().map(|e| e.kind.as_str()), Some("DecisionNeeded"));
+    let r = rejected(s.apply(&submit(OWNER, ExecutionKind::Delete, "cmp_1", "k3", "d")));
+    assert_eq!(r.kind, RejectKind::ComputerConflict, "an unknown outcome holds the computer");
+    ok(s.apply(&Command::DecideExecution {
+        by: OWNER.into(),
+        execution_id: exe.clone(),
+        outcome: ExecutionState::Succeeded,
+        reason: "the provider shows it paused".into(),
+        at_ms: 50,
+    }));
+    assert_eq!(s.computers["cmp_1"].state, ComputerState::Paused);
+    let span = &s.usage["cmp_1"][0];
+    assert_eq!((span.end, span.ended_by, span.outcome_unknown), (Some(30), Some(SpanEnd::Pause), false));
+}
+
+#[test]
+fn late_create_answer_keeps_the_sandbox_and_usage() {
+    let mut s = world();
+    let exe = ok(s.apply(&submit(OWNER, ExecutionKind::Create, "cmp_1", "k1", "a"))).expect("id");
+    ok(s.apply(&Command::ClaimExecution { execution_id: exe.clone(), claim: "k".into(), node: None, at_ms: 20 }));
+    ok(s.apply(&Command::DispatchExecution { execution_id: exe.clone(), claim: "k".into(), at_ms: 30 }));
+    let lost = Outcome::Unknown { reason: "timeout".into() };
+    ok(s.apply(&Command::FinishExecution { execution_id: exe.clone(), claim: "k".into(), outcome: lost, at_ms: 40 }));
+    let late = Outcome::Succeeded { sandbox: Some("sbx-late".into()) };
+    ok(s.apply(&Command::FinishExecution { execution_id: exe.clone(), claim: "k".into(), outcome: late, at_ms: 45 }));
+    assert_eq!(s.executions[&exe].state, ExecutionState::OutcomeUnknown, "still waits for a person");
+    assert_eq!(s.computers["cmp_1"].sandbox.as_deref(), Some("sbx-late"));
+    assert_eq!(s.usage["cmp_1"].len(), 1);
+}
+
+#[test]
+fn stop_on_an_unknown_pause_fails_the_computer() {
+    let mut s = world();
+    created(&mut s);
+    let exe = ok(s.apply(&submit(OWNER, ExecutionKind::Pause, "cmp_1", "k2", "p"))).expect("id");
+    run(&mut s, &exe, Outcome::Unknown { reason: "lost".into() });
+    ok(s.apply(&Command::StopComputer { by: OWNER.into(), computer_id: "cmp_1".into(), at_ms: 60 }));
+    let c = &s.computers["cmp_1"];
+    assert_eq!((c.state, c.active_execution.as_ref()), (ComputerState::Failed, None));
+    assert!(s.usage["cmp_1"][0].outcome_unknown && s.usage["cmp_1"][0].end.is_none());
+}
+
+#[test]
+fn bots_ask_and_wait_for_approval_and_see_only_granted_computers() {
+    let mut s = world();
+    created(&mut s);
+    let bot = s.caller_by_token_id("tok_bot").expect("bot");
+    assert!(!s.can_see(&bot, &s.computers["cmp_1"]));
+    let exe = ok(s.apply(&submit("tok_bot", ExecutionKind::Create, "cmp_b", "kb", "x"))).expect("id");
+    let e = s.executions[&exe].clone();
+    let approval = e.approval.clone().expect("parked for approval");
+    assert!(!s.claimable(&e));
+    ok(s.apply(&Command::DecideApproval { by: OWNER.into(), approval_id: approval, approve: true, at_ms: 12 }));
+    assert!(s.claimable(&s.executions[&exe]));
+    assert!(s.can_see(&bot, &s.computers["cmp_b"]), "the creating bot holds a grant");
+    // Acquire asks; archiving the bot ends its rights.
+    let apr = ok(s.apply(&Command::Acquire {
+        by: "tok_bot".into(),
+        computer_id: "cmp_1".into(),
+        approval_id: "apr_acq".into(),
+        reason: Some("need it".into()),
+        at_ms: 13,
+    }));
+    assert_eq!(apr.as_deref(), Some("apr_acq"));
+    ok(s.apply(&Command::DecideApproval { by: OWNER.into(), approval_id: "apr_acq".into(), approve: true, at_ms: 14 }));
+    assert!(s.has_grant("cmp_1", "bot_1"));
+    ok(s.apply(&Command::ArchiveBot { by: OWNER.into(), bot_id: "bot_1".into(), at_ms: 15 }));
+    assert!(!s.has_grant("cmp_1", "bot_1") && !s.has_grant("cmp_b", "bot_1"));
+}
