@@ -46,7 +46,6 @@
 //! 2a and 2c, `4` is part 4 and its baseline; default all).
 
 use std::collections::HashSet;
-use std::future::Future;
 use std::path::Path;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicUsize;
@@ -58,21 +57,29 @@ use anyhow::Context;
 use anyhow::Result;
 use anyhow::bail;
 use computer_agent::pairing::Credential;
+use computerd_bench::api::Api;
+use computerd_bench::api::MIN_YIELD_MS;
+use computerd_bench::api::expect_exit;
 use computerd_bench::link_client;
-use computerd_bench::report::ERROR_SAMPLES;
+use computerd_bench::report;
+use computerd_bench::report::Pair;
+use computerd_bench::report::Recorder;
+use computerd_bench::report::SummaryTable;
+use computerd_bench::report::Window;
 use computerd_bench::report::call_json;
 use computerd_bench::report::excerpt;
+use computerd_bench::report::keep_sample;
 use computerd_bench::report::loadavg;
+use computerd_bench::report::log_tail;
 use computerd_bench::report::panics;
 use computerd_bench::report::spawn_agent;
+use computerd_bench::report::write_json;
 use computerd_bench::settings;
 use computerd_bench::workload::Timing;
-use computerd_bench::workload::percentile_ms;
 use computerd_tests::TestCluster;
 use futures::StreamExt;
 use reqwest::StatusCode;
 use serde::Serialize;
-use serde_json::Value;
 use serde_json::json;
 use tokio::io::AsyncReadExt;
 use tokio::io::AsyncWriteExt;
@@ -80,8 +87,6 @@ use tokio::task::JoinHandle;
 
 /// Sessions started together before their inputs are timed one by one (part 2a).
 const BATCH: usize = 8;
-/// The shortest `yieldTimeMs` the API takes.
-const MIN_YIELD_MS: u32 = 250;
 /// The longest; an input to `head -n 1` answers as soon as it exits.
 const MAX_YIELD_MS: u32 = 30_000;
 /// What the commands of parts 2a and 2c print once their shell has started, so that neither
@@ -184,11 +189,8 @@ fn main() -> Result<()> {
             cfg.links as u64 + FD_MARGIN
         );
     }
-    // The harness reads COMPUTERD_BIN when it first starts a node; set it before any other thread
-    // exists.
-    // SAFETY: single-threaded here: the tokio runtime is built below.
-    unsafe { std::env::set_var("COMPUTERD_BIN", &cfg.computerd_bin) };
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("tokio runtime")?;
+    // SAFETY: single-threaded here: the runtime's threads start with it.
+    let rt = unsafe { settings::runtime_for(&cfg.computerd_bin) }?;
     rt.block_on(bench(cfg))
 }
 
@@ -203,127 +205,8 @@ fn raise_nofile() -> Result<u64> {
     Ok(hard)
 }
 
-// ---------------------------------------------------------------------------------------------
-// Samples.
-
-/// When operations count: those that complete between `warm_end` and `end`.
-#[derive(Clone, Copy)]
-struct Window {
-    warm_end: Instant,
-    end: Instant,
-}
-
-impl Window {
-    fn start(t: Timing) -> Self {
-        let warm_end = Instant::now() + t.warmup;
-        Window { warm_end, end: warm_end + t.measure }
-    }
-
-    /// Every operation counts (for a fixed number of samples).
-    fn unbounded() -> Self {
-        let now = Instant::now();
-        Window { warm_end: now, end: now + Duration::from_secs(24 * 3600) }
-    }
-
-    fn done(&self) -> bool {
-        Instant::now() >= self.end
-    }
-}
-
-/// The outcomes of one kind of operation.
-#[derive(Default)]
-struct Recorder {
-    us: Vec<u64>,
-    errors: u64,
-    warmup_errors: u64,
-    samples: Vec<String>,
-}
-
-impl Recorder {
-    /// Records one outcome; answers whether it failed.
-    fn add(&mut self, w: &Window, r: Result<Duration>) -> bool {
-        let now = Instant::now();
-        let counted = now >= w.warm_end && now <= w.end;
-        match r {
-            Ok(d) => {
-                if counted {
-                    self.us.push(d.as_micros() as u64);
-                }
-                false
-            }
-            Err(e) => {
-                if counted {
-                    self.errors += 1;
-                } else if now < w.warm_end {
-                    self.warmup_errors += 1;
-                }
-                let msg = format!("{e:#}");
-                if self.samples.len() < ERROR_SAMPLES && !self.samples.contains(&msg) {
-                    self.samples.push(msg);
-                }
-                true
-            }
-        }
-    }
-
-    fn summary(&self, op: &str) -> Summary {
-        let mut us = self.us.clone();
-        us.sort_unstable();
-        Summary {
-            op: op.to_string(),
-            n: us.len(),
-            p50_ms: percentile_ms(&us, 0.50),
-            p99_ms: percentile_ms(&us, 0.99),
-            max_ms: us.last().map_or(f64::NAN, |&u| u as f64 / 1000.0),
-            errors: self.errors,
-            warmup_errors: self.warmup_errors,
-            error_samples: self.samples.clone(),
-        }
-    }
-}
-
-/// Runs `op` (which answers the time it measured) and records it.
-async fn timed(rec: &mut Recorder, w: &Window, op: impl Future<Output = Result<Duration>>) {
-    let r = op.await;
-    if rec.add(w, r) {
-        tokio::time::sleep(ERROR_PAUSE).await;
-    }
-}
-
-/// Latencies of one kind of operation.
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Summary {
-    op: String,
-    n: usize,
-    p50_ms: f64,
-    p99_ms: f64,
-    max_ms: f64,
-    errors: u64,
-    warmup_errors: u64,
-    error_samples: Vec<String>,
-}
-
-/// One part of 1 to 3: the API operation and its baseline.
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Pair {
-    part: &'static str,
-    api: Summary,
-    raw: Summary,
-}
-
-impl Pair {
-    fn p50_ratio(&self) -> f64 {
-        self.api.p50_ms / self.raw.p50_ms
-    }
-    fn p99_ratio(&self) -> f64 {
-        self.api.p99_ms / self.raw.p99_ms
-    }
-    fn p50_diff_ms(&self) -> f64 {
-        self.api.p50_ms - self.raw.p50_ms
-    }
-}
+/// The table of parts 1 to 3.
+const TABLE: SummaryTable = SummaryTable { op_width: 50, n_width: 6, decimals: 3 };
 
 /// Part 4 on the node.
 #[derive(Serialize, Default)]
@@ -378,105 +261,54 @@ struct PlainMemory {
 // ---------------------------------------------------------------------------------------------
 // The API.
 
-/// Calls on the node with the owner token.
-struct Api {
-    http: reqwest::Client,
-    base: String,
-    token: String,
+/// Creates a paired Computer; answers its id and pairing code once its execution succeeded.
+async fn paired_computer(api: &Api, key: &str) -> Result<(String, String)> {
+    api.paired_computer(key, "bench", POLL_EVERY).await
 }
 
-impl Api {
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
+/// Trades a pairing code for a machine credential, as the agent does.
+async fn redeem(api: &Api, code: &str) -> Result<Credential> {
+    let req = api.http.post(api.url("/v1/agent/pair")).json(&json!({"code": code}));
+    let v = call_json(req, StatusCode::OK).await.context("redeem the pairing code")?;
+    let field = |k: &str| v[k].as_str().map(String::from).with_context(|| format!("no {k} in the pairing answer"));
+    Ok(Credential { computer_id: field("computerId")?, credential: field("credential")? })
+}
 
-    async fn post(&self, path: &str, body: Value, expected: StatusCode) -> Result<Value> {
-        call_json(self.http.post(self.url(path)).bearer_auth(&self.token).json(&body), expected).await
-    }
-
-    async fn get(&self, path: &str) -> Result<Value> {
-        call_json(self.http.get(self.url(path)).bearer_auth(&self.token), StatusCode::OK).await
-    }
-
-    /// Creates a paired Computer; answers its id and pairing code once its execution succeeded.
-    async fn paired_computer(&self, key: &str) -> Result<(String, String)> {
-        let body = json!({"commandKey": key, "name": "bench", "source": {"_tag": "Paired"}});
-        let r = self.post("/v1/computers", body, StatusCode::ACCEPTED).await.context("create a paired Computer")?;
-        let exe = r["executionId"].as_str().with_context(|| format!("no executionId in {}", excerpt(&r)))?;
-        let id = r["resource"]["id"].as_str().with_context(|| format!("no resource id in {}", excerpt(&r)))?;
-        let deadline = Instant::now() + SETTLE_BOUND;
-        loop {
-            let v = self.get(&format!("/v1/executions/{exe}")).await.context("poll the execution")?;
-            match v["state"].as_str() {
-                Some("pending") | Some("running") if Instant::now() < deadline => tokio::time::sleep(POLL_EVERY).await,
-                Some("succeeded") => {
-                    let code =
-                        v["pairingCode"].as_str().with_context(|| format!("no pairing code in {}", excerpt(&v)))?;
-                    return Ok((id.to_string(), code.to_string()));
-                }
-                _ => bail!("execution {exe} did not succeed: {}", excerpt(&v)),
-            }
+/// Waits until the Computer is `running` (its agent linked).
+async fn wait_running(api: &Api, id: &str) -> Result<()> {
+    let deadline = Instant::now() + SETTLE_BOUND;
+    loop {
+        let state = api.get(&format!("/v1/computers/{id}")).await.map(|v| v["state"].clone());
+        if matches!(&state, Ok(s) if s == "running") {
+            return Ok(());
         }
-    }
-
-    /// Trades a pairing code for a machine credential, as the agent does.
-    async fn redeem(&self, code: &str) -> Result<Credential> {
-        let req = self.http.post(self.url("/v1/agent/pair")).json(&json!({"code": code}));
-        let v = call_json(req, StatusCode::OK).await.context("redeem the pairing code")?;
-        let field = |k: &str| v[k].as_str().map(String::from).with_context(|| format!("no {k} in the pairing answer"));
-        Ok(Credential { computer_id: field("computerId")?, credential: field("credential")? })
-    }
-
-    /// Waits until the Computer is `running` (its agent linked).
-    async fn wait_running(&self, id: &str) -> Result<()> {
-        let deadline = Instant::now() + SETTLE_BOUND;
-        loop {
-            let state = self.get(&format!("/v1/computers/{id}")).await.map(|v| v["state"].clone());
-            if matches!(&state, Ok(s) if s == "running") {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                bail!("computer {id} is not running after {SETTLE_BOUND:?}: {state:?}");
-            }
-            tokio::time::sleep(POLL_EVERY).await;
+        if Instant::now() >= deadline {
+            bail!("computer {id} is not running after {SETTLE_BOUND:?}: {state:?}");
         }
-    }
-
-    /// Starts `command` (which prints [`READY`] first) in a session and reads its output with
-    /// the shortest yield until it printed [`READY`]; answers the session id.
-    async fn start_ready(&self, computer: &str, command: &str) -> Result<String> {
-        let body = json!({"command": command, "yieldTimeMs": MIN_YIELD_MS});
-        let mut v = self.post(&format!("/v1/computers/{computer}/sessions"), body, StatusCode::OK).await?;
-        let sid = match (v["running"].as_bool(), v["session"].as_str()) {
-            (Some(true), Some(sid)) => sid.to_string(),
-            _ => bail!("`{command}` should still run: {}", excerpt(&v)),
-        };
-        let mut out = String::new();
-        let deadline = Instant::now() + SETTLE_BOUND;
-        loop {
-            out.push_str(v["output"].as_str().unwrap_or_default());
-            if out == READY {
-                return Ok(sid);
-            }
-            if out.len() > READY.len() || v["running"] != true || Instant::now() >= deadline {
-                bail!("`{command}` printed {out:?}, not {READY:?}: {}", excerpt(&v));
-            }
-            v = self.input(computer, &sid, "", MIN_YIELD_MS).await?;
-        }
-    }
-
-    async fn input(&self, computer: &str, sid: &str, chars: &str, yield_ms: u32) -> Result<Value> {
-        let body = json!({"chars": chars, "yieldTimeMs": yield_ms});
-        self.post(&format!("/v1/computers/{computer}/sessions/{sid}/input"), body, StatusCode::OK).await
+        tokio::time::sleep(POLL_EVERY).await;
     }
 }
 
-/// A session answer must be the command's successful end with exactly `output`.
-fn expect_exit(v: &Value, output: &str) -> Result<()> {
-    if v["running"] == false && v["exitCode"] == 0 && v["output"] == output {
-        Ok(())
-    } else {
-        bail!("expected exit 0 with output {output:?}: {}", excerpt(v))
+/// Starts `command` (which prints [`READY`] first) in a session and reads its output with the
+/// shortest yield until it printed [`READY`]; answers the session id.
+async fn start_ready(api: &Api, computer: &str, command: &str) -> Result<String> {
+    let body = json!({"command": command, "yieldTimeMs": MIN_YIELD_MS});
+    let mut v = api.post(&format!("/v1/computers/{computer}/sessions"), body, StatusCode::OK).await?;
+    let sid = match (v["running"].as_bool(), v["session"].as_str()) {
+        (Some(true), Some(sid)) => sid.to_string(),
+        _ => bail!("`{command}` should still run: {}", excerpt(&v)),
+    };
+    let mut out = String::new();
+    let deadline = Instant::now() + SETTLE_BOUND;
+    loop {
+        out.push_str(v["output"].as_str().unwrap_or_default());
+        if out == READY {
+            return Ok(sid);
+        }
+        if out.len() > READY.len() || v["running"] != true || Instant::now() >= deadline {
+            bail!("`{command}` printed {out:?}, not {READY:?}: {}", excerpt(&v));
+        }
+        v = api.input(computer, &sid, "", MIN_YIELD_MS).await?;
     }
 }
 
@@ -572,25 +404,13 @@ async fn raw_cat(path: &Path, want: &[u8]) -> Result<Duration> {
 
 /// Parts 1 and 2b, interleaved: sessions `true` and `echo x` against raw `bash -lc`.
 async fn part_start_to_exit(api: &Api, computer: &str, timing: Timing) -> (Pair, Pair) {
-    let path = format!("/v1/computers/{computer}/sessions");
-    let session = |command: &'static str, output: &'static str| {
-        let path = path.clone();
-        async move {
-            let t0 = Instant::now();
-            let v = api.post(&path, json!({"command": command}), StatusCode::OK).await?;
-            let d = t0.elapsed();
-            expect_exit(&v, output)?;
-            Ok(d)
-        }
-    };
     let w = Window::start(timing);
-    let (mut raw_true, mut api_true, mut raw_echo, mut api_echo) =
-        (Recorder::default(), Recorder::default(), Recorder::default(), Recorder::default());
+    let [mut raw_true, mut api_true, mut raw_echo, mut api_echo] = [(); 4].map(|()| Recorder::in_window(w));
     while !w.done() {
-        timed(&mut raw_true, &w, raw_command("true", b"")).await;
-        timed(&mut api_true, &w, session("true", "")).await;
-        timed(&mut raw_echo, &w, raw_command("echo x", b"x\n")).await;
-        timed(&mut api_echo, &w, session("echo x", "x\n")).await;
+        raw_true.record(raw_command("true", b"").await, ERROR_PAUSE).await;
+        api_true.record(api.session_exit(computer, "true", "").await, ERROR_PAUSE).await;
+        raw_echo.record(raw_command("echo x", b"x\n").await, ERROR_PAUSE).await;
+        api_echo.record(api.session_exit(computer, "echo x", "x\n").await, ERROR_PAUSE).await;
     }
     (
         Pair {
@@ -610,18 +430,18 @@ async fn part_start_to_exit(api: &Api, computer: &str, timing: Timing) -> (Pair,
 /// in batches and waited for until ready (untimed), then their inputs are timed one by one.
 async fn part_input_round_trip(api: &Api, computer: &str, timing: Timing) -> Pair {
     let w = Window::start(timing);
-    let (mut raw, mut via_api) = (Recorder::default(), Recorder::default());
+    let (mut raw, mut via_api) = (Recorder::in_window(w), Recorder::in_window(w));
     while !w.done() {
         let kids = futures::future::join_all((0..BATCH).map(|_| spawn_ready(HEAD_READY))).await;
         for k in kids {
             match k {
-                Ok(k) => timed(&mut raw, &w, raw_line(k)).await,
+                Ok(k) => raw.record(raw_line(k).await, ERROR_PAUSE).await,
                 Err(e) => {
-                    raw.add(&w, Err(e));
+                    raw.add(Err(e));
                 }
             }
         }
-        let starts = futures::future::join_all((0..BATCH).map(|_| api.start_ready(computer, HEAD_READY))).await;
+        let starts = futures::future::join_all((0..BATCH).map(|_| start_ready(api, computer, HEAD_READY))).await;
         for s in starts {
             match s {
                 Ok(sid) => {
@@ -632,10 +452,10 @@ async fn part_input_round_trip(api: &Api, computer: &str, timing: Timing) -> Pai
                         expect_exit(&v, "x\n")?;
                         Ok(d)
                     };
-                    timed(&mut via_api, &w, op).await;
+                    via_api.record(op.await, ERROR_PAUSE).await;
                 }
                 Err(e) => {
-                    via_api.add(&w, Err(e.context("start a session")));
+                    via_api.add(Err(e.context("start a session")));
                 }
             }
         }
@@ -649,10 +469,10 @@ async fn part_input_round_trip(api: &Api, computer: &str, timing: Timing) -> Pai
 
 /// Part 2c: input to an open `cat` session with the shortest yield, a few times.
 async fn part_cat_yield(api: &Api, computer: &str, samples: usize) -> Result<Pair> {
-    let sid = api.start_ready(computer, CAT_READY).await.context("start a `cat` session")?;
+    let sid = start_ready(api, computer, CAT_READY).await.context("start a `cat` session")?;
     let Ready { child, mut stdin, mut stdout } = spawn_ready(CAT_READY).await.context("a raw cat")?;
     let w = Window::unbounded();
-    let (mut raw, mut via_api) = (Recorder::default(), Recorder::default());
+    let (mut raw, mut via_api) = (Recorder::in_window(w), Recorder::in_window(w));
     for _ in 0..samples {
         let op = async {
             let t0 = Instant::now();
@@ -666,23 +486,11 @@ async fn part_cat_yield(api: &Api, computer: &str, samples: usize) -> Result<Pai
             }
             Ok(d)
         };
-        timed(&mut raw, &w, op).await;
-        let op = async {
-            let t0 = Instant::now();
-            let v = api.input(computer, &sid, "x\\n", MIN_YIELD_MS).await?;
-            let d = t0.elapsed();
-            if v["running"] != true || v["output"] != "x\n" {
-                bail!("expected `cat` to run and echo x: {}", excerpt(&v));
-            }
-            Ok(d)
-        };
-        timed(&mut via_api, &w, op).await;
+        raw.record(op.await, ERROR_PAUSE).await;
+        via_api.record(api.cat_echo(computer, &sid).await, ERROR_PAUSE).await;
     }
     drop(child);
-    let stop = api.http.delete(api.url(&format!("/v1/computers/{computer}/sessions/{sid}"))).bearer_auth(&api.token);
-    if let Err(e) = call_json(stop, StatusCode::OK).await {
-        eprintln!("warning: could not stop the `cat` session: {e:#}");
-    }
+    api.stop_cat_session(computer, &sid).await;
     Ok(Pair {
         part: "2c",
         api: via_api.summary("API  input \"x\\n\" to `cat`, yieldTimeMs 250"),
@@ -695,33 +503,11 @@ async fn part_file_read(api: &Api, computer: &str, dir: &Path, timing: Timing) -
     let path = dir.join("bench-16MiB.bin");
     let data: Vec<u8> = (0..FILE_BYTES as u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
     std::fs::write(&path, &data).with_context(|| format!("write {}", path.display()))?;
-    let mut url = reqwest::Url::parse(&api.url(&format!("/v1/computers/{computer}/files"))).context("file URL")?;
-    url.query_pairs_mut().append_pair("path", &path.to_string_lossy());
     let w = Window::start(timing);
-    let (mut raw, mut via_api) = (Recorder::default(), Recorder::default());
+    let (mut raw, mut via_api) = (Recorder::in_window(w), Recorder::in_window(w));
     while !w.done() {
-        timed(&mut raw, &w, raw_cat(&path, &data)).await;
-        let op = async {
-            let t0 = Instant::now();
-            let resp = api
-                .http
-                .get(url.clone())
-                .bearer_auth(&api.token)
-                .header("accept", "application/octet-stream")
-                .send()
-                .await?;
-            let status = resp.status();
-            let body = resp.bytes().await?;
-            let d = t0.elapsed();
-            if status != StatusCode::OK {
-                bail!("HTTP {status}: {}", String::from_utf8_lossy(&body[..body.len().min(200)]));
-            }
-            if body != data {
-                bail!("the file read back differs (size {})", body.len());
-            }
-            Ok(d)
-        };
-        timed(&mut via_api, &w, op).await;
+        raw.record(raw_cat(&path, &data).await, ERROR_PAUSE).await;
+        via_api.record(api.read_file(computer, &path, &data).await, ERROR_PAUSE).await;
     }
     Ok(Pair {
         part: "3",
@@ -736,8 +522,8 @@ async fn pair_one(api: &Api, i: usize, failed: &AtomicUsize) -> Result<Credentia
         bail!("skipped: {PAIR_GIVE_UP} pairings failed before");
     }
     let r = async {
-        let (_, code) = api.paired_computer(&format!("link-bench-{i}")).await?;
-        api.redeem(&code).await
+        let (_, code) = paired_computer(api, &format!("link-bench-{i}")).await?;
+        redeem(api, &code).await
     }
     .await;
     if r.is_err() {
@@ -759,10 +545,7 @@ async fn open_links(ws_url: &str, creds: &[Credential], m: &mut LinkMemory) -> V
             Ok(h) => handles.push(h),
             Err(e) => {
                 m.open_errors += 1;
-                let msg = format!("open a link: {e:#}");
-                if m.error_samples.len() < ERROR_SAMPLES && !m.error_samples.contains(&msg) {
-                    m.error_samples.push(msg);
-                }
+                keep_sample(&mut m.error_samples, format!("open a link: {e:#}"));
             }
         }
     }
@@ -794,10 +577,7 @@ async fn part_links(api: &Api, node_pid: u32, links: usize, idle: Duration) -> R
             Ok(c) => creds.push(c),
             Err(e) => {
                 m.pair_errors += 1;
-                let msg = format!("pair: {e:#}");
-                if m.error_samples.len() < ERROR_SAMPLES && !m.error_samples.contains(&msg) {
-                    m.error_samples.push(msg);
-                }
+                keep_sample(&mut m.error_samples, format!("pair: {e:#}"));
             }
         }
     }
@@ -860,9 +640,7 @@ async fn part_links(api: &Api, node_pid: u32, links: usize, idle: Duration) -> R
     for h in handles {
         if h.is_finished() {
             let why = h.await.unwrap_or_else(|e| format!("the link task failed: {e}"));
-            if m.ended_samples.len() < ERROR_SAMPLES && !m.ended_samples.contains(&why) {
-                m.ended_samples.push(why);
-            }
+            keep_sample(&mut m.ended_samples, why);
         } else {
             h.abort();
         }
@@ -888,10 +666,7 @@ async fn part_plain(conns: usize) -> Result<PlainMemory> {
             Ok(c) => held.push(c),
             Err(e) => {
                 p.errors += 1;
-                let msg = format!("{e:#}");
-                if p.error_samples.len() < ERROR_SAMPLES && !p.error_samples.contains(&msg) {
-                    p.error_samples.push(msg);
-                }
+                keep_sample(&mut p.error_samples, format!("{e:#}"));
             }
         }
     }
@@ -907,15 +682,8 @@ async fn part_plain(conns: usize) -> Result<PlainMemory> {
 // ---------------------------------------------------------------------------------------------
 // The run.
 
-/// The last lines of a log file.
-fn log_tail(path: &Path, lines: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
-}
-
 async fn bench(cfg: Config) -> Result<()> {
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let cores = report::cores();
     let load_start = loadavg();
     let header = format!(
         "agent-bench: sessions, input, file reads and idle links through one computerd node and its agent \
@@ -947,10 +715,10 @@ async fn bench(cfg: Config) -> Result<()> {
         let c = TestCluster::start(1).await;
         let api = Api { http: http.clone(), base: c.url(1, ""), token: c.token.clone() };
 
-        let (computer, code) = api.paired_computer("bench-agent").await.context("pair the agent's Computer")?;
+        let (computer, code) = paired_computer(&api, "bench-agent").await.context("pair the agent's Computer")?;
         let agent_log = c.dir.path().join("agent.log");
         let agent = spawn_agent(&cfg.agent_bin, &api.base, &code, c.dir.path(), &agent_log)?;
-        api.wait_running(&computer)
+        wait_running(&api, &computer)
             .await
             .with_context(|| format!("the agent did not link; its log ends:\n{}", log_tail(&agent_log, 10)))?;
 
@@ -999,26 +767,15 @@ async fn bench(cfg: Config) -> Result<()> {
     pairs.sort_by_key(|p| p.part);
 
     println!("{header}; at end: {load_end}\n");
-    println!("{:<4} {:<50} {:>6} {:>9} {:>9} {:>9} {:>6}", "part", "op", "n", "p50 ms", "p99 ms", "max ms", "errors");
+    println!("{}", TABLE.header());
     for p in &pairs {
         for s in [&p.api, &p.raw] {
-            println!(
-                "{:<4} {:<50} {:>6} {:>9.3} {:>9.3} {:>9.3} {:>6}",
-                p.part, s.op, s.n, s.p50_ms, s.p99_ms, s.max_ms, s.errors
-            );
+            println!("{}", TABLE.row(p.part, s));
         }
     }
     for p in &pairs {
         for s in [&p.api, &p.raw] {
-            if !s.error_samples.is_empty() {
-                println!(
-                    "errors in {} {} ({} measured, {} in warm-up), e.g.:",
-                    p.part, s.op, s.errors, s.warmup_errors
-                );
-                for e in &s.error_samples {
-                    println!("    {e}");
-                }
-            }
+            s.print_errors(p.part);
         }
     }
     for f in &failed {
@@ -1161,9 +918,7 @@ async fn bench(cfg: Config) -> Result<()> {
             "links": p4.as_ref().and_then(|p| p.as_ref().ok()),
             "plainWebSocket": p4b.as_ref().and_then(|p| p.as_ref().ok()),
         });
-        let text = serde_json::to_string_pretty(&doc).context("encode JSON")?;
-        std::fs::write(path, text + "\n").with_context(|| format!("write {}", path.display()))?;
-        eprintln!("wrote {}", path.display());
+        write_json(path, &doc)?;
     }
     Ok(())
 }

@@ -15,10 +15,10 @@
 //!    answers a running command when its yield passes), so they are no ratio.
 //! 2. **calls per second through a load balancer, 3 nodes against 1**: a real HAProxy
 //!    ([`computerd_tests::lb::Haproxy`], round robin) in front of the 3-node cluster (after part
-//!    1, its agent stopped), then in front of a fresh 1-node cluster; the same client, closed-loop workers and windows for both. Read: `GET
-//!    /v1/computers/:id` (any node answers it after a read barrier). Write: `POST /v1/bots`
-//!    (a replicated write; the store-bench workload runner, [`workload::run`]). No goal: the
-//!    ratio 3 nodes ÷ 1 node is reported as it is.
+//!    1, its agent stopped), then in front of a fresh 1-node cluster; the same client, closed-loop
+//!    workers and windows for both (the store-bench workload runner, [`workload::run`]). Read:
+//!    `GET /v1/computers/:id` (any node answers it after a read barrier). Write: `POST /v1/bots`
+//!    (a replicated write). No goal: the ratio 3 nodes ÷ 1 node is reported as it is.
 //!
 //! ```text
 //! cargo build --release -p computerd-node --bin computerd &&
@@ -31,6 +31,7 @@
 //! (part 1's samples per side; default 200, 50 when quick) and `BENCH_WRITERS` (part 2's
 //! closed-loop workers, a comma-separated list; default 64).
 
+use std::future::Future;
 use std::path::Path;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -40,25 +41,28 @@ use std::time::Instant;
 use anyhow::Context;
 use anyhow::Result;
 use anyhow::bail;
-use computerd_bench::report::ERROR_SAMPLES;
-use computerd_bench::report::call_json;
+use computerd_bench::api::Api;
+use computerd_bench::api::MIN_YIELD_MS;
+use computerd_bench::report;
+use computerd_bench::report::Recorder;
+use computerd_bench::report::Summary;
+use computerd_bench::report::SummaryTable;
 use computerd_bench::report::excerpt;
 use computerd_bench::report::loadavg;
 use computerd_bench::report::panics;
 use computerd_bench::report::spawn_agent;
+use computerd_bench::report::write_json;
 use computerd_bench::settings;
 use computerd_bench::workload;
 use computerd_bench::workload::Op;
 use computerd_bench::workload::Stats;
 use computerd_bench::workload::Target;
 use computerd_bench::workload::Timing;
-use computerd_bench::workload::percentile_ms;
 use computerd_tests::TestCluster;
 use computerd_tests::agent::paired_computer;
 use computerd_tests::lb::Haproxy;
 use reqwest::StatusCode;
 use serde::Serialize;
-use serde_json::Value;
 use serde_json::json;
 
 /// Untimed rounds before part 1's samples (connections, the agent's first spawns).
@@ -67,8 +71,6 @@ const WARMUP_ROUNDS: usize = 10;
 const CAT_SAMPLES: usize = 5;
 /// Bytes of part 1's small file.
 const FILE_SMALL: usize = 64;
-/// The shortest `yieldTimeMs` the API takes.
-const MIN_YIELD_MS: u32 = 250;
 /// Longest wait for the agent to link.
 const LINK_BOUND: Duration = Duration::from_secs(60);
 /// Pause between two polls.
@@ -114,67 +116,13 @@ impl Config {
 
 fn main() -> Result<()> {
     let cfg = Config::from_env()?;
-    // The harness reads COMPUTERD_BIN when it first starts a node; set it before any other thread
-    // exists.
-    // SAFETY: single-threaded here: the tokio runtime is built below.
-    unsafe { std::env::set_var("COMPUTERD_BIN", &cfg.computerd_bin) };
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("tokio runtime")?;
+    // SAFETY: single-threaded here: the runtime's threads start with it.
+    let rt = unsafe { settings::runtime_for(&cfg.computerd_bin) }?;
     rt.block_on(bench(cfg))
 }
 
-// ---------------------------------------------------------------------------------------------
-// Samples.
-
-/// The outcomes of one kind of operation (a fixed number of samples: all count).
-#[derive(Default)]
-struct Recorder {
-    us: Vec<u64>,
-    errors: u64,
-    samples: Vec<String>,
-}
-
-impl Recorder {
-    async fn add(&mut self, r: Result<Duration>) {
-        match r {
-            Ok(d) => self.us.push(d.as_micros() as u64),
-            Err(e) => {
-                self.errors += 1;
-                let msg = format!("{e:#}");
-                if self.samples.len() < ERROR_SAMPLES && !self.samples.contains(&msg) {
-                    self.samples.push(msg);
-                }
-                tokio::time::sleep(ERROR_PAUSE).await;
-            }
-        }
-    }
-
-    fn summary(&self, op: String) -> Summary {
-        let mut us = self.us.clone();
-        us.sort_unstable();
-        Summary {
-            op,
-            n: us.len(),
-            p50_ms: percentile_ms(&us, 0.50),
-            p99_ms: percentile_ms(&us, 0.99),
-            max_ms: us.last().map_or(f64::NAN, |&u| u as f64 / 1000.0),
-            errors: self.errors,
-            error_samples: self.samples.clone(),
-        }
-    }
-}
-
-/// Latencies of one kind of operation.
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Summary {
-    op: String,
-    n: usize,
-    p50_ms: f64,
-    p99_ms: f64,
-    max_ms: f64,
-    errors: u64,
-    error_samples: Vec<String>,
-}
+/// Part 1's table.
+const TABLE: SummaryTable = SummaryTable { op_width: 44, n_width: 5, decimals: 3 };
 
 /// One operation sent to the owner and to a non-owner.
 #[derive(Serialize)]
@@ -187,13 +135,13 @@ struct Routed {
 
 impl Routed {
     fn p50_ratio(&self) -> f64 {
-        self.non_owner.p50_ms / self.owner.p50_ms
+        self.non_owner.p50_ratio(&self.owner)
     }
     fn p99_ratio(&self) -> f64 {
-        self.non_owner.p99_ms / self.owner.p99_ms
+        self.non_owner.p99_ratio(&self.owner)
     }
     fn p50_diff_ms(&self) -> f64 {
-        self.non_owner.p50_ms - self.owner.p50_ms
+        self.non_owner.p50_diff_ms(&self.owner)
     }
 }
 
@@ -227,51 +175,9 @@ struct Cell {
 // ---------------------------------------------------------------------------------------------
 // Calls.
 
-/// `POST url` with `body` and the token; answers the time to the whole answer and the answer.
-async fn post_timed(http: &reqwest::Client, token: &str, url: &str, body: &Value) -> Result<(Duration, Value)> {
-    let t0 = Instant::now();
-    let v = call_json(http.post(url).bearer_auth(token).json(body), StatusCode::OK).await?;
-    Ok((t0.elapsed(), v))
-}
-
-/// `POST …/sessions {"command":"true"}` on `base`; must answer the exit.
-async fn session_true(http: &reqwest::Client, token: &str, base: &str, computer: &str) -> Result<Duration> {
-    let url = format!("{base}/v1/computers/{computer}/sessions");
-    let (d, v) = post_timed(http, token, &url, &json!({"command": "true"})).await?;
-    if v["running"] != false || v["exitCode"] != 0 || v["output"] != "" {
-        bail!("expected `true` to exit 0 without output: {}", excerpt(&v));
-    }
-    Ok(d)
-}
-
-/// `GET …/files?path=` of a small file as the raw body on `base`; must answer `want`.
-async fn file_read(
-    http: &reqwest::Client,
-    token: &str,
-    base: &str,
-    computer: &str,
-    path: &Path,
-    want: &[u8],
-) -> Result<Duration> {
-    let mut url = reqwest::Url::parse(&format!("{base}/v1/computers/{computer}/files")).context("file URL")?;
-    url.query_pairs_mut().append_pair("path", &path.to_string_lossy());
-    let t0 = Instant::now();
-    let resp = http.get(url).bearer_auth(token).header("accept", "application/octet-stream").send().await?;
-    let status = resp.status();
-    let body = resp.bytes().await?;
-    let d = t0.elapsed();
-    if status != StatusCode::OK {
-        bail!("HTTP {status}: {}", String::from_utf8_lossy(&body[..body.len().min(200)]));
-    }
-    if body != want {
-        bail!("the file read back differs ({} bytes)", body.len());
-    }
-    Ok(d)
-}
-
-/// `linkNode` of the Computer, read on `base`.
-async fn link_node(http: &reqwest::Client, token: &str, base: &str, computer: &str) -> Result<Option<u64>> {
-    let v = call_json(http.get(format!("{base}/v1/computers/{computer}")).bearer_auth(token), StatusCode::OK).await?;
+/// `linkNode` of the Computer, read on `api`'s node.
+async fn link_node(api: &Api, computer: &str) -> Result<Option<u64>> {
+    let v = api.get(&format!("/v1/computers/{computer}")).await?;
     Ok(if v["state"] == "running" { v["linkNode"].as_u64() } else { None })
 }
 
@@ -286,15 +192,15 @@ async fn part_routing(c: &TestCluster, http: &reqwest::Client, agent_bin: &Path,
         _ => bail!("expected two followers, the leader is {leader} of {:?}", c.nodes.keys().collect::<Vec<_>>()),
     };
     let (computer, code) = paired_computer(c, "bench-routing").await;
-    let owner_base = c.url(owner, "");
-    let other_base = c.url(non_owner, "");
+    let api = |id: u64| Api { http: http.clone(), base: c.url(id, ""), token: c.token.clone() };
+    let (to_owner, to_other) = (api(owner), api(non_owner));
     let agent_log = c.dir.path().join("agent.log");
-    let _agent = spawn_agent(agent_bin, &owner_base, &code, c.dir.path(), &agent_log)?;
+    let _agent = spawn_agent(agent_bin, &to_owner.base, &code, c.dir.path(), &agent_log)?;
     let deadline = Instant::now() + LINK_BOUND;
     loop {
         // Both nodes must see the link on X (so Y routes it without a barrier or a redirect).
-        let on_owner = link_node(http, &c.token, &owner_base, &computer).await.ok().flatten();
-        let on_other = link_node(http, &c.token, &other_base, &computer).await.ok().flatten();
+        let on_owner = link_node(&to_owner, &computer).await.ok().flatten();
+        let on_other = link_node(&to_other, &computer).await.ok().flatten();
         if on_owner == Some(owner) && on_other == Some(owner) {
             break;
         }
@@ -309,183 +215,75 @@ async fn part_routing(c: &TestCluster, http: &reqwest::Client, agent_bin: &Path,
         tokio::time::sleep(POLL_EVERY).await;
     }
     eprintln!("  linked to node {owner}; non-owner node {non_owner}; leader node {leader}");
-
-    for _ in 0..WARMUP_ROUNDS {
-        let _ = session_true(http, &c.token, &owner_base, &computer).await;
-        let _ = session_true(http, &c.token, &other_base, &computer).await;
-    }
-    let (mut on_owner, mut via_other) = (Recorder::default(), Recorder::default());
-    for i in 0..samples {
-        // Alternate which goes first, so neither always follows the other.
-        if i % 2 == 0 {
-            on_owner.add(session_true(http, &c.token, &owner_base, &computer).await).await;
-            via_other.add(session_true(http, &c.token, &other_base, &computer).await).await;
-        } else {
-            via_other.add(session_true(http, &c.token, &other_base, &computer).await).await;
-            on_owner.add(session_true(http, &c.token, &owner_base, &computer).await).await;
-        }
-    }
-    let session = Routed {
-        what: "session `true`, start to exit",
+    let on = |on_owner: bool| if on_owner { &to_owner } else { &to_other };
+    let routed = |what, (on_owner, via_other): (Recorder, Recorder)| Routed {
+        what,
         owner: on_owner.summary(format!("to node {owner} (owner)")),
         non_owner: via_other.summary(format!("to node {non_owner}, routed to {owner}")),
     };
+
+    let calls = alternate(samples, |on_owner| on(on_owner).session_exit(&computer, "true", "")).await;
+    let session = routed("session `true`, start to exit", calls);
 
     eprintln!("  a 64-byte file read, {samples} each");
     let file_path = c.dir.path().join("bench-64B.txt");
     let data: Vec<u8> = (0..FILE_SMALL).map(|i| b'a' + (i % 26) as u8).collect();
     std::fs::write(&file_path, &data).with_context(|| format!("write {}", file_path.display()))?;
-    let (to_owner, to_other) = (owner_base.as_str(), other_base.as_str());
-    let read = |on_owner: bool| {
-        file_read(http, &c.token, if on_owner { to_owner } else { to_other }, &computer, &file_path, &data)
+    let calls = alternate(samples, |on_owner| on(on_owner).read_file(&computer, &file_path, &data)).await;
+    let file = routed("GET files (64 bytes, raw body)", calls);
+
+    eprintln!("  input to an open `cat` session ({CAT_SAMPLES} each)");
+    let (cat, cat_error) = match cat_check(&to_owner, &to_other, &computer).await {
+        Ok(calls) => (Some(routed("input \"x\\n\" to `cat`, yieldTimeMs 250", calls)), None),
+        Err(e) => (None, Some(format!("{e:#}"))),
     };
+    let link_node_after = link_node(&to_owner, &computer).await.ok().flatten();
+    Ok(Part1 { leader, owner, non_owner, session, file, cat, cat_error, link_node_after })
+}
+
+/// [`WARMUP_ROUNDS`] untimed rounds, then `samples` rounds of `call(true)` (to the owner) and
+/// `call(false)` (routed), alternating which goes first so neither always follows the other.
+async fn alternate<F, C>(samples: usize, mut call: C) -> (Recorder, Recorder)
+where
+    C: FnMut(bool) -> F,
+    F: Future<Output = Result<Duration>>,
+{
     for _ in 0..WARMUP_ROUNDS {
-        let _ = read(true).await;
-        let _ = read(false).await;
+        let _ = call(true).await;
+        let _ = call(false).await;
     }
     let (mut on_owner, mut via_other) = (Recorder::default(), Recorder::default());
     for i in 0..samples {
         if i % 2 == 0 {
-            on_owner.add(read(true).await).await;
-            via_other.add(read(false).await).await;
+            on_owner.record(call(true).await, ERROR_PAUSE).await;
+            via_other.record(call(false).await, ERROR_PAUSE).await;
         } else {
-            via_other.add(read(false).await).await;
-            on_owner.add(read(true).await).await;
+            via_other.record(call(false).await, ERROR_PAUSE).await;
+            on_owner.record(call(true).await, ERROR_PAUSE).await;
         }
     }
-    let file = Routed {
-        what: "GET files (64 bytes, raw body)",
-        owner: on_owner.summary(format!("to node {owner} (owner)")),
-        non_owner: via_other.summary(format!("to node {non_owner}, routed to {owner}")),
-    };
-
-    eprintln!("  input to an open `cat` session ({CAT_SAMPLES} each)");
-    let (cat, cat_error) = match cat_check(http, &c.token, &owner_base, &other_base, &computer, owner, non_owner).await
-    {
-        Ok(r) => (Some(r), None),
-        Err(e) => (None, Some(format!("{e:#}"))),
-    };
-    let link_node_after = link_node(http, &c.token, &owner_base, &computer).await.ok().flatten();
-    Ok(Part1 { leader, owner, non_owner, session, file, cat, cat_error, link_node_after })
+    (on_owner, via_other)
 }
 
 /// Input `x\n` with the shortest yield to an open `cat` session, on the owner and routed.
-async fn cat_check(
-    http: &reqwest::Client,
-    token: &str,
-    owner_base: &str,
-    other_base: &str,
-    computer: &str,
-    owner: u64,
-    non_owner: u64,
-) -> Result<Routed> {
-    let start = format!("{owner_base}/v1/computers/{computer}/sessions");
-    let (_, v) = post_timed(http, token, &start, &json!({"command": "cat", "yieldTimeMs": MIN_YIELD_MS})).await?;
+async fn cat_check(to_owner: &Api, to_other: &Api, computer: &str) -> Result<(Recorder, Recorder)> {
+    let body = json!({"command": "cat", "yieldTimeMs": MIN_YIELD_MS});
+    let v = to_owner.post(&format!("/v1/computers/{computer}/sessions"), body, StatusCode::OK).await?;
     let sid = match (v["running"].as_bool(), v["session"].as_str()) {
         (Some(true), Some(sid)) => sid.to_string(),
         _ => bail!("`cat` should still run: {}", excerpt(&v)),
     };
-    let input = |base: &str| {
-        let url = format!("{base}/v1/computers/{computer}/sessions/{sid}/input");
-        async move {
-            let (d, v) = post_timed(http, token, &url, &json!({"chars": "x\\n", "yieldTimeMs": MIN_YIELD_MS})).await?;
-            if v["running"] != true || v["output"] != "x\n" {
-                bail!("expected `cat` to run and echo x: {}", excerpt(&v));
-            }
-            Ok(d)
-        }
-    };
     let (mut on_owner, mut via_other) = (Recorder::default(), Recorder::default());
     for _ in 0..CAT_SAMPLES {
-        on_owner.add(input(owner_base).await).await;
-        via_other.add(input(other_base).await).await;
+        on_owner.record(to_owner.cat_echo(computer, &sid).await, ERROR_PAUSE).await;
+        via_other.record(to_other.cat_echo(computer, &sid).await, ERROR_PAUSE).await;
     }
-    let stop = http.delete(format!("{owner_base}/v1/computers/{computer}/sessions/{sid}")).bearer_auth(token);
-    if let Err(e) = call_json(stop, StatusCode::OK).await {
-        eprintln!("warning: could not stop the `cat` session: {e:#}");
-    }
-    Ok(Routed {
-        what: "input \"x\\n\" to `cat`, yieldTimeMs 250",
-        owner: on_owner.summary(format!("to node {owner} (owner)")),
-        non_owner: via_other.summary(format!("to node {non_owner}, routed to {owner}")),
-    })
+    to_owner.stop_cat_session(computer, &sid).await;
+    Ok((on_owner, via_other))
 }
 
 // ---------------------------------------------------------------------------------------------
 // Part 2.
-
-/// Closed-loop readers: `GET url` with the token, one at a time each, as [`workload::run`] does
-/// for writes (a request counts when it completes inside the window; only 200 is a success).
-async fn read_loop(http: &reqwest::Client, token: &str, url: &str, readers: usize, timing: Timing) -> Stats {
-    let start = Instant::now();
-    let warm_end = start + timing.warmup;
-    let end = warm_end + timing.measure;
-    let tasks: Vec<_> = (0..readers)
-        .map(|_| {
-            let (http, token, url) = (http.clone(), token.to_string(), url.to_string());
-            tokio::spawn(async move {
-                let (mut us, mut errors, mut warmup_errors, mut samples) = (Vec::new(), 0u64, 0u64, Vec::new());
-                loop {
-                    let t0 = Instant::now();
-                    if t0 >= end {
-                        return (us, errors, warmup_errors, samples);
-                    }
-                    let r = call_json(http.get(&url).bearer_auth(&token), StatusCode::OK).await;
-                    let t1 = Instant::now();
-                    let counted = t1 >= warm_end && t1 <= end;
-                    match r {
-                        Ok(_) if counted => us.push((t1 - t0).as_micros() as u64),
-                        Ok(_) => {}
-                        Err(e) => {
-                            if counted {
-                                errors += 1;
-                            } else if t1 < warm_end {
-                                warmup_errors += 1;
-                            }
-                            let msg = format!("{e:#}");
-                            if samples.len() < ERROR_SAMPLES && !samples.contains(&msg) {
-                                samples.push(msg);
-                            }
-                            tokio::time::sleep(ERROR_PAUSE).await;
-                        }
-                    }
-                }
-            })
-        })
-        .collect();
-    let (mut lat, mut errors, mut warmup_errors, mut error_samples) = (Vec::new(), 0, 0, Vec::<String>::new());
-    for t in tasks {
-        match t.await {
-            Ok((us, e, we, s)) => {
-                lat.extend(us);
-                errors += e;
-                warmup_errors += we;
-                for m in s {
-                    if error_samples.len() < ERROR_SAMPLES && !error_samples.contains(&m) {
-                        error_samples.push(m);
-                    }
-                }
-            }
-            Err(e) => {
-                errors += 1;
-                error_samples.push(format!("reader task failed: {e}"));
-            }
-        }
-    }
-    lat.sort_unstable();
-    let secs = timing.measure.as_secs_f64();
-    Stats {
-        ops: lat.len() as u64,
-        secs,
-        ops_per_sec: lat.len() as f64 / secs,
-        p50_ms: percentile_ms(&lat, 0.50),
-        p99_ms: percentile_ms(&lat, 0.99),
-        max_ms: lat.last().map_or(f64::NAN, |&us| us as f64 / 1000.0),
-        errors,
-        warmup_errors,
-        error_samples,
-    }
-}
 
 /// Part 2 on one cluster behind HAProxy: the read cells, then the write cells.
 async fn part_lb(c: &TestCluster, http: &reqwest::Client, writers: &[usize], timing: Timing) -> Result<Vec<Cell>> {
@@ -498,7 +296,9 @@ async fn part_lb(c: &TestCluster, http: &reqwest::Client, writers: &[usize], tim
     let mut cells = Vec::new();
     for &w in writers {
         eprintln!("  {nodes} node(s): GET /v1/computers/:id, {w} readers");
-        let stats = read_loop(http, &c.token, &lb.url(&format!("/v1/computers/{computer}")), w, timing).await;
+        let url = lb.url(&format!("/v1/computers/{computer}"));
+        let target = Arc::new(Target { urls: vec![url], op: Op::Read { token: c.token.clone() } });
+        let stats = workload::run(http, target, w, timing, &format!("n{nodes}-r{w}")).await;
         cells.push(Cell { nodes, op: "read", writers: w, stats });
     }
     for &w in writers {
@@ -514,23 +314,11 @@ async fn part_lb(c: &TestCluster, http: &reqwest::Client, writers: &[usize], tim
 // The run.
 
 fn print_summary(part: &str, s: &Summary) {
-    println!(
-        "{:<4} {:<44} {:>5} {:>9.3} {:>9.3} {:>9.3} {:>6}",
-        part, s.op, s.n, s.p50_ms, s.p99_ms, s.max_ms, s.errors
-    );
-}
-
-fn print_errors(what: &str, s: &Summary) {
-    if !s.error_samples.is_empty() {
-        println!("errors in {what} {} ({}), e.g.:", s.op, s.errors);
-        for e in &s.error_samples {
-            println!("    {e}");
-        }
-    }
+    println!("{}", TABLE.row(part, s));
 }
 
 async fn bench(cfg: Config) -> Result<()> {
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let cores = report::cores();
     let load_start = loadavg();
     let header = format!(
         "cluster-bench: a session call through a node without the link vs on its owner; calls per second \
@@ -573,10 +361,7 @@ async fn bench(cfg: Config) -> Result<()> {
                 "part 1: 3 nodes, leader node {}, the agent linked to node {} (owner), calls also sent to node {}",
                 p.leader, p.owner, p.non_owner
             );
-            println!(
-                "{:<4} {:<44} {:>5} {:>9} {:>9} {:>9} {:>6}",
-                "part", "op", "n", "p50 ms", "p99 ms", "max ms", "errors"
-            );
+            println!("{}", TABLE.header());
             println!("1    {}", p.session.what);
             print_summary("1", &p.session.owner);
             print_summary("1", &p.session.non_owner);
@@ -589,8 +374,8 @@ async fn bench(cfg: Config) -> Result<()> {
                 print_summary("1c", &cat.non_owner);
             }
             for r in [Some(&p.session), Some(&p.file), p.cat.as_ref()].into_iter().flatten() {
-                print_errors("part 1", &r.owner);
-                print_errors("part 1", &r.non_owner);
+                r.owner.print_errors("part 1");
+                r.non_owner.print_errors("part 1");
             }
             if let Some(e) = &p.cat_error {
                 println!("the `cat` input check failed: {e}");
@@ -610,34 +395,15 @@ async fn bench(cfg: Config) -> Result<()> {
         }
     }
     println!("\npart 2: through HAProxy (round robin over the nodes), closed-loop workers");
-    println!(
-        "{:<5} {:>5} {:>7} {:>10} {:>9} {:>9} {:>9} {:>7}",
-        "op", "nodes", "workers", "ops/s", "p50 ms", "p99 ms", "max ms", "errors"
-    );
+    println!("{:<5} {:>5} {:>7} {}", "op", "nodes", "workers", Stats::headings());
     for op in ["read", "write"] {
         for c in cells.iter().filter(|c| c.op == op) {
-            println!(
-                "{:<5} {:>5} {:>7} {:>10.1} {:>9.2} {:>9.2} {:>9.2} {:>7}",
-                c.op,
-                c.nodes,
-                c.writers,
-                c.stats.ops_per_sec,
-                c.stats.p50_ms,
-                c.stats.p99_ms,
-                c.stats.max_ms,
-                c.stats.errors
-            );
+            println!("{:<5} {:>5} {:>7} {}", c.op, c.nodes, c.writers, c.stats.columns());
         }
     }
     println!("read = GET /v1/computers/:id (read barrier, then the local state); write = POST /v1/bots (Raft quorum)");
-    for c in cells.iter().filter(|c| !c.stats.error_samples.is_empty()) {
-        println!(
-            "errors in {} {} node(s) {} worker(s) ({} measured, {} in warm-up), e.g.:",
-            c.op, c.nodes, c.writers, c.stats.errors, c.stats.warmup_errors
-        );
-        for s in &c.stats.error_samples {
-            println!("    {s}");
-        }
+    for c in &cells {
+        c.stats.print_errors(&format!("{} {} node(s) {} worker(s)", c.op, c.nodes, c.writers));
     }
     for f in &failed {
         println!("{f}");
@@ -710,9 +476,7 @@ async fn bench(cfg: Config) -> Result<()> {
             "failed": failed,
             "nodePanics": node_panics,
         });
-        let text = serde_json::to_string_pretty(&doc).context("encode JSON")?;
-        std::fs::write(path, text + "\n").with_context(|| format!("write {}", path.display()))?;
-        eprintln!("wrote {}", path.display());
+        write_json(path, &doc)?;
     }
     Ok(())
 }

@@ -49,13 +49,18 @@ use std::time::Instant;
 use anyhow::Context;
 use anyhow::Result;
 use anyhow::bail;
-use computerd_bench::report::ERROR_SAMPLES;
-use computerd_bench::report::call_json;
+use computerd_bench::api::Api;
+use computerd_bench::report;
+use computerd_bench::report::Pair;
+use computerd_bench::report::Recorder;
+use computerd_bench::report::Summary;
+use computerd_bench::report::SummaryTable;
 use computerd_bench::report::excerpt;
 use computerd_bench::report::loadavg;
+use computerd_bench::report::nearest_rank;
 use computerd_bench::report::panics;
+use computerd_bench::report::write_json;
 use computerd_bench::settings;
-use computerd_bench::workload::percentile_ms;
 use computerd_raft::sm::Computer;
 use computerd_raft::sm::ComputerState;
 use computerd_raft::sm::PlanEntry;
@@ -138,11 +143,8 @@ impl Config {
 
 fn main() -> Result<()> {
     let cfg = Config::from_env()?;
-    // The harness reads COMPUTERD_BIN when it first starts a node; set it before any other thread
-    // exists.
-    // SAFETY: single-threaded here: the tokio runtime is built below.
-    unsafe { std::env::set_var("COMPUTERD_BIN", &cfg.computerd_bin) };
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("tokio runtime")?;
+    // SAFETY: single-threaded here: the runtime's threads start with it.
+    let rt = unsafe { settings::runtime_for(&cfg.computerd_bin) }?;
     let r = rt.block_on(async {
         // On Ctrl-C the bench's future is dropped, and with it the clean-up guard and the node.
         tokio::select! {
@@ -165,75 +167,8 @@ async fn interrupted() {
 // ---------------------------------------------------------------------------------------------
 // Samples.
 
-/// The outcomes of one kind of operation.
-#[derive(Default)]
-struct Recorder {
-    us: Vec<u64>,
-    errors: u64,
-    samples: Vec<String>,
-}
-
-impl Recorder {
-    fn ok(&mut self, d: Duration) {
-        self.us.push(d.as_micros() as u64);
-    }
-
-    fn err(&mut self, e: &anyhow::Error) {
-        self.errors += 1;
-        let msg = format!("{e:#}");
-        if self.samples.len() < ERROR_SAMPLES && !self.samples.contains(&msg) {
-            self.samples.push(msg);
-        }
-    }
-
-    fn summary(&self, op: &str) -> Summary {
-        let mut us = self.us.clone();
-        us.sort_unstable();
-        Summary {
-            op: op.to_string(),
-            n: us.len(),
-            p50_ms: percentile_ms(&us, 0.50),
-            p99_ms: percentile_ms(&us, 0.99),
-            max_ms: us.last().map_or(f64::NAN, |&u| u as f64 / 1000.0),
-            errors: self.errors,
-            error_samples: self.samples.clone(),
-        }
-    }
-}
-
-/// Latencies of one kind of operation.
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Summary {
-    op: String,
-    n: usize,
-    p50_ms: f64,
-    p99_ms: f64,
-    max_ms: f64,
-    errors: u64,
-    error_samples: Vec<String>,
-}
-
-/// One measured part of 1 to 3: the computerd operation and its Docker baseline.
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Pair {
-    part: &'static str,
-    api: Summary,
-    raw: Summary,
-}
-
-impl Pair {
-    fn p50_ratio(&self) -> f64 {
-        self.api.p50_ms / self.raw.p50_ms
-    }
-    fn p99_ratio(&self) -> f64 {
-        self.api.p99_ms / self.raw.p99_ms
-    }
-    fn p50_diff_ms(&self) -> f64 {
-        self.api.p50_ms - self.raw.p50_ms
-    }
-}
+/// The table of parts 1 to 3.
+const TABLE: SummaryTable = SummaryTable { op_width: 52, n_width: 4, decimals: 2 };
 
 /// Nearest-rank percentiles of part 4's per-call times, µs.
 #[derive(Serialize)]
@@ -250,13 +185,7 @@ struct MicroSummary {
 impl MicroSummary {
     fn of(mut ns: Vec<f64>, iters: u64) -> Self {
         ns.sort_by(f64::total_cmp);
-        let at = |p: f64| {
-            if ns.is_empty() {
-                return f64::NAN;
-            }
-            let rank = (p * ns.len() as f64).ceil() as usize;
-            ns[rank.clamp(1, ns.len()) - 1] / 1000.0
-        };
+        let at = |p: f64| nearest_rank(&ns, p).map_or(f64::NAN, |ns| ns / 1000.0);
         MicroSummary { n: ns.len(), iters, p50_us: at(0.50), p99_us: at(0.99), max_us: at(1.0) }
     }
 }
@@ -285,138 +214,95 @@ impl TickCase {
 // ---------------------------------------------------------------------------------------------
 // The API.
 
-/// Calls on the node with the owner token.
-struct Api {
-    http: reqwest::Client,
-    base: String,
-    token: String,
+/// Registers the docker provider; answers its id.
+async fn docker_provider(api: &Api, agent: &Path) -> Result<String> {
+    let config = json!({
+        "serverUrl": api.base,
+        "network": "host",
+        "agentBinary": agent.to_string_lossy(),
+        "templates": {"default": {"image": IMAGE, "cpus": CPUS, "memoryMb": MEMORY_MB, "pids": PIDS}},
+    });
+    let body = json!({"kind": "docker", "name": "docker", "config": config});
+    let v = api.post("/v1/computer-providers", body, StatusCode::CREATED).await.context("register the provider")?;
+    v["id"].as_str().map(String::from).with_context(|| format!("no provider id in {}", excerpt(&v)))
 }
 
-impl Api {
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
+/// `POST /v1/computers` of the docker provider; answers the Computer's id.
+async fn create(api: &Api, provider: &str, key: &str) -> Result<String> {
+    let body = json!({
+        "commandKey": key, "name": key,
+        "source": {"_tag": "Provider", "provider": provider, "template": null},
+        "pauseAfter": null,
+    });
+    let v = api.post("/v1/computers", body, StatusCode::ACCEPTED).await.context("create")?;
+    v["resource"]["id"].as_str().map(String::from).with_context(|| format!("no resource id in {}", excerpt(&v)))
+}
 
-    async fn post(&self, path: &str, body: Value, expected: StatusCode) -> Result<Value> {
-        call_json(self.http.post(self.url(path)).bearer_auth(&self.token).json(&body), expected).await
+/// The Computer's state; `None` once it is gone (404).
+async fn state(api: &Api, id: &str) -> Result<Option<String>> {
+    let resp = api.http.get(api.url(&format!("/v1/computers/{id}"))).bearer_auth(&api.token).send().await?;
+    let status = resp.status();
+    let body = resp.bytes().await?;
+    match status {
+        StatusCode::NOT_FOUND => Ok(None),
+        StatusCode::OK => {
+            let v: Value = serde_json::from_slice(&body).context("the answer is not JSON")?;
+            let state = v["state"].as_str().with_context(|| format!("no state in {}", excerpt(&v)))?;
+            Ok(Some(state.to_string()))
+        }
+        _ => bail!("HTTP {status}: {}", String::from_utf8_lossy(&body[..body.len().min(200)])),
     }
+}
 
-    async fn get(&self, path: &str) -> Result<Value> {
-        call_json(self.http.get(self.url(path)).bearer_auth(&self.token), StatusCode::OK).await
-    }
-
-    /// Registers the docker provider; answers its id.
-    async fn docker_provider(&self, agent: &Path) -> Result<String> {
-        let config = json!({
-            "serverUrl": self.base,
-            "network": "host",
-            "agentBinary": agent.to_string_lossy(),
-            "templates": {"default": {"image": IMAGE, "cpus": CPUS, "memoryMb": MEMORY_MB, "pids": PIDS}},
-        });
-        let body = json!({"kind": "docker", "name": "docker", "config": config});
-        let v =
-            self.post("/v1/computer-providers", body, StatusCode::CREATED).await.context("register the provider")?;
-        v["id"].as_str().map(String::from).with_context(|| format!("no provider id in {}", excerpt(&v)))
-    }
-
-    /// `POST /v1/computers` of the docker provider; answers the Computer's id.
-    async fn create(&self, provider: &str, key: &str) -> Result<String> {
-        let body = json!({
-            "commandKey": key, "name": key,
-            "source": {"_tag": "Provider", "provider": provider, "template": null},
-            "pauseAfter": null,
-        });
-        let v = self.post("/v1/computers", body, StatusCode::ACCEPTED).await.context("create")?;
-        v["resource"]["id"].as_str().map(String::from).with_context(|| format!("no resource id in {}", excerpt(&v)))
-    }
-
-    /// Creates a paired Computer; answers its id and pairing code once its execution succeeded.
-    async fn paired_computer(&self, key: &str) -> Result<(String, String)> {
-        let body = json!({"commandKey": key, "name": key, "source": {"_tag": "Paired"}});
-        let r = self.post("/v1/computers", body, StatusCode::ACCEPTED).await.context("create a paired Computer")?;
-        let exe = r["executionId"].as_str().with_context(|| format!("no executionId in {}", excerpt(&r)))?;
-        let id = r["resource"]["id"].as_str().with_context(|| format!("no resource id in {}", excerpt(&r)))?;
-        let deadline = Instant::now() + SETTLE_BOUND;
-        loop {
-            let v = self.get(&format!("/v1/executions/{exe}")).await.context("poll the execution")?;
-            match v["state"].as_str() {
-                Some("pending") | Some("running") if Instant::now() < deadline => tokio::time::sleep(POLL_EVERY).await,
-                Some("succeeded") => {
-                    let code =
-                        v["pairingCode"].as_str().with_context(|| format!("no pairing code in {}", excerpt(&v)))?;
-                    return Ok((id.to_string(), code.to_string()));
-                }
-                _ => bail!("execution {exe} did not succeed: {}", excerpt(&v)),
+/// Polls the Computer every [`POLL_EVERY`] until it is `want`; `failed` or a timeout is an
+/// error.
+async fn wait_state(api: &Api, id: &str, want: &str) -> Result<()> {
+    let deadline = Instant::now() + SETTLE_BOUND;
+    loop {
+        let state = state(api, id).await.with_context(|| format!("read computer {id}"))?;
+        match state.as_deref() {
+            Some(s) if s == want => return Ok(()),
+            Some("failed") => bail!("computer {id} failed while waiting for {want}"),
+            None => bail!("computer {id} is gone while waiting for {want}"),
+            _ if Instant::now() >= deadline => {
+                bail!("computer {id} is not {want} after {SETTLE_BOUND:?}: {state:?}")
             }
+            _ => tokio::time::sleep(POLL_EVERY).await,
         }
     }
+}
 
-    /// The Computer's state; `None` once it is gone (404).
-    async fn state(&self, id: &str) -> Result<Option<String>> {
-        let resp = self.http.get(self.url(&format!("/v1/computers/{id}"))).bearer_auth(&self.token).send().await?;
+/// `POST /v1/computers/:id/<what>` with a fresh command key (pause, resume).
+async fn lifecycle(api: &Api, id: &str, what: &str, key: &str) -> Result<()> {
+    api.post(&format!("/v1/computers/{id}/{what}"), json!({"commandKey": key}), StatusCode::ACCEPTED)
+        .await
+        .with_context(|| format!("{what} computer {id}"))?;
+    Ok(())
+}
+
+/// Deletes the Computer and waits until it is gone. A create whose agent linked before its
+/// execution finished still holds the Computer for a moment (409): asked again then.
+async fn delete(api: &Api, id: &str, key: &str) -> Result<()> {
+    let deadline = Instant::now() + SETTLE_BOUND;
+    loop {
+        let req = api.http.delete(api.url(&format!("/v1/computers/{id}"))).bearer_auth(&api.token);
+        let resp = req.json(&json!({"commandKey": key})).send().await.with_context(|| format!("delete {id}"))?;
         let status = resp.status();
-        let body = resp.bytes().await?;
+        let body = resp.bytes().await.with_context(|| format!("delete {id}"))?;
         match status {
-            StatusCode::NOT_FOUND => Ok(None),
-            StatusCode::OK => {
-                let v: Value = serde_json::from_slice(&body).context("the answer is not JSON")?;
-                let state = v["state"].as_str().with_context(|| format!("no state in {}", excerpt(&v)))?;
-                Ok(Some(state.to_string()))
-            }
-            _ => bail!("HTTP {status}: {}", String::from_utf8_lossy(&body[..body.len().min(200)])),
+            StatusCode::ACCEPTED => break,
+            StatusCode::CONFLICT if Instant::now() < deadline => tokio::time::sleep(POLL_EVERY * 10).await,
+            _ => bail!("delete {id}: HTTP {status}: {}", String::from_utf8_lossy(&body[..body.len().min(200)])),
         }
     }
-
-    /// Polls the Computer every [`POLL_EVERY`] until it is `want`; `failed` or a timeout is an
-    /// error.
-    async fn wait_state(&self, id: &str, want: &str) -> Result<()> {
-        let deadline = Instant::now() + SETTLE_BOUND;
-        loop {
-            let state = self.state(id).await.with_context(|| format!("read computer {id}"))?;
-            match state.as_deref() {
-                Some(s) if s == want => return Ok(()),
-                Some("failed") => bail!("computer {id} failed while waiting for {want}"),
-                None => bail!("computer {id} is gone while waiting for {want}"),
-                _ if Instant::now() >= deadline => {
-                    bail!("computer {id} is not {want} after {SETTLE_BOUND:?}: {state:?}")
-                }
-                _ => tokio::time::sleep(POLL_EVERY).await,
-            }
+    loop {
+        if state(api, id).await.with_context(|| format!("read computer {id}"))?.is_none() {
+            return Ok(());
         }
-    }
-
-    /// `POST /v1/computers/:id/<what>` with a fresh command key (pause, resume).
-    async fn lifecycle(&self, id: &str, what: &str, key: &str) -> Result<()> {
-        self.post(&format!("/v1/computers/{id}/{what}"), json!({"commandKey": key}), StatusCode::ACCEPTED)
-            .await
-            .with_context(|| format!("{what} computer {id}"))?;
-        Ok(())
-    }
-
-    /// Deletes the Computer and waits until it is gone. A create whose agent linked before its
-    /// execution finished still holds the Computer for a moment (409): asked again then.
-    async fn delete(&self, id: &str, key: &str) -> Result<()> {
-        let deadline = Instant::now() + SETTLE_BOUND;
-        loop {
-            let req = self.http.delete(self.url(&format!("/v1/computers/{id}"))).bearer_auth(&self.token);
-            let resp = req.json(&json!({"commandKey": key})).send().await.with_context(|| format!("delete {id}"))?;
-            let status = resp.status();
-            let body = resp.bytes().await.with_context(|| format!("delete {id}"))?;
-            match status {
-                StatusCode::ACCEPTED => break,
-                StatusCode::CONFLICT if Instant::now() < deadline => tokio::time::sleep(POLL_EVERY * 10).await,
-                _ => bail!("delete {id}: HTTP {status}: {}", String::from_utf8_lossy(&body[..body.len().min(200)])),
-            }
+        if Instant::now() >= deadline {
+            bail!("computer {id} is not deleted after {SETTLE_BOUND:?}");
         }
-        loop {
-            if self.state(id).await.with_context(|| format!("read computer {id}"))?.is_none() {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                bail!("computer {id} is not deleted after {SETTLE_BOUND:?}");
-            }
-            tokio::time::sleep(POLL_EVERY * 4).await;
-        }
+        tokio::time::sleep(POLL_EVERY * 4).await;
     }
 }
 
@@ -593,10 +479,10 @@ impl Env<'_> {
     /// as soon as it is known) and the times to the 202 and to `running`.
     async fn api_create(&self, cleanup: &mut Cleanup, key: &str) -> Result<(String, Duration, Duration)> {
         let t0 = Instant::now();
-        let id = self.api.create(&self.provider, key).await?;
+        let id = create(self.api, &self.provider, key).await?;
         let accepted = t0.elapsed();
         cleanup.track(&id);
-        self.api.wait_state(&id, "running").await?;
+        wait_state(self.api, &id, "running").await?;
         Ok((id, accepted, t0.elapsed()))
     }
 
@@ -604,7 +490,7 @@ impl Env<'_> {
     /// provider makes, with that Computer's pairing code, until the Computer is `running` (its
     /// agent linked). Answers it and the times to `docker run` returning and to `running`.
     async fn raw_create(&self, key: &str) -> Result<(Baseline, Duration, Duration)> {
-        let (computer, code) = self.api.paired_computer(key).await?;
+        let (computer, code) = self.api.paired_computer(key, key, POLL_EVERY).await?;
         let args = [
             "run".to_string(),
             "-d".into(),
@@ -639,19 +525,8 @@ impl Env<'_> {
         let t0 = Instant::now();
         let container = docker(&args).await?;
         let started = t0.elapsed();
-        self.api.wait_state(&computer, "running").await?;
+        wait_state(self.api, &computer, "running").await?;
         Ok((Baseline { container, computer }, started, t0.elapsed()))
-    }
-}
-
-/// Records the outcome of an operation; pauses a little after an error.
-async fn record(rec: &mut Recorder, r: Result<Duration>) {
-    match r {
-        Ok(d) => rec.ok(d),
-        Err(e) => {
-            rec.err(&e);
-            tokio::time::sleep(ERROR_PAUSE).await;
-        }
     }
 }
 
@@ -682,18 +557,18 @@ async fn part_create(env: &Env<'_>, cleanup: &mut Cleanup, samples: usize) -> Cr
                 warn_on("remove a baseline container", docker(&["rm", "-f", "-v", &b.container]).await);
                 warn_on(
                     "delete a baseline's paired Computer",
-                    env.api.delete(&b.computer, &format!("raw-{i}-delete")).await,
+                    delete(env.api, &b.computer, &format!("raw-{i}-delete")).await,
                 );
             }
-            Err(e) => record(&mut raw, Err(e)).await,
+            Err(e) => raw.record(Err(e), ERROR_PAUSE).await,
         }
         match env.api_create(cleanup, &format!("api-{i}")).await {
             Ok((id, a, d)) => {
                 api.ok(d);
                 accepted.ok(a);
-                warn_on("delete a Computer", env.api.delete(&id, &format!("api-{i}-delete")).await);
+                warn_on("delete a Computer", delete(env.api, &id, &format!("api-{i}-delete")).await);
             }
-            Err(e) => record(&mut api, Err(e)).await,
+            Err(e) => api.record(Err(e), ERROR_PAUSE).await,
         }
         eprintln!("  round {}/{samples} done", i + 1);
     }
@@ -730,7 +605,7 @@ async fn part_exec(api: &Api, computer: &str, container: &str, samples: usize) -
         }
         let t0 = Instant::now();
         let r = docker(&["exec", container, "bash", "-lc", "true"]).await.map(|_| t0.elapsed());
-        record(&mut raw, r).await;
+        raw.record(r, ERROR_PAUSE).await;
         let op = async {
             let t0 = Instant::now();
             let v = api.post(&path, json!({"command": "true", "yieldTimeMs": 10_000}), StatusCode::OK).await?;
@@ -740,10 +615,10 @@ async fn part_exec(api: &Api, computer: &str, container: &str, samples: usize) -
             }
             Ok(d)
         };
-        record(&mut via_api, op.await).await;
+        via_api.record(op.await, ERROR_PAUSE).await;
         let t0 = Instant::now();
         let r = docker(&["inspect", "-f", "{{.State.Running}}", container]).await.map(|_| t0.elapsed());
-        record(&mut floor, r).await;
+        floor.record(r, ERROR_PAUSE).await;
     }
     ExecResults {
         pair: Pair {
@@ -788,15 +663,15 @@ async fn part_pause(
         split(raw_op.await, raw_total, raw_pause, raw_resume).await;
         let api_op = async {
             let t0 = Instant::now();
-            api.lifecycle(computer, "pause", &format!("pause-{i}")).await?;
-            api.wait_state(computer, "paused").await?;
+            lifecycle(api, computer, "pause", &format!("pause-{i}")).await?;
+            wait_state(api, computer, "paused").await?;
             let paused = t0.elapsed();
             if !is_paused(container).await? {
                 bail!("the Computer is paused but its container is not");
             }
             let t1 = Instant::now();
-            api.lifecycle(computer, "resume", &format!("resume-{i}")).await?;
-            api.wait_state(computer, "running").await?;
+            lifecycle(api, computer, "resume", &format!("resume-{i}")).await?;
+            wait_state(api, computer, "running").await?;
             Ok((paused, t1.elapsed()))
         };
         split(api_op.await, api_total, api_pause, api_resume).await;
@@ -829,7 +704,7 @@ async fn split(r: Result<(Duration, Duration)>, total: &mut Recorder, pause: &mu
             pause.ok(p);
             resume.ok(u);
         }
-        Err(e) => record(total, Err(e)).await,
+        Err(e) => total.record(Err(e), ERROR_PAUSE).await,
     }
 }
 
@@ -988,7 +863,7 @@ async fn warm_up(env: &Env<'_>, cleanup: &mut Cleanup) -> Result<Sandboxes> {
 
 async fn bench(cfg: Config) -> Result<()> {
     let mut cleanup = Cleanup::new();
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let cores = report::cores();
     let load_start = loadavg();
     let engine = docker(&["version", "-f", "{{.Server.Version}}"]).await.context("the Docker engine")?;
     let image = ensure_image(&cfg.agent_bin).await?;
@@ -1011,7 +886,7 @@ async fn bench(cfg: Config) -> Result<()> {
     eprintln!("starting computerd (1 node)");
     let c = TestCluster::start(1).await;
     let api = Api { http: settings::http_client()?, base: c.url(1, ""), token: c.token.clone() };
-    let provider = api.docker_provider(&cfg.agent_bin).await?;
+    let provider = docker_provider(&api, &cfg.agent_bin).await?;
     let env = Env { api: &api, provider, agent: &cfg.agent_bin, run: cleanup.run.clone() };
 
     eprintln!("part 1 warm-up: one sandbox each (kept for parts 2 and 3)");
@@ -1051,20 +926,12 @@ async fn bench(cfg: Config) -> Result<()> {
     }
 
     println!("{header}; at end: {load_end}\n");
-    println!("{:<4} {:<52} {:>4} {:>9} {:>9} {:>9} {:>6}", "part", "op", "n", "p50 ms", "p99 ms", "max ms", "errors");
+    println!("{}", TABLE.header());
     for (part, s) in &rows {
-        println!(
-            "{:<4} {:<52} {:>4} {:>9.2} {:>9.2} {:>9.2} {:>6}",
-            part, s.op, s.n, s.p50_ms, s.p99_ms, s.max_ms, s.errors
-        );
+        println!("{}", TABLE.row(part, s));
     }
     for (part, s) in &rows {
-        if !s.error_samples.is_empty() {
-            println!("errors in {part} {} ({}), e.g.:", s.op, s.errors);
-            for e in &s.error_samples {
-                println!("    {e}");
-            }
-        }
+        s.print_errors(part);
     }
     for p in &node_panics {
         println!("node log: {p}");
@@ -1169,9 +1036,7 @@ async fn bench(cfg: Config) -> Result<()> {
             "nodePanics": node_panics,
             "cleanup": {"removed": removed, "errors": cleanup_errors},
         });
-        let text = serde_json::to_string_pretty(&doc).context("encode JSON")?;
-        std::fs::write(path, text + "\n").with_context(|| format!("write {}", path.display()))?;
-        eprintln!("wrote {}", path.display());
+        write_json(path, &doc)?;
     }
     Ok(())
 }

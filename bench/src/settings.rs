@@ -32,6 +32,19 @@ pub fn timing(quick: bool) -> Result<Timing> {
     Ok(Timing { warmup: Duration::from_secs_f64(warmup), measure: Duration::from_secs_f64(secs) })
 }
 
+/// Sets `COMPUTERD_BIN` to `computerd_bin` for the harness (which reads it when it first starts a
+/// node) and builds the multi-threaded tokio runtime a bench runs on.
+///
+/// # Safety
+///
+/// It sets an environment variable, so no other thread may exist yet: call it from `main`
+/// before anything starts one.
+pub unsafe fn runtime_for(computerd_bin: &Path) -> Result<tokio::runtime::Runtime> {
+    // SAFETY: no other thread exists (the caller's promise); the runtime's start below.
+    unsafe { std::env::set_var("COMPUTERD_BIN", computerd_bin) };
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().context("tokio runtime")
+}
+
 /// `BENCH_JSON`, when set and not empty.
 pub fn json_out() -> Option<PathBuf> {
     std::env::var_os("BENCH_JSON").filter(|p| !p.is_empty()).map(PathBuf::from)
