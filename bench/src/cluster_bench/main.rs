@@ -16,9 +16,10 @@
 //! 2. **calls per second through a load balancer, 3 nodes against 1**: a real HAProxy
 //!    ([`computerd_tests::lb::Haproxy`], round robin) in front of the 3-node cluster (after part
 //!    1, its agent stopped), then in front of a fresh 1-node cluster; the same client, closed-loop
-//!    workers and windows for both (the store-bench workload runner, [`workload::run`]). Read:
-//!    `GET /v1/computers/:id` (any node answers it after a read barrier). Write: `POST /v1/bots`
-//!    (a replicated write). No goal: the ratio 3 nodes ÷ 1 node is reported as it is.
+//!    workers and windows for both (the store-bench workload runner,
+//!    [`computerd_bench::workload::run`]). Read: `GET /v1/computers/:id` (any node answers it
+//!    after a read barrier). Write: `POST /v1/bots` (a replicated write). No goal: the ratio
+//!    3 nodes ÷ 1 node is reported as it is.
 //!
 //! ```text
 //! cargo build --release -p computerd-node --bin computerd &&
@@ -31,52 +32,27 @@
 //! (part 1's samples per side; default 200, 50 when quick) and `BENCH_WRITERS` (part 2's
 //! closed-loop workers, a comma-separated list; default 64).
 
-use std::future::Future;
-use std::path::Path;
-use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
-use std::time::Instant;
+mod part1_routing;
+mod part2_lb;
 
-use anyhow::Context;
+use std::path::PathBuf;
+
 use anyhow::Result;
 use anyhow::bail;
-use computerd_bench::api::Api;
-use computerd_bench::api::MIN_YIELD_MS;
 use computerd_bench::report;
-use computerd_bench::report::Recorder;
 use computerd_bench::report::Summary;
 use computerd_bench::report::SummaryTable;
-use computerd_bench::report::excerpt;
 use computerd_bench::report::loadavg;
 use computerd_bench::report::panics;
-use computerd_bench::report::spawn_agent;
 use computerd_bench::report::write_json;
 use computerd_bench::settings;
-use computerd_bench::workload;
-use computerd_bench::workload::Op;
 use computerd_bench::workload::Stats;
-use computerd_bench::workload::Target;
 use computerd_bench::workload::Timing;
 use computerd_tests::TestCluster;
-use computerd_tests::agent::paired_computer;
-use computerd_tests::lb::Haproxy;
-use reqwest::StatusCode;
-use serde::Serialize;
 use serde_json::json;
 
-/// Untimed rounds before part 1's samples (connections, the agent's first spawns).
-const WARMUP_ROUNDS: usize = 10;
-/// Samples per node of part 1's `cat` input check (each takes the 250 ms yield).
-const CAT_SAMPLES: usize = 5;
-/// Bytes of part 1's small file.
-const FILE_SMALL: usize = 64;
-/// Longest wait for the agent to link.
-const LINK_BOUND: Duration = Duration::from_secs(60);
-/// Pause between two polls.
-const POLL_EVERY: Duration = Duration::from_millis(50);
-/// Pause after a failed request, so a broken part does not spin.
-const ERROR_PAUSE: Duration = Duration::from_millis(10);
+use crate::part1_routing::part_routing;
+use crate::part2_lb::part_lb;
 
 /// Goal of part 1: non-owner p50 ÷ owner p50.
 const GOAL_ROUTED_P50_RATIO: f64 = 1.1;
@@ -123,195 +99,6 @@ fn main() -> Result<()> {
 
 /// Part 1's table.
 const TABLE: SummaryTable = SummaryTable { op_width: 44, n_width: 5, decimals: 3 };
-
-/// One operation sent to the owner and to a non-owner.
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Routed {
-    what: &'static str,
-    owner: Summary,
-    non_owner: Summary,
-}
-
-impl Routed {
-    fn p50_ratio(&self) -> f64 {
-        self.non_owner.p50_ratio(&self.owner)
-    }
-    fn p99_ratio(&self) -> f64 {
-        self.non_owner.p99_ratio(&self.owner)
-    }
-    fn p50_diff_ms(&self) -> f64 {
-        self.non_owner.p50_diff_ms(&self.owner)
-    }
-}
-
-/// Part 1's result.
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Part1 {
-    leader: u64,
-    owner: u64,
-    non_owner: u64,
-    session: Routed,
-    /// The small file read.
-    file: Routed,
-    /// The `cat` input check (the yield floor); None when it failed.
-    cat: Option<Routed>,
-    cat_error: Option<String>,
-    /// `linkNode` after the samples (the link must not have moved).
-    link_node_after: Option<u64>,
-}
-
-/// One cell of part 2.
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Cell {
-    nodes: u64,
-    op: &'static str,
-    writers: usize,
-    stats: Stats,
-}
-
-// ---------------------------------------------------------------------------------------------
-// Calls.
-
-/// `linkNode` of the Computer, read on `api`'s node.
-async fn link_node(api: &Api, computer: &str) -> Result<Option<u64>> {
-    let v = api.get(&format!("/v1/computers/{computer}")).await?;
-    Ok(if v["state"] == "running" { v["linkNode"].as_u64() } else { None })
-}
-
-// ---------------------------------------------------------------------------------------------
-// Part 1.
-
-async fn part_routing(c: &TestCluster, http: &reqwest::Client, agent_bin: &Path, samples: usize) -> Result<Part1> {
-    let leader = c.leader().await;
-    let followers: Vec<u64> = c.nodes.keys().copied().filter(|id| *id != leader).collect();
-    let (owner, non_owner) = match followers.as_slice() {
-        [x, y, ..] => (*x, *y),
-        _ => bail!("expected two followers, the leader is {leader} of {:?}", c.nodes.keys().collect::<Vec<_>>()),
-    };
-    let (computer, code) = paired_computer(c, "bench-routing").await;
-    let api = |id: u64| Api { http: http.clone(), base: c.url(id, ""), token: c.token.clone() };
-    let (to_owner, to_other) = (api(owner), api(non_owner));
-    let agent_log = c.dir.path().join("agent.log");
-    let _agent = spawn_agent(agent_bin, &to_owner.base, &code, c.dir.path(), &agent_log)?;
-    let deadline = Instant::now() + LINK_BOUND;
-    loop {
-        // Both nodes must see the link on X (so Y routes it without a barrier or a redirect).
-        let on_owner = link_node(&to_owner, &computer).await.ok().flatten();
-        let on_other = link_node(&to_other, &computer).await.ok().flatten();
-        if on_owner == Some(owner) && on_other == Some(owner) {
-            break;
-        }
-        if Instant::now() >= deadline {
-            let tail = std::fs::read_to_string(&agent_log).unwrap_or_default();
-            bail!(
-                "the agent did not link to node {owner} (node {owner} sees {on_owner:?}, node {non_owner} sees \
-                 {on_other:?}); its log: {}",
-                tail.lines().rev().take(10).collect::<Vec<_>>().join(" | ")
-            );
-        }
-        tokio::time::sleep(POLL_EVERY).await;
-    }
-    eprintln!("  linked to node {owner}; non-owner node {non_owner}; leader node {leader}");
-    let on = |on_owner: bool| if on_owner { &to_owner } else { &to_other };
-    let routed = |what, (on_owner, via_other): (Recorder, Recorder)| Routed {
-        what,
-        owner: on_owner.summary(format!("to node {owner} (owner)")),
-        non_owner: via_other.summary(format!("to node {non_owner}, routed to {owner}")),
-    };
-
-    let calls = alternate(samples, |on_owner| on(on_owner).session_exit(&computer, "true", "")).await;
-    let session = routed("session `true`, start to exit", calls);
-
-    eprintln!("  a 64-byte file read, {samples} each");
-    let file_path = c.dir.path().join("bench-64B.txt");
-    let data: Vec<u8> = (0..FILE_SMALL).map(|i| b'a' + (i % 26) as u8).collect();
-    std::fs::write(&file_path, &data).with_context(|| format!("write {}", file_path.display()))?;
-    let calls = alternate(samples, |on_owner| on(on_owner).read_file(&computer, &file_path, &data)).await;
-    let file = routed("GET files (64 bytes, raw body)", calls);
-
-    eprintln!("  input to an open `cat` session ({CAT_SAMPLES} each)");
-    let (cat, cat_error) = match cat_check(&to_owner, &to_other, &computer).await {
-        Ok(calls) => (Some(routed("input \"x\\n\" to `cat`, yieldTimeMs 250", calls)), None),
-        Err(e) => (None, Some(format!("{e:#}"))),
-    };
-    let link_node_after = link_node(&to_owner, &computer).await.ok().flatten();
-    Ok(Part1 { leader, owner, non_owner, session, file, cat, cat_error, link_node_after })
-}
-
-/// [`WARMUP_ROUNDS`] untimed rounds, then `samples` rounds of `call(true)` (to the owner) and
-/// `call(false)` (routed), alternating which goes first so neither always follows the other.
-async fn alternate<F, C>(samples: usize, mut call: C) -> (Recorder, Recorder)
-where
-    C: FnMut(bool) -> F,
-    F: Future<Output = Result<Duration>>,
-{
-    for _ in 0..WARMUP_ROUNDS {
-        let _ = call(true).await;
-        let _ = call(false).await;
-    }
-    let (mut on_owner, mut via_other) = (Recorder::default(), Recorder::default());
-    for i in 0..samples {
-        if i % 2 == 0 {
-            on_owner.record(call(true).await, ERROR_PAUSE).await;
-            via_other.record(call(false).await, ERROR_PAUSE).await;
-        } else {
-            via_other.record(call(false).await, ERROR_PAUSE).await;
-            on_owner.record(call(true).await, ERROR_PAUSE).await;
-        }
-    }
-    (on_owner, via_other)
-}
-
-/// Input `x\n` with the shortest yield to an open `cat` session, on the owner and routed.
-async fn cat_check(to_owner: &Api, to_other: &Api, computer: &str) -> Result<(Recorder, Recorder)> {
-    let body = json!({"command": "cat", "yieldTimeMs": MIN_YIELD_MS});
-    let v = to_owner.post(&format!("/v1/computers/{computer}/sessions"), body, StatusCode::OK).await?;
-    let sid = match (v["running"].as_bool(), v["session"].as_str()) {
-        (Some(true), Some(sid)) => sid.to_string(),
-        _ => bail!("`cat` should still run: {}", excerpt(&v)),
-    };
-    let (mut on_owner, mut via_other) = (Recorder::default(), Recorder::default());
-    for _ in 0..CAT_SAMPLES {
-        on_owner.record(to_owner.cat_echo(computer, &sid).await, ERROR_PAUSE).await;
-        via_other.record(to_other.cat_echo(computer, &sid).await, ERROR_PAUSE).await;
-    }
-    to_owner.stop_cat_session(computer, &sid).await;
-    Ok((on_owner, via_other))
-}
-
-// ---------------------------------------------------------------------------------------------
-// Part 2.
-
-/// Part 2 on one cluster behind HAProxy: the read cells, then the write cells.
-async fn part_lb(c: &TestCluster, http: &reqwest::Client, writers: &[usize], timing: Timing) -> Result<Vec<Cell>> {
-    let nodes = c.nodes.len() as u64;
-    let backends: Vec<String> = c.nodes.values().map(|n| n.http.clone()).collect();
-    let lb = Haproxy::start(c.dir.path(), &backends).await;
-    // Every backend must be up in HAProxy before the first cell (its checks run every 250 ms).
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let (computer, _) = paired_computer(c, &format!("bench-read-{nodes}")).await;
-    let mut cells = Vec::new();
-    for &w in writers {
-        eprintln!("  {nodes} node(s): GET /v1/computers/:id, {w} readers");
-        let url = lb.url(&format!("/v1/computers/{computer}"));
-        let target = Arc::new(Target { urls: vec![url], op: Op::Read { token: c.token.clone() } });
-        let stats = workload::run(http, target, w, timing, &format!("n{nodes}-r{w}")).await;
-        cells.push(Cell { nodes, op: "read", writers: w, stats });
-    }
-    for &w in writers {
-        eprintln!("  {nodes} node(s): POST /v1/bots, {w} writers");
-        let target = Arc::new(Target { urls: vec![lb.url("/v1/bots")], op: Op::CreateBot { token: c.token.clone() } });
-        let stats = workload::run(http, target, w, timing, &format!("n{nodes}-w{w}")).await;
-        cells.push(Cell { nodes, op: "write", writers: w, stats });
-    }
-    Ok(cells)
-}
-
-// ---------------------------------------------------------------------------------------------
-// The run.
 
 fn print_summary(part: &str, s: &Summary) {
     println!("{}", TABLE.row(part, s));
