@@ -387,6 +387,29 @@ impl Pair {
     }
 }
 
+/// The widths of a line comparing the two sides of a [`Pair`]: its part, a label, then the p50
+/// ratio, the p50 difference in ms (with `diff_width` and `diff_decimals`) and the p99 ratio.
+#[derive(Clone, Copy)]
+pub struct PairRatios {
+    pub label_width: usize,
+    pub ratio_width: usize,
+    pub diff_width: usize,
+    pub diff_decimals: usize,
+}
+
+impl PairRatios {
+    pub fn line(&self, p: &Pair, label: &str) -> String {
+        let (lw, rw, dw, dd) = (self.label_width, self.ratio_width, self.diff_width, self.diff_decimals);
+        format!(
+            "  {:<3} {label:<lw$} p50 {:>rw$.2}x ({:+dw$.dd$} ms)  p99 {:>rw$.2}x",
+            p.part,
+            p.p50_ratio(),
+            p.p50_diff_ms(),
+            p.p99_ratio()
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -436,6 +459,36 @@ mod tests {
             format!(
                 "{:<4} {:<52} {:>4} {:>9.2} {:>9.2} {:>9.2} {:>6}",
                 "3p", s.op, s.n, s.p50_ms, s.p99_ms, s.max_ms, s.errors
+            )
+        );
+        let p = Pair { part: "2a", api: s, raw: Recorder::default().summary("raw") };
+        let r = PairRatios { label_width: 32, ratio_width: 8, diff_width: 0, diff_decimals: 2 };
+        assert_eq!(
+            r.line(&p, "input round trip (head -n 1)"),
+            format!(
+                "  {:<3} {:<32} p50 {:>8.2}x ({:+.2} ms)  p99 {:>8.2}x",
+                p.part,
+                "input round trip (head -n 1)",
+                p.p50_ratio(),
+                p.p50_diff_ms(),
+                p.p99_ratio()
+            )
+        );
+        let p = Pair {
+            part: "3p",
+            api: Summary { p50_ms: 21.5, p99_ms: 30.0, ..p.api },
+            raw: Summary { p50_ms: 20.25, ..p.raw },
+        };
+        let r = PairRatios { label_width: 24, ratio_width: 6, diff_width: 8, diff_decimals: 1 };
+        assert_eq!(
+            r.line(&p, "  pause"),
+            format!(
+                "  {:<3} {:<24} p50 {:>6.2}x ({:+8.1} ms)  p99 {:>6.2}x",
+                p.part,
+                "  pause",
+                p.p50_ratio(),
+                p.p50_diff_ms(),
+                p.p99_ratio()
             )
         );
         let st = Recorder::default().stats(2.0);

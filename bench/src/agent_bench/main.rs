@@ -60,6 +60,7 @@ use anyhow::bail;
 use computerd_bench::api::Api;
 use computerd_bench::link_client;
 use computerd_bench::report;
+use computerd_bench::report::PairRatios;
 use computerd_bench::report::SummaryTable;
 use computerd_bench::report::loadavg;
 use computerd_bench::report::log_tail;
@@ -174,8 +175,9 @@ fn raise_nofile() -> Result<u64> {
     Ok(hard)
 }
 
-/// The table of parts 1 to 3.
+/// The table of parts 1 to 3, and their ratio lines.
 const TABLE: SummaryTable = SummaryTable { op_width: 50, n_width: 6, decimals: 3 };
+const RATIOS: PairRatios = PairRatios { label_width: 32, ratio_width: 8, diff_width: 0, diff_decimals: 2 };
 
 /// Creates a paired Computer; answers its id and pairing code once its execution succeeded.
 async fn paired_computer(api: &Api, key: &str) -> Result<(String, String)> {
@@ -367,14 +369,7 @@ async fn bench(cfg: Config) -> Result<()> {
             "2c" => "input to cat, yieldTimeMs 250",
             _ => "16 MiB file read, time",
         };
-        let mut line = format!(
-            "  {:<3} {:<32} p50 {:>8.2}x ({:+.2} ms)  p99 {:>8.2}x",
-            p.part,
-            label,
-            p.p50_ratio(),
-            p.p50_diff_ms(),
-            p.p99_ratio()
-        );
+        let mut line = RATIOS.line(p, label);
         match p.part {
             "1" => line.push_str(&format!(
                 "  goal p50 <= +{GOAL_START_OVERHEAD_MS} ms: {}",

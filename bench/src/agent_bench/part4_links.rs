@@ -116,17 +116,23 @@ pub async fn open_links(ws_url: &str, creds: &[Credential], m: &mut LinkMemory) 
         .buffer_unordered(LINK_CONCURRENCY)
         .collect()
         .await;
-    let mut handles = Vec::with_capacity(results.len());
+    successes(results, &mut m.open_errors, &mut m.error_samples, "open a link: ")
+}
+
+/// The successes of `results`; each failure is counted in `errors` and a few are kept in
+/// `samples`, after `what`.
+fn successes<T>(results: Vec<Result<T>>, errors: &mut u64, samples: &mut Vec<String>, what: &str) -> Vec<T> {
+    let mut ok = Vec::with_capacity(results.len());
     for r in results {
         match r {
-            Ok(h) => handles.push(h),
+            Ok(v) => ok.push(v),
             Err(e) => {
-                m.open_errors += 1;
-                keep_sample(&mut m.error_samples, format!("open a link: {e:#}"));
+                *errors += 1;
+                keep_sample(samples, format!("{what}{e:#}"));
             }
         }
     }
-    handles
+    ok
 }
 
 /// Part 4 on the node: pair, open links in two halves, measure the node's memory.
@@ -148,16 +154,7 @@ pub async fn part_links(api: &Api, node_pid: u32, links: usize, idle: Duration) 
         .collect()
         .await;
     m.pair_secs = t0.elapsed().as_secs_f64();
-    let mut creds = Vec::with_capacity(links);
-    for r in results {
-        match r {
-            Ok(c) => creds.push(c),
-            Err(e) => {
-                m.pair_errors += 1;
-                keep_sample(&mut m.error_samples, format!("pair: {e:#}"));
-            }
-        }
-    }
+    let creds = successes(results, &mut m.pair_errors, &mut m.error_samples, "pair: ");
     m.paired = creds.len();
     if creds.len() < 2 {
         bail!("only {} Computers paired: {:?}", creds.len(), m.error_samples);
@@ -237,16 +234,7 @@ pub async fn part_plain(conns: usize) -> Result<PlainMemory> {
         .buffer_unordered(PLAIN_CONCURRENCY)
         .collect()
         .await;
-    let mut held = Vec::with_capacity(conns);
-    for r in results {
-        match r {
-            Ok(c) => held.push(c),
-            Err(e) => {
-                p.errors += 1;
-                keep_sample(&mut p.error_samples, format!("{e:#}"));
-            }
-        }
-    }
+    let held = successes(results, &mut p.errors, &mut p.error_samples, "");
     p.opened = held.len();
     tokio::time::sleep(PLAIN_IDLE).await;
     p.rss_after_kib = link_client::rss_kib(pid)?;

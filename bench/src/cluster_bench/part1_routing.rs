@@ -43,18 +43,6 @@ pub struct Routed {
     pub non_owner: Summary,
 }
 
-impl Routed {
-    pub fn p50_ratio(&self) -> f64 {
-        self.non_owner.p50_ratio(&self.owner)
-    }
-    pub fn p99_ratio(&self) -> f64 {
-        self.non_owner.p99_ratio(&self.owner)
-    }
-    pub fn p50_diff_ms(&self) -> f64 {
-        self.non_owner.p50_diff_ms(&self.owner)
-    }
-}
-
 /// Part 1's result.
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]

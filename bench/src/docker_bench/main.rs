@@ -54,6 +54,7 @@ use anyhow::Result;
 use anyhow::bail;
 use computerd_bench::api::Api;
 use computerd_bench::report;
+use computerd_bench::report::PairRatios;
 use computerd_bench::report::Summary;
 use computerd_bench::report::SummaryTable;
 use computerd_bench::report::loadavg;
@@ -144,8 +145,9 @@ async fn interrupted() {
     }
 }
 
-/// The table of parts 1 to 3.
+/// The table of parts 1 to 3, and their ratio lines.
 const TABLE: SummaryTable = SummaryTable { op_width: 52, n_width: 4, decimals: 2 };
+const RATIOS: PairRatios = PairRatios { label_width: 24, ratio_width: 6, diff_width: 8, diff_decimals: 1 };
 
 /// Part 4's samples: cheap, so at least 20 (a p99 of 5 samples is their max).
 fn tick_samples(samples: usize) -> usize {
@@ -288,14 +290,7 @@ async fn bench(cfg: Config) -> Result<()> {
             "3p" => "  pause",
             _ => "  resume",
         };
-        let mut line = format!(
-            "  {:<3} {:<24} p50 {:>6.2}x ({:+8.1} ms)  p99 {:>6.2}x",
-            p.part,
-            label,
-            p.p50_ratio(),
-            p.p50_diff_ms(),
-            p.p99_ratio()
-        );
+        let mut line = RATIOS.line(p, label);
         match p.part {
             "1" => line.push_str(&format!(
                 "  goal p50 <= {GOAL_CREATE_RATIO}: {}",
