@@ -37,7 +37,9 @@ use std::time::Instant;
 use anyhow::Context;
 use anyhow::Result;
 use anyhow::bail;
+use computerd_bench::report;
 use computerd_bench::report::call_json;
+use computerd_bench::report::write_json;
 use computerd_bench::settings;
 use computerd_bench::workload;
 use computerd_bench::workload::Op;
@@ -141,11 +143,8 @@ struct ComputerRow {
 
 fn main() -> Result<()> {
     let cfg = Config::from_env()?;
-    // The harness reads COMPUTERD_BIN when it first starts a node; set it before any other thread
-    // exists.
-    // SAFETY: single-threaded here: the tokio runtime is built below.
-    unsafe { std::env::set_var("COMPUTERD_BIN", &cfg.computerd_bin) };
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("tokio runtime")?;
+    // SAFETY: single-threaded here: the runtime's threads start with it.
+    let rt = unsafe { settings::runtime_for(&cfg.computerd_bin) }?;
     rt.block_on(bench(cfg))
 }
 
@@ -173,7 +172,7 @@ impl Config {
 }
 
 async fn bench(cfg: Config) -> Result<()> {
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let cores = report::cores();
     let header = format!(
         "exec-bench: lifecycle executions (POST /v1/computers, fake provider, no faults) vs raw writes \
          (POST /v1/bots)\n{NODES} nodes, round robin, {:.1} s measured + {:.1} s warm-up per cell, settle wait \
@@ -243,13 +242,7 @@ async fn bench(cfg: Config) -> Result<()> {
         println!("{}", row(c));
     }
     for c in cells.iter().filter(|c| !c.stats.error_samples.is_empty()) {
-        println!(
-            "errors in {} {} writer(s) ({} measured, {} in warm-up), e.g.:",
-            c.op, c.writers, c.stats.errors, c.stats.warmup_errors
-        );
-        for s in &c.stats.error_samples {
-            println!("    {s}");
-        }
+        c.stats.print_errors(&format!("{} {} writer(s)", c.op, c.writers));
         for s in &c.stopped_nodes {
             println!("    {s}");
         }
@@ -289,9 +282,7 @@ async fn bench(cfg: Config) -> Result<()> {
             "cells": cells,
             "ratios": ratios,
         });
-        let text = serde_json::to_string_pretty(&doc).context("encode JSON")?;
-        std::fs::write(path, text + "\n").with_context(|| format!("write {}", path.display()))?;
-        eprintln!("wrote {}", path.display());
+        write_json(path, &doc)?;
     }
     Ok(())
 }
@@ -455,16 +446,10 @@ fn ratios(cells: &[Cell]) -> Vec<Ratio> {
 }
 
 fn table_header() -> String {
-    format!(
-        "{:<10} {:<18} {:>7} {:>10} {:>9} {:>9} {:>9} {:>7}",
-        "op", "request", "writers", "ops/s", "p50 ms", "p99 ms", "max ms", "errors"
-    )
+    format!("{:<10} {:<18} {:>7} {}", "op", "request", "writers", Stats::headings())
 }
 
 fn row(c: &Cell) -> String {
     let request = if c.op == EXEC { "POST /v1/computers" } else { "POST /v1/bots" };
-    format!(
-        "{:<10} {:<18} {:>7} {:>10.1} {:>9.2} {:>9.2} {:>9.2} {:>7}",
-        c.op, request, c.writers, c.stats.ops_per_sec, c.stats.p50_ms, c.stats.p99_ms, c.stats.max_ms, c.stats.errors
-    )
+    format!("{:<10} {:<18} {:>7} {}", c.op, request, c.writers, c.stats.columns())
 }

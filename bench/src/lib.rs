@@ -1,9 +1,11 @@
 //! Shared parts of the computerd benchmarks (`store-bench`, `exec-bench`, `agent-bench`,
 //! `docker-bench`, `cluster-bench`, `mcp-bench`): the closed-loop workload runner
-//! ([`workload`]), settings from the environment ([`settings`]), JSON calls and report helpers
-//! ([`report`]), for store-bench's reference, etcd clusters ([`etcd`]), and for agent-bench, a
+//! ([`workload`]), settings from the environment ([`settings`]), latency recording, percentiles,
+//! summaries and other report helpers ([`report`]), calls on a node with the owner token
+//! ([`api`]), for store-bench's reference, etcd clusters ([`etcd`]), and for agent-bench, a
 //! minimal agent link client and a plain WebSocket baseline ([`link_client`]).
 
+pub mod api;
 pub mod base64;
 pub mod etcd;
 pub mod link_client;

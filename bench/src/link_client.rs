@@ -50,13 +50,7 @@ fn client_config() -> WebSocketConfig {
 /// agent's gRPC service on it in a task. Answers once the node sent the link generation; the
 /// task ends (with the reason) when the link does, and aborting it closes the link.
 pub async fn open_link(ws_url: &str, cred: &Credential) -> Result<JoinHandle<String>> {
-    let (mut ws, _) = tokio::time::timeout(
-        HANDSHAKE_TIMEOUT,
-        tokio_tungstenite::connect_async_with_config(ws_url, Some(client_config()), false),
-    )
-    .await
-    .context("connecting timed out")?
-    .context("connect")?;
+    let mut ws = connect(ws_url).await?;
     let hello = serde_json::json!({
         "computerId": cred.computer_id,
         "credential": cred.credential,
@@ -153,19 +147,25 @@ impl EchoServer {
     }
 }
 
-/// A plain WebSocket client connection, held open and idle.
-pub type PlainConn = WebSocketStream<MaybeTlsStream<TcpStream>>;
-
-/// Opens one plain connection to the echo server and exchanges one message (so that the server
-/// has read and written once, as the node has for a link's hello and welcome).
-pub async fn open_plain(url: &str) -> Result<PlainConn> {
-    let (mut ws, _) = tokio::time::timeout(
+/// Connects a WebSocket client with the clients' settings ([`client_config`]).
+async fn connect(url: &str) -> Result<PlainConn> {
+    let (ws, _) = tokio::time::timeout(
         HANDSHAKE_TIMEOUT,
         tokio_tungstenite::connect_async_with_config(url, Some(client_config()), false),
     )
     .await
     .context("connecting timed out")?
     .context("connect")?;
+    Ok(ws)
+}
+
+/// A plain WebSocket client connection, held open and idle.
+pub type PlainConn = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// Opens one plain connection to the echo server and exchanges one message (so that the server
+/// has read and written once, as the node has for a link's hello and welcome).
+pub async fn open_plain(url: &str) -> Result<PlainConn> {
+    let mut ws = connect(url).await?;
     ws.send(Message::Text("hello".into())).await.context("send")?;
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, ws.next()).await {
         Ok(Some(Ok(Message::Text(t)))) if t.as_str() == "hello" => Ok(ws),

@@ -29,6 +29,8 @@ use anyhow::bail;
 use computer_agent::mcp::bindings::McpRequest;
 use computer_agent::mcp::bindings::Tools;
 use computer_agent::mcp::runner::RunLimits;
+use computerd_bench::report::Recorder;
+use computerd_bench::report::Summary;
 use computerd_bench::settings;
 use rmcp::ServiceExt;
 use serde_json::json;
@@ -36,20 +38,6 @@ use sha2::Digest;
 
 /// The p50 goal of computerd ÷ bare.
 const GOAL: f64 = 1.1;
-
-fn percentile(v: &[Duration], p: f64) -> Duration {
-    let mut v = v.to_vec();
-    v.sort();
-    if v.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((p * v.len() as f64).ceil() as usize).clamp(1, v.len());
-    v[rank - 1]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
 
 async fn bare_call(server: &std::path::Path) -> Result<Duration> {
     let t0 = Instant::now();
@@ -134,30 +122,24 @@ async fn main() -> Result<()> {
     // Warm-up (page cache, Python's bytecode), not counted.
     ours(&tools, "mcb_bench").await?;
     bare_call(&pkg.join("server.py")).await?;
-    let (mut a, mut b) = (Vec::new(), Vec::new());
+    let (mut a, mut b) = (Recorder::default(), Recorder::default());
     for _ in 0..samples {
-        a.push(ours(&tools, "mcb_bench").await?);
-        b.push(bare_call(&pkg.join("server.py")).await?);
+        a.ok(ours(&tools, "mcb_bench").await?);
+        b.ok(bare_call(&pkg.join("server.py")).await?);
     }
+    let a = a.summary("computerd: verify files + server under its UID and limits + kill the UID");
+    let b = b.summary("bare: rmcp client + the same python3 server.py as a plain child");
     println!(
         "mcp-bench: one MCP tool call (start server, initialize, tools/call echo, end), {samples} samples each, alternating"
     );
     println!("{:<70} {:>9} {:>9} {:>9}", "op", "p50 ms", "p99 ms", "max ms");
-    let row = |name: &str, v: &[Duration]| {
-        println!(
-            "{name:<70} {:>9.2} {:>9.2} {:>9.2}",
-            ms(percentile(v, 0.5)),
-            ms(percentile(v, 0.99)),
-            ms(v.iter().max().copied().unwrap_or_default())
-        )
-    };
-    row("computerd: verify files + server under its UID and limits + kill the UID", &a);
-    row("bare: rmcp client + the same python3 server.py as a plain child", &b);
-    let ratio = ms(percentile(&a, 0.5)) / ms(percentile(&b, 0.5)).max(f64::EPSILON);
-    let ratio99 = ms(percentile(&a, 0.99)) / ms(percentile(&b, 0.99)).max(f64::EPSILON);
+    let row = |s: &Summary| println!("{:<70} {:>9.2} {:>9.2} {:>9.2}", s.op, s.p50_ms, s.p99_ms, s.max_ms);
+    row(&a);
+    row(&b);
+    let (ratio, ratio99) = (a.p50_ratio(&b), a.p99_ratio(&b));
     println!(
         "ratio computerd ÷ bare: p50 {ratio:.3}x ({:+.2} ms), p99 {ratio99:.3}x; goal p50 <= {GOAL}: {}",
-        ms(percentile(&a, 0.5)) - ms(percentile(&b, 0.5)),
+        a.p50_diff_ms(&b),
         if ratio <= GOAL { "goal met" } else { "goal missed" }
     );
     let drained = tools.handle(McpRequest::Revoke { binding_id: "mcb_bench".into() }).await;

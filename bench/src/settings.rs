@@ -32,6 +32,19 @@ pub fn timing(quick: bool) -> Result<Timing> {
     Ok(Timing { warmup: Duration::from_secs_f64(warmup), measure: Duration::from_secs_f64(secs) })
 }
 
+/// Sets `COMPUTERD_BIN` to `computerd_bin` for the harness (which reads it when it first starts a
+/// node) and builds the multi-threaded tokio runtime a bench runs on.
+///
+/// # Safety
+///
+/// It sets an environment variable, so no other thread may exist yet: call it from `main`
+/// before anything starts one.
+pub unsafe fn runtime_for(computerd_bin: &Path) -> Result<tokio::runtime::Runtime> {
+    // SAFETY: no other thread exists (the caller's promise); the runtime's start below.
+    unsafe { std::env::set_var("COMPUTERD_BIN", computerd_bin) };
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().context("tokio runtime")
+}
+
 /// `BENCH_JSON`, when set and not empty.
 pub fn json_out() -> Option<PathBuf> {
     std::env::var_os("BENCH_JSON").filter(|p| !p.is_empty()).map(PathBuf::from)
@@ -40,45 +53,46 @@ pub fn json_out() -> Option<PathBuf> {
 /// `COMPUTERD_BIN`, else `<target>/release/computerd` if it exists (it is not rebuilt), else the
 /// harness default (a debug build, with a warning: its numbers mean little).
 pub fn computerd_bin() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("COMPUTERD_BIN").filter(|p| !p.is_empty()) {
-        let p = PathBuf::from(p);
-        if !p.is_file() {
-            bail!("COMPUTERD_BIN={} is not a file", p.display());
-        }
-        return Ok(p);
-    }
-    let release = release_path("computerd")?;
-    if release.is_file() {
-        return Ok(release);
-    }
-    eprintln!(
-        "warning: {} not found; using the harness default (a debug build), so computerd's numbers \
-         are not representative. Build it with `cargo build --release -p computerd-node --bin computerd`.",
-        release.display()
-    );
-    Ok(computerd_tests::computerd_bin())
+    binary(
+        "COMPUTERD_BIN",
+        "computerd",
+        "the harness default (a debug build), so computerd's numbers",
+        "cargo build --release -p computerd-node --bin computerd",
+        computerd_tests::computerd_bin,
+    )
 }
 
 /// `AGENT_BIN`, else `<target>/release/computer-agent` if it exists (it is not rebuilt), else the
 /// harness's agent (a debug build, with a warning).
 pub fn agent_bin() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("AGENT_BIN").filter(|p| !p.is_empty()) {
+    binary(
+        "AGENT_BIN",
+        "computer-agent",
+        "the harness's debug build of the agent, so the agent's numbers",
+        "cargo build --release -p computer-agent",
+        computerd_tests::agent::agent_bin,
+    )
+}
+
+/// The binary `var` names, else `<target>/release/<name>` if it exists, else `fallback()` with
+/// a warning that `instead` (are not representative) and how to `build` the release binary.
+fn binary(var: &str, name: &str, instead: &str, build: &str, fallback: fn() -> PathBuf) -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os(var).filter(|p| !p.is_empty()) {
         let p = PathBuf::from(p);
         if !p.is_file() {
-            bail!("AGENT_BIN={} is not a file", p.display());
+            bail!("{var}={} is not a file", p.display());
         }
         return Ok(p);
     }
-    let release = release_path("computer-agent")?;
+    let release = release_path(name)?;
     if release.is_file() {
         return Ok(release);
     }
     eprintln!(
-        "warning: {} not found; using the harness's debug build of the agent, so the agent's numbers \
-         are not representative. Build it with `cargo build --release -p computer-agent`.",
+        "warning: {} not found; using {instead} are not representative. Build it with `{build}`.",
         release.display()
     );
-    Ok(computerd_tests::agent::agent_bin())
+    Ok(fallback())
 }
 
 /// `<target dir>/release/<name>` (`CARGO_TARGET_DIR`, else the workspace's `target`).

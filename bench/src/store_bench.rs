@@ -39,6 +39,8 @@ use anyhow::Result;
 use anyhow::bail;
 use computerd_bench::etcd;
 use computerd_bench::etcd::EtcdCluster;
+use computerd_bench::report;
+use computerd_bench::report::write_json;
 use computerd_bench::settings;
 use computerd_bench::workload;
 use computerd_bench::workload::Op;
@@ -96,11 +98,8 @@ struct Ratio {
 
 fn main() -> Result<()> {
     let cfg = Config::from_env()?;
-    // The harness reads COMPUTERD_BIN when it first starts a node; set it before any other thread
-    // exists.
-    // SAFETY: single-threaded here: the tokio runtime is built below.
-    unsafe { std::env::set_var("COMPUTERD_BIN", &cfg.computerd_bin) };
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("tokio runtime")?;
+    // SAFETY: single-threaded here: the runtime's threads start with it.
+    let rt = unsafe { settings::runtime_for(&cfg.computerd_bin) }?;
     rt.block_on(bench(cfg))
 }
 
@@ -136,7 +135,7 @@ async fn bench(cfg: Config) -> Result<()> {
             cfg.etcd_bin.display()
         )
     })?;
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let cores = report::cores();
     let header = format!(
         "store-bench: durable writes, {:.1} s measured + {:.1} s warm-up per cell{}\n\
          computerd: {}\netcd: {} ({})\ncores: {cores}",
@@ -204,14 +203,8 @@ async fn bench(cfg: Config) -> Result<()> {
     for c in &cells {
         println!("{}", row(c));
     }
-    for c in cells.iter().filter(|c| !c.stats.error_samples.is_empty()) {
-        println!(
-            "errors in {} {} node(s) {} {} writer(s) ({} measured, {} in warm-up), e.g.:",
-            c.system, c.nodes, c.target, c.writers, c.stats.errors, c.stats.warmup_errors
-        );
-        for s in &c.stats.error_samples {
-            println!("    {s}");
-        }
+    for c in &cells {
+        c.stats.print_errors(&format!("{} {} node(s) {} {} writer(s)", c.system, c.nodes, c.target, c.writers));
     }
     println!("\nours/etcd (throughput: >1 is better for us; p99: <1 is better for us)");
     for r in &ratios {
@@ -256,9 +249,7 @@ async fn bench(cfg: Config) -> Result<()> {
                 "met": goal_met,
             },
         });
-        let text = serde_json::to_string_pretty(&doc).context("encode JSON")?;
-        std::fs::write(path, text + "\n").with_context(|| format!("write {}", path.display()))?;
-        eprintln!("wrote {}", path.display());
+        write_json(path, &doc)?;
     }
     Ok(())
 }
@@ -284,23 +275,9 @@ fn ratios(cells: &[Cell]) -> Vec<Ratio> {
 }
 
 fn table_header() -> String {
-    format!(
-        "{:<10} {:>5}  {:<11} {:>7} {:>10} {:>9} {:>9} {:>9} {:>7}",
-        "system", "nodes", "target", "writers", "ops/s", "p50 ms", "p99 ms", "max ms", "errors"
-    )
+    format!("{:<10} {:>5}  {:<11} {:>7} {}", "system", "nodes", "target", "writers", Stats::headings())
 }
 
 fn row(c: &Cell) -> String {
-    format!(
-        "{:<10} {:>5}  {:<11} {:>7} {:>10.1} {:>9.2} {:>9.2} {:>9.2} {:>7}",
-        c.system,
-        c.nodes,
-        c.target,
-        c.writers,
-        c.stats.ops_per_sec,
-        c.stats.p50_ms,
-        c.stats.p99_ms,
-        c.stats.max_ms,
-        c.stats.errors
-    )
+    format!("{:<10} {:>5}  {:<11} {:>7} {}", c.system, c.nodes, c.target, c.writers, c.stats.columns())
 }

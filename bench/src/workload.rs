@@ -1,6 +1,6 @@
-//! The closed-loop write workload: `W` writer tasks, each sending one request at a time for a
-//! warm-up plus a measured window, against a list of endpoints taken round robin. Every request
-//! carries a fresh name or key (see [`Op`]), so no two writes are the same.
+//! The closed-loop workload: `W` worker tasks, each sending one request at a time for a warm-up
+//! plus a measured window, against a list of endpoints taken round robin. Every write carries a
+//! fresh name or key (see [`Op`]), so no two writes are the same.
 //!
 //! A request counts when it *completes* inside the measured window: successes give the
 //! throughput and the latency samples, failures (transport errors or an unexpected status) are
@@ -17,12 +17,14 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::base64;
-use crate::report::ERROR_SAMPLES;
+use crate::report::Recorder;
+use crate::report::Window;
+use crate::report::call_json;
 
 /// Pause after a failed request, so a down endpoint does not turn a writer into a busy loop.
 const ERROR_PAUSE: Duration = Duration::from_millis(10);
 
-/// What one write is.
+/// What one request is.
 pub enum Op {
     /// `POST /v1/bots` on computerd with the owner token (answers 201).
     CreateBot {
@@ -39,13 +41,26 @@ pub enum Op {
         /// The `cpp_…` provider id.
         provider: String,
     },
+    /// `GET` with the owner token (answers 200 with a JSON body, which is parsed). Not a write:
+    /// every request is the same.
+    Read {
+        /// Bearer token.
+        token: String,
+    },
 }
 
-/// Where and what to write.
+impl Op {
+    /// What a task of this workload is called in an error message.
+    fn worker(&self) -> &'static str {
+        if matches!(self, Op::Read { .. }) { "reader" } else { "writer" }
+    }
+}
+
+/// Where and what to send.
 pub struct Target {
-    /// Full request URLs; writer `w` sends its `i`-th request to `urls[(w + i) % len]`.
+    /// Full request URLs; worker `w` sends its `i`-th request to `urls[(w + i) % len]`.
     pub urls: Vec<String>,
-    /// The write.
+    /// The request.
     pub op: Op,
 }
 
@@ -62,124 +77,84 @@ pub struct Timing {
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Stats {
-    /// Successful writes completed in the measured window.
+    /// Successful requests completed in the measured window.
     pub ops: u64,
     /// Length of the measured window, seconds.
     pub secs: f64,
     /// `ops / secs`.
     pub ops_per_sec: f64,
-    /// Median latency of the counted writes, milliseconds.
+    /// Median latency of the counted requests, milliseconds.
     pub p50_ms: f64,
-    /// 99th percentile latency of the counted writes, milliseconds.
+    /// 99th percentile latency of the counted requests, milliseconds.
     pub p99_ms: f64,
-    /// Largest latency of the counted writes, milliseconds.
+    /// Largest latency of the counted requests, milliseconds.
     pub max_ms: f64,
-    /// Failed writes completed in the measured window.
+    /// Failed requests completed in the measured window.
     pub errors: u64,
-    /// Failed writes during the warm-up (not in `errors`).
+    /// Failed requests during the warm-up (not in `errors`).
     pub warmup_errors: u64,
     /// A few distinct error messages.
     pub error_samples: Vec<String>,
 }
 
-#[derive(Default)]
-struct WriterResult {
-    latencies_us: Vec<u64>,
-    errors: u64,
-    warmup_errors: u64,
-    samples: Vec<String>,
+impl Stats {
+    /// The throughput and latency columns of a table row: ops/s, p50, p99, max and errors.
+    pub fn columns(&self) -> String {
+        format!(
+            "{:>10.1} {:>9.2} {:>9.2} {:>9.2} {:>7}",
+            self.ops_per_sec, self.p50_ms, self.p99_ms, self.max_ms, self.errors
+        )
+    }
+
+    /// The headings of [`Stats::columns`].
+    pub fn headings() -> String {
+        format!("{:>10} {:>9} {:>9} {:>9} {:>7}", "ops/s", "p50 ms", "p99 ms", "max ms", "errors")
+    }
+
+    /// Prints the error samples under `errors in {what} (… measured, … in warm-up), e.g.:`, when
+    /// there are any.
+    pub fn print_errors(&self, what: &str) {
+        crate::report::print_errors(what, self.errors, Some(self.warmup_errors), &self.error_samples);
+    }
 }
 
-/// Runs `writers` concurrent writers against `target` for `timing`; `tag` makes keys and names
-/// unique across cells.
-pub async fn run(client: &reqwest::Client, target: Arc<Target>, writers: usize, timing: Timing, tag: &str) -> Stats {
-    let start = Instant::now();
-    let warm_end = start + timing.warmup;
-    let end = warm_end + timing.measure;
-    let mut tasks = Vec::with_capacity(writers);
-    for w in 0..writers {
+/// Runs `workers` concurrent closed-loop workers against `target` for `timing`; `tag` makes keys
+/// and names unique across cells.
+pub async fn run(client: &reqwest::Client, target: Arc<Target>, workers: usize, timing: Timing, tag: &str) -> Stats {
+    let window = Window::start(timing);
+    let mut tasks = Vec::with_capacity(workers);
+    for w in 0..workers {
         let client = client.clone();
         let target = target.clone();
         let tag = tag.to_string();
-        tasks.push(tokio::spawn(async move { writer(&client, &target, w, &tag, warm_end, end).await }));
+        tasks.push(tokio::spawn(async move { worker(&client, &target, w, &tag, window).await }));
     }
-    let mut merged = WriterResult::default();
+    let mut merged = Recorder::in_window(window);
     for t in tasks {
         match t.await {
-            Ok(r) => {
-                merged.latencies_us.extend(r.latencies_us);
-                merged.errors += r.errors;
-                merged.warmup_errors += r.warmup_errors;
-                for s in r.samples {
-                    if merged.samples.len() < ERROR_SAMPLES && !merged.samples.contains(&s) {
-                        merged.samples.push(s);
-                    }
-                }
-            }
-            Err(e) => {
-                merged.errors += 1;
-                merged.samples.push(format!("writer task failed: {e}"));
-            }
+            Ok(r) => merged.merge(r),
+            Err(e) => merged.failed(format!("{} task failed: {e}", target.op.worker())),
         }
     }
-    let mut lat = merged.latencies_us;
-    lat.sort_unstable();
-    let secs = timing.measure.as_secs_f64();
-    Stats {
-        ops: lat.len() as u64,
-        secs,
-        ops_per_sec: lat.len() as f64 / secs,
-        p50_ms: percentile_ms(&lat, 0.50),
-        p99_ms: percentile_ms(&lat, 0.99),
-        max_ms: lat.last().map_or(f64::NAN, |&us| us as f64 / 1000.0),
-        errors: merged.errors,
-        warmup_errors: merged.warmup_errors,
-        error_samples: merged.samples,
-    }
+    merged.stats(timing.measure.as_secs_f64())
 }
 
-async fn writer(
-    client: &reqwest::Client,
-    target: &Target,
-    w: usize,
-    tag: &str,
-    warm_end: Instant,
-    end: Instant,
-) -> WriterResult {
-    let mut r = WriterResult::default();
+async fn worker(client: &reqwest::Client, target: &Target, w: usize, tag: &str, window: Window) -> Recorder {
+    let mut rec = Recorder::in_window(window);
     let mut seq: usize = 0;
-    loop {
+    while !window.done() {
         let t0 = Instant::now();
-        if t0 >= end {
-            return r;
-        }
         let url = &target.urls[(w + seq) % target.urls.len()];
-        let res = write_once(client, &target.op, url, &format!("{tag}-{w}-{seq}")).await;
-        let t1 = Instant::now();
-        let counted = t1 >= warm_end && t1 <= end;
-        match res {
-            Ok(()) if counted => r.latencies_us.push((t1 - t0).as_micros() as u64),
-            Ok(()) => {}
-            Err(e) => {
-                if counted {
-                    r.errors += 1;
-                } else if t1 < warm_end {
-                    r.warmup_errors += 1;
-                }
-                let msg = format!("{e:#}");
-                if r.samples.len() < ERROR_SAMPLES && !r.samples.contains(&msg) {
-                    r.samples.push(msg);
-                }
-                tokio::time::sleep(ERROR_PAUSE).await;
-            }
-        }
+        let res = send_once(client, &target.op, url, &format!("{tag}-{w}-{seq}")).await;
+        rec.record(res.map(|()| t0.elapsed()), ERROR_PAUSE).await;
         seq += 1;
     }
+    rec
 }
 
-/// One write; `Ok` only for the expected success status. The body is always read to the end so
+/// One request; `Ok` only for the expected success status. The body is always read to the end so
 /// the connection goes back to the pool.
-async fn write_once(client: &reqwest::Client, op: &Op, url: &str, unique: &str) -> Result<()> {
+async fn send_once(client: &reqwest::Client, op: &Op, url: &str, unique: &str) -> Result<()> {
     let (req, expected) = match op {
         Op::CreateBot { token } => (
             client.post(url).bearer_auth(token).json(&json!({ "name": format!("bench-{unique}") })),
@@ -199,6 +174,7 @@ async fn write_once(client: &reqwest::Client, op: &Op, url: &str, unique: &str) 
             });
             (client.post(url).bearer_auth(token).json(&body), StatusCode::ACCEPTED)
         }
+        Op::Read { token } => return call_json(client.get(url).bearer_auth(token), StatusCode::OK).await.map(drop),
     };
     let resp = req.send().await?;
     let status = resp.status();
@@ -208,27 +184,4 @@ async fn write_once(client: &reqwest::Client, op: &Op, url: &str, unique: &str) 
         return Err(anyhow!("HTTP {status} from {url}: {text}"));
     }
     Ok(())
-}
-
-/// Nearest-rank percentile of sorted microsecond samples, in milliseconds (NaN when empty).
-pub fn percentile_ms(sorted_us: &[u64], p: f64) -> f64 {
-    if sorted_us.is_empty() {
-        return f64::NAN;
-    }
-    let rank = (p * sorted_us.len() as f64).ceil() as usize;
-    sorted_us[rank.clamp(1, sorted_us.len()) - 1] as f64 / 1000.0
-}
-
-#[cfg(test)]
-mod tests {
-    use super::percentile_ms;
-
-    #[test]
-    fn nearest_rank() {
-        let v: Vec<u64> = (1..=100).map(|i| i * 1000).collect();
-        assert_eq!(percentile_ms(&v, 0.50), 50.0);
-        assert_eq!(percentile_ms(&v, 0.99), 99.0);
-        assert_eq!(percentile_ms(&[7000], 0.99), 7.0);
-        assert!(percentile_ms(&[], 0.5).is_nan());
-    }
 }
