@@ -16,9 +16,6 @@ use reqwest::StatusCode;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::workload::Stats;
-use crate::workload::Timing;
-
 /// How many distinct error messages a report keeps per cell.
 pub const ERROR_SAMPLES: usize = 3;
 
@@ -407,6 +404,60 @@ impl PairRatios {
             p.p50_diff_ms(),
             p.p99_ratio()
         )
+    }
+}
+
+/// How long a cell runs.
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    /// Not measured; fills connection pools and lets the servers settle.
+    pub warmup: Duration,
+    /// Measured.
+    pub measure: Duration,
+}
+
+/// The outcome of one cell.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Stats {
+    /// Successful requests completed in the measured window.
+    pub ops: u64,
+    /// Length of the measured window, seconds.
+    pub secs: f64,
+    /// `ops / secs`.
+    pub ops_per_sec: f64,
+    /// Median latency of the counted requests, milliseconds.
+    pub p50_ms: f64,
+    /// 99th percentile latency of the counted requests, milliseconds.
+    pub p99_ms: f64,
+    /// Largest latency of the counted requests, milliseconds.
+    pub max_ms: f64,
+    /// Failed requests completed in the measured window.
+    pub errors: u64,
+    /// Failed requests during the warm-up (not in `errors`).
+    pub warmup_errors: u64,
+    /// A few distinct error messages.
+    pub error_samples: Vec<String>,
+}
+
+impl Stats {
+    /// The throughput and latency columns of a table row: ops/s, p50, p99, max and errors.
+    pub fn columns(&self) -> String {
+        format!(
+            "{:>10.1} {:>9.2} {:>9.2} {:>9.2} {:>7}",
+            self.ops_per_sec, self.p50_ms, self.p99_ms, self.max_ms, self.errors
+        )
+    }
+
+    /// The headings of [`Stats::columns`].
+    pub fn headings() -> String {
+        format!("{:>10} {:>9} {:>9} {:>9} {:>7}", "ops/s", "p50 ms", "p99 ms", "max ms", "errors")
+    }
+
+    /// Prints the error samples under `errors in {what} (… measured, … in warm-up), e.g.:`, when
+    /// there are any.
+    pub fn print_errors(&self, what: &str) {
+        crate::report::print_errors(what, self.errors, Some(self.warmup_errors), &self.error_samples);
     }
 }
 

@@ -13,11 +13,12 @@ use std::time::Instant;
 use anyhow::Result;
 use anyhow::anyhow;
 use reqwest::StatusCode;
-use serde::Serialize;
 use serde_json::json;
 
 use crate::base64;
 use crate::report::Recorder;
+pub use crate::report::Stats;
+pub use crate::report::Timing;
 use crate::report::Window;
 use crate::report::call_json;
 
@@ -62,60 +63,6 @@ pub struct Target {
     pub urls: Vec<String>,
     /// The request.
     pub op: Op,
-}
-
-/// How long a cell runs.
-#[derive(Clone, Copy, Debug)]
-pub struct Timing {
-    /// Not measured; fills connection pools and lets the servers settle.
-    pub warmup: Duration,
-    /// Measured.
-    pub measure: Duration,
-}
-
-/// The outcome of one cell.
-#[derive(Clone, Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Stats {
-    /// Successful requests completed in the measured window.
-    pub ops: u64,
-    /// Length of the measured window, seconds.
-    pub secs: f64,
-    /// `ops / secs`.
-    pub ops_per_sec: f64,
-    /// Median latency of the counted requests, milliseconds.
-    pub p50_ms: f64,
-    /// 99th percentile latency of the counted requests, milliseconds.
-    pub p99_ms: f64,
-    /// Largest latency of the counted requests, milliseconds.
-    pub max_ms: f64,
-    /// Failed requests completed in the measured window.
-    pub errors: u64,
-    /// Failed requests during the warm-up (not in `errors`).
-    pub warmup_errors: u64,
-    /// A few distinct error messages.
-    pub error_samples: Vec<String>,
-}
-
-impl Stats {
-    /// The throughput and latency columns of a table row: ops/s, p50, p99, max and errors.
-    pub fn columns(&self) -> String {
-        format!(
-            "{:>10.1} {:>9.2} {:>9.2} {:>9.2} {:>7}",
-            self.ops_per_sec, self.p50_ms, self.p99_ms, self.max_ms, self.errors
-        )
-    }
-
-    /// The headings of [`Stats::columns`].
-    pub fn headings() -> String {
-        format!("{:>10} {:>9} {:>9} {:>9} {:>7}", "ops/s", "p50 ms", "p99 ms", "max ms", "errors")
-    }
-
-    /// Prints the error samples under `errors in {what} (… measured, … in warm-up), e.g.:`, when
-    /// there are any.
-    pub fn print_errors(&self, what: &str) {
-        crate::report::print_errors(what, self.errors, Some(self.warmup_errors), &self.error_samples);
-    }
 }
 
 /// Runs `workers` concurrent closed-loop workers against `target` for `timing`; `tag` makes keys

@@ -9,6 +9,7 @@ pub mod docker;
 pub mod lb;
 pub mod linearizability;
 pub mod netfault;
+pub mod tools;
 pub mod wait;
 
 pub use cluster::Node;

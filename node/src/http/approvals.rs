@@ -14,9 +14,9 @@ use super::ApiError;
 use super::AppState;
 use super::Auth;
 #[allow(unused_imports)]
-use super::openapi::ErrorBody;
+use super::schemas::ErrorBody;
 #[allow(unused_imports)]
-use super::openapi::ReceiptDoc;
+use super::schemas::ReceiptDoc;
 use super::util::Body;
 use super::util::propose;
 use crate::ids::now_ms;

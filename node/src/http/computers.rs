@@ -23,9 +23,9 @@ use super::ApiError;
 use super::AppState;
 use super::Auth;
 #[allow(unused_imports)]
-use super::openapi::ErrorBody;
+use super::schemas::ErrorBody;
 #[allow(unused_imports)]
-use super::openapi::ReceiptDoc;
+use super::schemas::ReceiptDoc;
 use super::util::Body;
 use super::util::check_id;
 use super::util::check_name;

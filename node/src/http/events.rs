@@ -23,9 +23,9 @@ use super::ApiError;
 use super::AppState;
 use super::Auth;
 #[allow(unused_imports)]
-use super::openapi::ErrorBody;
+use super::schemas::ErrorBody;
 #[allow(unused_imports)]
-use super::openapi::ReceiptDoc;
+use super::schemas::ReceiptDoc;
 
 /// Query of `GET /v1/events`.
 #[derive(Deserialize, utoipa::ToSchema)]

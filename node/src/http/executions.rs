@@ -13,9 +13,9 @@ use super::AppState;
 use super::Auth;
 use super::computers::receipt;
 #[allow(unused_imports)]
-use super::openapi::ErrorBody;
+use super::schemas::ErrorBody;
 #[allow(unused_imports)]
-use super::openapi::ReceiptDoc;
+use super::schemas::ReceiptDoc;
 use super::util::Body;
 use super::util::propose;
 use crate::ids::now_ms;

@@ -11,9 +11,9 @@ use super::ApiError;
 use super::AppState;
 use super::Auth;
 #[allow(unused_imports)]
-use super::openapi::ErrorBody;
+use super::schemas::ErrorBody;
 #[allow(unused_imports)]
-use super::openapi::ReceiptDoc;
+use super::schemas::ReceiptDoc;
 
 /// The node's view of the cluster; 503 while the node is out of touch with a quorum (cut off
 /// by a partition, or its quorum is gone), so a load balancer stops sending it calls it could

@@ -15,6 +15,7 @@ mod health;
 mod identity;
 mod openapi;
 mod providers;
+mod schemas;
 mod sessions;
 mod tools;
 mod util;
