@@ -240,22 +240,10 @@ mod tests {
     use crate::sm::Command;
     use crate::sm::Response;
     use crate::sm::hash_secret;
+    use crate::sm::testing::token;
 
     fn member(id: &str, role: Role) -> Member {
         Member { id: id.into(), name: id.into(), email: None, role, created_at: 1 }
-    }
-
-    fn token(id: &str, principal: Principal) -> Token {
-        Token {
-            id: id.into(),
-            name: id.into(),
-            hash: hash_secret(id),
-            principal,
-            read_only: false,
-            computers: None,
-            created_at: 1,
-            revoked_at: None,
-        }
     }
 
     fn booted() -> State {
@@ -271,10 +259,7 @@ mod tests {
     }
 
     fn rejected(r: Response) -> RejectKind {
-        match r {
-            Response::Rejected(r) => r.kind,
-            other => panic!("expected a rejection, got {other:?}"),
-        }
+        crate::sm::testing::rejected(r).kind
     }
 
     #[test]

@@ -16,6 +16,8 @@ mod placement;
 mod plan;
 mod response;
 mod state;
+#[cfg(test)]
+mod testing;
 mod tools;
 mod usage;
 

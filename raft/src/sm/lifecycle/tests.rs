@@ -2,46 +2,18 @@
 
 use super::*;
 use crate::sm::Command;
-use crate::sm::Response;
-use crate::sm::hash_secret;
 use crate::sm::identity::Bot;
 use crate::sm::identity::Member;
 use crate::sm::identity::Organization;
 use crate::sm::identity::Principal;
-use crate::sm::identity::Token;
 use crate::sm::model::Provider;
 use crate::sm::model::ProviderKind;
+use crate::sm::testing::ok;
+use crate::sm::testing::rejected;
+use crate::sm::testing::token;
 use crate::sm::usage::UsageSpan;
 
 const OWNER: &str = "tok_owner";
-
-fn token(id: &str, principal: Principal) -> Token {
-    Token {
-        id: id.into(),
-        name: id.into(),
-        hash: hash_secret(id),
-        principal,
-        read_only: false,
-        computers: None,
-        created_at: 1,
-        revoked_at: None,
-    }
-}
-
-fn ok(r: Response) -> Option<String> {
-    match r {
-        Response::Ok => None,
-        Response::Id(id) => Some(id),
-        Response::Rejected(r) => panic!("rejected: {r:?}"),
-    }
-}
-
-fn rejected(r: Response) -> Reject {
-    match r {
-        Response::Rejected(r) => r,
-        other => panic!("expected a rejection, got {other:?}"),
-    }
-}
 
 fn world() -> State {
     let mut s = State::default();
