@@ -4,12 +4,11 @@
 //! and refuses a reused id; the model-facing `computer_mcp` tool lists and calls; a bad digest is
 //! refused with its reason; revoke closes admission and drains the binding.
 
-use std::process::Command;
-
 use computerd_tests::TestCluster;
 use computerd_tests::agent::AgentProc;
 use computerd_tests::agent::paired_computer;
 use computerd_tests::agent::wait_state;
+use computerd_tests::tools;
 use reqwest::Method;
 use serde_json::Value;
 use serde_json::json;
@@ -36,17 +35,8 @@ async fn flow(nodes: u64, agent_node: u64, api: u64, first_uid: &str) {
     let c = TestCluster::start(nodes).await;
     let (id, code) = paired_computer(&c, "tools").await;
     let workspace = c.dir.path().join("workspace");
-    std::fs::create_dir_all(workspace.join("uploads")).expect("workspace");
     let pkg = c.dir.path().join("pkg");
-    std::fs::create_dir_all(&pkg).expect("pkg");
-    let fixture =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../agent/tests/fixtures/mcp_fixture_server.py");
-    std::fs::copy(fixture, pkg.join("server.py")).expect("fixture");
-    let archive = workspace.join("uploads/server.tar.gz");
-    let out = Command::new("tar").arg("-C").arg(&pkg).arg("-czf").arg(&archive).arg("server.py").output().expect("tar");
-    assert!(out.status.success());
-    let bytes = std::fs::read(&archive).expect("archive");
-    let digest = hex::encode(sha2::Sha256::digest(&bytes));
+    let tools::Package { digest, .. } = tools::pack(&pkg, &workspace, "server.tar.gz", None);
 
     let state = c.dir.path().join("agent");
     let ws = workspace.to_string_lossy().into_owned();
@@ -65,10 +55,7 @@ async fn flow(nodes: u64, agent_node: u64, api: u64, first_uid: &str) {
     let (s, v) = c.call(Method::PUT, 1, &format!("/v1/computers/{id}/bots/{bot}"), &c.token, None).await;
     assert_eq!(s, 200, "{v}");
 
-    let manifest = |sha: &str| {
-        json!({"id": "example.mcp.server", "version": "1.0.0", "sha256": sha,
-               "entrypoint": ["python3", "./server.py"], "share_immutable_package": true})
-    };
+    let manifest = |sha: &str| tools::manifest("1.0.0", sha);
     let install_path = format!("/api/bots/{bot}/tools/install");
     let install = |m: Value| {
         let body = json!({"artifactPath": "uploads/server.tar.gz", "manifest": m});
@@ -124,14 +111,7 @@ async fn flow(nodes: u64, agent_node: u64, api: u64, first_uid: &str) {
     let v2 = std::fs::read_to_string(pkg.join("server.py"))
         .expect("server")
         .replace("return args.get(\"text\", \"\"), False", "return \"v2:\" + args.get(\"text\", \"\"), False");
-    let pkg2 = c.dir.path().join("pkg2");
-    std::fs::create_dir_all(&pkg2).expect("pkg2");
-    std::fs::write(pkg2.join("server.py"), v2).expect("v2");
-    let archive2 = workspace.join("uploads/server-1.1.tar.gz");
-    let out =
-        Command::new("tar").arg("-C").arg(&pkg2).arg("-czf").arg(&archive2).arg("server.py").output().expect("tar");
-    assert!(out.status.success());
-    let digest2 = hex::encode(sha2::Sha256::digest(std::fs::read(&archive2).expect("archive")));
+    let digest2 = tools::pack(&c.dir.path().join("pkg2"), &workspace, "server-1.1.tar.gz", Some(&v2)).digest;
     let mut m2 = manifest(&digest2);
     m2["version"] = json!("1.1.0");
     let body = json!({"artifactPath": "uploads/server-1.1.tar.gz", "manifest": m2});
@@ -198,16 +178,7 @@ async fn t30_a_lost_call_is_unknown_and_never_redone() {
     let c = TestCluster::start(1).await;
     let (id, code) = paired_computer(&c, "lost").await;
     let workspace = c.dir.path().join("workspace");
-    std::fs::create_dir_all(&workspace).expect("workspace");
-    let pkg = c.dir.path().join("pkg");
-    std::fs::create_dir_all(&pkg).expect("pkg");
-    let fixture =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../agent/tests/fixtures/mcp_fixture_server.py");
-    std::fs::copy(fixture, pkg.join("server.py")).expect("fixture");
-    let archive = workspace.join("server.tar.gz");
-    let out = Command::new("tar").arg("-C").arg(&pkg).arg("-czf").arg(&archive).arg("server.py").output().expect("tar");
-    assert!(out.status.success());
-    let digest = hex::encode(sha2::Sha256::digest(std::fs::read(&archive).expect("archive")));
+    let pkg = tools::pack(&c.dir.path().join("pkg"), &workspace, "server.tar.gz", None);
     let state = c.dir.path().join("agent");
     let ws = workspace.to_string_lossy().into_owned();
     let log = c.dir.path().join("agent.log");
@@ -217,9 +188,9 @@ async fn t30_a_lost_call_is_unknown_and_never_redone() {
     let (_, bot) = c.call(Method::POST, 1, "/v1/bots", &c.token, Some(json!({"name": "lostbot"}))).await;
     let bot = bot["id"].as_str().expect("bot").to_string();
     c.call(Method::PUT, 1, &format!("/v1/computers/{id}/bots/{bot}"), &c.token, None).await;
-    let manifest = json!({"id": "lost.server", "version": "1.0.0", "sha256": digest,
-        "entrypoint": ["python3", "./server.py"], "share_immutable_package": true});
-    let body = json!({"artifactPath": "server.tar.gz", "manifest": manifest});
+    let mut manifest = tools::manifest("1.0.0", &pkg.digest);
+    manifest["id"] = json!("lost.server");
+    let body = json!({"artifactPath": pkg.artifact, "manifest": manifest});
     let (s, v) = c.call(Method::POST, 1, &format!("/api/bots/{bot}/tools/install"), &c.token, Some(body)).await;
     assert_eq!(s, 201, "{v}");
     let binding = v["bindingId"].as_str().expect("binding").to_string();
