@@ -301,7 +301,9 @@ async fn t34_idle_sessions_end() {
         let (s, v) = run(&c, &id, json!({"command": "echo $$; exec sleep 1000", "yieldTimeMs": 250})).await;
         assert_eq!((s, v["running"].clone()), (200, json!(true)), "{v}");
         sids.push(v["session"].as_str().expect("session").to_string());
-        pids.push(v["output"].as_str().and_then(|o| o.trim().parse::<u32>().ok()).expect("pid"));
+        // The pid is the command's own line; this machine's login scripts may print before it.
+        let pid = v["output"].as_str().and_then(|o| o.lines().filter_map(|l| l.trim().parse::<u32>().ok()).last());
+        pids.push(pid.unwrap_or_else(|| panic!("a pid in {v}")));
     }
     let gone = |sid: &str| {
         let url = format!("/v1/computers/{id}/sessions/{sid}/input");
