@@ -339,7 +339,9 @@ where
         }
         match tokio::time::timeout_at(deadline, stream.next()).await {
             Ok(Some(Ok(item))) => Some((Ok(item), (stream, false))),
-            Ok(Some(Err(s))) => Some((Err(CallError::from_status(s)), (stream, true))),
+            // An error with a kind is the owner's answer; one without is the connection failing.
+            Ok(Some(Err(s))) if ErrorKind::of(&s).is_some() => Some((Err(CallError::from_status(s)), (stream, true))),
+            Ok(Some(Err(s))) => Some((Err(CallError::unreachable(node, s)), (stream, true))),
             Ok(None) => None,
             Err(_) => {
                 let late = CallError::new(
