@@ -5,9 +5,6 @@
 //! claim (fences out other drivers) → dispatch (rights re-checked at commit; recorded before
 //! the call) → one provider call under a deadline → finish. It never re-sends a dispatched call.
 
-use std::collections::HashSet;
-use std::sync::Arc;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use computerd_raft::cluster::Cluster;
@@ -23,6 +20,7 @@ use ractor::ActorProcessingErr;
 use ractor::ActorRef;
 use tracing::Instrument;
 
+use crate::driver::Inflight;
 use crate::factory::ProviderFactory;
 use crate::now_ms;
 use crate::provider::CreateSpec;
@@ -43,8 +41,9 @@ pub struct ComputerArgs {
     pub cluster: Cluster,
     /// Builds provider adapters.
     pub providers: ProviderFactory,
-    /// Executions this process drives now (shared with the driver, which must not re-send them).
-    pub inflight: Arc<Mutex<HashSet<String>>>,
+    /// Executions this process drives now (shared with the driver, which must not re-send them,
+    /// and releases them if this actor crashes).
+    pub inflight: Inflight,
 }
 
 /// Messages of a Computer actor.

@@ -9,13 +9,23 @@
 //! flight in this process (the node restarted, or its answer could not be recorded), or by the
 //! Computer's owner once the sender is no longer live. The store re-checks both rules at commit.
 //!
-//! The driver wakes on every applied change of the store and on a short tick (leadership
-//! changes do not show up as applied entries on followers).
+//! The driver wakes on every applied change of the store, on a short tick (leadership changes
+//! do not show up as applied entries on followers) and when one of its actors stops. Each pass
+//! decides in a pure function (`survey`) over the applied state, the executions in flight here
+//! and the actors it runs; the loop only carries the decisions out.
+//!
+//! Supervision: every Computer actor is spawned linked to one supervisor actor
+//! (`ComputerSupervisor`), which forwards each child's exit to the driver loop. A crashed actor
+//! (a panic or an error out of its handler) loses nothing: the loop forgets it and releases its
+//! executions from the in-flight set (`release`), so the next pass settles them by the rules
+//! above: an undispatched one is claimed again by a fresh actor, a dispatched one is declared
+//! unknown (never re-sent). The Computer's next execution starts a fresh actor. Only the loop
+//! spawns, stops and forgets actors, so an exit never races a respawn.
 
 use std::collections::HashMap;
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::Mutex;
+use std::sync::MutexGuard;
 use std::time::Duration;
 
 use computerd_raft::NodeId;
@@ -27,7 +37,11 @@ use computerd_raft::sm::Request;
 use computerd_raft::sm::Response;
 use computerd_raft::sm::State;
 use ractor::Actor;
+use ractor::ActorId;
+use ractor::ActorProcessingErr;
 use ractor::ActorRef;
+use ractor::SupervisionEvent;
+use tokio::sync::mpsc;
 use tokio::sync::watch;
 
 use crate::computer::ComputerActor;
@@ -35,8 +49,71 @@ use crate::computer::ComputerArgs;
 use crate::computer::ComputerMessage;
 use crate::factory::ProviderFactory;
 
-/// Executions this process has handed to an actor and not yet seen end.
-type Inflight = Arc<Mutex<HashSet<String>>>;
+/// Executions this process has handed to a Computer actor and not yet seen end, each with its
+/// Computer (so a crashed actor's executions can be released). Shared with the actors, which
+/// remove an execution when its run ends.
+pub type Inflight = Arc<Mutex<HashMap<String, String>>>;
+
+fn lock(inflight: &Inflight) -> MutexGuard<'_, HashMap<String, String>> {
+    inflight.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The supervisor of this node's Computer actors, each spawned linked to it. It holds nothing
+/// but where to report: it forwards every child's exit to the driver loop, which decides what
+/// the exit releases.
+struct ComputerSupervisor;
+
+/// The supervisor takes no messages, only supervision events.
+enum SupervisorMessage {}
+
+/// A Computer actor that stopped, as its supervisor saw it.
+struct Exit {
+    /// The stopped actor.
+    actor: ActorId,
+    /// Why it failed (a panic or an error out of its handler); `None`: it stopped cleanly.
+    error: Option<String>,
+}
+
+impl Actor for ComputerSupervisor {
+    type Msg = SupervisorMessage;
+    type State = mpsc::UnboundedSender<Exit>;
+    type Arguments = mpsc::UnboundedSender<Exit>;
+
+    async fn pre_start(
+        &self,
+        _me: ActorRef<Self::Msg>,
+        exits: mpsc::UnboundedSender<Exit>,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(exits)
+    }
+
+    async fn handle(
+        &self,
+        _me: ActorRef<Self::Msg>,
+        msg: SupervisorMessage,
+        _exits: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {}
+    }
+
+    /// The children are the Computer actors; their exits go to the driver loop.
+    async fn handle_supervisor_evt(
+        &self,
+        _me: ActorRef<Self::Msg>,
+        event: SupervisionEvent,
+        exits: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let exit = match event {
+            SupervisionEvent::ActorFailed(child, e) => Exit { actor: child.get_id(), error: Some(e.to_string()) },
+            SupervisionEvent::ActorTerminated(child, _, _) => Exit { actor: child.get_id(), error: None },
+            // Nothing to track when a child starts; no process group is joined.
+            SupervisionEvent::ActorStarted(_) | SupervisionEvent::ProcessGroupChanged(_) => return Ok(()),
+        };
+        // A send fails only once the driver loop has ended (shutdown): nothing is left to release.
+        let _ = exits.send(exit);
+        Ok(())
+    }
+}
 
 /// What one pass found to do.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -56,13 +133,13 @@ fn survey<'a>(
     s: &State,
     me: NodeId,
     leader: Option<NodeId>,
-    inflight: &HashSet<String>,
+    inflight: &HashMap<String, String>,
     actors: impl Iterator<Item = &'a String>,
 ) -> Pass {
     let owner = |computer: &str| s.placement(computer).or(leader);
     let mut pass = Pass::default();
     for e in s.executions.values() {
-        if inflight.contains(&e.id) {
+        if inflight.contains_key(&e.id) {
             continue;
         }
         let undispatched = e.state == ExecutionState::Running && e.dispatched_at.is_none();
@@ -86,63 +163,126 @@ fn survey<'a>(
     pass
 }
 
+/// Forgets the executions in flight on `computer`'s actor, which is gone; answers them.
+fn release(inflight: &mut HashMap<String, String>, computer: &str) -> Vec<String> {
+    let mut gone = Vec::new();
+    inflight.retain(|exe, c| {
+        let keep = c != computer;
+        if !keep {
+            gone.push(exe.clone());
+        }
+        keep
+    });
+    gone.sort();
+    gone
+}
+
+/// The Computer actors of this node, by Computer, and what they drive.
+struct Actors {
+    by_computer: HashMap<String, ActorRef<ComputerMessage>>,
+    inflight: Inflight,
+}
+
+impl Actors {
+    /// `computer`'s actor is gone (it crashed, or stopped unasked): forgets it and releases its
+    /// executions, so the next pass settles them.
+    fn lost(&mut self, computer: &str, error: Option<&str>) {
+        self.by_computer.remove(computer);
+        let executions = release(&mut lock(&self.inflight), computer);
+        let error = error.unwrap_or("stopped without being asked");
+        tracing::warn!(
+            computer_id = %computer,
+            error = %error,
+            ?executions,
+            "computer actor failed; its executions are settled again"
+        );
+    }
+
+    /// An actor exited: if it is still its Computer's actor, it is lost. (One the driver stopped
+    /// was forgotten when it was stopped.)
+    fn exited(&mut self, exit: Exit) {
+        let computer = self.by_computer.iter().find(|(_, a)| a.get_id() == exit.actor).map(|(c, _)| c.clone());
+        if let Some(computer) = computer {
+            self.lost(&computer, exit.error.as_deref());
+        }
+    }
+}
+
 /// Runs the driver until `stop` turns true.
 pub async fn run_driver(cluster: Cluster, providers: ProviderFactory, mut stop: watch::Receiver<bool>) {
+    let (exits_tx, mut exits) = mpsc::unbounded_channel();
+    let supervisor = match Actor::spawn(None, ComputerSupervisor, exits_tx).await {
+        Ok((s, _)) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the computer actors' supervisor: no lifecycle work runs here");
+            return;
+        }
+    };
     let mut applied = cluster.state().subscribe();
-    let inflight: Inflight = Arc::default();
-    let mut actors: HashMap<String, ActorRef<ComputerMessage>> = HashMap::new();
+    let mut actors = Actors { by_computer: HashMap::new(), inflight: Inflight::default() };
     loop {
         let leader = cluster.view().leader_id;
-        let now_inflight = inflight.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let pass = cluster.state().read(|s| survey(s, cluster.id(), leader, &now_inflight, actors.keys()));
+        let inflight = lock(&actors.inflight).clone();
+        let pass = cluster.state().read(|s| survey(s, cluster.id(), leader, &inflight, actors.by_computer.keys()));
         for (exe, claim) in pass.lost {
             settle_lost(&cluster, &exe, claim).await;
         }
         for computer in pass.done {
-            if let Some(a) = actors.remove(&computer) {
+            if let Some(a) = actors.by_computer.remove(&computer) {
                 a.stop(None);
             }
         }
         for (exe, computer) in pass.run {
-            if !inflight.lock().unwrap_or_else(|p| p.into_inner()).insert(exe.clone()) {
-                continue;
+            {
+                let mut inflight = lock(&actors.inflight);
+                if inflight.contains_key(&exe) {
+                    continue;
+                }
+                inflight.insert(exe.clone(), computer.clone());
             }
-            let actor = match actors.get(&computer) {
+            let actor = match actors.by_computer.get(&computer) {
                 Some(a) => a.clone(),
                 None => {
                     let args = ComputerArgs {
                         computer_id: computer.clone(),
                         cluster: cluster.clone(),
                         providers: providers.clone(),
-                        inflight: inflight.clone(),
+                        inflight: actors.inflight.clone(),
                     };
-                    match Actor::spawn(None, ComputerActor, args).await {
+                    match Actor::spawn_linked(None, ComputerActor, args, supervisor.get_cell()).await {
                         Ok((a, _)) => {
-                            actors.insert(computer.clone(), a.clone());
+                            actors.by_computer.insert(computer.clone(), a.clone());
                             a
                         }
                         Err(e) => {
                             tracing::warn!(computer_id = %computer, error = %e, "cannot start a computer actor");
-                            inflight.lock().unwrap_or_else(|p| p.into_inner()).remove(&exe);
+                            lock(&actors.inflight).remove(&exe);
                             continue;
                         }
                     }
                 }
             };
-            if actor.send_message(ComputerMessage::Run(exe.clone())).is_err() {
-                actors.remove(&computer);
-                inflight.lock().unwrap_or_else(|p| p.into_inner()).remove(&exe);
+            if let Err(e) = actor.send_message(ComputerMessage::Run(exe.clone())) {
+                // It stopped before its exit reached us: the same as a crash.
+                actors.lost(&computer, Some(&e.to_string()));
             }
         }
         tokio::select! {
             _ = applied.changed() => {}
+            Some(exit) = exits.recv() => {
+                actors.exited(exit);
+                while let Ok(exit) = exits.try_recv() {
+                    actors.exited(exit);
+                }
+            }
             _ = tokio::time::sleep(Duration::from_millis(250)) => {}
             _ = stop.wait_for(|s| *s) => break,
         }
     }
-    for (_, a) in actors {
+    for a in actors.by_computer.values() {
         a.stop(None);
     }
+    supervisor.stop(None);
 }
 
 /// Declares a dispatched call whose sender is gone unknown (the store re-checks who may; a call
@@ -152,7 +292,8 @@ async fn settle_lost(cluster: &Cluster, exe: &str, claim: String) {
         execution_id: exe.to_string(),
         claim,
         node: Some(cluster.id()),
-        reason: "the node driving this call stopped before its answer was recorded".into(),
+        reason: "the node driving this call stopped (or its Computer actor crashed) before its answer was recorded"
+            .into(),
         at_ms: crate::now_ms(),
     };
     match cluster.propose(Request::new(cmd)).await {
@@ -195,8 +336,7 @@ mod tests {
 
     /// Live nodes `live`, the running Computer `cmp_a` and its pause `exe_a`, as `edit` leaves it.
     fn world(live: &[NodeId], edit: impl FnOnce(&mut Execution)) -> State {
-        let mut s = State::default();
-        s.live_nodes = live.iter().copied().collect();
+        let mut s = State { live_nodes: live.iter().copied().collect(), ..State::default() };
         s.computers.insert("cmp_a".into(), computer("cmp_a", ComputerState::Running));
         let mut e = Execution::pending("exe_a", "k", "h", ExecutionKind::Pause, "cmp_a", 1);
         edit(&mut e);
@@ -221,7 +361,7 @@ mod tests {
     }
 
     fn pass(s: &State, me: NodeId, leader: Option<NodeId>, inflight: &[&str]) -> Pass {
-        let inflight = inflight.iter().map(|e| e.to_string()).collect();
+        let inflight = inflight.iter().map(|e| (e.to_string(), "cmp_a".to_string())).collect();
         survey(s, me, leader, &inflight, std::iter::empty())
     }
 
@@ -306,12 +446,27 @@ mod tests {
     }
 
     #[test]
+    fn a_crashed_actors_executions_are_released_and_settled_again() {
+        let mut inflight: HashMap<String, String> =
+            [("exe_a", "cmp_a"), ("exe_b", "cmp_b"), ("exe_c", "cmp_a")].map(|(e, c)| (e.into(), c.into())).into();
+        assert_eq!(release(&mut inflight, "cmp_a"), ["exe_a", "exe_c"]);
+        assert_eq!(inflight, HashMap::from([("exe_b".into(), "cmp_b".into())]), "other actors' executions stay");
+        // What the next pass does with a released execution, on its owner.
+        let s = world(&[1, 2, 3], |_| {});
+        let (owner, _) = owner_and_other(&s);
+        let s = world(&[1, 2, 3], claimed(Some(owner), true));
+        assert_eq!(survey(&s, owner, None, &inflight, std::iter::empty()), lost(), "dispatched: unknown");
+        let s = world(&[1, 2, 3], claimed(Some(owner), false));
+        assert_eq!(survey(&s, owner, None, &inflight, std::iter::empty()), run(), "undispatched: run again");
+    }
+
+    #[test]
     fn actors_of_deleted_or_gone_computers_are_done() {
         let mut s = world(&[1, 2, 3], |e| e.state = ExecutionState::Succeeded);
         s.computers.insert("cmp_d".into(), computer("cmp_d", ComputerState::Deleted));
         s.computers.insert("cmp_p".into(), computer("cmp_p", ComputerState::Paused));
         let actors: Vec<String> = ["cmp_a", "cmp_d", "cmp_p", "cmp_x"].map(String::from).into();
-        let p = survey(&s, 1, Some(1), &HashSet::new(), actors.iter());
+        let p = survey(&s, 1, Some(1), &HashMap::new(), actors.iter());
         assert_eq!(p.done, ["cmp_d", "cmp_x"]);
     }
 }
