@@ -5,9 +5,6 @@
 //! claim (fences out other drivers) → dispatch (rights re-checked at commit; recorded before
 //! the call) → one provider call under a deadline → finish. It never re-sends a dispatched call.
 
-use std::collections::HashSet;
-use std::sync::Arc;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use computerd_raft::cluster::Cluster;
@@ -23,6 +20,7 @@ use ractor::ActorProcessingErr;
 use ractor::ActorRef;
 use tracing::Instrument;
 
+use crate::driver::Inflight;
 use crate::factory::ProviderFactory;
 use crate::now_ms;
 use crate::provider::CreateSpec;
@@ -43,8 +41,9 @@ pub struct ComputerArgs {
     pub cluster: Cluster,
     /// Builds provider adapters.
     pub providers: ProviderFactory,
-    /// Executions this process drives now (shared with the driver, which must not re-send them).
-    pub inflight: Arc<Mutex<HashSet<String>>>,
+    /// Executions this process drives now (shared with the driver, which must not re-send them,
+    /// and releases them if this actor crashes).
+    pub inflight: Inflight,
 }
 
 /// Messages of a Computer actor.
@@ -86,6 +85,23 @@ impl Actor for ComputerActor {
             }
         }
         Ok(())
+    }
+}
+
+/// What a provider call ended with, as the store records it: `answer` is the provider's answer
+/// (`None`: none came within `timeout`, so the call may have had its effect). Only an answer
+/// that proves nothing happened fails the execution; a lost or late one leaves it unknown.
+fn outcome(answer: Option<Result<Option<String>, ProviderError>>, timeout: Duration) -> Outcome {
+    match answer {
+        Some(Ok(sandbox)) => Outcome::Succeeded { sandbox },
+        Some(Err(ProviderError::NotSent(m))) => {
+            Outcome::Failed { error: ExecutionError { kind: "not_sent".into(), message: m } }
+        }
+        Some(Err(ProviderError::Rejected(m))) => {
+            Outcome::Failed { error: ExecutionError { kind: "provider_rejected".into(), message: m } }
+        }
+        Some(Err(ProviderError::Lost(m))) => Outcome::Unknown { reason: m },
+        None => Outcome::Unknown { reason: format!("no answer within {timeout:?}") },
     }
 }
 
@@ -174,17 +190,7 @@ impl ComputerActorState {
                         ExecutionKind::Delete => adapter.delete(&sandbox).await.map(|()| None),
                     }
                 };
-                match tokio::time::timeout(timeout, call).await {
-                    Ok(Ok(sandbox)) => Outcome::Succeeded { sandbox },
-                    Ok(Err(ProviderError::NotSent(m))) => {
-                        Outcome::Failed { error: ExecutionError { kind: "not_sent".into(), message: m } }
-                    }
-                    Ok(Err(ProviderError::Rejected(m))) => {
-                        Outcome::Failed { error: ExecutionError { kind: "provider_rejected".into(), message: m } }
-                    }
-                    Ok(Err(ProviderError::Lost(m))) => Outcome::Unknown { reason: m },
-                    Err(_) => Outcome::Unknown { reason: format!("no answer within {timeout:?}") },
-                }
+                outcome(tokio::time::timeout(timeout, call).await.ok(), timeout)
             }
         };
         tracing::info!(outcome = ?outcome, "provider call ended");
@@ -213,5 +219,37 @@ impl ComputerActorState {
             }
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Duration = Duration::from_secs(3);
+
+    fn failed(kind: &str, message: &str) -> Outcome {
+        Outcome::Failed { error: ExecutionError { kind: kind.into(), message: message.into() } }
+    }
+
+    #[test]
+    fn an_answer_succeeds_with_its_sandbox() {
+        assert_eq!(outcome(Some(Ok(Some("sbx".into()))), T), Outcome::Succeeded { sandbox: Some("sbx".into()) });
+        assert_eq!(outcome(Some(Ok(None)), T), Outcome::Succeeded { sandbox: None });
+    }
+
+    #[test]
+    fn nothing_sent_or_refused_fails() {
+        assert_eq!(outcome(Some(Err(ProviderError::NotSent("down".into()))), T), failed("not_sent", "down"));
+        assert_eq!(outcome(Some(Err(ProviderError::Rejected("no".into()))), T), failed("provider_rejected", "no"));
+    }
+
+    #[test]
+    fn a_lost_or_late_answer_is_unknown() {
+        assert_eq!(
+            outcome(Some(Err(ProviderError::Lost("reset".into()))), T),
+            Outcome::Unknown { reason: "reset".into() }
+        );
+        assert_eq!(outcome(None, T), Outcome::Unknown { reason: "no answer within 3s".into() });
     }
 }

@@ -5,7 +5,9 @@
 //! Config (`config.faults`, per operation `create|pause|resume|delete`):
 //! `"ok"` (default), `"lost"` (does it, then loses the answer), `"not_sent"` (fails before
 //! sending), `"reject"` (answers no, does nothing), `"slow:MS"` (does it, answers after MS),
-//! `"hang"` (does it, never answers). Enabled only on nodes started with a fake-provider dir.
+//! `"hang"` (does it, never answers), `"panic"` (does it, then panics inside the call, so inside
+//! the Computer actor's handler: the actor crashes with the call dispatched and unanswered).
+//! Enabled only on nodes started with a fake-provider dir.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -35,6 +37,8 @@ pub enum Fault {
     Slow(Duration),
     /// Does it, never answers.
     Hang,
+    /// Does it, then panics in the caller's task (a crash of whoever made the call).
+    Panic,
 }
 
 impl Fault {
@@ -46,6 +50,7 @@ impl Fault {
             "not_sent" => Fault::NotSent,
             "reject" => Fault::Reject,
             "hang" => Fault::Hang,
+            "panic" => Fault::Panic,
             other => match other.strip_prefix("slow:").and_then(|ms| ms.parse::<u64>().ok()) {
                 Some(ms) => Fault::Slow(Duration::from_millis(ms)),
                 None => return Err(format!("unknown fault {other:?}")),
@@ -138,6 +143,10 @@ impl FakeProvider {
                 std::future::pending::<()>().await;
                 Ok(())
             }
+            Fault::Panic => {
+                self.record(effect)?;
+                panic!("injected: the caller crashed during a {op}");
+            }
         }
     }
 }
@@ -211,9 +220,19 @@ mod tests {
         assert_eq!(p.lines().len(), 3);
     }
 
+    #[tokio::test]
+    async fn panic_does_it_then_panics_in_the_callers_task() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = fake(&dir, json!({"pause": "panic"}));
+        let call = tokio::spawn(async move { p.pause("fake-cmp_1").await.is_ok() });
+        assert!(call.await.expect_err("the call panics").is_panic());
+        let journal = FakeProvider::new(dir.path().join("j.jsonl"), &serde_json::Map::new());
+        assert_eq!(journal.lines(), vec![json!({"op": "pause", "sandbox": "fake-cmp_1"})], "the effect happened");
+    }
+
     #[test]
     fn config_is_checked() {
-        let ok = json!({"faults": {"create": "slow:20"}, "timeoutMs": 500});
+        let ok = json!({"faults": {"create": "slow:20", "delete": "panic"}, "timeoutMs": 500});
         assert!(FakeProvider::check_config(ok.as_object().expect("o")).is_ok());
         for bad in [json!({"faults": {"create": "explode"}}), json!({"faults": {"fly": "ok"}}), json!({"x": 1})] {
             assert!(FakeProvider::check_config(bad.as_object().expect("o")).is_err(), "{bad}");

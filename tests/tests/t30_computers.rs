@@ -224,6 +224,58 @@ async fn t50_node_kill_during_a_provider_call() {
     assert_eq!(c.journal(&p).len(), 1, "a dispatched call is never sent twice");
 }
 
+/// A Computer actor that crashes during a provider call never loses its execution: the call was
+/// dispatched, so it ends `outcome_unknown` (not re-sent, not stuck `running`); the driver and
+/// the other Computers' actors go on, and the crashed Computer gets a fresh actor for its next
+/// command.
+#[tokio::test]
+async fn t52_an_actor_crash_during_a_provider_call() {
+    let c = TestCluster::start_fake(1).await;
+    let ok = provider(&c, json!({})).await;
+    let crashing = provider(&c, json!({"create": "panic"})).await;
+    let (_, r) = create(&c, 1, &c.token, "steady-1", &ok).await;
+    assert_eq!(c.settle(1, &s(&r, "executionId"), &c.token).await["state"], "succeeded");
+    let steady = s(&r["resource"], "id");
+
+    let (st, r) = create(&c, 1, &c.token, "crash-1", &crashing).await;
+    assert_eq!(st, 202, "{r}");
+    let exe = s(&r, "executionId");
+    let crashed = s(&r["resource"], "id");
+    let done = c.settle(1, &exe, &c.token).await;
+    assert_eq!(done["state"], "outcome_unknown", "{done}");
+    let log = std::fs::read_to_string(&c.nodes[&1].log).expect("log");
+    let logged = |l: &&str| l.contains("computer actor failed") && l.contains(&crashed) && l.contains("injected");
+    assert!(log.lines().any(|l| logged(&l)), "the crash is not logged with its Computer and error");
+
+    // The driver goes on: the other Computer's pause and delete run.
+    for (method, path, key) in [
+        (Method::POST, format!("/v1/computers/{steady}/pause"), "steady-p"),
+        (Method::DELETE, format!("/v1/computers/{steady}"), "steady-d"),
+    ] {
+        let (st, r) = c.call(method, 1, &path, &c.token, Some(json!({"commandKey": key}))).await;
+        assert_eq!(st, 202, "{r}");
+        assert_eq!(c.settle(1, &s(&r, "executionId"), &c.token).await["state"], "succeeded");
+    }
+    // The crashed Computer, once decided, runs its next command in a fresh actor.
+    let (st, v) = c
+        .call(
+            Method::POST,
+            1,
+            &format!("/v1/executions/{exe}/decision"),
+            &c.token,
+            Some(json!({"outcome": "failed", "reason": "no sandbox"})),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    let (st, r) = c
+        .call(Method::DELETE, 1, &format!("/v1/computers/{crashed}"), &c.token, Some(json!({"commandKey": "crash-d"})))
+        .await;
+    assert_eq!(st, 202, "{r}");
+    assert_eq!(c.settle(1, &s(&r, "executionId"), &c.token).await["state"], "succeeded");
+    let ops: Vec<String> = c.journal(&crashing).iter().map(|l| s(l, "op")).collect();
+    assert_eq!(ops, ["create", "delete"], "the crashed create was sent once, never again");
+}
+
 /// Lifecycle work is placed over the live nodes: Computers spread over the three nodes, each
 /// execution is driven by its Computer's node, the Computers of a SIGKILLed node move to the
 /// others (and their commands run there), and they come back when the node does.
