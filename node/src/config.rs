@@ -58,6 +58,9 @@ impl DevConfig {
             advertise_http: None,
             advertise_grpc: None,
             join: None,
+            join_token_file: None,
+            join_token: None,
+            cert_validity_secs: 90 * 24 * 3600,
             heartbeat_ms: t.heartbeat_ms,
             election_ms: t.election_min_ms,
             snapshot_every: t.snapshot_every,
@@ -94,6 +97,16 @@ pub struct ServeConfig {
     /// The gRPC address of any member to join; without it, the first start bootstraps a cluster.
     #[arg(long, env = "COMPUTERD_JOIN")]
     pub join: Option<String>,
+    /// A file holding the cluster's join secret (`cdj1.…`, see `DIR/join.token` on the first
+    /// node), for a node without a certificate yet; a node that has one ignores it.
+    #[arg(long, env = "COMPUTERD_JOIN_TOKEN_FILE")]
+    pub join_token_file: Option<PathBuf>,
+    /// The join secret itself (instead of a file).
+    #[arg(long, env = "COMPUTERD_JOIN_TOKEN", hide_env_values = true)]
+    pub join_token: Option<String>,
+    /// How long node certificates last (seconds); they renew themselves at half-life.
+    #[arg(long, env = "COMPUTERD_CERT_VALIDITY_SECS", default_value_t = 90 * 24 * 3600)]
+    pub cert_validity_secs: u64,
     /// Raft heartbeat interval in ms.
     #[arg(long, env = "COMPUTERD_HEARTBEAT_MS", default_value_t = Tuning::default().heartbeat_ms)]
     pub heartbeat_ms: u64,

@@ -4,6 +4,8 @@
 //! DIR/node.json     {"format":1,"nodeId":N,"clusterId":"…"|null}  written first, checked on every start
 //! DIR/store/        the Raft log and state machine (sled)
 //! DIR/admin.token   the first owner token, mode 0600 (bootstrap node only)
+//! DIR/join.token    the cluster's join secret, mode 0600 (bootstrap node only)
+//! DIR/tls/          the cluster CA and this node's certificate (`computerd_raft::tls`)
 //! ```
 //! A directory that cannot be read, that holds something else, or that belongs to another
 //! node or cluster stops the node with a clear message. It is never silently re-initialised.
@@ -130,6 +132,21 @@ impl DataDir {
         let file = self.root.join(NODE_FILE);
         let bytes = serde_json::to_vec_pretty(&self.node).map_err(|e| io_err(&file)(e.into()))?;
         write_atomic(&file, &bytes, 0o600)
+    }
+
+    /// Where the node's certificates are.
+    pub fn tls_dir(&self) -> PathBuf {
+        self.root.join("tls")
+    }
+
+    /// Where the cluster's join secret is written (bootstrap node).
+    pub fn join_token_path(&self) -> PathBuf {
+        self.root.join("join.token")
+    }
+
+    /// Writes the join secret with mode 0600.
+    pub fn write_join_token(&self, secret: &str) -> Result<(), DataDirError> {
+        write_atomic(&self.join_token_path(), format!("{secret}\n").as_bytes(), 0o600)
     }
 
     /// Writes the owner token secret with mode 0600 (never readable by others, even briefly).

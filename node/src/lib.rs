@@ -11,6 +11,7 @@ pub mod http;
 pub mod ids;
 pub mod link_handshake;
 pub mod owner;
+mod pki;
 mod server;
 pub mod state;
 

@@ -1,8 +1,8 @@
 //! Node start-up and shutdown, as straight-line steps:
 //!
-//! 1. open and check the data dir;
+//! 1. open and check the data dir, and have the node's certificates (`pki.rs`);
 //! 2. open the store and start Raft;
-//! 3. serve gRPC;
+//! 3. serve gRPC (mutual TLS);
 //! 4. bootstrap, join, or resume;
 //! 5. serve HTTP;
 //! 6. on the shutdown signal, stop HTTP, Raft and gRPC, in that order.
@@ -26,6 +26,8 @@ use computerd_raft::sm::Response;
 use computerd_raft::sm::Role;
 use computerd_raft::sm::Token;
 use computerd_raft::sm::hash_secret;
+use computerd_raft::tls::JoinSecret;
+use computerd_raft::tls::Pki;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -142,9 +144,14 @@ pub async fn run(
         grpc: cfg.advertise_grpc.clone().map_or_else(|| local(&listeners.grpc, "grpc"), Ok)?,
     };
 
-    // 2. The store, and the channels to peers (from the peer source address, if one is set).
+    //    The certificates: this node's, made (first node) or enrolled (a joining node).
+    let pki = crate::pki::certificates(&cfg, &dir).await?;
+
+    // 2. The store, and the channels to peers (mutual TLS, from the peer source address, if one
+    //    is set).
     check_peer_source(cfg.peer_source_ip)?;
-    let channels = Channels::from_source(cfg.peer_source_ip);
+    let client_tls = pki.client_config().map_err(|e| NodeError::Config(e.to_string()))?;
+    let channels = Channels::new(client_tls, cfg.peer_source_ip);
     let cluster = Cluster::start(cfg.node_id, &dir.store_dir(), &cfg.tuning(), channels).await?;
 
     // 3. gRPC, so peers can reach this node while it joins. A node with an empty store that is
@@ -157,10 +164,12 @@ pub async fn run(
     let route_target = crate::owner::serve::RouteTarget::default();
     let grpc = {
         let mut stop = stop_rx.clone();
-        let incoming = tonic::transport::server::TcpIncoming::from(listeners.grpc).with_nodelay(Some(true));
+        let incoming =
+            computerd_raft::tls::incoming(listeners.grpc, pki.clone()).map_err(|e| NodeError::Config(e.to_string()))?;
         tokio::spawn(
             tonic::transport::Server::builder()
-                .add_service(Service::server(cluster.clone()))
+                .layer(computerd_raft::tls::RequireNode)
+                .add_service(Service::server(cluster.clone(), pki.clone()))
                 .add_service(route_target.clone().server())
                 .serve_with_incoming_shutdown(incoming, async move {
                     let _ = stop.wait_for(|s| *s).await;
@@ -169,7 +178,7 @@ pub async fn run(
     };
 
     // 4. Bootstrap, join or resume.
-    if let Err(e) = membership(&cfg, &mut dir, &cluster, &addr).await {
+    if let Err(e) = membership(&cfg, &mut dir, &cluster, &addr, &pki).await {
         let _ = stop_tx.send(true);
         cluster.shutdown().await;
         let _ = grpc.await;
@@ -202,6 +211,11 @@ pub async fn run(
     ));
     let links = std::sync::Arc::new(computerd_actors::link::LinkRegistry::with_linger(linger));
     let owners = crate::owner::Owners::new(cluster.clone(), links.clone());
+    // Certificates while running: revocations from the store, the CA's key for a new voter,
+    // renewal at half-life.
+    let revocations = tokio::spawn(crate::pki::run_revocations(cluster.clone(), pki.clone(), stop_rx.clone()));
+    let upkeep_every = Duration::from_secs((cfg.cert_validity_secs / 20).clamp(1, 60));
+    let upkeep = tokio::spawn(crate::pki::run_upkeep(cluster.clone(), pki.clone(), upkeep_every, stop_rx.clone()));
     let app_state = crate::state::AppState {
         cluster: cluster.clone(),
         fake_providers: cfg.fake_provider_dir.is_some(),
@@ -210,6 +224,8 @@ pub async fn run(
         sessions: std::sync::Arc::new(computerd_actors::session::SessionRegistry::new(std::sync::Arc::new(owners))),
         activity,
         providers,
+        pki: pki.clone(),
+        join_token_file: Some(dir.join_token_path()),
     };
     // A node cut off from its quorum sheds its agent links, so they move to the majority.
     let shedder = tokio::spawn(computerd_actors::link::run_shedder(
@@ -247,6 +263,8 @@ pub async fn run(
     let _ = reporter.await;
     let _ = scheduler.await;
     let _ = watch.await;
+    let _ = revocations.await;
+    let _ = upkeep.await;
     cluster.shutdown().await;
     let grpc_result = grpc.await;
     tracing::info!(node_id = cfg.node_id, "node stopped");
@@ -266,7 +284,13 @@ fn check_peer_source(ip: Option<std::net::IpAddr>) -> Result<(), NodeError> {
 }
 
 /// Step 4: a fresh node bootstraps (no `--join`) or joins; a known node resumes.
-async fn membership(cfg: &ServeConfig, dir: &mut DataDir, cluster: &Cluster, addr: &NodeAddr) -> Result<(), NodeError> {
+async fn membership(
+    cfg: &ServeConfig,
+    dir: &mut DataDir,
+    cluster: &Cluster,
+    addr: &NodeAddr,
+    pki: &Pki,
+) -> Result<(), NodeError> {
     let initialized = cluster.is_initialized().await?;
     match (&cfg.join, initialized) {
         (None, false) => {
@@ -276,12 +300,12 @@ async fn membership(cfg: &ServeConfig, dir: &mut DataDir, cluster: &Cluster, add
                 ));
             }
             cluster.initialize(addr.clone()).await?;
-            bootstrap(dir, cluster).await
+            bootstrap(dir, cluster, pki).await
         }
         (None, true) => {
             // Resume. A crash between initialize and bootstrap leaves an unbootstrapped store.
             if dir.node.cluster_id.is_none() && cluster.view().members.len() == 1 {
-                return bootstrap(dir, cluster).await;
+                return bootstrap(dir, cluster, pki).await;
             }
             check_recovered_cluster(dir, cluster).await?;
             refresh_own_address(cluster, addr);
@@ -292,7 +316,12 @@ async fn membership(cfg: &ServeConfig, dir: &mut DataDir, cluster: &Cluster, add
             // empty log from this id. Raft RPCs stay refused until then (see `run`).
             let fresh = !initialized;
             if dir.node.cluster_id.is_some() || fresh {
-                let theirs = with_patience(|| cluster.join_through(join, addr, true, fresh)).await?;
+                let theirs = match with_patience(|| cluster.join_through(join, addr, true, fresh)).await {
+                    Err(NodeError::Cluster(ClusterError::Invalid(why))) if let Some(ours) = &dir.node.cluster_id => {
+                        return Err(NodeError::Config(format!("the data dir belongs to cluster {ours}, but {why}")));
+                    }
+                    other => other?,
+                };
                 if let Some(ours) = dir.node.cluster_id.clone()
                     && theirs != ours
                 {
@@ -359,8 +388,9 @@ async fn check_recovered_cluster(dir: &mut DataDir, cluster: &Cluster) -> Result
 }
 
 /// Creates the organization, the first owner and the owner token (written to `admin.token`).
-async fn bootstrap(dir: &mut DataDir, cluster: &Cluster) -> Result<(), NodeError> {
-    let cluster_id = new_id("cls");
+async fn bootstrap(dir: &mut DataDir, cluster: &Cluster, pki: &Pki) -> Result<(), NodeError> {
+    // The cluster id was chosen with the CA (its certificates name it).
+    let cluster_id = pki.cluster_id().to_string();
     let now = now_ms();
     let owner = Member { id: new_id("mem"), name: "owner".into(), email: None, role: Role::Owner, created_at: now };
     let secret = new_secret();
@@ -375,14 +405,22 @@ async fn bootstrap(dir: &mut DataDir, cluster: &Cluster) -> Result<(), NodeError
         revoked_at: None,
     };
     let org = Organization { id: new_id("org"), name: "default".into(), created_at: now };
-    // The file first: if we crash before the command applies, the next start writes a new one.
+    // The join secret, then the owner token: files first (if we crash before the commands apply,
+    // the next start writes new ones); a harness that waits for admin.token finds both.
+    let join = JoinSecret::new(&pki.ca_hash());
+    dir.write_join_token(&join.encode())?;
+    let token_id = token.id.clone();
     dir.write_admin_token(&secret)?;
     let cmd = Command::Bootstrap { cluster_id: cluster_id.clone(), org, owner, token };
     match cluster.propose(Request::new(cmd)).await? {
         Response::Ok | Response::Id(_) => {}
         Response::Rejected(r) => return Err(NodeError::Bootstrap(r.message)),
     }
+    let cmd = Command::SetJoinSecret { by: token_id, hash: hash_secret(&join.secret) };
+    if let Response::Rejected(r) = cluster.propose(Request::new(cmd)).await? {
+        return Err(NodeError::Bootstrap(r.message));
+    }
     dir.set_cluster_id(&cluster_id)?;
-    tracing::info!(cluster_id = %cluster_id, path = %dir.admin_token_path().display(), "cluster bootstrapped; owner token written");
+    tracing::info!(cluster_id = %cluster_id, path = %dir.admin_token_path().display(), join = %dir.join_token_path().display(), "cluster bootstrapped; owner token and join secret written");
     Ok(())
 }

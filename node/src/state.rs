@@ -28,4 +28,8 @@ pub struct AppState {
     pub providers: ProviderFactory,
     /// Work seen on this node, reported to the idle-pause plan in batches.
     pub activity: Arc<Activity>,
+    /// The node's certificates and the cluster's CA (join secrets name the CA's hash).
+    pub pki: Arc<computerd_raft::tls::Pki>,
+    /// This node's `DIR/join.token` (rewritten when the reusable secret is rotated here).
+    pub join_token_file: Option<std::path::PathBuf>,
 }

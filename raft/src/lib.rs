@@ -16,6 +16,7 @@ pub mod network;
 pub mod service;
 pub mod sm;
 pub mod store;
+pub mod tls;
 
 use std::fmt;
 

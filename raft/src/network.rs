@@ -43,18 +43,20 @@ const SNAPSHOT_CHUNK: usize = 1 << 20;
 /// The largest message a node accepts (snapshots are chunked below this).
 pub const MAX_MESSAGE: usize = 64 << 20;
 
-/// Channels to peers, shared by the Raft network and the node's forwarding calls.
-#[derive(Clone, Default)]
+/// Channels to peers, shared by the Raft network and the node's forwarding calls. Every one is
+/// mutual TLS with the node's certificate ([`crate::tls`]).
+#[derive(Clone)]
 pub struct Channels {
     inner: Arc<Mutex<HashMap<String, Channel>>>,
-    /// The local address outgoing connections start from (`None`: the kernel chooses).
-    source: Option<IpAddr>,
+    /// Dials peers: from the node's source address, then TLS.
+    connector: crate::tls::Connector,
 }
 
 impl Channels {
-    /// Channels whose connections start from `source` (`None`: the kernel chooses).
-    pub fn from_source(source: Option<IpAddr>) -> Self {
-        Self { inner: Default::default(), source }
+    /// Channels over TLS with `config`, whose connections start from `source` (`None`: the
+    /// kernel chooses).
+    pub fn new(config: Arc<rustls::ClientConfig>, source: Option<IpAddr>) -> Self {
+        Self { inner: Default::default(), connector: crate::tls::Connector::new(config, source) }
     }
 
     /// The channel to `addr` (`host:port`), created lazily once and reused; it reconnects by itself.
@@ -70,19 +72,26 @@ impl Channels {
         let channel = match map.get(addr) {
             Some(c) => c.clone(),
             None => {
-                let c = Endpoint::from_shared(format!("http://{addr}"))?
-                    .connect_timeout(Duration::from_millis(500))
-                    .tcp_nodelay(true)
-                    .http2_keep_alive_interval(Duration::from_secs(5))
-                    .keep_alive_timeout(Duration::from_secs(5))
-                    .local_address(self.source)
-                    .connect_lazy();
+                let c = endpoint(addr)?.connect_with_connector_lazy(self.connector.clone());
                 map.insert(addr.to_string(), c.clone());
                 c
             }
         };
         Ok(channel)
     }
+}
+
+/// The settings of every channel to a peer: a short connect timeout, HTTP/2 keep-alive.
+fn endpoint(addr: &str) -> Result<Endpoint, tonic::transport::Error> {
+    Ok(Endpoint::from_shared(format!("http://{addr}"))?
+        .connect_timeout(Duration::from_secs(1))
+        .http2_keep_alive_interval(Duration::from_secs(5))
+        .keep_alive_timeout(Duration::from_secs(5)))
+}
+
+/// A channel to `addr` that is not kept: an enrolling node's one call, with its own TLS config.
+pub fn one_off_channel(addr: &str, config: Arc<rustls::ClientConfig>) -> Result<Channel, tonic::transport::Error> {
+    Ok(endpoint(addr)?.connect_with_connector_lazy(crate::tls::Connector::new(config, None)))
 }
 
 /// Creates a [`PeerClient`] per target for openraft.

@@ -225,7 +225,9 @@ impl TestCluster {
             .stdout(Stdio::null())
             .stderr(Stdio::from(log));
         if let Some(j) = &node.join {
-            cmd.args(["--join", j]);
+            // The first node's join secret (a node that has its certificate ignores it).
+            let secret = self.dir.path().join("node1").join("join.token");
+            cmd.args(["--join", j]).arg("--join-token-file").arg(secret);
         }
         node.child = Some(cmd.spawn().expect("spawn computerd"));
     }

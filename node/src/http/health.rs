@@ -7,6 +7,9 @@ use axum::http::StatusCode;
 use serde_json::Value;
 use serde_json::json;
 
+use computerd_raft::sm::Command;
+use serde::Deserialize;
+
 use super::ApiError;
 use super::AppState;
 use super::Auth;
@@ -14,6 +17,7 @@ use super::Auth;
 use super::schemas::ErrorBody;
 #[allow(unused_imports)]
 use super::schemas::ReceiptDoc;
+use super::util::propose;
 
 /// The node's view of the cluster; 503 while the node is out of touch with a quorum (cut off
 /// by a partition, or its quorum is gone), so a load balancer stops sending it calls it could
@@ -62,11 +66,78 @@ pub async fn remove_node(
     auth: Auth,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    auth.current(&state).await?.check_admin_write()?;
+    let caller = auth.current(&state).await?;
+    caller.check_admin_write()?;
     let id: u64 = id.parse().map_err(|_| ApiError::invalid("a node id is a number"))?;
     state.cluster.leave(id).await.map_err(|e| match e {
         computerd_raft::cluster::ClusterError::Invalid(m) => ApiError::not_found(m),
         other => other.into(),
     })?;
+    // Its certificates are refused from now on, and its open connections closed.
+    let before_secs = crate::ids::now_ms() / 1000;
+    propose(&state, Command::RevokeNode { by: caller.token.id.clone(), node_id: id, before_secs }).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /v1/cluster/join-token` body.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct JoinTokenIn {
+    /// A single-use secret that expires after this many seconds; without it, the cluster's
+    /// reusable secret is rotated (the old one stops working).
+    ttl_secs: Option<u64>,
+}
+
+/// `POST /v1/cluster/join-tokens` (owner/admin): a join secret for new nodes, answered once (the
+/// store keeps its hash). With `ttlSecs` (1 s to 7 days), a single-use secret with that expiry;
+/// without, a new reusable secret replacing the cluster's (also rewritten to `DIR/join.token`
+/// where this node has one).
+#[utoipa::path(post, path = "/v1/cluster/join-tokens", tag = "cluster", request_body(content = Object, description = "{\"ttlSecs\"?}"), responses((status = 201, description = "{joinToken, singleUse, expiresAtMs}", body = Object), (status = 403, description = "Not an owner or admin", body = ErrorBody)), security(("bearer" = [])))]
+pub async fn join_token(
+    State(state): State<AppState>,
+    auth: Auth,
+    body: axum::body::Bytes,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let caller = auth.current(&state).await?;
+    caller.check_admin_write()?;
+    let b: JoinTokenIn = if body.iter().all(u8::is_ascii_whitespace) {
+        JoinTokenIn::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| ApiError::invalid(format!("bad body: {e}")))?
+    };
+    let secret = computerd_raft::tls::JoinSecret::new(&state.pki.ca_hash());
+    let hash = computerd_raft::sm::hash_secret(&secret.secret);
+    let by = caller.token.id.clone();
+    let expires = match b.ttl_secs {
+        Some(ttl) if (1..=7 * 24 * 3600).contains(&ttl) => {
+            let now = crate::ids::now_ms();
+            let expires_at_ms = now + ttl * 1000;
+            propose(&state, Command::MintJoinToken { by, hash, expires_at_ms, at_ms: now }).await?;
+            Some(expires_at_ms)
+        }
+        Some(_) => return Err(ApiError::invalid("ttlSecs must be 1 to 604800")),
+        None => {
+            propose(&state, Command::SetJoinSecret { by, hash }).await?;
+            if let Some(dir) = &state.join_token_file
+                && dir.exists()
+            {
+                let _ = write_join_file(dir, &secret.encode());
+            }
+            None
+        }
+    };
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({"joinToken": secret.encode(), "singleUse": expires.is_some(), "expiresAtMs": expires})),
+    ))
+}
+
+fn write_join_file(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+    f.write_all(format!("{text}\n").as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
 }

@@ -42,6 +42,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/tokens", post(identity::create_token).get(identity::list_tokens))
         .route("/v1/tokens/{id}", delete(identity::revoke_token))
         .route("/v1/cluster/nodes/{id}", delete(health::remove_node))
+        .route("/v1/cluster/join-tokens", post(health::join_token))
         .route("/v1/computer-providers", post(providers::create).get(providers::list))
         .route("/v1/computers", post(computers::create).get(computers::list))
         .route("/v1/computers/{id}", get(computers::get).delete(computers::delete))

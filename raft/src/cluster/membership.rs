@@ -91,7 +91,16 @@ impl Cluster {
             fresh,
         });
         r.set_timeout(JOIN_TIMEOUT);
-        let reply = client.join(r).await.map_err(|s| ClusterError::Unavailable(s.message().to_string()))?;
+        let reply = client.join(r).await.map_err(|s| {
+            if crate::tls::is_foreign_peer(&s) {
+                ClusterError::Invalid(format!(
+                    "the member at {grpc_addr} is not of this node's cluster (its certificate is not signed by this \
+                     cluster's CA)"
+                ))
+            } else {
+                ClusterError::Unavailable(crate::tls::status_chain(&s))
+            }
+        })?;
         Ok(reply.into_inner().cluster_id)
     }
 

@@ -286,6 +286,45 @@ pub enum Command {
         /// Unix ms.
         at_ms: u64,
     },
+    /// Sets the cluster's reusable join secret (its hash): at bootstrap, and when an owner or
+    /// admin rotates it.
+    SetJoinSecret {
+        /// The caller's token id.
+        by: String,
+        /// SHA-256 of the secret.
+        hash: String,
+    },
+    /// An owner or admin mints a single-use join secret with an expiry.
+    MintJoinToken {
+        /// The caller's token id.
+        by: String,
+        /// SHA-256 of the secret.
+        hash: String,
+        /// Unix ms after which it is refused.
+        expires_at_ms: u64,
+        /// Unix ms.
+        at_ms: u64,
+    },
+    /// A node presents a join secret to enroll: the reusable one is let through, a single-use one
+    /// once (it is removed); anything else is refused.
+    RedeemJoinToken {
+        /// SHA-256 of the secret presented.
+        hash: String,
+        /// The node enrolling.
+        node_id: u64,
+        /// Unix ms.
+        at_ms: u64,
+    },
+    /// The certificates of a removed node, issued at or before `before_secs`, are refused from
+    /// now on (an owner or admin removed it).
+    RevokeNode {
+        /// The caller's token id.
+        by: String,
+        /// The node.
+        node_id: u64,
+        /// Unix seconds.
+        before_secs: u64,
+    },
     /// The leader records the nodes it hears from; Computers are placed over them.
     SetLiveNodes {
         /// The live nodes (at least the leader).
@@ -386,6 +425,10 @@ impl Command {
             Command::ReportActivity { .. } => "report_activity",
             Command::PlanPause { .. } => "plan_pause",
             Command::SetLiveNodes { .. } => "set_live_nodes",
+            Command::SetJoinSecret { .. } => "set_join_secret",
+            Command::MintJoinToken { .. } => "mint_join_token",
+            Command::RedeemJoinToken { .. } => "redeem_join_token",
+            Command::RevokeNode { .. } => "revoke_node",
             Command::SandboxVanished { .. } => "sandbox_vanished",
             Command::BindingReserve { .. } => "binding_reserve",
             Command::BindingSettle { .. } => "binding_settle",

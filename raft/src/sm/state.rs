@@ -92,6 +92,9 @@ pub struct State {
     /// The nodes the leader hears from; Computers are placed over them (`placement`).
     #[serde(default)]
     pub live_nodes: std::collections::BTreeSet<u64>,
+    /// Who may join the cluster, and which node certificates are revoked (`join`).
+    #[serde(default)]
+    pub join: super::join::JoinState,
 }
 
 /// An authenticated caller: a live token and what it speaks for.
@@ -224,6 +227,12 @@ impl State {
                 self.claim(execution_id, claim, *node, *at_ms)
             }
             Command::SetLiveNodes { nodes } => self.set_live_nodes(nodes),
+            Command::SetJoinSecret { by, hash } => self.set_join_secret(by, hash),
+            Command::MintJoinToken { by, hash, expires_at_ms, at_ms } => {
+                self.mint_join_token(by, hash, *expires_at_ms, *at_ms)
+            }
+            Command::RedeemJoinToken { hash, node_id, at_ms } => self.redeem_join_token(hash, *node_id, *at_ms),
+            Command::RevokeNode { by, node_id, before_secs } => self.revoke_node(by, *node_id, *before_secs),
             Command::DispatchExecution { execution_id, claim, at_ms } => self.dispatch(execution_id, claim, *at_ms),
             Command::FinishExecution { execution_id, claim, outcome, at_ms } => {
                 self.finish(execution_id, claim, outcome, *at_ms)

@@ -1,0 +1,194 @@
+//! The node's certificates at start-up and while it runs (`computerd_raft::tls` holds the
+//! mechanics):
+//!
+//! - a node whose data dir has certificates uses them (a join secret given again is ignored);
+//! - the first node (no `--join`) makes the cluster's CA and its own certificate;
+//! - a joining node without one enrolls through the member it joins, with the join secret
+//!   (`--join-token-file` or `COMPUTERD_JOIN_TOKEN`): the member is checked against the CA hash
+//!   the secret carries, and a wrong or used secret stops the node with a clear message;
+//! - while running: the revocations in the store reach the TLS layer; a voter without the CA's
+//!   key fetches it; the certificate renews itself at half-life.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use computerd_proto::cluster::Empty;
+use computerd_proto::cluster::EnrollRequest;
+use computerd_proto::cluster::cluster_service_client::ClusterServiceClient;
+use computerd_raft::cluster::Cluster;
+use computerd_raft::network::one_off_channel;
+use computerd_raft::tls::Csr;
+use computerd_raft::tls::JoinSecret;
+use computerd_raft::tls::Pki;
+use computerd_raft::tls::enroll_client_config;
+use tokio::sync::watch;
+
+use crate::config::ServeConfig;
+use crate::datadir::DataDir;
+use crate::ids::new_id;
+use crate::server::NodeError;
+
+/// How long an enrolling node keeps trying to reach the member it joins through.
+const ENROLL_PATIENCE: Duration = Duration::from_secs(60);
+
+fn cert_error(e: computerd_raft::tls::CertError) -> NodeError {
+    NodeError::Config(e.to_string())
+}
+
+/// The join secret given on the command line, if any.
+fn given_secret(cfg: &ServeConfig) -> Result<Option<JoinSecret>, NodeError> {
+    let text = match (&cfg.join_token, &cfg.join_token_file) {
+        (Some(t), _) => t.clone(),
+        (None, Some(path)) => std::fs::read_to_string(path)
+            .map_err(|e| NodeError::Config(format!("--join-token-file {}: {e}", path.display())))?,
+        (None, None) => return Ok(None),
+    };
+    JoinSecret::parse(&text).map(Some).map_err(NodeError::Config)
+}
+
+/// The node's certificates: loaded, made (first node) or enrolled (joining node).
+pub async fn certificates(cfg: &ServeConfig, dir: &DataDir) -> Result<Arc<Pki>, NodeError> {
+    let validity = Duration::from_secs(cfg.cert_validity_secs.max(60));
+    if let Some(pki) = Pki::load(&dir.tls_dir(), cfg.node_id, validity).map_err(cert_error)? {
+        if let Some(ours) = &dir.node.cluster_id
+            && ours != pki.cluster_id()
+        {
+            return Err(NodeError::Config(format!(
+                "the certificates in {} are of cluster {}, the data dir of cluster {ours}",
+                dir.tls_dir().display(),
+                pki.cluster_id()
+            )));
+        }
+        if cfg.join.is_some() && given_secret(cfg)?.is_some() {
+            tracing::info!("this node has its certificate; the join secret given is not used");
+        }
+        return Ok(Arc::new(pki));
+    }
+    let Some(join) = &cfg.join else {
+        // The first node (or one from before certificates): it makes the cluster's CA.
+        let cluster_id = dir.node.cluster_id.clone().unwrap_or_else(|| new_id("cls"));
+        let pki = Pki::bootstrap(&dir.tls_dir(), &cluster_id, cfg.node_id, validity).map_err(cert_error)?;
+        tracing::info!(cluster_id = %cluster_id, "made the cluster's CA and this node's certificate");
+        return Ok(Arc::new(pki));
+    };
+    let secret = given_secret(cfg)?.ok_or_else(|| {
+        NodeError::Config(
+            "this node has no certificate yet: give the cluster's join secret with --join-token-file \
+             (the first node wrote it to DIR/join.token) or COMPUTERD_JOIN_TOKEN"
+                .into(),
+        )
+    })?;
+    let pki = enroll(join, &secret, cfg.node_id, validity, dir).await?;
+    tracing::info!(cluster_id = %pki.cluster_id(), via = %join, "enrolled: this node has its certificate");
+    Ok(Arc::new(pki))
+}
+
+/// Asks the member at `join` for a certificate, with the join secret.
+async fn enroll(
+    join: &str,
+    secret: &JoinSecret,
+    node_id: u64,
+    validity: Duration,
+    dir: &DataDir,
+) -> Result<Pki, NodeError> {
+    let csr = Csr::new().map_err(cert_error)?;
+    let config = enroll_client_config(&secret.ca_hash).map_err(cert_error)?;
+    let channel = one_off_channel(join, config).map_err(|e| NodeError::Config(format!("--join {join}: {e}")))?;
+    let mut client = ClusterServiceClient::new(channel);
+    let deadline = tokio::time::Instant::now() + ENROLL_PATIENCE;
+    let reply = loop {
+        let mut req =
+            tonic::Request::new(EnrollRequest { node_id, secret: secret.secret.clone(), csr_pem: csr.pem.clone() });
+        req.set_timeout(Duration::from_secs(15));
+        match client.enroll(req).await {
+            Ok(r) => break r.into_inner(),
+            Err(s) if s.code() == tonic::Code::Unauthenticated || s.code() == tonic::Code::InvalidArgument => {
+                return Err(NodeError::Config(format!("the cluster refused this node's join: {}", s.message())));
+            }
+            Err(s) => {
+                let why = computerd_raft::tls::status_chain(&s);
+                if computerd_raft::tls::is_foreign_peer(&s) {
+                    return Err(NodeError::Config(format!(
+                        "the member at {join} is not of the cluster the join secret names (its CA differs)"
+                    )));
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(NodeError::Config(format!("cannot enroll through {join}: {why}")));
+                }
+                tracing::info!(reason = %why, "cannot enroll yet; retrying");
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        }
+    };
+    if let Some(ours) = &dir.node.cluster_id
+        && *ours != reply.cluster_id
+    {
+        return Err(NodeError::OtherCluster { ours: ours.clone(), theirs: reply.cluster_id, join: join.to_string() });
+    }
+    Pki::install(&dir.tls_dir(), node_id, &reply.ca_pem, &reply.cert_pem, &csr, validity).map_err(cert_error)
+}
+
+/// Keeps the TLS layer's revocations equal to the store's, on every applied change.
+pub async fn run_revocations(cluster: Cluster, pki: Arc<Pki>, mut stop: watch::Receiver<bool>) {
+    let mut applied = cluster.state().subscribe();
+    loop {
+        pki.set_revocations(cluster.state().read(|s| s.join.revoked.clone()));
+        tokio::select! {
+            changed = applied.changed() => if changed.is_err() { return },
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}
+
+/// A voter without the CA's key fetches it from the leader; every node renews its certificate
+/// at half-life (here with the CA's key, or through the leader with its current certificate).
+pub async fn run_upkeep(cluster: Cluster, pki: Arc<Pki>, every: Duration, mut stop: watch::Receiver<bool>) {
+    while computerd_actors::tick(every, &mut stop).await {
+        let view = cluster.view();
+        let leader = view.leader_id.and_then(|l| view.members.iter().find(|m| m.id == l)).map(|m| m.addr.grpc.clone());
+        let voter = view.members.iter().any(|m| m.id == cluster.id() && m.voter);
+        if !pki.signs()
+            && voter
+            && let Some(addr) = &leader
+            && view.leader_id != Some(cluster.id())
+        {
+            match fetch_ca_key(&cluster, addr).await {
+                Ok(pem) => match pki.set_ca_key(&pem) {
+                    Ok(()) => tracing::info!("this voter now holds the CA's key"),
+                    Err(e) => tracing::warn!(error = %e, "the CA's key received is not the cluster's"),
+                },
+                Err(e) => tracing::debug!(error = %e, "cannot fetch the CA's key yet"),
+            }
+        }
+        if pki.renew_due() {
+            let renewed = if pki.signs() {
+                pki.renew_here().map_err(|e| e.to_string())
+            } else if let Some(addr) = &leader {
+                renew_through(&cluster, &pki, addr).await
+            } else {
+                Err("no leader to renew through".into())
+            };
+            match renewed {
+                Ok(()) => tracing::info!(not_after = pki.not_after(), "renewed this node's certificate"),
+                Err(e) => tracing::warn!(error = %e, "cannot renew this node's certificate yet"),
+            }
+        }
+    }
+}
+
+async fn fetch_ca_key(cluster: &Cluster, addr: &str) -> Result<String, String> {
+    let mut client = cluster.channels().get(addr).map_err(|e| e.to_string())?;
+    let mut req = tonic::Request::new(Empty {});
+    req.set_timeout(Duration::from_secs(5));
+    Ok(client.fetch_ca_key(req).await.map_err(|s| s.message().to_string())?.into_inner().pem)
+}
+
+async fn renew_through(cluster: &Cluster, pki: &Pki, addr: &str) -> Result<(), String> {
+    let csr = Csr::new().map_err(|e| e.to_string())?;
+    let mut client = cluster.channels().get(addr).map_err(|e| e.to_string())?;
+    let mut req =
+        tonic::Request::new(EnrollRequest { node_id: cluster.id(), secret: String::new(), csr_pem: csr.pem.clone() });
+    req.set_timeout(Duration::from_secs(10));
+    let reply = client.enroll(req).await.map_err(|s| s.message().to_string())?.into_inner();
+    pki.renew_with(&reply.cert_pem, &csr).map_err(|e| e.to_string())
+}
