@@ -22,7 +22,7 @@ pids=()
 trap 'kill "${pids[@]}" 2>/dev/null; wait' EXIT INT TERM
 for i in $(seq 1 "$n"); do
   join=()
-  if [ "$i" -gt 1 ]; then join=(--join "127.0.0.1:$((grpc_base + 1))"); fi
+  if [ "$i" -gt 1 ]; then join=(--join "127.0.0.1:$((grpc_base + 1))" --join-token-file "$dir/node1/join.token"); fi
   "$bin" serve --node-id "$i" --data "$dir/node$i" \
     --http "127.0.0.1:$((http_base + i))" --grpc "127.0.0.1:$((grpc_base + i))" "${join[@]}" \
     2>"$dir/node$i.log" &

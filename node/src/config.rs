@@ -60,6 +60,7 @@ impl DevConfig {
             join: None,
             join_token_file: None,
             join_token: None,
+            join_token_out: None,
             cert_validity_secs: 90 * 24 * 3600,
             heartbeat_ms: t.heartbeat_ms,
             election_ms: t.election_min_ms,
@@ -101,6 +102,9 @@ pub struct ServeConfig {
     /// node), for a node without a certificate yet; a node that has one ignores it.
     #[arg(long, env = "COMPUTERD_JOIN_TOKEN_FILE")]
     pub join_token_file: Option<PathBuf>,
+    /// The first node also writes the join secret here (e.g. a volume the other nodes mount).
+    #[arg(long, env = "COMPUTERD_JOIN_TOKEN_OUT")]
+    pub join_token_out: Option<PathBuf>,
     /// The join secret itself (instead of a file).
     #[arg(long, env = "COMPUTERD_JOIN_TOKEN", hide_env_values = true)]
     pub join_token: Option<String>,

@@ -155,6 +155,11 @@ impl DataDir {
     }
 }
 
+/// Writes a secret (a line) to `path` with mode 0600, atomically.
+pub fn write_secret_file(path: &Path, text: &str) -> Result<(), DataDirError> {
+    write_atomic(path, format!("{text}\n").as_bytes(), 0o600)
+}
+
 /// Writes `path` through a temporary file, fsync and rename, created with `mode`.
 fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), DataDirError> {
     let tmp = path.with_extension("tmp");

@@ -39,11 +39,31 @@ fn cert_error(e: computerd_raft::tls::CertError) -> NodeError {
 fn given_secret(cfg: &ServeConfig) -> Result<Option<JoinSecret>, NodeError> {
     let text = match (&cfg.join_token, &cfg.join_token_file) {
         (Some(t), _) => t.clone(),
-        (None, Some(path)) => std::fs::read_to_string(path)
-            .map_err(|e| NodeError::Config(format!("--join-token-file {}: {e}", path.display())))?,
+        (None, Some(path)) => read_when_there(path)?,
         (None, None) => return Ok(None),
     };
     JoinSecret::parse(&text).map(Some).map_err(NodeError::Config)
+}
+
+/// Reads the join secret's file, waiting up to a minute for it to appear (the first node of a
+/// cluster started at the same time writes it).
+fn read_when_there(path: &std::path::Path) -> Result<String, NodeError> {
+    let deadline = std::time::Instant::now() + ENROLL_PATIENCE;
+    loop {
+        match std::fs::read_to_string(path) {
+            Ok(t) if !t.trim().is_empty() => return Ok(t),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(NodeError::Config(format!("--join-token-file {}: {e}", path.display())));
+            }
+            _ if std::time::Instant::now() >= deadline => {
+                return Err(NodeError::Config(format!(
+                    "--join-token-file {}: not there after a minute",
+                    path.display()
+                )));
+            }
+            _ => std::thread::sleep(Duration::from_millis(200)),
+        }
+    }
 }
 
 /// The node's certificates: loaded, made (first node) or enrolled (joining node).

@@ -300,12 +300,12 @@ async fn membership(
                 ));
             }
             cluster.initialize(addr.clone()).await?;
-            bootstrap(dir, cluster, pki).await
+            bootstrap(dir, cluster, pki, cfg.join_token_out.as_deref()).await
         }
         (None, true) => {
             // Resume. A crash between initialize and bootstrap leaves an unbootstrapped store.
             if dir.node.cluster_id.is_none() && cluster.view().members.len() == 1 {
-                return bootstrap(dir, cluster, pki).await;
+                return bootstrap(dir, cluster, pki, cfg.join_token_out.as_deref()).await;
             }
             check_recovered_cluster(dir, cluster).await?;
             refresh_own_address(cluster, addr);
@@ -388,7 +388,12 @@ async fn check_recovered_cluster(dir: &mut DataDir, cluster: &Cluster) -> Result
 }
 
 /// Creates the organization, the first owner and the owner token (written to `admin.token`).
-async fn bootstrap(dir: &mut DataDir, cluster: &Cluster, pki: &Pki) -> Result<(), NodeError> {
+async fn bootstrap(
+    dir: &mut DataDir,
+    cluster: &Cluster,
+    pki: &Pki,
+    join_out: Option<&std::path::Path>,
+) -> Result<(), NodeError> {
     // The cluster id was chosen with the CA (its certificates name it).
     let cluster_id = pki.cluster_id().to_string();
     let now = now_ms();
@@ -409,6 +414,9 @@ async fn bootstrap(dir: &mut DataDir, cluster: &Cluster, pki: &Pki) -> Result<()
     // the next start writes new ones); a harness that waits for admin.token finds both.
     let join = JoinSecret::new(&pki.ca_hash());
     dir.write_join_token(&join.encode())?;
+    if let Some(out) = join_out {
+        crate::datadir::write_secret_file(out, &join.encode())?;
+    }
     let token_id = token.id.clone();
     dir.write_admin_token(&secret)?;
     let cmd = Command::Bootstrap { cluster_id: cluster_id.clone(), org, owner, token };

@@ -9,6 +9,7 @@ pub mod docker;
 pub mod lb;
 pub mod linearizability;
 pub mod netfault;
+pub mod tls;
 pub mod tools;
 pub mod wait;
 

@@ -109,10 +109,11 @@ async fn t20_a_non_owner_names_the_owner() {
     })
     .await;
     let call = |node: u64, token: Option<String>| {
-        let grpc = c.nodes[&node].grpc.clone();
+        // As node 1 would: with its node certificate (mutual TLS).
+        let channel = computerd_tests::tls::channel_as(&c, 1, node);
         let id = id.clone();
         async move {
-            let mut client = RoutingClient::connect(format!("http://{grpc}")).await.expect("connect");
+            let mut client = RoutingClient::new(channel);
             let mut headers = std::collections::HashMap::new();
             headers.insert("content-type".to_string(), "application/json".to_string());
             if let Some(t) = token {
@@ -132,7 +133,7 @@ async fn t20_a_non_owner_names_the_owner() {
         }
     };
     let refused = call(3, Some(c.token.clone())).await.expect_err("node 3 does not own it");
-    assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
     assert_eq!(refused.metadata().get("x-computerd-owner").and_then(|v| v.to_str().ok()), Some("2"));
 
     let mut replies = call(owner, None).await.expect("the owner takes it").into_inner();

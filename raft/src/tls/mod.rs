@@ -271,7 +271,13 @@ pub fn is_foreign_peer(s: &tonic::Status) -> bool {
 /// The TLS config of an enrolling node, which has no certificate yet: the server must present a
 /// chain whose CA certificate has the SHA-256 `ca_hash` (from the join secret).
 pub fn enroll_client_config(ca_hash: &str) -> Result<Arc<rustls::ClientConfig>, CertError> {
-    verify::enroll_config(ca_hash)
+    verify::enroll_config(ca_hash, None)
+}
+
+/// Like [`enroll_client_config`], presenting `identity`'s node certificate as the client (the
+/// security tests present one of another CA this way, to show the server refuses it).
+pub fn pinned_client_config(ca_hash: &str, identity: Arc<Pki>) -> Result<Arc<rustls::ClientConfig>, CertError> {
+    verify::enroll_config(ca_hash, Some(identity))
 }
 
 /// A join secret as given to a joining node: `cdj1.<CA hash>.<secret>`.

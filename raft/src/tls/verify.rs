@@ -203,13 +203,16 @@ impl ServerCertVerifier for CaHash {
     }
 }
 
-pub(super) fn enroll_config(ca_hash: &str) -> Result<Arc<rustls::ClientConfig>, CertError> {
-    let mut config = rustls::ClientConfig::builder_with_provider(provider())
+pub(super) fn enroll_config(ca_hash: &str, identity: Option<Arc<Pki>>) -> Result<Arc<rustls::ClientConfig>, CertError> {
+    let builder = rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(invalid)?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(CaHash { hash: ca_hash.to_ascii_lowercase() }))
-        .with_no_client_auth();
+        .with_custom_certificate_verifier(Arc::new(CaHash { hash: ca_hash.to_ascii_lowercase() }));
+    let mut config = match identity {
+        Some(pki) => builder.with_client_cert_resolver(Arc::new(Current(pki))),
+        None => builder.with_no_client_auth(),
+    };
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(Arc::new(config))
 }
