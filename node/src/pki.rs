@@ -68,7 +68,7 @@ fn read_when_there(path: &std::path::Path) -> Result<String, NodeError> {
 
 /// The node's certificates: loaded, made (first node) or enrolled (joining node).
 pub async fn certificates(cfg: &ServeConfig, dir: &DataDir) -> Result<Arc<Pki>, NodeError> {
-    let validity = Duration::from_secs(cfg.cert_validity_secs.max(60));
+    let validity = Duration::from_secs(cfg.cert_validity_secs.max(4));
     if let Some(pki) = Pki::load(&dir.tls_dir(), cfg.node_id, validity).map_err(cert_error)? {
         if let Some(ours) = &dir.node.cluster_id
             && ours != pki.cluster_id()

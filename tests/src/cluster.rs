@@ -181,7 +181,8 @@ impl TestCluster {
         c
     }
 
-    fn add_node(&mut self, id: u64, join: Option<String>) {
+    /// Adds node `id` (not started) that joins through `join` (`None`: it bootstraps).
+    pub fn add_node(&mut self, id: u64, join: Option<String>) {
         let data = self.dir.path().join(format!("node{id}"));
         let log = self.dir.path().join(format!("node{id}.log"));
         let [a, b, c] = self.block;
