@@ -61,6 +61,13 @@ impl DevConfig {
             join_token_file: None,
             join_token: None,
             join_token_out: None,
+            tls_cert: None,
+            tls_key: None,
+            max_connections: 10_000,
+            header_timeout_secs: 10,
+            unauthenticated_per_min: 10,
+            token_per_sec: 200,
+            trusted_proxies: Vec::new(),
             cert_validity_secs: 90 * 24 * 3600,
             heartbeat_ms: t.heartbeat_ms,
             election_ms: t.election_min_ms,
@@ -111,6 +118,28 @@ pub struct ServeConfig {
     /// How long node certificates last (seconds); they renew themselves at half-life.
     #[arg(long, env = "COMPUTERD_CERT_VALIDITY_SECS", default_value_t = 90 * 24 * 3600)]
     pub cert_validity_secs: u64,
+    /// Serve HTTPS and WSS with this certificate chain (PEM); needs `--tls-key`.
+    #[arg(long, env = "COMPUTERD_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The key of `--tls-cert` (PEM).
+    #[arg(long, env = "COMPUTERD_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// The most HTTP connections open at once; one more is closed at accept.
+    #[arg(long, env = "COMPUTERD_MAX_CONNECTIONS", default_value_t = 10_000)]
+    pub max_connections: usize,
+    /// How long a client has for its TLS handshake and each request's headers (seconds).
+    #[arg(long, env = "COMPUTERD_HEADER_TIMEOUT_SECS", default_value_t = 10)]
+    pub header_timeout_secs: u64,
+    /// Unauthenticated calls (pairing, the agent link's hello) per minute and source (0: no limit).
+    #[arg(long, env = "COMPUTERD_UNAUTHENTICATED_PER_MIN", default_value_t = 10)]
+    pub unauthenticated_per_min: u32,
+    /// Calls per second and token (0: no limit), with bursts of twice that.
+    #[arg(long, env = "COMPUTERD_TOKEN_PER_SEC", default_value_t = 200)]
+    pub token_per_sec: u32,
+    /// A load balancer's address: calls from it are counted against the client it names in
+    /// `X-Forwarded-For` (repeatable). Calls from anyone else are counted against their own address.
+    #[arg(long = "trusted-proxy", env = "COMPUTERD_TRUSTED_PROXIES", value_delimiter = ',')]
+    pub trusted_proxies: Vec<IpAddr>,
     /// Raft heartbeat interval in ms.
     #[arg(long, env = "COMPUTERD_HEARTBEAT_MS", default_value_t = Tuning::default().heartbeat_ms)]
     pub heartbeat_ms: u64,

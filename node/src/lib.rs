@@ -7,6 +7,7 @@
 pub mod config;
 pub mod datadir;
 mod dev;
+mod edge;
 pub mod http;
 pub mod ids;
 pub mod link_handshake;

@@ -216,6 +216,11 @@ pub async fn run(
     let revocations = tokio::spawn(crate::pki::run_revocations(cluster.clone(), pki.clone(), stop_rx.clone()));
     let upkeep_every = Duration::from_secs((cfg.cert_validity_secs / 20).clamp(1, 60));
     let upkeep = tokio::spawn(crate::pki::run_upkeep(cluster.clone(), pki.clone(), upkeep_every, stop_rx.clone()));
+    let app_state_limits = std::sync::Arc::new(http::Limits::new(
+        cfg.unauthenticated_per_min,
+        cfg.token_per_sec,
+        cfg.trusted_proxies.clone(),
+    ));
     let app_state = crate::state::AppState {
         cluster: cluster.clone(),
         fake_providers: cfg.fake_provider_dir.is_some(),
@@ -226,6 +231,7 @@ pub async fn run(
         providers,
         pki: pki.clone(),
         join_token_file: Some(dir.join_token_path()),
+        limits: app_state_limits.clone(),
     };
     // A node cut off from its quorum sheds its agent links, so they move to the majority.
     let shedder = tokio::spawn(computerd_actors::link::run_shedder(
@@ -236,27 +242,22 @@ pub async fn run(
     ));
     let app = http::router(app_state.clone());
     route_target.set(app.clone(), app_state);
-    let mut http_stop = stop_rx.clone();
-    let http = tokio::spawn(
-        // No Nagle delay: back-to-back small answers (session calls) must not wait for ACKs.
-        axum::serve(
-            axum::serve::ListenerExt::tap_io(listeners.http, |tcp| {
-                if let Err(e) = tcp.set_nodelay(true) {
-                    tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-                }
-            }),
-            app,
-        )
-        .with_graceful_shutdown(async move {
-            let _ = http_stop.wait_for(|s| *s).await;
-        })
-        .into_future(),
-    );
+    let edge = crate::edge::Edge {
+        tls: match (&cfg.tls_cert, &cfg.tls_key) {
+            (Some(cert), Some(key)) => Some(crate::edge::tls_config(cert, key).map_err(NodeError::Config)?),
+            _ => None,
+        },
+        max_connections: cfg.max_connections.max(1),
+        header_timeout: Duration::from_secs(cfg.header_timeout_secs.max(1)),
+    };
+    let http = tokio::spawn(crate::edge::serve(listeners.http, app, edge, stop_rx.clone()));
+    let limits_upkeep = tokio::spawn(http::run_limits_upkeep(app_state_limits, stop_rx.clone()));
 
     // 6. Shutdown.
     shutdown.await;
     let _ = stop_tx.send(true);
     let http_result = http.await;
+    let _ = limits_upkeep.await;
     let _ = driver.await;
     let _ = liveness.await;
     let _ = shedder.await;
@@ -269,7 +270,7 @@ pub async fn run(
     let grpc_result = grpc.await;
     tracing::info!(node_id = cfg.node_id, "node stopped");
     match (http_result, grpc_result) {
-        (Ok(Ok(())), Ok(Ok(()))) => Ok(()),
+        (Ok(()), Ok(Ok(()))) => Ok(()),
         (h, g) => Err(NodeError::Server(format!("http: {h:?}, grpc: {g:?}"))),
     }
 }

@@ -31,6 +31,10 @@ pub enum ErrorKind {
     PackageRejected,
     /// A call on a Computer did not end within its deadline (its owner did not answer in time).
     DeadlineExceeded,
+    /// The route exists but does not take this method.
+    MethodNotAllowed,
+    /// Too many calls from this source or token; `Retry-After` says when to try again.
+    RateLimited,
     /// Between node and agent: the call carried an older link generation than the agent's (the
     /// link was replaced). A caller that meets it may try again on the current link.
     StaleLink,
@@ -57,6 +61,8 @@ impl ErrorKind {
             Self::TooLarge => "too_large",
             Self::PackageRejected => "package_rejected",
             Self::DeadlineExceeded => "deadline_exceeded",
+            Self::RateLimited => "rate_limited",
+            Self::MethodNotAllowed => "method_not_allowed",
             Self::StaleLink => "stale_link",
             Self::NotOwner => "not_owner",
         }
@@ -79,6 +85,8 @@ impl ErrorKind {
             "too_large" => Self::TooLarge,
             "package_rejected" => Self::PackageRejected,
             "deadline_exceeded" => Self::DeadlineExceeded,
+            "rate_limited" => Self::RateLimited,
+            "method_not_allowed" => Self::MethodNotAllowed,
             "stale_link" => Self::StaleLink,
             "not_owner" => Self::NotOwner,
             _ => return None,
@@ -102,6 +110,8 @@ impl ErrorKind {
             Self::TooLarge => 413,
             Self::PackageRejected => 422,
             Self::DeadlineExceeded => 504,
+            Self::RateLimited => 429,
+            Self::MethodNotAllowed => 405,
             Self::StaleLink => 503,
             Self::NotOwner => 503,
         }
@@ -124,6 +134,8 @@ impl ErrorKind {
             Self::TooLarge => tonic::Code::ResourceExhausted,
             Self::PackageRejected => tonic::Code::InvalidArgument,
             Self::DeadlineExceeded => tonic::Code::DeadlineExceeded,
+            Self::RateLimited => tonic::Code::ResourceExhausted,
+            Self::MethodNotAllowed => tonic::Code::Unimplemented,
             Self::StaleLink => tonic::Code::FailedPrecondition,
             Self::NotOwner => tonic::Code::FailedPrecondition,
         }
@@ -174,6 +186,8 @@ mod tests {
             ErrorKind::TooLarge,
             ErrorKind::PackageRejected,
             ErrorKind::DeadlineExceeded,
+            ErrorKind::RateLimited,
+            ErrorKind::MethodNotAllowed,
             ErrorKind::StaleLink,
             ErrorKind::NotOwner,
         ];

@@ -58,6 +58,18 @@ pub fn free_port_on(ip: IpAddr) -> u16 {
     TcpListener::bind((ip, 0)).and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
 }
 
+/// Test clients share one address and call much faster than people: the edge's rate limits are
+/// lifted unless a test sets them itself.
+fn lifted_limits(flags: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (flag, value) in [("--unauthenticated-per-min", "0"), ("--token-per-sec", "0")] {
+        if !flags.iter().any(|f| f == flag) {
+            out.extend([flag.to_string(), value.to_string()]);
+        }
+    }
+    out
+}
+
 /// This cluster's loopback block `127.B.C.0`, B in 1..=254 (never 127.0.x.x, the clients').
 fn cluster_block() -> [u8; 3] {
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
@@ -151,6 +163,9 @@ impl TestCluster {
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(30))
             .pool_max_idle_per_host(256)
+            // Shorter than any node's idle limit (its header timeout, 1 s in the shortest test),
+            // so a pooled connection is never one the node just closed.
+            .pool_idle_timeout(Duration::from_millis(800))
             .build()
             .expect("client");
         let mut c = TestCluster {
@@ -221,6 +236,7 @@ impl TestCluster {
             .args(["--http", &node.http, "--grpc", &node.grpc])
             .args(["--peer-source-ip", &node.ip.to_string()])
             .args(&flags)
+            .args(lifted_limits(&flags))
             .env("COMPUTERD_LOG", std::env::var("COMPUTERD_LOG").unwrap_or_else(|_| "info,openraft=warn".into()))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -297,7 +313,12 @@ impl TestCluster {
 
     /// `GET /v1/health` of node `id`, if it answers.
     pub async fn health(&self, id: u64) -> Option<Value> {
-        let r = self.http.get(self.url(id, "/v1/health")).timeout(Duration::from_secs(2)).send().await.ok()?;
+        // With the owner's token: the whole view (without one, liveness only).
+        let mut r = self.http.get(self.url(id, "/v1/health")).timeout(Duration::from_secs(2));
+        if !self.token.is_empty() {
+            r = r.bearer_auth(&self.token);
+        }
+        let r = r.send().await.ok()?;
         r.json().await.ok()
     }
 

@@ -50,20 +50,24 @@ async fn t10_compose_cluster_survives_a_killed_leader() {
     assert!(up.status.success(), "{}", String::from_utf8_lossy(&up.stderr));
     let http = reqwest::Client::new();
     let lb = format!("http://127.0.0.1:{}", project.port);
-    let health = |http: reqwest::Client, lb: String| async move {
-        let r = http.get(format!("{lb}/v1/health")).timeout(Duration::from_secs(2)).send().await.ok()?;
-        r.json::<Value>().await.ok()
+    let token = wait_for("the owner token", Duration::from_secs(30), || async {
+        let out = project.compose(&["exec", "-T", "node1", "cat", "/data/admin.token"]);
+        let t = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        (!t.is_empty()).then_some(t)
+    })
+    .await;
+    // The whole view needs the owner's token (without one, health answers liveness only).
+    let health = |http: reqwest::Client, lb: String| {
+        let token = token.clone();
+        async move {
+            let r = http.get(format!("{lb}/v1/health")).bearer_auth(&token).timeout(Duration::from_secs(2)).send();
+            r.await.ok()?.json::<Value>().await.ok()
+        }
     };
     let leader = wait_for("three voters behind the balancer", Duration::from_secs(60), || async {
         let h = health(http.clone(), lb.clone()).await?;
         let voters = h["members"].as_array()?.iter().filter(|m| m["voter"] == true).count();
         (voters == 3).then(|| h["leaderId"].as_u64()).flatten()
-    })
-    .await;
-    let token = wait_for("the owner token", Duration::from_secs(30), || async {
-        let out = project.compose(&["exec", "-T", "node1", "cat", "/data/admin.token"]);
-        let t = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        (!t.is_empty()).then_some(t)
     })
     .await;
     let write = |name: String| {

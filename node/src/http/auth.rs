@@ -40,6 +40,12 @@ impl FromRequestParts<AppState> for Auth {
 }
 
 impl Auth {
+    /// The bearer token of `headers`, if there is a well-formed one.
+    pub fn from_headers(headers: &axum::http::HeaderMap) -> Option<Auth> {
+        let secret = headers.get(AUTHORIZATION)?.to_str().ok()?.strip_prefix("Bearer ")?.trim();
+        (!secret.is_empty()).then(|| Auth { hash: hash_secret(secret) })
+    }
+
     /// The hash of the bearer secret.
     pub fn hash(&self) -> &str {
         &self.hash

@@ -23,17 +23,31 @@ use super::util::propose;
 /// by a partition, or its quorum is gone), so a load balancer stops sending it calls it could
 /// not commit.
 #[utoipa::path(get, path = "/v1/health", tag = "cluster", responses((status = 200, description = "This node's view of the cluster", body = Object), (status = 503, description = "The same view, from a node out of touch with a quorum", body = Object)))]
-pub async fn health(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
+pub async fn health(State(state): State<AppState>, headers: axum::http::HeaderMap) -> (StatusCode, Json<Value>) {
     use std::sync::atomic::Ordering::Relaxed;
     let counts = state.owners.counts();
     let contact = state.cluster.quorum_contact();
     let v = state.cluster.view();
+    let status = if contact { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    // Without an owner's or admin's token: liveness only (no addresses). The local replica
+    // decides who the caller is: this must answer on a node cut off from its quorum too.
+    let admin = Auth::from_headers(&headers).is_some_and(|a| {
+        state.cluster.state().read(|s| s.caller_by_hash(a.hash())).is_ok_and(|c| c.check_admin_read().is_ok())
+    });
+    if !admin {
+        let body = json!({
+            "nodeId": v.node_id,
+            "status": if contact { "ok" } else { "unavailable" },
+            "quorumContact": contact,
+            "leaderId": v.leader_id,
+        });
+        return (status, Json(body));
+    }
     let members: Vec<Value> = v
         .members
         .iter()
         .map(|m| json!({"id": m.id, "http": m.addr.http, "grpc": m.addr.grpc, "voter": m.voter}))
         .collect();
-    let status = if contact { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     let body = Json(json!({
         "nodeId": v.node_id,
         "quorumContact": contact,

@@ -13,6 +13,7 @@ mod forward;
 mod grants;
 mod health;
 mod identity;
+mod limits;
 mod openapi;
 mod providers;
 mod schemas;
@@ -22,6 +23,8 @@ mod util;
 
 pub use auth::Auth;
 pub use error::ApiError;
+pub use limits::Limits;
+pub use limits::run_forget as run_limits_upkeep;
 
 pub use crate::state::AppState;
 
@@ -78,8 +81,12 @@ pub fn router(state: AppState) -> Router {
                 .route("/v1/computers/{id}/directory", get(files::directory))
                 .layer(axum::middleware::from_fn_with_state(state.clone(), forward::to_link_owner)),
         )
-        .route("/v1/agent/pair", post(agent::pair))
-        .route("/v1/agent/link", get(agent::link))
+        .merge(
+            Router::new()
+                .route("/v1/agent/pair", post(agent::pair))
+                .route("/v1/agent/link", get(agent::link))
+                .layer(axum::middleware::from_fn_with_state(state.clone(), limits::per_source)),
+        )
         .route("/v1/executions/{id}", get(executions::get))
         .route("/v1/executions/{id}/decision", post(executions::decide))
         .route("/v1/events", get(events::events))
@@ -87,5 +94,9 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/approvals/{id}", post(approvals::decide))
         .route("/v1/capability-rules", get(approvals::get_rules).put(approvals::put_rules))
         .fallback(|| async { ApiError::not_found("no such route") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(computerd_proto::ErrorKind::MethodNotAllowed, "this route does not take that method")
+        })
+        .layer(axum::middleware::from_fn_with_state(state.clone(), limits::per_token))
         .with_state(state)
 }
