@@ -15,7 +15,8 @@
 //! No call is ever retried.
 //!
 //! Config (a provider record's `config`):
-//! - `serverUrl` (required): the URL the agents in the sandboxes dial (a node or the load balancer);
+//! - `serverUrl` (required): the URL the agents in the sandboxes dial (a node or the load balancer;
+//!   `https://` for TLS, while an `http://` one runs the agents with `--insecure`);
 //! - `endpoint`: the engine's socket, default `unix:///var/run/docker.sock`;
 //! - `network`: the container network, default `bridge` (`host` shares the host's);
 //! - `agentBinary`: a host path mounted read-only over the image's `computer-agent` (for
@@ -215,6 +216,11 @@ impl DockerProvider {
         ];
         if let Some(code) = &spec.pairing_code {
             env.push(format!("COMPUTER_AGENT_PAIR={code}"));
+        }
+        // An http:// serverUrl is a plain WebSocket across the Docker network, which the agent
+        // refuses unless told: the operator chose it in the provider's config.
+        if self.config.server_url.starts_with("http://") {
+            env.push("COMPUTER_AGENT_INSECURE=true".to_string());
         }
         let labels = HashMap::from([
             (LABEL_COMPUTER.to_string(), spec.computer_id.clone()),

@@ -8,6 +8,8 @@
 //!   running and keep their output while the link is down.
 //! - [`files`]: file and directory calls.
 //! - [`service`]: the gRPC service, refusing any link generation but the current one.
+//! - [`tls`]: `https`/`wss` with the server verified (system roots, or `--ca`); plain `http` only
+//!   to loopback or with `--insecure`.
 
 #![warn(missing_docs)]
 
@@ -18,3 +20,4 @@ pub mod output;
 pub mod pairing;
 pub mod service;
 pub mod sessions;
+pub mod tls;

@@ -35,10 +35,10 @@ pub fn link_url(server: &str) -> String {
 }
 
 /// Runs the link forever.
-pub async fn run(server: String, cred: Credential, svc: AgentService) {
+pub async fn run(dial: crate::tls::Dial, cred: Credential, svc: AgentService) {
     let mut backoff = Duration::from_millis(100);
     loop {
-        match connect_once(&server, &cred, &svc).await {
+        match connect_once(&dial, &cred, &svc).await {
             Ok(()) => {
                 tracing::info!("link closed; reconnecting");
                 backoff = Duration::from_millis(100);
@@ -53,11 +53,13 @@ pub async fn run(server: String, cred: Credential, svc: AgentService) {
 
 /// One link: answers `Ok` once it was up and then ended (for any reason), `Err` when it never
 /// came up (no connection, no welcome, refused).
-async fn connect_once(server: &str, cred: &Credential, svc: &AgentService) -> Result<(), String> {
+async fn connect_once(dial: &crate::tls::Dial, cred: &Credential, svc: &AgentService) -> Result<(), String> {
     // TCP_NODELAY: a small answer written in pieces must not wait for the node's delayed ACK
     // (Nagle cost ~40 ms per call before).
-    let (mut ws, _) =
-        tokio_tungstenite::connect_async_with_config(link_url(server), None, true).await.map_err(|e| e.to_string())?;
+    let connector = dial.tls.clone().map(tokio_tungstenite::Connector::Rustls);
+    let (mut ws, _) = tokio_tungstenite::connect_async_tls_with_config(link_url(&dial.server), None, true, connector)
+        .await
+        .map_err(|e| e.to_string())?;
     let hello = serde_json::json!({
         "computerId": cred.computer_id,
         "credential": cred.credential,

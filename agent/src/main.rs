@@ -14,9 +14,17 @@ use computer_agent::sessions::Sessions;
 #[derive(Debug, Parser)]
 #[command(name = "computer-agent", version, about)]
 struct Cli {
-    /// The cluster's URL (any node, or the load balancer), e.g. http://127.0.0.1:8080.
+    /// The cluster's URL (any node, or the load balancer), e.g. https://cluster.example:8443;
+    /// plain http:// only to a loopback address, or with --insecure.
     #[arg(long, env = "COMPUTER_AGENT_SERVER")]
     server: String,
+    /// Trust only this CA (PEM) for the server's certificate (default: the system's roots).
+    #[arg(long, env = "COMPUTER_AGENT_CA")]
+    ca: Option<PathBuf>,
+    /// Allow plain http:// to a non-loopback server (the credential and the sessions then cross
+    /// the network in clear).
+    #[arg(long, env = "COMPUTER_AGENT_INSECURE")]
+    insecure: bool,
     /// A one-time pairing code (from the Computer's create execution). When it was already used
     /// and DIR holds a credential (a restarted sandbox), the stored credential is used.
     #[arg(long, env = "COMPUTER_AGENT_PAIR")]
@@ -57,8 +65,15 @@ async fn main() -> std::process::ExitCode {
         eprintln!("computer-agent: --session-idle-secs must be a positive number of seconds");
         return std::process::ExitCode::from(2);
     };
+    let dial = match computer_agent::tls::dial(&cli.server, cli.ca.as_deref(), cli.insecure) {
+        Ok(d) => d,
+        Err(why) => {
+            eprintln!("computer-agent: {why}");
+            return std::process::ExitCode::from(2);
+        }
+    };
     let cred = match &cli.pair {
-        Some(code) => match pair_patiently(&cli.server, code, &cli.state).await {
+        Some(code) => match pair_patiently(&dial, code, &cli.state).await {
             Ok(c) => {
                 eprintln!("computer-agent: paired as {}", c.computer_id);
                 c
@@ -93,23 +108,23 @@ async fn main() -> std::process::ExitCode {
     };
     let tools = computer_agent::mcp::bindings::Tools::new(runtime, workdir.clone(), limits, cli.mcp_first_uid);
     let svc = AgentService { sessions, workdir, generation: Arc::new(AtomicU64::new(0)), tools: Some(tools) };
-    link::run(cli.server, cred, svc).await;
+    link::run(dial, cred, svc).await;
     std::process::ExitCode::SUCCESS
 }
 
 /// Pairs, waiting out a server that cannot be reached yet (a sandbox may start before its
 /// cluster answers) for up to the code's lifetime; a refusal is final.
 async fn pair_patiently(
-    server: &str,
+    dial: &computer_agent::tls::Dial,
     code: &str,
     state: &std::path::Path,
 ) -> Result<pairing::Credential, pairing::PairError> {
     let give_up = tokio::time::Instant::now() + std::time::Duration::from_secs(600);
     let mut backoff = std::time::Duration::from_millis(100);
     loop {
-        match pairing::pair(server, code, state).await {
+        match pairing::pair(dial, code, state).await {
             Err(pairing::PairError::Unreachable(e)) if tokio::time::Instant::now() < give_up => {
-                eprintln!("computer-agent: cannot reach {server} yet ({e}); retrying");
+                eprintln!("computer-agent: cannot reach {} yet ({e}); retrying", dial.server);
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(std::time::Duration::from_secs(5));
             }

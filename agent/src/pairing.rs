@@ -65,9 +65,14 @@ fn save(state: &Path, c: &Credential) -> Result<(), PairError> {
 }
 
 /// Trades `code` for a credential at `server` and stores it. Nothing is stored on refusal.
-pub async fn pair(server: &str, code: &str, state: &Path) -> Result<Credential, PairError> {
-    let url = format!("{}/v1/agent/pair", server.trim_end_matches('/'));
-    let resp = reqwest::Client::new()
+pub async fn pair(dial: &crate::tls::Dial, code: &str, state: &Path) -> Result<Credential, PairError> {
+    let url = format!("{}/v1/agent/pair", dial.server);
+    let mut client = reqwest::Client::builder();
+    if let Some(tls) = &dial.tls {
+        client = client.use_preconfigured_tls((**tls).clone());
+    }
+    let client = client.build().map_err(|e| PairError::Unreachable(e.to_string()))?;
+    let resp = client
         .post(&url)
         .json(&serde_json::json!({ "code": code }))
         .send()

@@ -418,16 +418,12 @@ async fn bootstrap(
     if let Some(out) = join_out {
         crate::datadir::write_secret_file(out, &join.encode())?;
     }
-    let token_id = token.id.clone();
     dir.write_admin_token(&secret)?;
-    let cmd = Command::Bootstrap { cluster_id: cluster_id.clone(), org, owner, token };
+    let join_secret_hash = Some(hash_secret(&join.secret));
+    let cmd = Command::Bootstrap { cluster_id: cluster_id.clone(), org, owner, token, join_secret_hash };
     match cluster.propose(Request::new(cmd)).await? {
         Response::Ok | Response::Id(_) => {}
         Response::Rejected(r) => return Err(NodeError::Bootstrap(r.message)),
-    }
-    let cmd = Command::SetJoinSecret { by: token_id, hash: hash_secret(&join.secret) };
-    if let Response::Rejected(r) = cluster.propose(Request::new(cmd)).await? {
-        return Err(NodeError::Bootstrap(r.message));
     }
     dir.set_cluster_id(&cluster_id)?;
     tracing::info!(cluster_id = %cluster_id, path = %dir.admin_token_path().display(), join = %dir.join_token_path().display(), "cluster bootstrapped; owner token and join secret written");

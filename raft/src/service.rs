@@ -186,6 +186,10 @@ impl ClusterService for Service {
         if !self.pki.signs() {
             return Err(Status::unavailable("this node cannot sign certificates yet; enroll through another member"));
         }
+        // The join secret is set with the bootstrap itself: until that applied, wait (retry).
+        if self.cluster.state().read(|s| s.cluster_id.is_none()) {
+            return Err(Status::unavailable("the cluster is not bootstrapped yet"));
+        }
         if r.secret.is_empty() {
             // A renewal: the caller's own certificate is the proof.
             speaks_for(from, r.node_id)?;

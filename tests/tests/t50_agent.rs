@@ -301,9 +301,21 @@ async fn t34_idle_sessions_end() {
         let (s, v) = run(&c, &id, json!({"command": "echo $$; exec sleep 1000", "yieldTimeMs": 250})).await;
         assert_eq!((s, v["running"].clone()), (200, json!(true)), "{v}");
         sids.push(v["session"].as_str().expect("session").to_string());
-        // The pid is the command's own line; this machine's login scripts may print before it.
-        let pid = v["output"].as_str().and_then(|o| o.lines().filter_map(|l| l.trim().parse::<u32>().ok()).last());
-        pids.push(pid.unwrap_or_else(|| panic!("a pid in {v}")));
+        let sid = sids.last().expect("session").clone();
+        // The pid is the command's own line; this machine's login scripts may print before it,
+        // and a loaded machine may take longer than the first yield to start bash.
+        let mut output = v["output"].as_str().unwrap_or_default().to_string();
+        let pid = |o: &str| o.lines().filter_map(|l| l.trim().parse::<u32>().ok()).last();
+        for _ in 0..40 {
+            if pid(&output).is_some() {
+                break;
+            }
+            let url = format!("/v1/computers/{id}/sessions/{sid}/input");
+            let (_, more) =
+                c.call(Method::POST, 1, &url, &c.token, Some(json!({"chars": "", "yieldTimeMs": 250}))).await;
+            output.push_str(more["output"].as_str().unwrap_or_default());
+        }
+        pids.push(pid(&output).unwrap_or_else(|| panic!("a pid in {output:?}")));
     }
     let gone = |sid: &str| {
         let url = format!("/v1/computers/{id}/sessions/{sid}/input");

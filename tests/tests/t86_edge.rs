@@ -1,7 +1,9 @@
 //! The HTTP edge's limits, against a real node: a client that sends its headers too slowly is cut
 //! off; pairing attempts from one source are rate-limited before they reach the store; a token
 //! over its rate gets `429 rate_limited` with `Retry-After`; `/v1/health` without a token answers
-//! liveness only; a wrong method gets the JSON error; HTTPS serves with the given certificate.
+//! liveness only; a wrong method gets the JSON error; HTTPS serves with the given certificate,
+//! and an agent pairs and links over HTTPS/WSS with the CA pinned; an agent refuses plain HTTP to
+//! a non-loopback server.
 
 use std::time::Duration;
 use std::time::Instant;
@@ -105,16 +107,8 @@ async fn t40_health_without_a_token_and_json_405() {
 #[tokio::test]
 async fn t50_https_with_the_given_certificate() {
     let dir = tempfile::tempdir().expect("dir");
-    // A CA and a certificate for "computerd-node", made with the project's own certificate code.
-    let pki =
-        computerd_raft::tls::Pki::bootstrap(dir.path(), "cls_edge", 1, computerd_raft::tls::VALIDITY).expect("pki");
-    let pem = std::fs::read_to_string(dir.path().join("node.pem")).expect("node.pem");
-    let cert = dir.path().join("edge.crt");
-    let key = dir.path().join("edge.key");
-    let split = pem.find("-----BEGIN PRIVATE KEY-----").expect("the key in node.pem");
-    // The chain: the certificate, then its CA (the client below checks the CA's hash).
-    std::fs::write(&cert, format!("{}{}", &pem[..split], pki.ca_pem())).expect("cert");
-    std::fs::write(&key, &pem[split..]).expect("key");
+    let ca_hash = edge_certs(dir.path());
+    let (cert, key) = (dir.path().join("edge.crt"), dir.path().join("edge.key"));
     // One node, started by hand (the harness speaks plain HTTP).
     let (http, grpc) =
         (format!("127.0.0.1:{}", computerd_tests::free_port()), format!("127.0.0.1:{}", computerd_tests::free_port()));
@@ -134,7 +128,7 @@ async fn t50_https_with_the_given_certificate() {
         std::fs::read_to_string(&token).ok().filter(|t| t.ends_with('\n')).map(drop)
     })
     .await;
-    let config = computerd_raft::tls::enroll_client_config(&pki.ca_hash()).expect("client config");
+    let config = computerd_raft::tls::enroll_client_config(&ca_hash).expect("client config");
     let mut rustls_config = (*config).clone();
     rustls_config.alpn_protocols = vec![b"http/1.1".to_vec()];
     let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(rustls_config));
@@ -153,4 +147,135 @@ async fn t50_https_with_the_given_certificate() {
     assert!(plain.is_err() || !plain.expect("answer").status().is_success(), "plain HTTP gets no health");
     let _ = node.kill();
     let _ = node.wait();
+}
+
+/// A CA, and a certificate it signed for 127.0.0.1 and `computerd-node` with its CA in the chain:
+/// files `edge.crt`, `edge.key`, `ca.pem` in `dir`; answers the CA's SHA-256.
+fn edge_certs(dir: &std::path::Path) -> String {
+    use rcgen::BasicConstraints;
+    use rcgen::CertificateParams;
+    use rcgen::IsCa;
+    use rcgen::Issuer;
+    use rcgen::KeyPair;
+    use sha2::Digest;
+    let ca_key = KeyPair::generate().expect("ca key");
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).expect("ca");
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().expect("key");
+    let params = CertificateParams::new(vec!["127.0.0.1".to_string(), "computerd-node".to_string()]).expect("params");
+    let cert = params.signed_by(&key, &issuer).expect("cert");
+    std::fs::write(dir.join("edge.crt"), format!("{}{}", cert.pem(), ca.pem())).expect("cert");
+    std::fs::write(dir.join("edge.key"), key.serialize_pem()).expect("key");
+    std::fs::write(dir.join("ca.pem"), ca.pem()).expect("ca");
+    hex::encode(sha2::Sha256::digest(ca.der().as_ref()))
+}
+
+/// One HTTP/1.1 call over TLS to `addr`, trusting the CA with `ca_hash`: status and JSON body.
+async fn https(
+    addr: &str,
+    ca_hash: &str,
+    method: &str,
+    path: &str,
+    token: &str,
+    body: Option<serde_json::Value>,
+) -> (u16, serde_json::Value) {
+    let config = computerd_raft::tls::enroll_client_config(ca_hash).expect("client config");
+    let mut config = (*config).clone();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let name = rustls::pki_types::ServerName::try_from("computerd-node").expect("name");
+    let mut tls = connector.connect(name, tcp).await.expect("TLS handshake");
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: computerd-node\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    tls.write_all(req.as_bytes()).await.expect("write");
+    let mut answer = Vec::new();
+    let _ = tls.read_to_end(&mut answer).await;
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let status = text.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let json = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or_default();
+    // The body may be chunked: take the JSON object inside.
+    let json = json.find('{').and_then(|i| json.rfind('}').map(|j| &json[i..=j])).unwrap_or("null");
+    (status, serde_json::from_str(json).unwrap_or(serde_json::Value::Null))
+}
+
+/// An agent given `--server https://… --ca CA` pairs over HTTPS and links over WSS to a node
+/// serving TLS; an agent told plain http:// to a non-loopback server refuses before sending.
+#[tokio::test]
+async fn t60_an_agent_links_over_wss_with_a_pinned_ca() {
+    let dir = tempfile::tempdir().expect("dir");
+    let hash = edge_certs(dir.path());
+    let (cert, key, ca) = (dir.path().join("edge.crt"), dir.path().join("edge.key"), dir.path().join("ca.pem"));
+    let port = computerd_tests::free_port();
+    let http = format!("127.0.0.1:{port}");
+    let grpc = format!("127.0.0.1:{}", computerd_tests::free_port());
+    let data = dir.path().join("node");
+    let mut node = std::process::Command::new(computerd_tests::computerd_bin())
+        .args(["serve", "--node-id", "1", "--http", &http, "--grpc", &grpc, "--data"])
+        .arg(&data)
+        .arg("--tls-cert")
+        .arg(&cert)
+        .arg("--tls-key")
+        .arg(&key)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("computerd");
+    let token_file = data.join("admin.token");
+    let token = computerd_tests::wait_for("the node to bootstrap", Duration::from_secs(60), || async {
+        std::fs::read_to_string(&token_file).ok().filter(|t| t.ends_with('\n'))
+    })
+    .await;
+    let token = token.trim().to_string();
+    let body = json!({"commandKey": "wss", "name": "wss", "source": {"_tag": "Paired"}});
+    let (s, r) = https(&http, &hash, "POST", "/v1/computers", &token, Some(body)).await;
+    assert_eq!(s, 202, "{r}");
+    let (exe, id) =
+        (r["executionId"].as_str().expect("exe").to_string(), r["resource"]["id"].as_str().expect("id").to_string());
+    let code = computerd_tests::wait_for("the pairing code", Duration::from_secs(30), || async {
+        let (_, e) = https(&http, &hash, "GET", &format!("/v1/executions/{exe}"), &token, None).await;
+        e["pairingCode"].as_str().map(String::from)
+    })
+    .await;
+    let state = dir.path().join("agent");
+    let mut agent = std::process::Command::new(computerd_tests::agent::agent_bin())
+        .args(["--server", &format!("https://127.0.0.1:{port}"), "--pair", &code, "--state"])
+        .arg(&state)
+        .arg("--ca")
+        .arg(&ca)
+        .stderr(std::fs::File::create(dir.path().join("agent.log")).expect("log"))
+        .spawn()
+        .expect("agent");
+    computerd_tests::wait_for("the agent's link over WSS", Duration::from_secs(30), || async {
+        let (_, v) = https(&http, &hash, "GET", &format!("/v1/computers/{id}"), &token, None).await;
+        (v["state"] == "running").then_some(())
+    })
+    .await;
+    let (s, v) = https(
+        &http,
+        &hash,
+        "POST",
+        &format!("/v1/computers/{id}/sessions"),
+        &token,
+        Some(json!({"command": "echo over-wss"})),
+    )
+    .await;
+    assert_eq!((s, v["output"].as_str()), (200, Some("over-wss\n")), "{v}");
+    let _ = agent.kill();
+    let _ = agent.wait();
+    let _ = node.kill();
+    let _ = node.wait();
+
+    let out = std::process::Command::new(computerd_tests::agent::agent_bin())
+        .args(["--server", "http://computerd.example.invalid:8080", "--state"])
+        .arg(dir.path().join("agent2"))
+        .output()
+        .expect("agent");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("refusing plain http://"), "{err}");
 }

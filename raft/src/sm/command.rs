@@ -61,6 +61,10 @@ pub enum Command {
         owner: Member,
         /// The owner's first token (hash only).
         token: Token,
+        /// SHA-256 of the cluster's reusable join secret, set in the same step, so a node that
+        /// sees the cluster bootstrapped also finds its join secret.
+        #[serde(default)]
+        join_secret_hash: Option<String>,
     },
     /// Adds a member.
     CreateMember {

@@ -253,6 +253,7 @@ mod tests {
             org: Organization { id: "org_1".into(), name: "o".into(), created_at: 1 },
             owner: member("mem_owner", Role::Owner),
             token: token("tok_owner", Principal::Member("mem_owner".into())),
+            join_secret_hash: None,
         });
         assert_eq!(r, Response::Ok);
         s
@@ -270,6 +271,7 @@ mod tests {
             org: Organization { id: "org_2".into(), name: "o".into(), created_at: 1 },
             owner: member("mem_x", Role::Owner),
             token: token("tok_x", Principal::Member("mem_x".into())),
+            join_secret_hash: None,
         };
         let before = s.clone();
         assert_eq!(rejected(s.apply(&again)), RejectKind::Conflict);

@@ -100,6 +100,7 @@ mod tests {
             org: Organization { id: "org".into(), name: "o".into(), created_at: 1 },
             owner,
             token: token("tok_o", Principal::Member("mem_o".into())),
+            join_secret_hash: None,
         }));
         s
     }

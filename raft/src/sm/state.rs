@@ -250,7 +250,15 @@ impl State {
                 self.decide_approval(by, approval_id, *approve, *at_ms)
             }
             Command::SetRules { by, rules } => self.set_rules(by, rules),
-            Command::Bootstrap { cluster_id, org, owner, token } => self.bootstrap(cluster_id, org, owner, token),
+            Command::Bootstrap { cluster_id, org, owner, token, join_secret_hash } => {
+                self.bootstrap(cluster_id, org, owner, token)?;
+                if let Some(hash) = join_secret_hash
+                    && self.join.secret_hash.is_none()
+                {
+                    self.join.secret_hash = Some(hash.clone());
+                }
+                Ok(())
+            }
             Command::CreateMember { by, member } => self.create_member(by, member),
             Command::CreateBot { by, bot } => self.create_bot(by, bot),
             Command::ArchiveBot { by, bot_id, at_ms } => self.archive_bot(by, bot_id, *at_ms),

@@ -23,6 +23,7 @@ fn world() -> State {
         org: Organization { id: "org".into(), name: "o".into(), created_at: 1 },
         owner,
         token: token(OWNER, Principal::Member("mem_o".into())),
+        join_secret_hash: None,
     }));
     let provider = Provider {
         id: "cpp_1".into(),
