@@ -66,21 +66,10 @@ fn save(state: &Path, c: &Credential) -> Result<(), PairError> {
 
 /// Trades `code` for a credential at `server` and stores it. Nothing is stored on refusal.
 pub async fn pair(dial: &crate::tls::Dial, code: &str, state: &Path) -> Result<Credential, PairError> {
-    let url = format!("{}/v1/agent/pair", dial.server);
-    let mut client = reqwest::Client::builder();
-    if let Some(tls) = &dial.tls {
-        client = client.use_preconfigured_tls((**tls).clone());
-    }
-    let client = client.build().map_err(|e| PairError::Unreachable(e.to_string()))?;
-    let resp = client
-        .post(&url)
-        .json(&serde_json::json!({ "code": code }))
-        .send()
+    let (status, body) = post_json(dial, "/v1/agent/pair", &serde_json::json!({ "code": code }))
         .await
-        .map_err(|e| PairError::Unreachable(e.to_string()))?;
-    let status = resp.status();
-    let body: serde_json::Value = resp.json().await.unwrap_or(serde_json::Value::Null);
-    if !status.is_success() {
+        .map_err(PairError::Unreachable)?;
+    if !(200..300).contains(&status) {
         let msg = body["error"]["message"].as_str().unwrap_or("no reason given").to_string();
         return Err(PairError::Refused(format!("{status}: {msg}")));
     }
@@ -96,4 +85,59 @@ pub async fn pair(dial: &crate::tls::Dial, code: &str, state: &Path) -> Result<C
     };
     save(state, &c)?;
     Ok(c)
+}
+
+/// One JSON POST to the server (HTTP/1.1, over TLS for an https:// server): status and body.
+async fn post_json(
+    dial: &crate::tls::Dial,
+    path: &str,
+    body: &serde_json::Value,
+) -> Result<(u16, serde_json::Value), String> {
+    use http_body_util::BodyExt;
+    let uri: http::Uri = format!("{}{path}", dial.server).parse().map_err(|e| format!("{}: {e}", dial.server))?;
+    let host = uri.host().ok_or_else(|| format!("{}: no host", dial.server))?.to_string();
+    let port = uri.port_u16().unwrap_or(if dial.tls.is_some() { 443 } else { 80 });
+    let authority = uri.authority().map(|a| a.to_string()).unwrap_or_else(|| host.clone());
+    let bytes = serde_json::to_vec(body).map_err(|e| e.to_string())?;
+    let req = http::Request::post(uri.path())
+        .header(http::header::HOST, authority)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(bytes)))
+        .map_err(|e| e.to_string())?;
+    let call = async {
+        let bare = host.trim_start_matches('[').trim_end_matches(']').to_string();
+        let tcp = tokio::net::TcpStream::connect((bare.as_str(), port)).await.map_err(|e| e.to_string())?;
+        let _ = tcp.set_nodelay(true);
+        let resp = match &dial.tls {
+            Some(config) => {
+                let name = rustls::pki_types::ServerName::try_from(bare).map_err(|e| e.to_string())?;
+                let tls = tokio_rustls::TlsConnector::from(config.clone())
+                    .connect(name, tcp)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                send(hyper_util::rt::TokioIo::new(tls), req).await?
+            }
+            None => send(hyper_util::rt::TokioIo::new(tcp), req).await?,
+        };
+        let status = resp.status().as_u16();
+        let body = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+        Ok::<_, String>((status, serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null)))
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(30), call)
+        .await
+        .map_err(|_| "no answer within 30 s".to_string())?
+}
+
+async fn send<I>(
+    io: I,
+    req: http::Request<http_body_util::Full<bytes::Bytes>>,
+) -> Result<http::Response<hyper::body::Incoming>, String>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.map_err(|e| e.to_string())?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    sender.send_request(req).await.map_err(|e| e.to_string())
 }
