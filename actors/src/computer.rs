@@ -20,11 +20,15 @@ use ractor::ActorProcessingErr;
 use ractor::ActorRef;
 use tracing::Instrument;
 
-use crate::driver::Inflight;
 use crate::factory::ProviderFactory;
 use crate::now_ms;
 use crate::provider::CreateSpec;
 use crate::provider::ProviderError;
+
+/// Executions this process has handed to a Computer actor and not yet seen end, each with its
+/// Computer (so a crashed actor's executions can be released). Shared with the actors, which
+/// remove an execution when its run ends.
+pub type Inflight = std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, String>>>;
 
 /// How long a finished call's answer is retried into the store before giving up (a taking-over
 /// driver then declares it unknown).

@@ -23,8 +23,6 @@
 //! spawns, stops and forgets actors, so an exit never races a respawn.
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::sync::Mutex;
 use std::sync::MutexGuard;
 use std::time::Duration;
 
@@ -47,12 +45,8 @@ use tokio::sync::watch;
 use crate::computer::ComputerActor;
 use crate::computer::ComputerArgs;
 use crate::computer::ComputerMessage;
+use crate::computer::Inflight;
 use crate::factory::ProviderFactory;
-
-/// Executions this process has handed to a Computer actor and not yet seen end, each with its
-/// Computer (so a crashed actor's executions can be released). Shared with the actors, which
-/// remove an execution when its run ends.
-pub type Inflight = Arc<Mutex<HashMap<String, String>>>;
 
 fn lock(inflight: &Inflight) -> MutexGuard<'_, HashMap<String, String>> {
     inflight.lock().unwrap_or_else(|p| p.into_inner())

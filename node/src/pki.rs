@@ -25,8 +25,8 @@ use tokio::sync::watch;
 
 use crate::config::ServeConfig;
 use crate::datadir::DataDir;
+use crate::error::NodeError;
 use crate::ids::new_id;
-use crate::server::NodeError;
 
 /// How long an enrolling node keeps trying to reach the member it joins through.
 const ENROLL_PATIENCE: Duration = Duration::from_secs(60);
@@ -36,10 +36,10 @@ fn cert_error(e: computerd_raft::tls::CertError) -> NodeError {
 }
 
 /// The join secret given on the command line, if any.
-fn given_secret(cfg: &ServeConfig) -> Result<Option<JoinSecret>, NodeError> {
+async fn given_secret(cfg: &ServeConfig) -> Result<Option<JoinSecret>, NodeError> {
     let text = match (&cfg.join_token, &cfg.join_token_file) {
         (Some(t), _) => t.clone(),
-        (None, Some(path)) => read_when_there(path)?,
+        (None, Some(path)) => read_when_there(path).await?,
         (None, None) => return Ok(None),
     };
     JoinSecret::parse(&text).map(Some).map_err(NodeError::Config)
@@ -47,7 +47,7 @@ fn given_secret(cfg: &ServeConfig) -> Result<Option<JoinSecret>, NodeError> {
 
 /// Reads the join secret's file, waiting up to a minute for it to appear (the first node of a
 /// cluster started at the same time writes it).
-fn read_when_there(path: &std::path::Path) -> Result<String, NodeError> {
+async fn read_when_there(path: &std::path::Path) -> Result<String, NodeError> {
     let deadline = std::time::Instant::now() + ENROLL_PATIENCE;
     loop {
         match std::fs::read_to_string(path) {
@@ -61,7 +61,7 @@ fn read_when_there(path: &std::path::Path) -> Result<String, NodeError> {
                     path.display()
                 )));
             }
-            _ => std::thread::sleep(Duration::from_millis(200)),
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
         }
     }
 }
@@ -79,7 +79,7 @@ pub async fn certificates(cfg: &ServeConfig, dir: &DataDir) -> Result<Arc<Pki>, 
                 pki.cluster_id()
             )));
         }
-        if cfg.join.is_some() && given_secret(cfg)?.is_some() {
+        if cfg.join.is_some() && given_secret(cfg).await?.is_some() {
             tracing::info!("this node has its certificate; the join secret given is not used");
         }
         return Ok(Arc::new(pki));
@@ -91,7 +91,7 @@ pub async fn certificates(cfg: &ServeConfig, dir: &DataDir) -> Result<Arc<Pki>, 
         tracing::info!(cluster_id = %cluster_id, "made the cluster's CA and this node's certificate");
         return Ok(Arc::new(pki));
     };
-    let secret = given_secret(cfg)?.ok_or_else(|| {
+    let secret = given_secret(cfg).await?.ok_or_else(|| {
         NodeError::Config(
             "this node has no certificate yet: give the cluster's join secret with --join-token-file \
              (the first node wrote it to DIR/join.token) or COMPUTERD_JOIN_TOKEN"

@@ -33,7 +33,6 @@ use tokio::sync::watch;
 
 use crate::config::ServeConfig;
 use crate::datadir::DataDir;
-use crate::datadir::DataDirError;
 use crate::http;
 use crate::ids::new_id;
 use crate::ids::new_secret;
@@ -42,43 +41,7 @@ use crate::ids::now_ms;
 /// How long a joining node keeps trying to reach the cluster.
 const JOIN_PATIENCE: Duration = Duration::from_secs(60);
 
-/// Why a node could not start or stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum NodeError {
-    /// A flag has a value that cannot work.
-    #[error("{0}")]
-    Config(String),
-    /// The data directory was refused.
-    #[error(transparent)]
-    DataDir(#[from] DataDirError),
-    /// A listener could not be bound or read.
-    #[error("cannot listen on {addr}: {source}")]
-    Listen {
-        /// The address.
-        addr: String,
-        /// The error.
-        source: std::io::Error,
-    },
-    /// The replicated store failed.
-    #[error("store: {0}")]
-    Cluster(#[from] ClusterError),
-    /// The data dir belongs to another cluster than the one joined.
-    #[error("the data dir belongs to cluster {ours}, but the member at {join} is in cluster {theirs}")]
-    OtherCluster {
-        /// The cluster in the data dir.
-        ours: String,
-        /// The cluster of the member.
-        theirs: String,
-        /// The member asked.
-        join: String,
-    },
-    /// Bootstrapping the organization was refused.
-    #[error("bootstrap refused: {0}")]
-    Bootstrap(String),
-    /// A server task failed.
-    #[error("server: {0}")]
-    Server(String),
-}
+pub use crate::error::NodeError;
 
 /// The listeners a node serves on, bound by the caller.
 pub struct Listeners {

@@ -31,7 +31,7 @@ pub struct AppState {
     /// The node's certificates and the cluster's CA (join secrets name the CA's hash).
     pub pki: Arc<computerd_raft::tls::Pki>,
     /// The edge's rate limits.
-    pub limits: Arc<crate::http::Limits>,
+    pub limits: Arc<crate::limits::Limits>,
     /// This node's `DIR/join.token` (rewritten when the reusable secret is rotated here).
     pub join_token_file: Option<std::path::PathBuf>,
 }

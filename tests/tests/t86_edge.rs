@@ -108,26 +108,7 @@ async fn t40_health_without_a_token_and_json_405() {
 async fn t50_https_with_the_given_certificate() {
     let dir = tempfile::tempdir().expect("dir");
     let ca_hash = edge_certs(dir.path());
-    let (cert, key) = (dir.path().join("edge.crt"), dir.path().join("edge.key"));
-    // One node, started by hand (the harness speaks plain HTTP).
-    let (http, grpc) =
-        (format!("127.0.0.1:{}", computerd_tests::free_port()), format!("127.0.0.1:{}", computerd_tests::free_port()));
-    let data = dir.path().join("node");
-    let mut node = std::process::Command::new(computerd_tests::computerd_bin())
-        .args(["serve", "--node-id", "1", "--http", &http, "--grpc", &grpc, "--data"])
-        .arg(&data)
-        .arg("--tls-cert")
-        .arg(&cert)
-        .arg("--tls-key")
-        .arg(&key)
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("computerd");
-    let token = data.join("admin.token");
-    computerd_tests::wait_for("the node to bootstrap", Duration::from_secs(60), || async {
-        std::fs::read_to_string(&token).ok().filter(|t| t.ends_with('\n')).map(drop)
-    })
-    .await;
+    let (http, _token, mut node) = tls_node(dir.path()).await;
     let config = computerd_raft::tls::enroll_client_config(&ca_hash).expect("client config");
     let mut rustls_config = (*config).clone();
     rustls_config.alpn_protocols = vec![b"http/1.1".to_vec()];
@@ -172,6 +153,30 @@ fn edge_certs(dir: &std::path::Path) -> String {
     hex::encode(sha2::Sha256::digest(ca.der().as_ref()))
 }
 
+/// One node serving HTTPS with `dir`'s `edge.crt`/`edge.key` (started by hand: the harness speaks
+/// plain HTTP), once it bootstrapped: its address, the owner token, the process.
+async fn tls_node(dir: &std::path::Path) -> (String, String, std::process::Child) {
+    let (http, grpc) =
+        (format!("127.0.0.1:{}", computerd_tests::free_port()), format!("127.0.0.1:{}", computerd_tests::free_port()));
+    let data = dir.join("node");
+    let node = std::process::Command::new(computerd_tests::computerd_bin())
+        .args(["serve", "--node-id", "1", "--http", &http, "--grpc", &grpc, "--data"])
+        .arg(&data)
+        .arg("--tls-cert")
+        .arg(dir.join("edge.crt"))
+        .arg("--tls-key")
+        .arg(dir.join("edge.key"))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("computerd");
+    let token_file = data.join("admin.token");
+    let token = computerd_tests::wait_for("the node to bootstrap", Duration::from_secs(60), || async {
+        std::fs::read_to_string(&token_file).ok().filter(|t| t.ends_with('\n'))
+    })
+    .await;
+    (http, token.trim().to_string(), node)
+}
+
 /// One HTTP/1.1 call over TLS to `addr`, trusting the CA with `ca_hash`: status and JSON body.
 async fn https(
     addr: &str,
@@ -210,27 +215,9 @@ async fn https(
 async fn t60_an_agent_links_over_wss_with_a_pinned_ca() {
     let dir = tempfile::tempdir().expect("dir");
     let hash = edge_certs(dir.path());
-    let (cert, key, ca) = (dir.path().join("edge.crt"), dir.path().join("edge.key"), dir.path().join("ca.pem"));
-    let port = computerd_tests::free_port();
-    let http = format!("127.0.0.1:{port}");
-    let grpc = format!("127.0.0.1:{}", computerd_tests::free_port());
-    let data = dir.path().join("node");
-    let mut node = std::process::Command::new(computerd_tests::computerd_bin())
-        .args(["serve", "--node-id", "1", "--http", &http, "--grpc", &grpc, "--data"])
-        .arg(&data)
-        .arg("--tls-cert")
-        .arg(&cert)
-        .arg("--tls-key")
-        .arg(&key)
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("computerd");
-    let token_file = data.join("admin.token");
-    let token = computerd_tests::wait_for("the node to bootstrap", Duration::from_secs(60), || async {
-        std::fs::read_to_string(&token_file).ok().filter(|t| t.ends_with('\n'))
-    })
-    .await;
-    let token = token.trim().to_string();
+    let ca = dir.path().join("ca.pem");
+    let (http, token, mut node) = tls_node(dir.path()).await;
+    let port = http.rsplit_once(':').map(|(_, p)| p.to_string()).expect("port");
     let body = json!({"commandKey": "wss", "name": "wss", "source": {"_tag": "Paired"}});
     let (s, r) = https(&http, &hash, "POST", "/v1/computers", &token, Some(body)).await;
     assert_eq!(s, 202, "{r}");

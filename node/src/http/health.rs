@@ -135,7 +135,7 @@ pub async fn join_token(
             if let Some(dir) = &state.join_token_file
                 && dir.exists()
             {
-                let _ = write_join_file(dir, &secret.encode());
+                let _ = crate::datadir::write_secret_file(dir, &secret.encode());
             }
             None
         }
@@ -144,14 +144,4 @@ pub async fn join_token(
         StatusCode::CREATED,
         Json(json!({"joinToken": secret.encode(), "singleUse": expires.is_some(), "expiresAtMs": expires})),
     ))
-}
-
-fn write_join_file(path: &std::path::Path, text: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
-    f.write_all(format!("{text}\n").as_bytes())?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)
 }

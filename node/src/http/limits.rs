@@ -1,12 +1,10 @@
-//! Rate limits of the HTTP edge (governor's GCRA, keyed): unauthenticated calls (pairing, the
+//! The rate-limit middlewares of the HTTP edge (the limiters are `crate::limits`): unauthenticated calls (pairing, the
 //! agent link's hello) per source, every call with a token per token. A refused call is answered
 //! `429 rate_limited` with `Retry-After` before it reaches its handler, so it writes nothing.
 //!
 //! The source is the connection's peer, or, when the peer is a configured load balancer
 //! (`--trusted-proxy`), the nearest address in `X-Forwarded-For` that is not one.
 
-use std::net::IpAddr;
-use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,57 +15,12 @@ use axum::middleware::Next;
 use axum::response::IntoResponse;
 use axum::response::Response;
 use computerd_proto::ErrorKind;
-use governor::DefaultKeyedRateLimiter;
-use governor::Quota;
 use governor::clock::Clock;
 use governor::clock::DefaultClock;
 
 use super::ApiError;
 use super::AppState;
-
-/// The edge's limiters.
-pub struct Limits {
-    by_source: Option<DefaultKeyedRateLimiter<IpAddr>>,
-    by_token: Option<DefaultKeyedRateLimiter<String>>,
-    trusted: Vec<IpAddr>,
-}
-
-impl Limits {
-    /// `per_source_per_min` unauthenticated calls per minute and source, `token_per_sec` calls
-    /// per second and token (bursts of twice that); 0 turns a limit off.
-    pub fn new(per_source_per_min: u32, token_per_sec: u32, trusted: Vec<IpAddr>) -> Self {
-        let by_source =
-            NonZeroU32::new(per_source_per_min).map(|n| DefaultKeyedRateLimiter::keyed(Quota::per_minute(n)));
-        let by_token = NonZeroU32::new(token_per_sec).map(|n| {
-            let burst = n.checked_mul(NonZeroU32::MIN.saturating_add(1)).unwrap_or(n);
-            DefaultKeyedRateLimiter::keyed(Quota::per_second(n).allow_burst(burst))
-        });
-        Self { by_source, by_token, trusted }
-    }
-
-    /// Forgets the keys that are back to a full allowance (bounds the limiters' memory).
-    pub fn forget_idle(&self) {
-        if let Some(l) = &self.by_source {
-            l.retain_recent();
-            l.shrink_to_fit();
-        }
-        if let Some(l) = &self.by_token {
-            l.retain_recent();
-            l.shrink_to_fit();
-        }
-    }
-
-    /// The client a request counts against.
-    pub fn source_of(&self, req: &Request) -> Option<IpAddr> {
-        let peer = crate::edge::peer_of(req)?.ip();
-        if !self.trusted.contains(&peer) {
-            return Some(peer);
-        }
-        let forwarded = req.headers().get_all("x-forwarded-for").iter().filter_map(|v| v.to_str().ok());
-        let hops: Vec<IpAddr> = forwarded.flat_map(|v| v.split(',')).filter_map(|h| h.trim().parse().ok()).collect();
-        Some(hops.into_iter().rev().find(|ip| !self.trusted.contains(ip)).unwrap_or(peer))
-    }
-}
+pub use crate::limits::Limits;
 
 fn limited(wait: Duration, what: &str) -> Response {
     let secs = wait.as_secs().max(1);

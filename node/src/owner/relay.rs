@@ -39,19 +39,7 @@ impl Owners {
             Some(json) => json,
             None => {
                 let mut agent = local.await?;
-                let mut req = tonic::Request::new(McpJson { json });
-                req.set_timeout(CallKind::Tool.deadline());
-                let call = tokio::time::timeout(CallKind::Tool.deadline(), agent.mcp(req));
-                match call.await {
-                    Ok(r) => r.map_err(CallError::from_status)?.into_inner().json,
-                    Err(_) => {
-                        return Err(CallError::new(
-                            ErrorKind::DeadlineExceeded,
-                            "the computer's agent did not answer the tool request by its deadline",
-                        )
-                        .into());
-                    }
-                }
+                ask_agent(&mut agent, json).await.map_err(CallError::from_status)?
             }
         };
         let reply = serde_json::from_str(&json).map_err(|_| {
@@ -75,6 +63,20 @@ impl Owners {
             Some(Ok(reply)) => Ok(reply.json),
             Some(Err(e)) => Err(Miss::Failed(e)),
             None => Err(Miss::Failed(CallError::unreachable(node, "an empty answer"))),
+        }
+    }
+}
+
+/// One MCP request to an agent over its link held here, under the tool deadline (the one
+/// bound of both the local path and a relayed request's owner).
+pub async fn ask_agent(agent: &mut computerd_actors::link::Agent, json: String) -> Result<String, tonic::Status> {
+    let mut req = tonic::Request::new(McpJson { json });
+    req.set_timeout(CallKind::Tool.deadline());
+    match tokio::time::timeout(CallKind::Tool.deadline(), agent.mcp(req)).await {
+        Ok(r) => Ok(r?.into_inner().json),
+        Err(_) => {
+            Err(ErrorKind::DeadlineExceeded
+                .status("the computer's agent did not answer the tool request by its deadline"))
         }
     }
 }

@@ -29,7 +29,6 @@ use tonic::Status;
 use tonic::Streaming;
 use tower::ServiceExt;
 
-use super::CallKind;
 use super::MAX_ROUTE_MESSAGE;
 use super::Owners;
 use super::computer_of;
@@ -74,12 +73,7 @@ impl Routing for RouteTarget {
         // Taken: the headers go at once; the agent's answer follows as the one message.
         let call = async move {
             let mut agent = state.owners.agent(&r.computer_id).await.map_err(|e| e.into_status())?;
-            let mut req = Request::new(computerd_proto::agent::McpJson { json: r.json });
-            req.set_timeout(CallKind::Tool.deadline());
-            let reply = tokio::time::timeout(CallKind::Tool.deadline(), agent.mcp(req))
-                .await
-                .map_err(|_| ErrorKind::DeadlineExceeded.status("the computer's agent did not answer in time"))??;
-            Ok(McpRelayReply { json: reply.into_inner().json })
+            Ok(McpRelayReply { json: super::relay::ask_agent(&mut agent, r.json).await? })
         };
         Ok(Response::new(Box::pin(futures::stream::once(call))))
     }

@@ -3,6 +3,7 @@
 //! connector of the channels, and the layer that lets only enrolling through without a node
 //! certificate.
 
+use std::future::Future;
 use std::net::IpAddr;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -79,8 +80,6 @@ impl tonic::transport::server::Connected for NodeStream {
         self.peer
     }
 }
-
-use std::future::Future;
 
 /// The TLS connections accepted on `listener`: each handshake runs in its own task (a slow
 /// client holds up no one), and a connection whose certificate is revoked later is closed.
