@@ -3,7 +3,8 @@
 # `docker import` (no registry is reachable here, so no FROM debian):
 #
 #   computerd:local          computerd + bash and cat (for the Kubernetes ordinal wrapper, reading the token) and their libraries
-#   computerd-haproxy:local  Debian's haproxy and its libraries
+#   computerd-haproxy:local  Debian's haproxy and its libraries, with bash, cat and sleep (its entrypoint waits
+#                            for the edge certificate that compose's `certs` service makes)
 #
 # Usage: deploy/build-node-images.sh [--bin PATH]   (default: target/release/computerd, built if missing)
 set -euo pipefail
@@ -54,9 +55,10 @@ tar -C "$stage/node" -c . | docker import \
   --change 'ENTRYPOINT ["/usr/bin/computerd"]' \
   - computerd:local >/dev/null
 
-rootfs "$stage/lb" /usr/sbin/haproxy
+rootfs "$stage/lb" /usr/sbin/haproxy /usr/bin/bash /usr/bin/cat /usr/bin/sleep
 mkdir -p "$stage/lb/etc/haproxy" "$stage/lb/run/haproxy"
 tar -C "$stage/lb" -c . | docker import \
+  --change 'ENV PATH=/usr/bin:/usr/sbin:/bin' \
   --change 'ENTRYPOINT ["/usr/sbin/haproxy", "-db", "-f", "/etc/haproxy/haproxy.cfg"]' \
   - computerd-haproxy:local >/dev/null
 

@@ -17,6 +17,8 @@
 //! Config (a provider record's `config`):
 //! - `serverUrl` (required): the URL the agents in the sandboxes dial (a node or the load balancer;
 //!   `https://` for TLS, while an `http://` one runs the agents with `--insecure`);
+//! - `caCert`: the PEM of a private CA that signed `serverUrl`'s certificate; the agents pin it
+//!   (`--ca-pem`). `computerd dev` registers its provider this way, with its local CA;
 //! - `endpoint`: the engine's socket, default `unix:///var/run/docker.sock`;
 //! - `network`: the container network, default `bridge` (`host` shares the host's);
 //! - `agentBinary`: a host path mounted read-only over the image's `computer-agent` (for
@@ -113,6 +115,9 @@ pub struct DockerConfig {
     /// The call deadline (read by the factory).
     #[serde(default)]
     pub timeout_ms: Option<u64>,
+    /// A private CA (PEM) the agents pin for `serverUrl`.
+    #[serde(default)]
+    pub ca_cert: Option<String>,
 }
 
 impl DockerConfig {
@@ -127,6 +132,16 @@ impl DockerConfig {
             && !e.starts_with("unix://")
         {
             return Err("docker provider config: endpoint must be a unix:// socket".into());
+        }
+        if let Some(ca) = &c.ca_cert {
+            if !c.server_url.starts_with("https://") {
+                return Err("docker provider config: caCert pins the CA of an https:// serverUrl".into());
+            }
+            if !ca.trim_start().starts_with("-----BEGIN CERTIFICATE-----") || ca.len() > 16 * 1024 {
+                return Err(
+                    "docker provider config: caCert must be one PEM certificate (-----BEGIN CERTIFICATE-----)".into()
+                );
+            }
         }
         if let Some(b) = &c.agent_binary
             && !b.starts_with('/')
@@ -158,6 +173,41 @@ impl DockerConfig {
             None => Ok(self.templates.get("default").cloned().unwrap_or_else(Template::default_image)),
         }
     }
+}
+
+/// The host's address on the engine's default `bridge` network (`docker0`, usually 172.17.0.1):
+/// where a sandbox on that network reaches the host. Read from the network's gateway, or, when
+/// the engine names none, as the address the host's kernel would send from into the subnet.
+pub async fn bridge_address(endpoint: Option<&str>) -> Result<std::net::IpAddr, String> {
+    let socket = endpoint.unwrap_or("unix:///var/run/docker.sock");
+    let docker = Docker::connect_with_socket(socket, 5, bollard::API_DEFAULT_VERSION)
+        .map_err(|e| format!("cannot use the Docker socket {socket}: {e}"))?;
+    let docker =
+        docker.negotiate_version().await.map_err(|e| format!("the Docker engine at {socket} did not answer: {e}"))?;
+    let net = docker
+        .inspect_network("bridge", None::<bollard::query_parameters::InspectNetworkOptions>)
+        .await
+        .map_err(|e| format!("the Docker engine has no usable bridge network: {e}"))?;
+    let configs = net.ipam.and_then(|i| i.config).unwrap_or_default();
+    for c in &configs {
+        if let Some(gw) = c.gateway.as_deref().and_then(|g| g.parse().ok()) {
+            return Ok(gw);
+        }
+    }
+    for c in &configs {
+        let Some((base, _)) = c.subnet.as_deref().and_then(|s| s.split_once('/')) else { continue };
+        let Ok(std::net::IpAddr::V4(base)) = base.parse::<std::net::IpAddr>() else { continue };
+        // A datagram socket "connected" into the subnet sends nothing; its local address is the
+        // host's own on that network.
+        let probe = std::net::Ipv4Addr::from(u32::from(base) + 2);
+        let udp = std::net::UdpSocket::bind("0.0.0.0:0").map_err(|e| e.to_string())?;
+        if udp.connect((probe, 9)).is_ok()
+            && let Ok(local) = udp.local_addr()
+        {
+            return Ok(local.ip());
+        }
+    }
+    Err("the Docker bridge network names no gateway or IPv4 subnet".into())
 }
 
 /// The adapter of one docker provider record.
@@ -221,6 +271,9 @@ impl DockerProvider {
         // refuses unless told: the operator chose it in the provider's config.
         if self.config.server_url.starts_with("http://") {
             env.push("COMPUTER_AGENT_INSECURE=true".to_string());
+        }
+        if let Some(ca) = &self.config.ca_cert {
+            env.push(format!("COMPUTER_AGENT_CA_PEM={ca}"));
         }
         let labels = HashMap::from([
             (LABEL_COMPUTER.to_string(), spec.computer_id.clone()),
@@ -350,5 +403,26 @@ mod tests {
         let t = serde_json::json!({"serverUrl": "http://x", "templates": {"small": {"image": "i", "memoryMb": 256}}});
         let small = cfg(t).expect("ok").template(Some("small")).expect("template");
         assert_eq!((small.image.as_str(), small.memory_mb, small.cpus), ("i", 256, 1.0));
+    }
+
+    #[test]
+    fn a_pinned_ca_reaches_the_agent() {
+        let pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+        let plain = serde_json::json!({"serverUrl": "http://x", "caCert": pem});
+        assert!(cfg(plain).is_err_and(|e| e.contains("https://")), "a CA pins an https:// server only");
+        let junk = serde_json::json!({"serverUrl": "https://x", "caCert": "hello"});
+        assert!(cfg(junk).is_err_and(|e| e.contains("PEM")));
+        let c = cfg(serde_json::json!({"serverUrl": "https://172.17.0.1:8080", "caCert": pem})).expect("ok");
+        let p = DockerProvider::new(c, Duration::from_secs(1));
+        let spec = CreateSpec {
+            computer_id: "cmp_1".into(),
+            command_key: "k".into(),
+            template: None,
+            desktop: false,
+            pairing_code: Some("code".into()),
+        };
+        let env = p.container_body(&spec, &Template::default_image()).env.unwrap_or_default();
+        assert!(env.contains(&format!("COMPUTER_AGENT_CA_PEM={pem}")), "{env:?}");
+        assert!(!env.iter().any(|e| e.starts_with("COMPUTER_AGENT_INSECURE")), "{env:?}");
     }
 }

@@ -19,8 +19,11 @@ struct Cli {
     #[arg(long, env = "COMPUTER_AGENT_SERVER")]
     server: String,
     /// Trust only this CA (PEM) for the server's certificate (default: the system's roots).
-    #[arg(long, env = "COMPUTER_AGENT_CA")]
+    #[arg(long, env = "COMPUTER_AGENT_CA", conflicts_with = "ca_pem")]
     ca: Option<PathBuf>,
+    /// The same, given as the CA's PEM text (the Docker provider passes it this way).
+    #[arg(long, env = "COMPUTER_AGENT_CA_PEM")]
+    ca_pem: Option<String>,
     /// Allow plain http:// to a non-loopback server (the credential and the sessions then cross
     /// the network in clear).
     #[arg(long, env = "COMPUTER_AGENT_INSECURE")]
@@ -65,7 +68,9 @@ async fn main() -> std::process::ExitCode {
         eprintln!("computer-agent: --session-idle-secs must be a positive number of seconds");
         return std::process::ExitCode::from(2);
     };
-    let dial = match computer_agent::tls::dial(&cli.server, cli.ca.as_deref(), cli.insecure) {
+    use computer_agent::tls::Ca;
+    let ca = cli.ca.as_deref().map(Ca::File).or(cli.ca_pem.as_deref().map(Ca::Pem));
+    let dial = match computer_agent::tls::dial(&cli.server, ca, cli.insecure) {
         Ok(d) => d,
         Err(why) => {
             eprintln!("computer-agent: {why}");

@@ -1,11 +1,37 @@
 //! How the agent reaches the cluster: `https://` (pairing) and `wss://` (the link) with the
-//! server verified against the system's roots, or against a private CA pinned with `--ca`; plain
+//! server verified against the system's roots, or against a private CA pinned with `--ca` (or
+//! `--ca-pem`, the CA's PEM itself, which is how the Docker provider hands it over); plain
 //! `http://` only to a loopback address, or with `--insecure` (the credential and the sessions'
 //! contents would cross the network in clear).
 
 use std::net::IpAddr;
 use std::path::Path;
 use std::sync::Arc;
+
+/// A private CA to pin: a file, or the PEM text itself.
+#[derive(Clone, Copy, Debug)]
+pub enum Ca<'a> {
+    /// `--ca FILE`.
+    File(&'a Path),
+    /// `--ca-pem PEM`.
+    Pem(&'a str),
+}
+
+impl Ca<'_> {
+    fn label(&self) -> String {
+        match self {
+            Ca::File(p) => format!("--ca {}", p.display()),
+            Ca::Pem(_) => "--ca-pem".to_string(),
+        }
+    }
+
+    fn pem(&self) -> Result<Vec<u8>, String> {
+        match self {
+            Ca::File(p) => std::fs::read(p).map_err(|e| format!("{}: {e}", self.label())),
+            Ca::Pem(text) => Ok(text.as_bytes().to_vec()),
+        }
+    }
+}
 
 /// The server and the TLS to reach it with.
 #[derive(Clone)]
@@ -22,21 +48,21 @@ fn loopback(host: &str) -> bool {
 }
 
 /// The dial of `server`, or why it is refused (before anything is sent).
-pub fn dial(server: &str, ca: Option<&Path>, insecure: bool) -> Result<Dial, String> {
+pub fn dial(server: &str, ca: Option<Ca<'_>>, insecure: bool) -> Result<Dial, String> {
     let server = server.trim_end_matches('/').to_string();
     if let Some(rest) = server.strip_prefix("https://") {
         let mut roots = rustls::RootCertStore::empty();
         match ca {
-            Some(path) => {
+            Some(ca) => {
                 use rustls::pki_types::CertificateDer;
                 use rustls::pki_types::pem::PemObject;
-                let pem = std::fs::read(path).map_err(|e| format!("--ca {}: {e}", path.display()))?;
-                for cert in CertificateDer::pem_slice_iter(&pem) {
-                    let cert = cert.map_err(|e| format!("--ca {}: not PEM certificates: {e}", path.display()))?;
-                    roots.add(cert).map_err(|e| format!("--ca {}: {e}", path.display()))?;
+                let label = ca.label();
+                for cert in CertificateDer::pem_slice_iter(&ca.pem()?) {
+                    let cert = cert.map_err(|e| format!("{label}: not PEM certificates: {e}"))?;
+                    roots.add(cert).map_err(|e| format!("{label}: {e}"))?;
                 }
                 if roots.is_empty() {
-                    return Err(format!("--ca {}: no certificate", path.display()));
+                    return Err(format!("{label}: no certificate"));
                 }
             }
             None => {
@@ -87,6 +113,8 @@ mod tests {
         assert!(dial("http://172.17.0.1:8080", None, true).is_ok_and(|d| d.tls.is_none()));
         assert!(dial("https://example.org", None, false).is_ok_and(|d| d.tls.is_some()));
         assert!(dial("ftp://x", None, true).is_err());
-        assert!(dial("https://x", Some(Path::new("/nonexistent/ca.pem")), false).is_err());
+        assert!(dial("https://x", Some(Ca::File(Path::new("/nonexistent/ca.pem"))), false).is_err());
+        let empty = dial("https://x", Some(Ca::Pem("not a certificate")), false).err().unwrap_or_default();
+        assert!(empty.contains("--ca-pem: no certificate"), "{empty}");
     }
 }

@@ -30,6 +30,23 @@ pub enum Command {
     Serve(ServeConfig),
     /// Run one node with a local data dir for trying computerd out; prints the URL and token.
     Dev(DevConfig),
+    /// Make (or keep) a local CA in a directory and a server certificate for the HTTP edge (a
+    /// load balancer's, at set-up): DIR/ca.crt, edge.crt, edge.key, and edge.pem for HAProxy.
+    EdgeCert(EdgeCertConfig),
+}
+
+/// `computerd edge-cert`.
+#[derive(Debug, Clone, Args)]
+pub struct EdgeCertConfig {
+    /// The directory of the CA and the certificate (made if missing).
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// A DNS name or IP address the certificate is for (repeatable; the first is its CN).
+    #[arg(long = "name", required = true)]
+    pub names: Vec<String>,
+    /// How long the certificate lasts, in days (made again when less than a third is left).
+    #[arg(long, default_value_t = 397)]
+    pub days: u64,
 }
 
 /// `computerd dev`.
@@ -44,6 +61,12 @@ pub struct DevConfig {
     /// Address of the node-to-node gRPC service (nobody else needs it in dev).
     #[arg(long, env = "COMPUTERD_GRPC", default_value = "127.0.0.1:0")]
     pub grpc: String,
+    /// Where the Docker sandboxes' agents dial: HTTPS/WSS with a certificate of a local CA
+    /// (DATA/edge-tls/ca.crt), which the registered `local docker` provider hands to them.
+    /// Default: the host's address on Docker's bridge, with the port of `--http`; `off`: no
+    /// Docker sandboxes.
+    #[arg(long, env = "COMPUTERD_SANDBOX_HTTP")]
+    pub sandbox_http: Option<String>,
 }
 
 impl DevConfig {

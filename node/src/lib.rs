@@ -8,6 +8,7 @@ pub mod config;
 pub mod datadir;
 mod dev;
 mod edge;
+pub mod edge_ca;
 mod error;
 pub mod http;
 pub mod ids;

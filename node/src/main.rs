@@ -17,6 +17,18 @@ async fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Serve(cfg) => computerd_node::serve(cfg, computerd_node::shutdown_signal()).await,
         Command::Dev(cfg) => computerd_node::dev(cfg, computerd_node::shutdown_signal()).await,
+        Command::EdgeCert(cfg) => {
+            let validity = std::time::Duration::from_secs(cfg.days.max(1) * 86_400);
+            match computerd_node::edge_ca::ensure(&cfg.dir, &cfg.names, validity) {
+                Ok(f) => {
+                    let what = if f.made { "made" } else { "kept (it still fits)" };
+                    println!("edge certificate {what}: {} and {}", f.cert.display(), f.key.display());
+                    println!("for HAProxy: {}; clients pin {}", f.bundle.display(), f.ca.display());
+                    Ok(())
+                }
+                Err(e) => Err(computerd_node::NodeError::Config(e)),
+            }
+        }
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -49,6 +49,9 @@ pub struct Listeners {
     pub http: TcpListener,
     /// Node-to-node gRPC.
     pub grpc: TcpListener,
+    /// More HTTPS listeners of the same API, each with its own certificate (`computerd dev`'s
+    /// on the Docker bridge, for its sandboxes).
+    pub extra_https: Vec<(TcpListener, std::sync::Arc<rustls::ServerConfig>)>,
 }
 
 /// Binds the configured addresses and runs the node until `shutdown` completes.
@@ -56,7 +59,8 @@ pub async fn serve(cfg: ServeConfig, shutdown: impl Future<Output = ()> + Send +
     let bind = |addr: String| async move {
         TcpListener::bind(&addr).await.map_err(|source| NodeError::Listen { addr, source })
     };
-    let listeners = Listeners { http: bind(cfg.http.clone()).await?, grpc: bind(cfg.grpc.clone()).await? };
+    let listeners =
+        Listeners { http: bind(cfg.http.clone()).await?, grpc: bind(cfg.grpc.clone()).await?, extra_https: Vec::new() };
     run(cfg, listeners, shutdown).await
 }
 
@@ -213,6 +217,14 @@ pub async fn run(
         max_connections: cfg.max_connections.max(1),
         header_timeout: Duration::from_secs(cfg.header_timeout_secs.max(1)),
     };
+    let extra: Vec<_> = listeners
+        .extra_https
+        .into_iter()
+        .map(|(l, tls)| {
+            let edge = crate::edge::Edge { tls: Some(tls), ..edge.clone() };
+            tokio::spawn(crate::edge::serve(l, app.clone(), edge, stop_rx.clone()))
+        })
+        .collect();
     let http = tokio::spawn(crate::edge::serve(listeners.http, app, edge, stop_rx.clone()));
     let limits_upkeep = tokio::spawn(http::run_limits_upkeep(app_state_limits, stop_rx.clone()));
 
@@ -220,6 +232,9 @@ pub async fn run(
     shutdown.await;
     let _ = stop_tx.send(true);
     let http_result = http.await;
+    for e in extra {
+        let _ = e.await;
+    }
     let _ = limits_upkeep.await;
     let _ = driver.await;
     let _ = liveness.await;

@@ -38,6 +38,15 @@ pub fn agent_bin() -> PathBuf {
     .clone()
 }
 
+/// Gives a process (an agent, or `computerd dev`, which starts one) a HOME of its own beside
+/// `dir`, so its sessions' login shells read none of the machine user's dotfiles: a `~/.bashrc`
+/// running `pyenv init` blocks for 60 s on a lock that a killed shell left behind.
+pub fn own_home(cmd: &mut Command, dir: &std::path::Path) {
+    let home = dir.with_extension("home");
+    std::fs::create_dir_all(&home).expect("the agent's HOME");
+    cmd.env("HOME", home);
+}
+
 /// A running agent process (killed on drop).
 pub struct AgentProc {
     /// The process.
@@ -62,6 +71,7 @@ impl AgentProc {
     ) -> AgentProc {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("log");
         let mut cmd = Command::new(agent_bin());
+        own_home(&mut cmd, state);
         cmd.args(["--server", server, "--state"])
             .arg(state)
             .stdin(Stdio::null())

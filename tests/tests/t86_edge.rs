@@ -229,7 +229,9 @@ async fn t60_an_agent_links_over_wss_with_a_pinned_ca() {
     })
     .await;
     let state = dir.path().join("agent");
-    let mut agent = std::process::Command::new(computerd_tests::agent::agent_bin())
+    let mut agent = std::process::Command::new(computerd_tests::agent::agent_bin());
+    computerd_tests::agent::own_home(&mut agent, &state);
+    let mut agent = agent
         .args(["--server", &format!("https://127.0.0.1:{port}"), "--pair", &code, "--state"])
         .arg(&state)
         .arg("--ca")

@@ -80,6 +80,73 @@ pub fn new_ca(cluster_id: &str) -> Result<(String, String), CertError> {
     Ok((cert.pem(), key.serialize_pem()))
 }
 
+/// A new CA for an HTTP edge (not a cluster's: it signs no node certificate), named `name`, for
+/// 10 years: its certificate and key (PEM).
+pub fn new_edge_ca(name: &str) -> Result<(String, String), CertError> {
+    let key = KeyPair::generate().map_err(invalid)?;
+    let mut params = CertificateParams::new(Vec::<String>::new()).map_err(invalid)?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, name);
+    params.distinguished_name = dn;
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    let now = time::OffsetDateTime::now_utc();
+    params.not_before = now - time::Duration::minutes(5);
+    params.not_after = now + time::Duration::days(3650);
+    let cert = params.self_signed(&key).map_err(invalid)?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
+/// A server certificate of an HTTP edge for `names` (DNS names, or IP addresses, each a SAN),
+/// signed by the CA `ca_pem`/`ca_key_pem`: the certificate and its new key (PEM).
+pub fn edge_cert(
+    ca_pem: &str,
+    ca_key_pem: &str,
+    names: &[String],
+    validity: Duration,
+) -> Result<(String, String), CertError> {
+    if names.is_empty() {
+        return Err(invalid("an edge certificate needs at least one name"));
+    }
+    let ca_key = KeyPair::from_pem(ca_key_pem).map_err(invalid)?;
+    let issuer = Issuer::from_ca_cert_pem(ca_pem, ca_key).map_err(invalid)?;
+    let key = KeyPair::generate().map_err(invalid)?;
+    let mut params = CertificateParams::new(names.to_vec()).map_err(invalid)?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, names[0].clone());
+    params.distinguished_name = dn;
+    params.is_ca = IsCa::ExplicitNoCa;
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let now = time::OffsetDateTime::now_utc();
+    params.not_before = now - time::Duration::minutes(5);
+    params.not_after = now + time::Duration::try_from(validity).map_err(invalid)?;
+    params.serial_number = Some(rand::random::<[u8; 16]>().to_vec().into());
+    let cert = params.signed_by(&key, &issuer).map_err(invalid)?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
+/// The unix second a certificate (PEM) stops being valid, and its SANs' names.
+pub fn expiry_and_names(pem: &str) -> Option<(u64, Vec<String>)> {
+    let der = der_of(pem).ok()?;
+    let (_, cert) = x509_parser::parse_x509_certificate(der.as_ref()).ok()?;
+    let mut names = Vec::new();
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
+        for n in &san.value.general_names {
+            match n {
+                x509_parser::extensions::GeneralName::DNSName(d) => names.push(d.to_string()),
+                x509_parser::extensions::GeneralName::IPAddress(b) => match b.len() {
+                    4 => names.push(std::net::Ipv4Addr::from(<[u8; 4]>::try_from(*b).ok()?).to_string()),
+                    16 => names.push(std::net::Ipv6Addr::from(<[u8; 16]>::try_from(*b).ok()?).to_string()),
+                    _ => {}
+                },
+                _ => {}
+            }
+        }
+    }
+    Some((cert.validity().not_after.timestamp().max(0) as u64, names))
+}
+
 /// Signs a certificate for `node_id` of `cluster_id` from a CSR: the node's identity comes from
 /// the signer, never from the request.
 pub fn sign(
@@ -166,6 +233,11 @@ pub fn check_ca_key(ca_pem: &str, key_pem: &str) -> Result<(), CertError> {
         return Err(invalid("the key is not the cluster CA's"));
     }
     Ok(())
+}
+
+/// Writes a file readable by everyone (0644: a certificate), atomically.
+pub fn write_public(path: &Path, contents: &str) -> Result<(), CertError> {
+    write_file(path, contents, 0o644)
 }
 
 /// Writes a file readable by its owner only (0600), atomically (temp file, fsync, rename).

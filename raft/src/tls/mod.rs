@@ -33,7 +33,13 @@ use std::time::Duration;
 
 pub use certs::CertError;
 pub use certs::Csr;
+pub use certs::edge_cert;
+pub use certs::expiry_and_names;
 pub use certs::identity_of;
+pub use certs::new_edge_ca;
+pub use certs::now_secs;
+pub use certs::write_public;
+pub use certs::write_secret;
 pub use io::Connector;
 pub use io::NodeStream;
 pub use io::RequireNode;

@@ -1,6 +1,10 @@
 //! `computerd dev`: one node with a local data dir, and this machine paired as the Computer
 //! `local` by starting `computer-agent` (found next to `computerd`). Prints the URL, the owner
-//! token and a `curl` that runs `uname -a` on it.
+//! token and a `curl` that runs `uname -a` on it. When a Docker engine is there, it also serves
+//! its sandboxes over WSS with a local CA and registers the `local docker` provider
+//! ([`sandboxes`]).
+
+mod sandboxes;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -84,9 +88,16 @@ pub async fn dev(cfg: DevConfig, shutdown: impl Future<Output = ()> + Send + 'st
     let bind = |addr: String| async move {
         TcpListener::bind(&addr).await.map_err(|source| NodeError::Listen { addr, source })
     };
-    let listeners = Listeners { http: bind(serve.http.clone()).await?, grpc: bind(serve.grpc.clone()).await? };
-    let http = listeners.http.local_addr().map_err(|source| NodeError::Listen { addr: serve.http.clone(), source })?;
     let token_path = DataDir::open(&serve.data, serve.node_id)?.admin_token_path();
+    // After the data dir is made: the local CA lives in it.
+    let docker = sandboxes::listen(&cfg, &serve.data).await.map_err(NodeError::Config)?;
+    let (extra_https, docker) = match docker {
+        Ok((l, tls, s)) => (vec![(l, tls)], Ok(s)),
+        Err(why) => (Vec::new(), Err(why)),
+    };
+    let listeners =
+        Listeners { http: bind(serve.http.clone()).await?, grpc: bind(serve.grpc.clone()).await?, extra_https };
+    let http = listeners.http.local_addr().map_err(|source| NodeError::Listen { addr: serve.http.clone(), source })?;
     let agent_state = serve.data.join("agent");
     let agent_bin = agent_binary()?;
     let node = tokio::spawn(run(serve, listeners, shutdown));
@@ -130,6 +141,24 @@ pub async fn dev(cfg: DevConfig, shutdown: impl Future<Output = ()> + Send + 'st
     println!(
         "try:  curl -s -H 'Authorization: Bearer {token}' -H 'content-type: application/json' \\\n        {base}/v1/computers/{computer}/sessions -d '{{\"command\":\"uname -a\"}}'"
     );
+    match docker {
+        Ok(s) => match sandboxes::provider(&base, &token, &s, &agent_bin).await {
+            Ok(id) => {
+                println!(
+                    "Docker sandboxes: provider {id} (\"local docker\"); their agents dial {} over WSS, pinning {}",
+                    s.server_url,
+                    s.ca_file.display()
+                );
+                println!(
+                    "  (once: deploy/build-sandbox-image.sh; the sandboxes run this build's computer-agent)\n  \
+                     curl -s -H 'Authorization: Bearer {token}' -H 'content-type: application/json' \\\n        \
+                     {base}/v1/computers -d '{{\"commandKey\":\"first\",\"name\":\"box\",\"source\":{{\"_tag\":\"Provider\",\"provider\":\"{id}\"}}}}'"
+                );
+            }
+            Err(why) => println!("Docker sandboxes: off ({why})"),
+        },
+        Err(why) => println!("Docker sandboxes: off ({why})"),
+    }
     let result = node.await.map_err(|e| NodeError::Server(e.to_string()))?;
     let _ = agent.kill().await;
     result
