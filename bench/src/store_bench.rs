@@ -6,9 +6,13 @@
 //! - computerd: `POST /v1/bots` (a Raft-replicated, fsynced write that answers 201) on real
 //!   `computerd` processes started by [`computerd_tests::TestCluster`];
 //! - etcd: `POST /v3/kv/put` of a fresh key on etcd's v3 JSON gateway, 1 or 3 members on
-//!   loopback with default (durable) settings.
+//!   loopback with default (durable) settings, with peer and client TLS (certificates from a
+//!   throwaway CA made in the run, see [`etcd`]), as computerd's nodes speak mutual TLS to each
+//!   other. computerd's HTTP API stays plain HTTP on loopback, as the harness starts it.
 //!
-//! Both use the same HTTP/1.1 JSON client and the same closed-loop writers (see [`workload`]),
+//! Both use an HTTP/1.1 JSON client with the same settings (reqwest for computerd; for etcd's
+//! HTTPS, hyper-util's pooled client over rustls, see [`computerd_bench::https`]) and the same
+//! closed-loop writers (see [`workload`]),
 //! sending round robin across all nodes (like clients behind a load balancer) and, on 3 nodes,
 //! also to the leader only. It prints a table, the ours/etcd ratios and whether the goal holds:
 //! at 64 writers on 3 nodes, at least etcd's throughput and no worse p99.
@@ -179,14 +183,15 @@ async fn bench(cfg: Config) -> Result<()> {
         drop(c);
 
         eprintln!("starting etcd with {nodes} member(s)");
-        let e = EtcdCluster::start(&cfg.etcd_bin, nodes as usize, &http).await?;
+        let e = EtcdCluster::start(&cfg.etcd_bin, nodes as usize).await?;
         let put = |base: &str| format!("{base}/v3/kv/put");
-        let all = Arc::new(Target { urls: e.members.iter().map(|m| put(&m.client_url)).collect(), op: Op::EtcdPut });
+        let op = || Op::EtcdPut { client: e.client.clone() };
+        let all = Arc::new(Target { urls: e.members.iter().map(|m| put(&m.client_url)).collect(), op: op() });
         for &w in &cfg.writers {
             run_cell(ETCD, nodes, ROUND_ROBIN, &all, w).await;
         }
         if nodes > 1 {
-            let one = Arc::new(Target { urls: vec![put(&e.leader_url(&http).await?)], op: Op::EtcdPut });
+            let one = Arc::new(Target { urls: vec![put(&e.leader_url().await?)], op: op() });
             for &w in &cfg.writers {
                 run_cell(ETCD, nodes, LEADER, &one, w).await;
             }

@@ -16,6 +16,7 @@ use reqwest::StatusCode;
 use serde_json::json;
 
 use crate::base64;
+use crate::https;
 use crate::report::Recorder;
 pub use crate::report::Stats;
 pub use crate::report::Timing;
@@ -32,8 +33,13 @@ pub enum Op {
         /// Bearer token.
         token: String,
     },
-    /// `POST /v3/kv/put` of a fresh key on etcd's JSON gateway (answers 200).
-    EtcdPut,
+    /// `POST /v3/kv/put` of a fresh key on etcd's JSON gateway (answers 200), over HTTPS with
+    /// `client` (the cluster's CA and a client certificate) rather than the plain HTTP client
+    /// [`run`] is given.
+    EtcdPut {
+        /// The etcd cluster's client ([`crate::etcd::EtcdCluster::client`]).
+        client: https::Client,
+    },
     /// `POST /v1/computers` on computerd with a fresh `commandKey`, creating a Computer of
     /// `provider` (answers 202 with the execution receipt once the execution is stored).
     CreateComputer {
@@ -107,11 +113,12 @@ async fn send_once(client: &reqwest::Client, op: &Op, url: &str, unique: &str) -
             client.post(url).bearer_auth(token).json(&json!({ "name": format!("bench-{unique}") })),
             StatusCode::CREATED,
         ),
-        Op::EtcdPut => {
+        Op::EtcdPut { client } => {
             let key = format!("bench/{unique}");
             let body =
                 json!({ "key": base64::encode(key.as_bytes()), "value": base64::encode(b"bench-value-0123456789") });
-            (client.post(url).json(&body), StatusCode::OK)
+            let (status, body) = client.post_json(url, &body, None).await?;
+            return expect(status, StatusCode::OK, &body, url);
         }
         Op::CreateComputer { token, provider } => {
             let body = json!({
@@ -126,6 +133,11 @@ async fn send_once(client: &reqwest::Client, op: &Op, url: &str, unique: &str) -
     let resp = req.send().await?;
     let status = resp.status();
     let body = resp.bytes().await?;
+    expect(status, expected, &body, url)
+}
+
+/// `Ok` when `status` is `expected`, else an error with the start of `body`.
+fn expect(status: StatusCode, expected: StatusCode, body: &[u8], url: &str) -> Result<()> {
     if status != expected {
         let text = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
         return Err(anyhow!("HTTP {status} from {url}: {text}"));
