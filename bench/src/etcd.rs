@@ -244,15 +244,11 @@ mod tests {
     use super::*;
     use crate::certs::CertFiles;
 
-    /// `/usr/bin/etcd` (or `ETCD_BIN`), when installed: the test is skipped without it.
+    /// `/usr/bin/etcd` (or `ETCD_BIN`): the test fails without it (`.ci/run` installs it).
     fn etcd_bin() -> Option<PathBuf> {
         let bin = std::env::var_os("ETCD_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/usr/bin/etcd"));
-        if bin.is_file() {
-            Some(bin)
-        } else {
-            eprintln!("skipped: no etcd at {} (apt-get install -y etcd-server)", bin.display());
-            None
-        }
+        assert!(bin.is_file(), "no etcd at {} (apt-get install -y etcd-server)", bin.display());
+        Some(bin)
     }
 
     /// What the member at `url` (`https://127.0.0.1:port`) answers a raw `GET /health` on a
