@@ -24,7 +24,7 @@ pub enum CallKind {
 
 impl CallKind {
     /// The call's own bound.
-    pub fn bound(self) -> Duration {
+    pub const fn bound(self) -> Duration {
         match self {
             CallKind::Session => Duration::from_secs(30),
             CallKind::File => Duration::from_secs(120),
@@ -33,8 +33,8 @@ impl CallKind {
     }
 
     /// The whole call's deadline: its bound plus the margin.
-    pub fn deadline(self) -> Duration {
-        self.bound() + MARGIN
+    pub const fn deadline(self) -> Duration {
+        Duration::from_secs(self.bound().as_secs() + MARGIN.as_secs())
     }
 }
 

@@ -1,7 +1,8 @@
 //! The HTTP edge's limits, against a real node: a client that sends its headers too slowly is cut
 //! off; pairing attempts from one source are rate-limited before they reach the store; a token
 //! over its rate gets `429 rate_limited` with `Retry-After`; `/v1/health` without a token answers
-//! liveness only; a wrong method gets the JSON error; HTTPS serves with the given certificate,
+//! liveness only; a wrong method gets the JSON error; a body over its route's limit is refused
+//! with `413 too_large` and writes nothing; HTTPS serves with the given certificate,
 //! and an agent pairs and links over HTTPS/WSS with the CA pinned; an agent refuses plain HTTP to
 //! a non-loopback server.
 
@@ -100,6 +101,42 @@ async fn t40_health_without_a_token_and_json_405() {
     assert_eq!(r.status(), 405);
     let v: serde_json::Value = r.json().await.expect("json");
     assert_eq!(v["error"]["kind"], "method_not_allowed", "{v}");
+}
+
+/// A control call's body over 256 KiB, and a pairing body over 4 KiB, are refused `413
+/// too_large` whether they declare their length or not, and nothing reaches the store; a session
+/// command of 300 KiB is taken by its route (1 MiB).
+#[tokio::test]
+async fn t45_bodies_over_their_route_limit() {
+    let c = TestCluster::start(1).await;
+    let applied = || async { c.health(1).await.expect("health")["lastApplied"].as_u64().expect("lastApplied") };
+    let before = applied().await;
+    let big = json!({"name": "x".repeat(300 << 10)});
+    let (s, v) = c.call(Method::POST, 1, "/v1/bots", &c.token, Some(big.clone())).await;
+    assert_eq!((s, v["error"]["kind"].as_str()), (413, Some("too_large")), "{v}");
+    // The same without a declared length (chunked): cut off at the limit.
+    let mut tcp = tokio::net::TcpStream::connect(&c.nodes[&1].http).await.expect("connect");
+    let body = big.to_string();
+    let head = format!(
+        "POST /v1/bots HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n{:x}\r\n",
+        c.token,
+        body.len()
+    );
+    tcp.write_all(head.as_bytes()).await.expect("head");
+    // The node may answer and close before taking the whole body.
+    let _ = tcp.write_all(body.as_bytes()).await;
+    let _ = tcp.write_all(b"\r\n0\r\n\r\n").await;
+    let mut answer = Vec::new();
+    let _ = tcp.read_to_end(&mut answer).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    let r =
+        c.http.post(c.url(1, "/v1/agent/pair")).json(&json!({"code": "x".repeat(5000)})).send().await.expect("send");
+    assert_eq!(r.status(), 413);
+    assert_eq!(applied().await, before, "nothing was written");
+    let session = json!({"command": "x".repeat(300 << 10)});
+    let (s, v) = c.call(Method::POST, 1, "/v1/computers/cmp_none/sessions", &c.token, Some(session)).await;
+    assert_ne!(s, 413, "a session route takes 300 KiB: {v}");
 }
 
 /// `--tls-cert`/`--tls-key`: the API is served over TLS with that certificate (a client that

@@ -77,6 +77,9 @@ impl From<ClusterError> for ApiError {
 
 impl From<JsonRejection> for ApiError {
     fn from(r: JsonRejection) -> Self {
+        if r.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+            return Self::new(ErrorKind::TooLarge, "the body is larger than this route takes");
+        }
         Self::invalid(format!("the body is not valid: {}", r.body_text()))
     }
 }

@@ -34,9 +34,12 @@ use axum::routing::get;
 use axum::routing::post;
 use axum::routing::put;
 
-/// The API router.
+/// The API router. Routes come in groups, each with its body limit and deadline
+/// ([`limits::RouteLimits`]).
 pub fn router(state: AppState) -> Router {
-    Router::new()
+    use axum::middleware::from_fn_with_state;
+    let bounded = |l: limits::RouteLimits| from_fn_with_state(l, limits::bounded);
+    let control = Router::new()
         .route("/v1/health", get(health::health))
         .route("/v1/openapi.json", get(openapi::openapi_json))
         .route("/v1/members", post(identity::create_member).get(identity::list_members))
@@ -54,6 +57,17 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/computers/{id}/stop", post(computers::stop))
         .route("/v1/computers/{id}/usage", get(computers::usage))
         .route("/v1/computers/{id}/sandbox", get(computers::sandbox))
+        .route("/v1/computers/{id}/acquire", post(computers::acquire))
+        .route("/v1/computers/{id}/release", post(computers::release))
+        .route("/v1/computers/{id}/bots", get(grants::list))
+        .route("/v1/computers/{id}/bots/{bot}", put(grants::put).get(grants::get).delete(grants::delete))
+        .route("/v1/executions/{id}", get(executions::get))
+        .route("/v1/executions/{id}/decision", post(executions::decide))
+        .route("/v1/approvals", get(approvals::list))
+        .route("/v1/approvals/{id}", post(approvals::decide))
+        .route("/v1/capability-rules", get(approvals::get_rules).put(approvals::put_rules))
+        .layer(bounded(limits::CONTROL));
+    let tools = Router::new()
         .route("/api/bots/{bot}/tools", get(tools::list))
         .route("/api/bots/{bot}/tools/install", post(tools::install))
         .route("/api/bots/{bot}/tools/computer_mcp", post(tools::model_tool))
@@ -61,38 +75,38 @@ pub fn router(state: AppState) -> Router {
         .route("/api/bots/{bot}/tools/{binding}/discover", post(tools::discover))
         .route("/api/bots/{bot}/tools/{binding}/call", post(tools::call))
         .route("/api/bots/{bot}/tools/{binding}/switch", post(tools::switch))
-        .route("/v1/computers/{id}/acquire", post(computers::acquire))
-        .route("/v1/computers/{id}/release", post(computers::release))
-        .route("/v1/computers/{id}/bots", get(grants::list))
-        .route("/v1/computers/{id}/bots/{bot}", put(grants::put).get(grants::get).delete(grants::delete))
-        .merge(
-            Router::new()
-                .route("/v1/computers/{id}/sessions", post(sessions::start))
-                .route("/v1/computers/{id}/sessions/{sid}", delete(sessions::stop))
-                .route("/v1/computers/{id}/sessions/{sid}/input", post(sessions::input))
-                .route("/v1/computers/{id}/sessions/{sid}/resize", post(sessions::resize))
-                .route(
-                    "/v1/computers/{id}/files",
-                    get(files::read)
-                        .put(files::write)
-                        .delete(files::remove)
-                        .layer(axum::extract::DefaultBodyLimit::disable()),
-                )
-                .route("/v1/computers/{id}/directory", get(files::directory))
-                .layer(axum::middleware::from_fn_with_state(state.clone(), forward::to_link_owner)),
+        .layer(bounded(limits::TOOL));
+    // Calls on a Computer's agent run on the node holding its link.
+    let sessions = Router::new()
+        .route("/v1/computers/{id}/sessions", post(sessions::start))
+        .route("/v1/computers/{id}/sessions/{sid}", delete(sessions::stop))
+        .route("/v1/computers/{id}/sessions/{sid}/input", post(sessions::input))
+        .route("/v1/computers/{id}/sessions/{sid}/resize", post(sessions::resize))
+        .layer(from_fn_with_state(state.clone(), forward::to_link_owner))
+        .layer(bounded(limits::SESSION));
+    let files = Router::new()
+        .route(
+            "/v1/computers/{id}/files",
+            get(files::read).put(files::write).delete(files::remove).layer(axum::extract::DefaultBodyLimit::disable()),
         )
-        .merge(
-            Router::new()
-                .route("/v1/agent/pair", post(agent::pair))
-                .route("/v1/agent/link", get(agent::link))
-                .layer(axum::middleware::from_fn_with_state(state.clone(), limits::per_source)),
-        )
-        .route("/v1/executions/{id}", get(executions::get))
-        .route("/v1/executions/{id}/decision", post(executions::decide))
+        .route("/v1/computers/{id}/directory", get(files::directory))
+        .layer(from_fn_with_state(state.clone(), forward::to_link_owner))
+        .layer(bounded(limits::FILE));
+    let pairing = Router::new()
+        .route("/v1/agent/pair", post(agent::pair))
+        .layer(from_fn_with_state(state.clone(), limits::per_source))
+        .layer(bounded(limits::PAIRING));
+    let streams = Router::new()
+        .route("/v1/agent/link", get(agent::link).layer(from_fn_with_state(state.clone(), limits::per_source)))
         .route("/v1/events", get(events::events))
-        .route("/v1/approvals", get(approvals::list))
-        .route("/v1/approvals/{id}", post(approvals::decide))
-        .route("/v1/capability-rules", get(approvals::get_rules).put(approvals::put_rules))
+        .layer(bounded(limits::STREAM));
+    Router::new()
+        .merge(control)
+        .merge(tools)
+        .merge(sessions)
+        .merge(files)
+        .merge(pairing)
+        .merge(streams)
         .fallback(|| async { ApiError::not_found("no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(computerd_proto::ErrorKind::MethodNotAllowed, "this route does not take that method")
