@@ -365,4 +365,33 @@ mod tests {
         assert!(one.is_revoked(2, id.not_before));
         assert!(!one.is_revoked(2, id.not_before + 1));
     }
+
+    /// One handshake of `client` calling `server` over an in-memory pipe: Ok, or the client's error.
+    async fn handshake(client: &Arc<Pki>, server: &Arc<Pki>) -> Result<(), String> {
+        let (a, b) = tokio::io::duplex(1 << 16);
+        let acceptor = tokio_rustls::TlsAcceptor::from(server.server_config().expect("server config"));
+        let connector = tokio_rustls::TlsConnector::from(client.client_config().expect("client config"));
+        let serving = tokio::spawn(async move { acceptor.accept(b).await.map(drop) });
+        let r = connector.connect(verify::server_name(), a).await.map(drop).map_err(|e| e.to_string());
+        let _ = serving.await;
+        r
+    }
+
+    #[tokio::test]
+    async fn a_node_does_not_call_a_revoked_node() {
+        let dir = tempfile::tempdir().expect("dir");
+        let one = Arc::new(Pki::bootstrap(&dir.path().join("1"), "cls_test", 1, VALIDITY).expect("bootstrap"));
+        let csr = Csr::new().expect("csr");
+        let cert = one.sign(2, &csr.pem).expect("sign");
+        let two =
+            Arc::new(Pki::install(&dir.path().join("2"), 2, one.ca_pem(), &cert, &csr, VALIDITY).expect("install"));
+        handshake(&one, &two).await.expect("node 1 calls node 2");
+        let id = identity_of(&certs::der_of(&cert).expect("der")).expect("identity");
+        one.set_revocations(Revocations::from([(2, id.not_before)]));
+        let refused = handshake(&one, &two).await.expect_err("node 2 is revoked");
+        assert!(refused.contains("revoked"), "{refused}");
+        // A server of another cluster is refused too, even with a valid chain of its own CA.
+        let other = Arc::new(Pki::bootstrap(&dir.path().join("o"), "cls_other", 3, VALIDITY).expect("other"));
+        assert!(handshake(&one, &other).await.is_err());
+    }
 }

@@ -1,6 +1,6 @@
 //! The rustls configs of nodes: certificate resolvers that read the current certificate at each
-//! handshake, the client verifier that checks revocations, and the enrolling node's CA-hash
-//! check.
+//! handshake, the client and server verifiers that check revocations (both ends of every
+//! node-to-node connection refuse a revoked node), and the enrolling node's CA-hash check.
 
 use std::sync::Arc;
 
@@ -142,11 +142,69 @@ pub(super) fn server_config(pki: Arc<Pki>) -> Result<Arc<rustls::ServerConfig>, 
     Ok(Arc::new(config))
 }
 
+/// Servers with a certificate of this CA, of this cluster, not revoked: a node never sends a call
+/// to a removed node, even one that is still running.
+#[derive(Debug)]
+struct NodeServers {
+    inner: Arc<rustls::client::WebPkiServerVerifier>,
+    pki: Arc<Pki>,
+}
+
+impl ServerCertVerifier for NodeServers {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, Error> {
+        self.inner.verify_server_cert(end_entity, intermediates, server_name, ocsp, now)?;
+        let id =
+            identity_of(end_entity).ok_or_else(|| Error::General("the server's is not a node certificate".into()))?;
+        if id.cluster_id != self.pki.cluster_id {
+            return Err(Error::General(format!("the server is of cluster {}", id.cluster_id)));
+        }
+        if self.pki.is_revoked(id.node_id, id.not_before) {
+            tracing::info!(node_id = id.node_id, "refused to call a revoked node");
+            return Err(Error::General(format!("node {}'s certificate is revoked", id.node_id)));
+        }
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
 pub(super) fn client_config(pki: Arc<Pki>) -> Result<Arc<rustls::ClientConfig>, CertError> {
+    let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(roots(&pki)?, provider())
+        .build()
+        .map_err(invalid)?;
+    let verifier = Arc::new(NodeServers { inner, pki: pki.clone() });
     let mut config = rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(invalid)?
-        .with_root_certificates(roots(&pki)?)
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
         .with_client_cert_resolver(Arc::new(Current(pki)));
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(Arc::new(config))
