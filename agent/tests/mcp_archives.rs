@@ -476,3 +476,105 @@ fn a_good_package_installs_once_with_safe_modes() {
     let other = gz(&ok_tar().file("extra", b"1").end());
     assert_eq!(bed.install(&other).map(|_| ()).map_err(|e| e.reason()), Err("version_exists"));
 }
+
+/// Runs the real `tar` with `args`; answers what it wrote to stdout (`-f -`).
+fn real_tar(args: &[&str], dir: &Path) -> Vec<u8> {
+    let out = std::process::Command::new("tar")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .output()
+        .expect("run tar (GNU tar is needed by this suite)");
+    assert!(out.status.success(), "tar {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    out.stdout
+}
+
+/// A small package tree: a server, a module, an empty directory and a nested file.
+fn package_tree(dir: &Path) {
+    std::fs::create_dir_all(dir.join("lib/data")).expect("lib/data");
+    std::fs::create_dir_all(dir.join("docs/deeper")).expect("docs/deeper");
+    std::fs::write(dir.join("server.py"), b"print('hi')\n").expect("server.py");
+    std::fs::write(dir.join("lib/util.py"), b"X = 1\n").expect("util.py");
+    std::fs::write(dir.join("docs/deeper/notes.txt"), b"notes\n").expect("notes");
+}
+
+/// The files of a tree with their contents (directories with none).
+fn contents(root: &Path) -> Vec<(String, Option<Vec<u8>>)> {
+    tree(root)
+        .into_iter()
+        .map(|p| {
+            let data = if p.ends_with('/') { None } else { Some(std::fs::read(root.join(&p)).expect("read")) };
+            (p, data)
+        })
+        .collect()
+}
+
+#[test]
+fn what_real_tar_writes_for_a_directory_installs() {
+    let src = tempfile::tempdir().expect("tempdir");
+    package_tree(src.path());
+    // GNU tar's own format, PAX (a header with mtime, atime and ctime per member) and ustar.
+    for format in ["gnu", "posix", "ustar"] {
+        let bytes = real_tar(&["--format", format, "-czf", "-", "."], src.path());
+        let plain = {
+            use std::io::Read;
+            let mut d = flate2::read::GzDecoder::new(&bytes[..]);
+            let mut v = Vec::new();
+            d.read_to_end(&mut v).expect("gunzip");
+            v
+        };
+        assert_eq!(&plain[..2], b"./", "{format}: tar wrote the root as ./ first (or its PAX header)");
+        let bed = Bed::new();
+        let done = bed.install(&bytes).unwrap_or_else(|e| panic!("{format}: {e} ({})", e.reason()));
+        assert!(done.new);
+        assert_eq!(contents(&done.dir), contents(src.path()), "{format}: the same tree, the same bytes");
+        let files: BTreeSet<String> = done.files.iter().cloned().collect();
+        let want: BTreeSet<String> =
+            ["server.py", "lib/util.py", "docs/deeper/notes.txt"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(files, want, "{format}: files named without ./");
+    }
+}
+
+#[test]
+fn root_and_dot_slash_entries_mean_what_tar_means() {
+    let mut t = Tar::default();
+    t.dir("./")
+        .dir(".")
+        .dir("./sub/")
+        .dir("./bare")
+        .file("./server.py", b"print('hi')\n")
+        .file("./sub/mod.py", b"m")
+        .entry(Head { kind: b'0', ..Head::file("./empty/", 0) }, b"");
+    let bed = Bed::new();
+    let done = bed.install(&gz(&t.end())).expect("installs");
+    let got = tree(&done.dir);
+    let want: BTreeSet<String> =
+        ["bare/", "empty/", "server.py", "sub/", "sub/mod.py"].iter().map(|s| s.to_string()).collect();
+    assert_eq!(got, want, "./ and . are the root; ./sub and ./sub/ are directories; ./file is file");
+    assert_eq!(std::fs::read(done.dir.join("sub/mod.py")).expect("mod.py"), b"m");
+}
+
+#[test]
+fn dot_slash_names_still_refuse_escapes_and_the_root_as_a_file() {
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("./ then ..", gz(&ok_tar().file("./../evil", b"x").end()), "path_escape"),
+        ("./ dir then ..", gz(&ok_tar().dir("./../evil/").end()), "path_escape"),
+        (
+            "./ then an absolute PAX path",
+            gz(&ok_tar().pax(b'x', &[("path", "/etc/x")]).file("./f", b"x").end()),
+            "absolute_path",
+        ),
+        ("the root as a file", gz(&ok_tar().file(".", b"x").end()), "bad_name"),
+        ("the root as an empty file", gz(&ok_tar().file(".", b"").end()), "bad_name"),
+        (
+            "./ with contents",
+            gz(&ok_tar().entry(Head { kind: b'5', ..Head::file("./", 3) }, b"abc").end()),
+            "malformed_header",
+        ),
+        ("./. is not the root", gz(&ok_tar().dir("./.").end()), "bad_name"),
+        ("a file over ./sub", gz(&ok_tar().dir("./sub").file("sub", b"x").end()), "name_collision"),
+    ];
+    for (case, bytes, reason) in cases {
+        refused(case, bytes, reason);
+    }
+}

@@ -4,11 +4,19 @@
 //! directory, drops setuid/setgid/sticky bits and extended attributes, and ignores owners.
 //!
 //! Accepted: ustar and GNU headers (with a verified checksum), PAX extended headers (`path`,
-//! `size` and harmless keys such as `mtime`; xattrs are dropped), GNU long names. Refused: links,
-//! devices, FIFOs, sparse files, unknown entry types, absolute paths, any `..`, names that collide
-//! (also by case, and a file under a file), a PAX size that disagrees with the header's, global
-//! headers that set anything but a comment, malformed numbers, names or records, truncation,
-//! anything after the end-of-archive marker, and the size limits.
+//! `size` and harmless keys such as `mtime`; xattrs are dropped), GNU long names, and what
+//! `tar -C dir -czf pkg.tar.gz .` writes: a `./` (or `.`) directory entry is the package's root
+//! and is skipped, `./sub/` and `./sub` directory entries are directories, `./file` names `file`.
+//! Refused: links, devices, FIFOs, sparse files, unknown entry types, absolute paths, any `..`,
+//! names that collide (also by case, and a file under a file), a file that names the root, a PAX
+//! size that disagrees with the header's, global headers that set anything but a comment,
+//! malformed numbers, names or records, truncation, anything after the end-of-archive marker, and
+//! the size limits.
+//!
+//! A refused archive leaves nothing behind: [`extract`] writes only into the staging directory it
+//! is given, and its caller removes that directory on any error (the installer does it with a
+//! guard, before anything is published), so a refusal after some members were written publishes
+//! none of them.
 
 use std::collections::HashMap;
 use std::collections::HashSet;
@@ -223,8 +231,8 @@ fn pax_records(data: &[u8]) -> Result<HashMap<String, String>, Rejection> {
 }
 
 /// A member's path, checked: relative, no `..`, no empty or odd components. Answers the
-/// normalized path (no leading `./`, no trailing `/`).
-fn clean_path(raw: &str) -> Result<String, Rejection> {
+/// normalized path (no leading `./`, no trailing `/`), or `None` for the root itself (`.`, `./`).
+fn clean_path(raw: &str) -> Result<Option<String>, Rejection> {
     if raw.is_empty() {
         return Err(Rejection::BadName("an empty name".into()));
     }
@@ -244,13 +252,13 @@ fn clean_path(raw: &str) -> Result<String, Rejection> {
         }
     }
     if parts.is_empty() {
-        return Err(Rejection::BadName(format!("{raw:?} names no file")));
+        return Ok(None);
     }
     let joined = parts.join("/");
     if joined.len() > 1024 || parts.iter().any(|p| p.len() > 255) {
         return Err(Rejection::BadName(format!("{raw:?} is too long")));
     }
-    Ok(joined)
+    Ok(Some(joined))
 }
 
 /// The names seen so far, to refuse collisions (exact, by case, and a member under a file).
@@ -430,8 +438,17 @@ fn extract_tar<R: Read>(r: &mut R, staging: &Path, limits: &Limits) -> Result<Ex
             b'S' => return Err(Rejection::Sparse(raw_name)),
             other => return Err(Rejection::UnknownType(other as char)),
         }
-        let dir = kind == b'5' || (kind != b'5' && raw_name.ends_with('/') && size == 0);
-        let path = clean_path(&raw_name)?;
+        let dir = kind == b'5' || (raw_name.ends_with('/') && size == 0);
+        if dir && size != 0 {
+            return Err(Rejection::MalformedHeader(format!("{raw_name}: a directory with contents")));
+        }
+        let Some(path) = clean_path(&raw_name)? else {
+            // `.` or `./`: the package's root, which is the staging directory itself.
+            if !dir {
+                return Err(Rejection::BadName(format!("{raw_name:?} names no file")));
+            }
+            continue;
+        };
         names.add(&path, dir)?;
         if out.files.len() + out.dirs.len() >= limits.members {
             return Err(Rejection::TooManyMembers(limits.members));
@@ -439,9 +456,6 @@ fn extract_tar<R: Read>(r: &mut R, staging: &Path, limits: &Limits) -> Result<Ex
         let target = staging.join(&path);
         let io = |e: std::io::Error| Rejection::Staging(format!("{path}: {e}"));
         if dir {
-            if size != 0 {
-                return Err(Rejection::MalformedHeader(format!("{path}: a directory with contents")));
-            }
             std::fs::create_dir_all(&target).map_err(io)?;
             out.dirs.push(path);
             continue;
