@@ -75,14 +75,24 @@ impl Tar {
         self.entry(Head { kind: b'5', mode: 0o755, ..Head::file(name, 0) }, b"")
     }
     fn pax(&mut self, kind: u8, records: &[(&str, &str)]) -> &mut Self {
+        let records: Vec<(&[u8], &[u8])> = records.iter().map(|(k, v)| (k.as_bytes(), v.as_bytes())).collect();
+        self.pax_bytes(kind, &records)
+    }
+    /// A PAX header whose keys and values are any bytes (a binary xattr, a name that is not UTF-8).
+    fn pax_bytes(&mut self, kind: u8, records: &[(&[u8], &[u8])]) -> &mut Self {
         let mut data = Vec::new();
         for (k, v) in records {
-            let body = format!(" {k}={v}\n");
+            let mut body = b" ".to_vec();
+            body.extend_from_slice(k);
+            body.push(b'=');
+            body.extend_from_slice(v);
+            body.push(b'\n');
             let mut len = body.len() + 1;
-            while format!("{len}{body}").len() != len {
+            while len.to_string().len() + body.len() != len {
                 len += 1;
             }
-            data.extend_from_slice(format!("{len}{body}").as_bytes());
+            data.extend_from_slice(len.to_string().as_bytes());
+            data.extend_from_slice(&body);
         }
         self.entry(Head { kind, ..Head::file("././@PaxHeader", data.len() as u64) }, &data.clone())
     }
@@ -156,8 +166,9 @@ impl Bed {
 }
 
 /// Installs `bytes` and expects `reason`; then checks that nothing was published or left, and
-/// that nothing appeared anywhere but the runtime's (now empty) staging directory.
-fn refused(case: &str, bytes: Vec<u8>, reason: &str) {
+/// that nothing appeared anywhere but the runtime's (now empty) staging directory. Answers the
+/// error's message.
+fn refused(case: &str, bytes: Vec<u8>, reason: &str) -> String {
     let bed = Bed::new();
     let before = tree(bed.root.path());
     let err = bed.install(&bytes).map(|_| ()).expect_err(case);
@@ -167,6 +178,7 @@ fn refused(case: &str, bytes: Vec<u8>, reason: &str) {
         .filter(|p| p != "workspace/uploads/pkg.tar.gz" && p != "runtime/staging/")
         .collect();
     assert_eq!(after, before, "{case}: nothing written outside staging, staging removed");
+    err.to_string()
 }
 
 fn ok_tar() -> Tar {
@@ -576,5 +588,181 @@ fn dot_slash_names_still_refuse_escapes_and_the_root_as_a_file() {
     ];
     for (case, bytes, reason) in cases {
         refused(case, bytes, reason);
+    }
+}
+
+/// `getxattr(path, name)`: the value, or `None` when the file has no such attribute.
+fn xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
+    use std::os::unix::ffi::OsStrExt;
+    let p = std::ffi::CString::new(path.as_os_str().as_bytes()).expect("path");
+    let n = std::ffi::CString::new(name).expect("name");
+    let mut buf = vec![0u8; 256];
+    // SAFETY: both strings are NUL-terminated and live across the call; buf is buf.len() bytes.
+    let got = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if got < 0 {
+        let e = std::io::Error::last_os_error();
+        assert_eq!(e.raw_os_error(), Some(libc::ENODATA), "getxattr {}: {e}", path.display());
+        return None;
+    }
+    buf.truncate(got as usize);
+    Some(buf)
+}
+
+#[test]
+fn a_binary_xattr_from_real_tar_is_dropped() {
+    // A value that is not UTF-8, with a NUL, a newline and an '=' in it.
+    const VALUE: &[u8] = b"\xff\xfe\x00\x80\n=x";
+    let src = tempfile::tempdir().expect("tempdir");
+    package_tree(src.path());
+    let server = src.path().join("server.py");
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let p = std::ffi::CString::new(server.as_os_str().as_bytes()).expect("path");
+        // SAFETY: NUL-terminated strings and a VALUE.len()-byte buffer, all alive across the call.
+        let rc = unsafe { libc::setxattr(p.as_ptr(), c"user.bin".as_ptr(), VALUE.as_ptr().cast(), VALUE.len(), 0) };
+        // No silent skip: this suite needs a file system with user xattrs for its temp dir.
+        assert_eq!(rc, 0, "setxattr user.bin on {}: {}", server.display(), std::io::Error::last_os_error());
+    }
+    assert_eq!(xattr(&server, "user.bin").as_deref(), Some(VALUE));
+    let bytes = real_tar(&["--xattrs", "--xattrs-include=*", "-czf", "-", "."], src.path());
+    let plain = {
+        use std::io::Read;
+        let mut d = flate2::read::GzDecoder::new(&bytes[..]);
+        let mut v = Vec::new();
+        d.read_to_end(&mut v).expect("gunzip");
+        v
+    };
+    let record = [b"SCHILY.xattr.user.bin=".as_slice(), VALUE, b"\n"].concat();
+    assert!(plain.windows(record.len()).any(|w| w == record), "tar wrote the binary xattr as a PAX record");
+    let bed = Bed::new();
+    let done = bed.install(&bytes).unwrap_or_else(|e| panic!("{e} ({})", e.reason()));
+    assert_eq!(contents(&done.dir), contents(src.path()));
+    assert_eq!(xattr(&done.dir.join("server.py"), "user.bin"), None, "the xattr is dropped");
+}
+
+#[test]
+fn crafted_binary_xattrs_and_harmless_keys_are_accepted() {
+    let mut t = ok_tar();
+    // As GNU tar and libarchive write them: a raw binary value (a file capability), a key whose
+    // attribute name is not UTF-8, libarchive's base64 form, binary owner names (hdrcharset=BINARY)
+    // and the bookkeeping keys of star and libarchive.
+    t.pax_bytes(
+        b'x',
+        &[
+            (b"path", b"bin/tool"),
+            (b"SCHILY.xattr.security.capability", b"\x01\x00\x00\x02\x00\x20\x00\x00\x00\x00\x00\x00\xff\xfe"),
+            (b"SCHILY.xattr.user.\xff\xfe", b"\x00"),
+            (b"LIBARCHIVE.xattr.user.x", b"/w=="),
+            (b"hdrcharset", b"BINARY"),
+            (b"uname", b"\xe9l\xe8ve"),
+            (b"gname", b"\xff"),
+            (b"uid", b"1000"),
+            (b"gid", b"1000"),
+            (b"mtime", b"1700000000.5"),
+            (b"atime", b"1700000000.5"),
+            (b"ctime", b"1700000000.5"),
+            (b"comment", b"\x80"),
+            (b"charset", b"ISO-IR 646 1990"),
+            (b"SCHILY.dev", b"2049"),
+            (b"SCHILY.ino", b"1234"),
+            (b"SCHILY.nlink", b"1"),
+            (b"SCHILY.fflags", b"nodump"),
+            (b"SCHILY.acl.access", b"user::rwx,group::r-x,other::r-x"),
+            (b"LIBARCHIVE.creationtime", b"1700000000"),
+            (b"RHT.security.selinux", b"system_u:object_r:bin_t:s0"),
+            (b"size", b"4"),
+        ],
+    );
+    t.file("ignored", b"#!x\n");
+    let bed = Bed::new();
+    let done = bed.install(&gz(&t.end())).unwrap_or_else(|e| panic!("{e} ({})", e.reason()));
+    let tool = done.dir.join("bin/tool");
+    assert_eq!(std::fs::read(&tool).expect("tool"), b"#!x\n", "the PAX path is applied");
+    assert_eq!(xattr(&tool, "user.x"), None, "xattrs are dropped");
+    assert_eq!(tree(&done.dir).len(), 4, "pkg/, server.py, bin/, bin/tool: {:?}", tree(&done.dir));
+}
+
+#[test]
+fn pax_keys_that_change_what_is_extracted_are_refused_by_name() {
+    let cases: Vec<(&str, Vec<u8>, &str, &str)> = vec![
+        (
+            "linkpath on a regular file",
+            gz(&ok_tar().pax(b'x', &[("linkpath", "/etc/passwd")]).file("passwd", b"").end()),
+            "unsupported_pax_key",
+            "\"linkpath\"",
+        ),
+        (
+            "linkpath on a directory",
+            gz(&ok_tar().pax(b'x', &[("linkpath", "/etc")]).dir("etc/").end()),
+            "unsupported_pax_key",
+            "\"linkpath\"",
+        ),
+        (
+            "linkpath on a symlink is refused as the link",
+            gz(&ok_tar()
+                .pax(b'x', &[("linkpath", "/etc/passwd")])
+                .entry(Head { kind: b'2', ..Head::file("link", 0) }, b"")
+                .end()),
+            "symlink",
+            "link",
+        ),
+        (
+            "star's file type",
+            gz(&ok_tar().pax(b'x', &[("SCHILY.filetype", "socket")]).file("sock", b"").end()),
+            "unsupported_pax_key",
+            "SCHILY.filetype",
+        ),
+        (
+            "an unknown key among harmless ones",
+            gz(&ok_tar().pax(b'x', &[("mtime", "1"), ("GNU.dumpdir", "Nevil"), ("uid", "0")]).dir("d/").end()),
+            "unsupported_pax_key",
+            "GNU.dumpdir",
+        ),
+        (
+            "a multi-volume offset",
+            gz(&ok_tar().pax(b'x', &[("GNU.volume.offset", "512")]).file("part", b"x").end()),
+            "unsupported_pax_key",
+            "GNU.volume.offset",
+        ),
+        (
+            "a reserved namespace",
+            gz(&ok_tar().pax(b'x', &[("realtime.x", "1")]).file("f", b"x").end()),
+            "unsupported_pax_key",
+            "realtime.x",
+        ),
+        (
+            "PAX sparse names the key",
+            gz(&ok_tar().pax(b'x', &[("GNU.sparse.realsize", "1048576")]).file("holes", b"x").end()),
+            "sparse_file",
+            "GNU.sparse.realsize",
+        ),
+        (
+            "a binary value where text is needed",
+            gz(&ok_tar().pax_bytes(b'x', &[(b"path", b"bad\xff")]).file("f", b"x").end()),
+            "bad_name",
+            "PAX path",
+        ),
+        (
+            "a binary PAX size",
+            gz(&ok_tar().pax_bytes(b'x', &[(b"size", b"\xff")]).file("f", b"x").end()),
+            "malformed_header",
+            "size",
+        ),
+        (
+            "a key that is not UTF-8",
+            gz(&ok_tar().pax_bytes(b'x', &[(b"pa\xffth", b"x")]).file("f", b"x").end()),
+            "malformed_header",
+            "key",
+        ),
+        (
+            "an xattr in a global header",
+            gz(&ok_tar().pax_bytes(b'g', &[(b"SCHILY.xattr.user.x", b"\xff")]).file("f", b"x").end()),
+            "global_header",
+            "global",
+        ),
+    ];
+    for (case, bytes, reason, needle) in cases {
+        let message = refused(case, bytes, reason);
+        assert!(message.contains(needle), "{case}: {message:?} names {needle:?}");
     }
 }
