@@ -766,3 +766,43 @@ fn pax_keys_that_change_what_is_extracted_are_refused_by_name() {
         assert!(message.contains(needle), "{case}: {message:?} names {needle:?}");
     }
 }
+
+#[test]
+fn paths_deeper_than_the_limit_are_refused() {
+    use computer_agent::mcp::archive::MAX_DEPTH;
+    assert_eq!(MAX_DEPTH, 32);
+    let at_limit = format!("{}f", "d/".repeat(MAX_DEPTH - 1));
+    let bed = Bed::new();
+    let done = bed.install(&gz(&ok_tar().file(&at_limit, b"x").end())).expect("32 components install");
+    assert!(done.dir.join(&at_limit).is_file());
+    let over = format!("{}f", "d/".repeat(MAX_DEPTH));
+    let message = refused("33 components", gz(&ok_tar().file(&over, b"x").end()), "path_too_deep");
+    assert!(message.contains("deeper than 32"), "{message}");
+    let over_dir = format!("./{}", "d/".repeat(MAX_DEPTH + 1));
+    refused("a deep directory, ./ first", gz(&ok_tar().dir(&over_dir).end()), "path_too_deep");
+    let long = format!("{}f", "d/".repeat(200));
+    refused("a deep PAX path", gz(&ok_tar().pax(b'x', &[("path", &long)]).file("x", b"x").end()), "path_too_deep");
+}
+
+#[test]
+fn implied_parents_count_toward_the_member_limit() {
+    // 20 headers; each file implies 31 directories of its own: 2 + 20 * 32 = 642 paths > 512.
+    let mut t = ok_tar();
+    for i in 0..20 {
+        t.file(&format!("t{i}/{}f", "d/".repeat(30)), b"");
+    }
+    let message = refused("implied parents", gz(&t.end()), "too_many_members");
+    assert!(message.contains("512"), "{message}");
+
+    // At the edge, with a limit of 5: a/b/c/f is 4 paths, g the fifth; a/b/x/y is two more.
+    use computer_agent::mcp::archive::extract;
+    let lim = Limits { members: 5, ..Limits::default() };
+    let at = Tar::default().file("a/b/c/f", b"1").file("g", b"2").dir("a/b/").end();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = extract(&at, dir.path(), &lim).expect("5 paths with a limit of 5");
+    assert_eq!(out.files, vec!["a/b/c/f".to_string(), "g".to_string()]);
+    let over = Tar::default().file("a/b/c/f", b"1").file("g", b"2").file("a/b/x/y", b"3").end();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let err = extract(&over, dir.path(), &lim).expect_err("7 paths");
+    assert_eq!(err.reason(), "too_many_members", "{err}");
+}

@@ -8,9 +8,10 @@
 //! is the package's root and is skipped, `./sub/` and `./sub` directory entries are directories,
 //! `./file` names `file`. Refused: links, devices, FIFOs, sparse files, unknown entry types,
 //! absolute paths, any `..`, names that collide (also by case, and a file under a file), a file
-//! that names the root, a PAX size that disagrees with the header's, global headers that set
-//! anything but a comment, malformed numbers, names or records, truncation, anything after the
-//! end-of-archive marker, and the size limits.
+//! that names the root, paths deeper than [`MAX_DEPTH`] components, a PAX size that disagrees
+//! with the header's, global headers that set anything but a comment, malformed numbers, names or
+//! records, truncation, anything after the end-of-archive marker, and the size limits. The member
+//! limit counts every distinct path, the parents a path implies included (`a/b/f` is three).
 //!
 //! PAX keys are allowed by name, never by default, because an unknown key may change what a
 //! writer meant to be extracted (POSIX lets readers ignore unknown keys; a reader of hostile
@@ -41,6 +42,9 @@ use std::io::Read;
 use std::io::Write;
 use std::path::Path;
 
+/// The deepest member path accepted, in components (`a/b/f` is 3).
+pub const MAX_DEPTH: usize = 32;
+
 /// The size limits of one archive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
@@ -48,7 +52,7 @@ pub struct Limits {
     pub archive_bytes: u64,
     /// The sum of the files' sizes once unpacked.
     pub unpacked_bytes: u64,
-    /// Files and directories.
+    /// Files and directories, the parents a path implies included (`a/b/f` is three).
     pub members: usize,
 }
 
@@ -94,6 +98,9 @@ pub enum Rejection {
     /// An empty, non-UTF-8 or otherwise unusable name.
     #[error("a member name is not usable: {0}")]
     BadName(String),
+    /// A path deeper than [`MAX_DEPTH`] components.
+    #[error("{0}: the path is deeper than {MAX_DEPTH} components")]
+    TooDeep(String),
     /// A PAX key this reader does not apply and cannot ignore: it could change what is extracted.
     #[error("{path}: the PAX key {key:?} is not allowed (it could change what is extracted)")]
     PaxKey {
@@ -146,6 +153,7 @@ impl Rejection {
             Rejection::AbsolutePath(_) => "absolute_path",
             Rejection::PathEscape(_) => "path_escape",
             Rejection::BadName(_) => "bad_name",
+            Rejection::TooDeep(_) => "path_too_deep",
             Rejection::PaxKey { .. } => "unsupported_pax_key",
             Rejection::Collision(_) => "name_collision",
             Rejection::CaseCollision(_) => "case_collision",
@@ -320,8 +328,9 @@ fn pax_use(key: &str) -> PaxUse {
     }
 }
 
-/// A member's path, checked: relative, no `..`, no empty or odd components. Answers the
-/// normalized path (no leading `./`, no trailing `/`), or `None` for the root itself (`.`, `./`).
+/// A member's path, checked: relative, no `..`, no empty or odd components, at most
+/// [`MAX_DEPTH`] components. Answers the normalized path (no leading `./`, no trailing `/`), or
+/// `None` for the root itself (`.`, `./`).
 fn clean_path(raw: &str) -> Result<Option<String>, Rejection> {
     if raw.is_empty() {
         return Err(Rejection::BadName("an empty name".into()));
@@ -344,6 +353,9 @@ fn clean_path(raw: &str) -> Result<Option<String>, Rejection> {
     if parts.is_empty() {
         return Ok(None);
     }
+    if parts.len() > MAX_DEPTH {
+        return Err(Rejection::TooDeep(raw.into()));
+    }
     let joined = parts.join("/");
     if joined.len() > 1024 || parts.iter().any(|p| p.len() > 255) {
         return Err(Rejection::BadName(format!("{raw:?} is too long")));
@@ -359,6 +371,11 @@ struct Names {
 }
 
 impl Names {
+    /// How many distinct paths: members and the parents they imply.
+    fn len(&self) -> usize {
+        self.exact.len()
+    }
+
     fn add(&mut self, path: &str, dir: bool) -> Result<(), Rejection> {
         // Every parent must be (or become) a directory, never a file.
         let mut parent = String::new();
@@ -552,7 +569,8 @@ fn extract_tar<R: Read>(r: &mut R, staging: &Path, limits: &Limits) -> Result<Ex
             continue;
         };
         names.add(&path, dir)?;
-        if out.files.len() + out.dirs.len() >= limits.members {
+        // Every distinct path counts, the parents it implies included.
+        if names.len() > limits.members {
             return Err(Rejection::TooManyMembers(limits.members));
         }
         let target = staging.join(&path);
