@@ -75,14 +75,24 @@ impl Tar {
         self.entry(Head { kind: b'5', mode: 0o755, ..Head::file(name, 0) }, b"")
     }
     fn pax(&mut self, kind: u8, records: &[(&str, &str)]) -> &mut Self {
+        let records: Vec<(&[u8], &[u8])> = records.iter().map(|(k, v)| (k.as_bytes(), v.as_bytes())).collect();
+        self.pax_bytes(kind, &records)
+    }
+    /// A PAX header whose keys and values are any bytes (a binary xattr, a name that is not UTF-8).
+    fn pax_bytes(&mut self, kind: u8, records: &[(&[u8], &[u8])]) -> &mut Self {
         let mut data = Vec::new();
         for (k, v) in records {
-            let body = format!(" {k}={v}\n");
+            let mut body = b" ".to_vec();
+            body.extend_from_slice(k);
+            body.push(b'=');
+            body.extend_from_slice(v);
+            body.push(b'\n');
             let mut len = body.len() + 1;
-            while format!("{len}{body}").len() != len {
+            while len.to_string().len() + body.len() != len {
                 len += 1;
             }
-            data.extend_from_slice(format!("{len}{body}").as_bytes());
+            data.extend_from_slice(len.to_string().as_bytes());
+            data.extend_from_slice(&body);
         }
         self.entry(Head { kind, ..Head::file("././@PaxHeader", data.len() as u64) }, &data.clone())
     }
@@ -156,8 +166,9 @@ impl Bed {
 }
 
 /// Installs `bytes` and expects `reason`; then checks that nothing was published or left, and
-/// that nothing appeared anywhere but the runtime's (now empty) staging directory.
-fn refused(case: &str, bytes: Vec<u8>, reason: &str) {
+/// that nothing appeared anywhere but the runtime's (now empty) staging directory. Answers the
+/// error's message.
+fn refused(case: &str, bytes: Vec<u8>, reason: &str) -> String {
     let bed = Bed::new();
     let before = tree(bed.root.path());
     let err = bed.install(&bytes).map(|_| ()).expect_err(case);
@@ -167,6 +178,7 @@ fn refused(case: &str, bytes: Vec<u8>, reason: &str) {
         .filter(|p| p != "workspace/uploads/pkg.tar.gz" && p != "runtime/staging/")
         .collect();
     assert_eq!(after, before, "{case}: nothing written outside staging, staging removed");
+    err.to_string()
 }
 
 fn ok_tar() -> Tar {
@@ -475,4 +487,322 @@ fn a_good_package_installs_once_with_safe_modes() {
     // The same version with other bytes is refused.
     let other = gz(&ok_tar().file("extra", b"1").end());
     assert_eq!(bed.install(&other).map(|_| ()).map_err(|e| e.reason()), Err("version_exists"));
+}
+
+/// Runs the real `tar` with `args`; answers what it wrote to stdout (`-f -`).
+fn real_tar(args: &[&str], dir: &Path) -> Vec<u8> {
+    let out = std::process::Command::new("tar")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .output()
+        .expect("run tar (GNU tar is needed by this suite)");
+    assert!(out.status.success(), "tar {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    out.stdout
+}
+
+/// A small package tree: a server, a module, an empty directory and a nested file.
+fn package_tree(dir: &Path) {
+    std::fs::create_dir_all(dir.join("lib/data")).expect("lib/data");
+    std::fs::create_dir_all(dir.join("docs/deeper")).expect("docs/deeper");
+    std::fs::write(dir.join("server.py"), b"print('hi')\n").expect("server.py");
+    std::fs::write(dir.join("lib/util.py"), b"X = 1\n").expect("util.py");
+    std::fs::write(dir.join("docs/deeper/notes.txt"), b"notes\n").expect("notes");
+}
+
+/// The files of a tree with their contents (directories with none).
+fn contents(root: &Path) -> Vec<(String, Option<Vec<u8>>)> {
+    tree(root)
+        .into_iter()
+        .map(|p| {
+            let data = if p.ends_with('/') { None } else { Some(std::fs::read(root.join(&p)).expect("read")) };
+            (p, data)
+        })
+        .collect()
+}
+
+#[test]
+fn what_real_tar_writes_for_a_directory_installs() {
+    let src = tempfile::tempdir().expect("tempdir");
+    package_tree(src.path());
+    // GNU tar's own format, PAX (a header with mtime, atime and ctime per member) and ustar.
+    for format in ["gnu", "posix", "ustar"] {
+        let bytes = real_tar(&["--format", format, "-czf", "-", "."], src.path());
+        let plain = {
+            use std::io::Read;
+            let mut d = flate2::read::GzDecoder::new(&bytes[..]);
+            let mut v = Vec::new();
+            d.read_to_end(&mut v).expect("gunzip");
+            v
+        };
+        assert_eq!(&plain[..2], b"./", "{format}: tar wrote the root as ./ first (or its PAX header)");
+        let bed = Bed::new();
+        let done = bed.install(&bytes).unwrap_or_else(|e| panic!("{format}: {e} ({})", e.reason()));
+        assert!(done.new);
+        assert_eq!(contents(&done.dir), contents(src.path()), "{format}: the same tree, the same bytes");
+        let files: BTreeSet<String> = done.files.iter().cloned().collect();
+        let want: BTreeSet<String> =
+            ["server.py", "lib/util.py", "docs/deeper/notes.txt"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(files, want, "{format}: files named without ./");
+    }
+}
+
+#[test]
+fn root_and_dot_slash_entries_mean_what_tar_means() {
+    let mut t = Tar::default();
+    t.dir("./")
+        .dir(".")
+        .dir("./sub/")
+        .dir("./bare")
+        .file("./server.py", b"print('hi')\n")
+        .file("./sub/mod.py", b"m")
+        .entry(Head { kind: b'0', ..Head::file("./empty/", 0) }, b"");
+    let bed = Bed::new();
+    let done = bed.install(&gz(&t.end())).expect("installs");
+    let got = tree(&done.dir);
+    let want: BTreeSet<String> =
+        ["bare/", "empty/", "server.py", "sub/", "sub/mod.py"].iter().map(|s| s.to_string()).collect();
+    assert_eq!(got, want, "./ and . are the root; ./sub and ./sub/ are directories; ./file is file");
+    assert_eq!(std::fs::read(done.dir.join("sub/mod.py")).expect("mod.py"), b"m");
+}
+
+#[test]
+fn dot_slash_names_still_refuse_escapes_and_the_root_as_a_file() {
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("./ then ..", gz(&ok_tar().file("./../evil", b"x").end()), "path_escape"),
+        ("./ dir then ..", gz(&ok_tar().dir("./../evil/").end()), "path_escape"),
+        (
+            "./ then an absolute PAX path",
+            gz(&ok_tar().pax(b'x', &[("path", "/etc/x")]).file("./f", b"x").end()),
+            "absolute_path",
+        ),
+        ("the root as a file", gz(&ok_tar().file(".", b"x").end()), "bad_name"),
+        ("the root as an empty file", gz(&ok_tar().file(".", b"").end()), "bad_name"),
+        (
+            "./ with contents",
+            gz(&ok_tar().entry(Head { kind: b'5', ..Head::file("./", 3) }, b"abc").end()),
+            "malformed_header",
+        ),
+        ("./. is not the root", gz(&ok_tar().dir("./.").end()), "bad_name"),
+        ("a file over ./sub", gz(&ok_tar().dir("./sub").file("sub", b"x").end()), "name_collision"),
+    ];
+    for (case, bytes, reason) in cases {
+        refused(case, bytes, reason);
+    }
+}
+
+/// `getxattr(path, name)`: the value, or `None` when the file has no such attribute.
+fn xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
+    use std::os::unix::ffi::OsStrExt;
+    let p = std::ffi::CString::new(path.as_os_str().as_bytes()).expect("path");
+    let n = std::ffi::CString::new(name).expect("name");
+    let mut buf = vec![0u8; 256];
+    // SAFETY: both strings are NUL-terminated and live across the call; buf is buf.len() bytes.
+    let got = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if got < 0 {
+        let e = std::io::Error::last_os_error();
+        assert_eq!(e.raw_os_error(), Some(libc::ENODATA), "getxattr {}: {e}", path.display());
+        return None;
+    }
+    buf.truncate(got as usize);
+    Some(buf)
+}
+
+#[test]
+fn a_binary_xattr_from_real_tar_is_dropped() {
+    // A value that is not UTF-8, with a NUL, a newline and an '=' in it.
+    const VALUE: &[u8] = b"\xff\xfe\x00\x80\n=x";
+    let src = tempfile::tempdir().expect("tempdir");
+    package_tree(src.path());
+    let server = src.path().join("server.py");
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let p = std::ffi::CString::new(server.as_os_str().as_bytes()).expect("path");
+        // SAFETY: NUL-terminated strings and a VALUE.len()-byte buffer, all alive across the call.
+        let rc = unsafe { libc::setxattr(p.as_ptr(), c"user.bin".as_ptr(), VALUE.as_ptr().cast(), VALUE.len(), 0) };
+        // No silent skip: this suite needs a file system with user xattrs for its temp dir.
+        assert_eq!(rc, 0, "setxattr user.bin on {}: {}", server.display(), std::io::Error::last_os_error());
+    }
+    assert_eq!(xattr(&server, "user.bin").as_deref(), Some(VALUE));
+    let bytes = real_tar(&["--xattrs", "--xattrs-include=*", "-czf", "-", "."], src.path());
+    let plain = {
+        use std::io::Read;
+        let mut d = flate2::read::GzDecoder::new(&bytes[..]);
+        let mut v = Vec::new();
+        d.read_to_end(&mut v).expect("gunzip");
+        v
+    };
+    let record = [b"SCHILY.xattr.user.bin=".as_slice(), VALUE, b"\n"].concat();
+    assert!(plain.windows(record.len()).any(|w| w == record), "tar wrote the binary xattr as a PAX record");
+    let bed = Bed::new();
+    let done = bed.install(&bytes).unwrap_or_else(|e| panic!("{e} ({})", e.reason()));
+    assert_eq!(contents(&done.dir), contents(src.path()));
+    assert_eq!(xattr(&done.dir.join("server.py"), "user.bin"), None, "the xattr is dropped");
+}
+
+#[test]
+fn crafted_binary_xattrs_and_harmless_keys_are_accepted() {
+    let mut t = ok_tar();
+    // As GNU tar and libarchive write them: a raw binary value (a file capability), a key whose
+    // attribute name is not UTF-8, libarchive's base64 form, binary owner names (hdrcharset=BINARY)
+    // and the bookkeeping keys of star and libarchive.
+    t.pax_bytes(
+        b'x',
+        &[
+            (b"path", b"bin/tool"),
+            (b"SCHILY.xattr.security.capability", b"\x01\x00\x00\x02\x00\x20\x00\x00\x00\x00\x00\x00\xff\xfe"),
+            (b"SCHILY.xattr.user.\xff\xfe", b"\x00"),
+            (b"LIBARCHIVE.xattr.user.x", b"/w=="),
+            (b"hdrcharset", b"BINARY"),
+            (b"uname", b"\xe9l\xe8ve"),
+            (b"gname", b"\xff"),
+            (b"uid", b"1000"),
+            (b"gid", b"1000"),
+            (b"mtime", b"1700000000.5"),
+            (b"atime", b"1700000000.5"),
+            (b"ctime", b"1700000000.5"),
+            (b"comment", b"\x80"),
+            (b"charset", b"ISO-IR 646 1990"),
+            (b"SCHILY.dev", b"2049"),
+            (b"SCHILY.ino", b"1234"),
+            (b"SCHILY.nlink", b"1"),
+            (b"SCHILY.fflags", b"nodump"),
+            (b"SCHILY.acl.access", b"user::rwx,group::r-x,other::r-x"),
+            (b"LIBARCHIVE.creationtime", b"1700000000"),
+            (b"RHT.security.selinux", b"system_u:object_r:bin_t:s0"),
+            (b"size", b"4"),
+        ],
+    );
+    t.file("ignored", b"#!x\n");
+    let bed = Bed::new();
+    let done = bed.install(&gz(&t.end())).unwrap_or_else(|e| panic!("{e} ({})", e.reason()));
+    let tool = done.dir.join("bin/tool");
+    assert_eq!(std::fs::read(&tool).expect("tool"), b"#!x\n", "the PAX path is applied");
+    assert_eq!(xattr(&tool, "user.x"), None, "xattrs are dropped");
+    assert_eq!(tree(&done.dir).len(), 4, "pkg/, server.py, bin/, bin/tool: {:?}", tree(&done.dir));
+}
+
+#[test]
+fn pax_keys_that_change_what_is_extracted_are_refused_by_name() {
+    let cases: Vec<(&str, Vec<u8>, &str, &str)> = vec![
+        (
+            "linkpath on a regular file",
+            gz(&ok_tar().pax(b'x', &[("linkpath", "/etc/passwd")]).file("passwd", b"").end()),
+            "unsupported_pax_key",
+            "\"linkpath\"",
+        ),
+        (
+            "linkpath on a directory",
+            gz(&ok_tar().pax(b'x', &[("linkpath", "/etc")]).dir("etc/").end()),
+            "unsupported_pax_key",
+            "\"linkpath\"",
+        ),
+        (
+            "linkpath on a symlink is refused as the link",
+            gz(&ok_tar()
+                .pax(b'x', &[("linkpath", "/etc/passwd")])
+                .entry(Head { kind: b'2', ..Head::file("link", 0) }, b"")
+                .end()),
+            "symlink",
+            "link",
+        ),
+        (
+            "star's file type",
+            gz(&ok_tar().pax(b'x', &[("SCHILY.filetype", "socket")]).file("sock", b"").end()),
+            "unsupported_pax_key",
+            "SCHILY.filetype",
+        ),
+        (
+            "an unknown key among harmless ones",
+            gz(&ok_tar().pax(b'x', &[("mtime", "1"), ("GNU.dumpdir", "Nevil"), ("uid", "0")]).dir("d/").end()),
+            "unsupported_pax_key",
+            "GNU.dumpdir",
+        ),
+        (
+            "a multi-volume offset",
+            gz(&ok_tar().pax(b'x', &[("GNU.volume.offset", "512")]).file("part", b"x").end()),
+            "unsupported_pax_key",
+            "GNU.volume.offset",
+        ),
+        (
+            "a reserved namespace",
+            gz(&ok_tar().pax(b'x', &[("realtime.x", "1")]).file("f", b"x").end()),
+            "unsupported_pax_key",
+            "realtime.x",
+        ),
+        (
+            "PAX sparse names the key",
+            gz(&ok_tar().pax(b'x', &[("GNU.sparse.realsize", "1048576")]).file("holes", b"x").end()),
+            "sparse_file",
+            "GNU.sparse.realsize",
+        ),
+        (
+            "a binary value where text is needed",
+            gz(&ok_tar().pax_bytes(b'x', &[(b"path", b"bad\xff")]).file("f", b"x").end()),
+            "bad_name",
+            "PAX path",
+        ),
+        (
+            "a binary PAX size",
+            gz(&ok_tar().pax_bytes(b'x', &[(b"size", b"\xff")]).file("f", b"x").end()),
+            "malformed_header",
+            "size",
+        ),
+        (
+            "a key that is not UTF-8",
+            gz(&ok_tar().pax_bytes(b'x', &[(b"pa\xffth", b"x")]).file("f", b"x").end()),
+            "malformed_header",
+            "key",
+        ),
+        (
+            "an xattr in a global header",
+            gz(&ok_tar().pax_bytes(b'g', &[(b"SCHILY.xattr.user.x", b"\xff")]).file("f", b"x").end()),
+            "global_header",
+            "global",
+        ),
+    ];
+    for (case, bytes, reason, needle) in cases {
+        let message = refused(case, bytes, reason);
+        assert!(message.contains(needle), "{case}: {message:?} names {needle:?}");
+    }
+}
+
+#[test]
+fn paths_deeper_than_the_limit_are_refused() {
+    use computer_agent::mcp::archive::MAX_DEPTH;
+    assert_eq!(MAX_DEPTH, 32);
+    let at_limit = format!("{}f", "d/".repeat(MAX_DEPTH - 1));
+    let bed = Bed::new();
+    let done = bed.install(&gz(&ok_tar().file(&at_limit, b"x").end())).expect("32 components install");
+    assert!(done.dir.join(&at_limit).is_file());
+    let over = format!("{}f", "d/".repeat(MAX_DEPTH));
+    let message = refused("33 components", gz(&ok_tar().file(&over, b"x").end()), "path_too_deep");
+    assert!(message.contains("deeper than 32"), "{message}");
+    let over_dir = format!("./{}", "d/".repeat(MAX_DEPTH + 1));
+    refused("a deep directory, ./ first", gz(&ok_tar().dir(&over_dir).end()), "path_too_deep");
+    let long = format!("{}f", "d/".repeat(200));
+    refused("a deep PAX path", gz(&ok_tar().pax(b'x', &[("path", &long)]).file("x", b"x").end()), "path_too_deep");
+}
+
+#[test]
+fn implied_parents_count_toward_the_member_limit() {
+    // 20 headers; each file implies 31 directories of its own: 2 + 20 * 32 = 642 paths > 512.
+    let mut t = ok_tar();
+    for i in 0..20 {
+        t.file(&format!("t{i}/{}f", "d/".repeat(30)), b"");
+    }
+    let message = refused("implied parents", gz(&t.end()), "too_many_members");
+    assert!(message.contains("512"), "{message}");
+
+    // At the edge, with a limit of 5: a/b/c/f is 4 paths, g the fifth; a/b/x/y is two more.
+    use computer_agent::mcp::archive::extract;
+    let lim = Limits { members: 5, ..Limits::default() };
+    let at = Tar::default().file("a/b/c/f", b"1").file("g", b"2").dir("a/b/").end();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = extract(&at, dir.path(), &lim).expect("5 paths with a limit of 5");
+    assert_eq!(out.files, vec!["a/b/c/f".to_string(), "g".to_string()]);
+    let over = Tar::default().file("a/b/c/f", b"1").file("g", b"2").file("a/b/x/y", b"3").end();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let err = extract(&over, dir.path(), &lim).expect_err("7 paths");
+    assert_eq!(err.reason(), "too_many_members", "{err}");
 }

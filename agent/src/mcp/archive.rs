@@ -3,18 +3,47 @@
 //! else, naming why. It never follows or creates links, never writes outside the staging
 //! directory, drops setuid/setgid/sticky bits and extended attributes, and ignores owners.
 //!
-//! Accepted: ustar and GNU headers (with a verified checksum), PAX extended headers (`path`,
-//! `size` and harmless keys such as `mtime`; xattrs are dropped), GNU long names. Refused: links,
-//! devices, FIFOs, sparse files, unknown entry types, absolute paths, any `..`, names that collide
-//! (also by case, and a file under a file), a PAX size that disagrees with the header's, global
-//! headers that set anything but a comment, malformed numbers, names or records, truncation,
-//! anything after the end-of-archive marker, and the size limits.
+//! Accepted: ustar and GNU headers (with a verified checksum), PAX extended headers (see below),
+//! GNU long names, and what `tar -C dir -czf pkg.tar.gz .` writes: a `./` (or `.`) directory entry
+//! is the package's root and is skipped, `./sub/` and `./sub` directory entries are directories,
+//! `./file` names `file`. Refused: links, devices, FIFOs, sparse files, unknown entry types,
+//! absolute paths, any `..`, names that collide (also by case, and a file under a file), a file
+//! that names the root, paths deeper than [`MAX_DEPTH`] components, a PAX size that disagrees
+//! with the header's, global headers that set anything but a comment, malformed numbers, names or
+//! records, truncation, anything after the end-of-archive marker, and the size limits. The member
+//! limit counts every distinct path, the parents a path implies included (`a/b/f` is three).
+//!
+//! PAX keys are allowed by name, never by default, because an unknown key may change what a
+//! writer meant to be extracted (POSIX lets readers ignore unknown keys; a reader of hostile
+//! input cannot know which ones are harmless):
+//! - applied: `path` (the member's name, UTF-8), `size` (must equal the header's size);
+//! - ignored, any value: `atime`, `mtime`, `ctime`, `uid`, `gid`, `uname`, `gname`, `comment`,
+//!   `charset`, `hdrcharset` (times and owners are not applied; names must be UTF-8 anyway), and
+//!   the bookkeeping of star and libarchive: `SCHILY.dev`, `SCHILY.ino`, `SCHILY.nlink`,
+//!   `SCHILY.devmajor`, `SCHILY.devminor` (links and devices are refused by their type),
+//!   `LIBARCHIVE.creationtime`;
+//! - dropped, any value, binary included: extended attributes (`SCHILY.xattr.*`,
+//!   `LIBARCHIVE.xattr.*`, GNU tar's `RHT.security.selinux`), ACLs (`SCHILY.acl.access`,
+//!   `SCHILY.acl.default`, `SCHILY.acl.ace`) and file flags (`SCHILY.fflags`): the files get the
+//!   reader's own modes and nothing else;
+//! - refused, naming the key: `GNU.sparse.*` (as a sparse file), `linkpath` (links are refused
+//!   by their type; on a file or a directory it would turn it into a link), and every other key,
+//!   such as `SCHILY.filetype`, `SCHILY.realsize`, `GNU.dumpdir`, `GNU.volume.*`, `realtime.*`,
+//!   `security.*`.
+//!
+//! A refused archive leaves nothing behind: [`extract`] writes only into the staging directory it
+//! is given, and its caller removes that directory on any error (the installer does it with a
+//! guard, before anything is published), so a refusal after some members were written publishes
+//! none of them.
 
 use std::collections::HashMap;
 use std::collections::HashSet;
 use std::io::Read;
 use std::io::Write;
 use std::path::Path;
+
+/// The deepest member path accepted, in components (`a/b/f` is 3).
+pub const MAX_DEPTH: usize = 32;
 
 /// The size limits of one archive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,7 +52,7 @@ pub struct Limits {
     pub archive_bytes: u64,
     /// The sum of the files' sizes once unpacked.
     pub unpacked_bytes: u64,
-    /// Files and directories.
+    /// Files and directories, the parents a path implies included (`a/b/f` is three).
     pub members: usize,
 }
 
@@ -69,6 +98,17 @@ pub enum Rejection {
     /// An empty, non-UTF-8 or otherwise unusable name.
     #[error("a member name is not usable: {0}")]
     BadName(String),
+    /// A path deeper than [`MAX_DEPTH`] components.
+    #[error("{0}: the path is deeper than {MAX_DEPTH} components")]
+    TooDeep(String),
+    /// A PAX key this reader does not apply and cannot ignore: it could change what is extracted.
+    #[error("{path}: the PAX key {key:?} is not allowed (it could change what is extracted)")]
+    PaxKey {
+        /// The member's name.
+        path: String,
+        /// The key.
+        key: String,
+    },
     /// Two members with the same path, or a member under a file.
     #[error("{0}: the name is used twice")]
     Collision(String),
@@ -113,6 +153,8 @@ impl Rejection {
             Rejection::AbsolutePath(_) => "absolute_path",
             Rejection::PathEscape(_) => "path_escape",
             Rejection::BadName(_) => "bad_name",
+            Rejection::TooDeep(_) => "path_too_deep",
+            Rejection::PaxKey { .. } => "unsupported_pax_key",
             Rejection::Collision(_) => "name_collision",
             Rejection::CaseCollision(_) => "case_collision",
             Rejection::SizeConflict(_) => "pax_size_conflict",
@@ -198,8 +240,10 @@ fn checksum_ok(h: &[u8; BLOCK]) -> Result<bool, Rejection> {
     Ok(stored == sum)
 }
 
-/// PAX records: `"<len> <key>=<value>\n"`, each length counting the whole record.
-fn pax_records(data: &[u8]) -> Result<HashMap<String, String>, Rejection> {
+/// PAX records: `"<len> <key>=<value>\n"`, each length counting the whole record. Keys are UTF-8
+/// (an extended attribute's name may be anything: it is dropped); values are bytes, which only the
+/// keys that are applied need to be text.
+fn pax_records(data: &[u8]) -> Result<HashMap<String, Vec<u8>>, Rejection> {
     let bad = |why: &str| Rejection::MalformedHeader(format!("PAX record: {why}"));
     let mut out = HashMap::new();
     let mut rest = data;
@@ -212,9 +256,20 @@ fn pax_records(data: &[u8]) -> Result<HashMap<String, String>, Rejection> {
         if len <= space + 1 || len > rest.len() || rest[len - 1] != b'\n' {
             return Err(bad("a length does not match its record"));
         }
-        let record = std::str::from_utf8(&rest[space + 1..len - 1]).map_err(|_| bad("not UTF-8"))?;
-        let (key, value) = record.split_once('=').ok_or_else(|| bad("no '='"))?;
-        if out.insert(key.to_string(), value.to_string()).is_some() {
+        let record = &rest[space + 1..len - 1];
+        let eq = record.iter().position(|b| *b == b'=').ok_or_else(|| bad("no '='"))?;
+        let (key, value) = (&record[..eq], &record[eq + 1..]);
+        let key = match std::str::from_utf8(key) {
+            Ok(k) => k.to_string(),
+            Err(_) if XATTR_PREFIXES.iter().any(|p| key.starts_with(p.as_bytes())) => {
+                String::from_utf8_lossy(key).into_owned()
+            }
+            Err(_) => return Err(bad("a key is not UTF-8")),
+        };
+        if key.is_empty() {
+            return Err(bad("an empty key"));
+        }
+        if out.insert(key.clone(), value.to_vec()).is_some() {
             return Err(bad(&format!("{key} is given twice")));
         }
         rest = &rest[len..];
@@ -222,9 +277,61 @@ fn pax_records(data: &[u8]) -> Result<HashMap<String, String>, Rejection> {
     Ok(out)
 }
 
-/// A member's path, checked: relative, no `..`, no empty or odd components. Answers the
-/// normalized path (no leading `./`, no trailing `/`).
-fn clean_path(raw: &str) -> Result<String, Rejection> {
+/// The prefixes of the PAX keys that carry extended attributes (dropped).
+const XATTR_PREFIXES: [&str; 2] = ["SCHILY.xattr.", "LIBARCHIVE.xattr."];
+
+/// PAX keys that are ignored (times, owners, bookkeeping) or dropped (attributes, ACLs, flags)
+/// whatever their value. The module doc says why each is harmless.
+const PAX_IGNORED: [&str; 21] = [
+    "atime",
+    "mtime",
+    "ctime",
+    "uid",
+    "gid",
+    "uname",
+    "gname",
+    "comment",
+    "charset",
+    "hdrcharset",
+    "SCHILY.dev",
+    "SCHILY.ino",
+    "SCHILY.nlink",
+    "SCHILY.devmajor",
+    "SCHILY.devminor",
+    "SCHILY.fflags",
+    "SCHILY.acl.access",
+    "SCHILY.acl.default",
+    "SCHILY.acl.ace",
+    "LIBARCHIVE.creationtime",
+    "RHT.security.selinux",
+];
+
+/// What the reader does with one PAX key of a member's extended header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PaxUse {
+    /// `path` or `size`: read by the member.
+    Applied,
+    /// Harmless whatever its value: ignored or dropped.
+    Ignored,
+    /// A sparse file's map or name.
+    Sparse,
+    /// Could change what is extracted (or is unknown): the member is refused.
+    Refused,
+}
+
+fn pax_use(key: &str) -> PaxUse {
+    match key {
+        "path" | "size" => PaxUse::Applied,
+        k if PAX_IGNORED.contains(&k) || XATTR_PREFIXES.iter().any(|p| k.starts_with(p)) => PaxUse::Ignored,
+        k if k.starts_with("GNU.sparse.") => PaxUse::Sparse,
+        _ => PaxUse::Refused,
+    }
+}
+
+/// A member's path, checked: relative, no `..`, no empty or odd components, at most
+/// [`MAX_DEPTH`] components. Answers the normalized path (no leading `./`, no trailing `/`), or
+/// `None` for the root itself (`.`, `./`).
+fn clean_path(raw: &str) -> Result<Option<String>, Rejection> {
     if raw.is_empty() {
         return Err(Rejection::BadName("an empty name".into()));
     }
@@ -244,13 +351,16 @@ fn clean_path(raw: &str) -> Result<String, Rejection> {
         }
     }
     if parts.is_empty() {
-        return Err(Rejection::BadName(format!("{raw:?} names no file")));
+        return Ok(None);
+    }
+    if parts.len() > MAX_DEPTH {
+        return Err(Rejection::TooDeep(raw.into()));
     }
     let joined = parts.join("/");
     if joined.len() > 1024 || parts.iter().any(|p| p.len() > 255) {
         return Err(Rejection::BadName(format!("{raw:?} is too long")));
     }
-    Ok(joined)
+    Ok(Some(joined))
 }
 
 /// The names seen so far, to refuse collisions (exact, by case, and a member under a file).
@@ -261,6 +371,11 @@ struct Names {
 }
 
 impl Names {
+    /// How many distinct paths: members and the parents they imply.
+    fn len(&self) -> usize {
+        self.exact.len()
+    }
+
     fn add(&mut self, path: &str, dir: bool) -> Result<(), Rejection> {
         // Every parent must be (or become) a directory, never a file.
         let mut parent = String::new();
@@ -328,7 +443,7 @@ pub fn extract(archive: &[u8], staging: &Path, limits: &Limits) -> Result<Extrac
 fn extract_tar<R: Read>(r: &mut R, staging: &Path, limits: &Limits) -> Result<Extracted, Rejection> {
     let mut out = Extracted::default();
     let mut names = Names::default();
-    let mut pax: Option<HashMap<String, String>> = None;
+    let mut pax: Option<HashMap<String, Vec<u8>>> = None;
     let mut long_name: Option<String> = None;
     let mut header = [0u8; BLOCK];
     loop {
@@ -382,11 +497,7 @@ fn extract_tar<R: Read>(r: &mut R, staging: &Path, limits: &Limits) -> Result<Ex
                     if pax.is_some() {
                         return Err(Rejection::MalformedHeader("two PAX headers for one member".into()));
                     }
-                    let recs = pax_records(&data)?;
-                    if recs.keys().any(|k| k.starts_with("GNU.sparse")) {
-                        return Err(Rejection::Sparse(recs.get("path").cloned().unwrap_or_default()));
-                    }
-                    pax = Some(recs);
+                    pax = Some(pax_records(&data)?);
                 }
                 b'g' => {
                     if pax_records(&data)?.keys().any(|k| k != "comment") {
@@ -406,7 +517,9 @@ fn extract_tar<R: Read>(r: &mut R, staging: &Path, limits: &Limits) -> Result<Ex
         let ext = pax.take();
         let long = long_name.take();
         let raw_name = match (ext.as_ref().and_then(|p| p.get("path")), long) {
-            (Some(p), _) => p.clone(),
+            (Some(p), _) => {
+                String::from_utf8(p.clone()).map_err(|_| Rejection::BadName("a PAX path is not UTF-8".into()))?
+            }
             (None, Some(l)) => l,
             (None, None) => {
                 let name = field_str(&header[0..100])?;
@@ -414,14 +527,7 @@ fn extract_tar<R: Read>(r: &mut R, staging: &Path, limits: &Limits) -> Result<Ex
                 if prefix.is_empty() { name } else { format!("{prefix}/{name}") }
             }
         };
-        if let Some(pax_size) = ext.as_ref().and_then(|p| p.get("size")) {
-            let pax_size: u64 = pax_size
-                .parse()
-                .map_err(|_| Rejection::MalformedHeader(format!("{raw_name}: the PAX size is not a number")))?;
-            if pax_size != size {
-                return Err(Rejection::SizeConflict(raw_name));
-            }
-        }
+        // The type first: a link's `linkpath` is refused as the link it is.
         match kind {
             b'0' | 0 | b'5' => {}
             b'2' => return Err(Rejection::Symlink(raw_name)),
@@ -430,18 +536,46 @@ fn extract_tar<R: Read>(r: &mut R, staging: &Path, limits: &Limits) -> Result<Ex
             b'S' => return Err(Rejection::Sparse(raw_name)),
             other => return Err(Rejection::UnknownType(other as char)),
         }
-        let dir = kind == b'5' || (kind != b'5' && raw_name.ends_with('/') && size == 0);
-        let path = clean_path(&raw_name)?;
+        if let Some(ext) = &ext {
+            // Sorted, so that the key named is the same on every run.
+            let mut keys: Vec<&String> = ext.keys().collect();
+            keys.sort();
+            for key in keys {
+                match pax_use(key) {
+                    PaxUse::Applied | PaxUse::Ignored => {}
+                    PaxUse::Sparse => return Err(Rejection::Sparse(format!("{raw_name} (PAX key {key})"))),
+                    PaxUse::Refused => return Err(Rejection::PaxKey { path: raw_name, key: key.clone() }),
+                }
+            }
+        }
+        if let Some(pax_size) = ext.as_ref().and_then(|p| p.get("size")) {
+            let pax_size: u64 = std::str::from_utf8(pax_size)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| Rejection::MalformedHeader(format!("{raw_name}: the PAX size is not a number")))?;
+            if pax_size != size {
+                return Err(Rejection::SizeConflict(raw_name));
+            }
+        }
+        let dir = kind == b'5' || (raw_name.ends_with('/') && size == 0);
+        if dir && size != 0 {
+            return Err(Rejection::MalformedHeader(format!("{raw_name}: a directory with contents")));
+        }
+        let Some(path) = clean_path(&raw_name)? else {
+            // `.` or `./`: the package's root, which is the staging directory itself.
+            if !dir {
+                return Err(Rejection::BadName(format!("{raw_name:?} names no file")));
+            }
+            continue;
+        };
         names.add(&path, dir)?;
-        if out.files.len() + out.dirs.len() >= limits.members {
+        // Every distinct path counts, the parents it implies included.
+        if names.len() > limits.members {
             return Err(Rejection::TooManyMembers(limits.members));
         }
         let target = staging.join(&path);
         let io = |e: std::io::Error| Rejection::Staging(format!("{path}: {e}"));
         if dir {
-            if size != 0 {
-                return Err(Rejection::MalformedHeader(format!("{path}: a directory with contents")));
-            }
             std::fs::create_dir_all(&target).map_err(io)?;
             out.dirs.push(path);
             continue;
