@@ -91,6 +91,7 @@ impl DevConfig {
             unauthenticated_per_min: 10,
             token_per_sec: 200,
             trusted_proxies: Vec::new(),
+            proxy_protocol: false,
             cert_validity_secs: 90 * 24 * 3600,
             heartbeat_ms: t.heartbeat_ms,
             election_ms: t.election_min_ms,
@@ -163,6 +164,10 @@ pub struct ServeConfig {
     /// `X-Forwarded-For` (repeatable). Calls from anyone else are counted against their own address.
     #[arg(long = "trusted-proxy", env = "COMPUTERD_TRUSTED_PROXIES", value_delimiter = ',')]
     pub trusted_proxies: Vec<IpAddr>,
+    /// Connections from a `--trusted-proxy` start with a PROXY protocol header (v1 or v2; HAProxy's
+    /// `send-proxy-v2`, for a balancer that passes TLS through): the client it names is counted.
+    #[arg(long, env = "COMPUTERD_PROXY_PROTOCOL", requires = "trusted_proxies")]
+    pub proxy_protocol: bool,
     /// Raft heartbeat interval in ms.
     #[arg(long, env = "COMPUTERD_HEARTBEAT_MS", default_value_t = Tuning::default().heartbeat_ms)]
     pub heartbeat_ms: u64,

@@ -6,7 +6,10 @@
 //! - A request's headers must arrive within `--header-timeout-secs` (10 s), also the next
 //!   request's on a kept-alive connection, so a slow or idle client cannot hold a connection.
 //! - Every request carries the client's address (`ConnectInfo`), which the per-source limits
-//!   read.
+//!   read. With `--proxy-protocol`, a connection from a `--trusted-proxy` must start with a PROXY
+//!   protocol header (v1 or v2, HAProxy's `send-proxy`/`send-proxy-v2`, for a balancer that
+//!   passes TLS through), and the client it names is the connection's address; a connection from
+//!   such a balancer without a valid header is closed.
 //! - On shutdown, connections finish their requests (at most 30 s).
 
 use std::net::SocketAddr;
@@ -33,6 +36,63 @@ pub struct Edge {
     pub max_connections: usize,
     /// How long a client has for its TLS handshake and each request's headers.
     pub header_timeout: Duration,
+    /// The balancers whose connections start with a PROXY protocol header (empty: none).
+    pub proxy_protocol_from: Arc<Vec<std::net::IpAddr>>,
+}
+
+/// The longest PROXY header read: v1's is at most 107 bytes; v2's address block is kept small.
+const MAX_PROXY_V2: usize = 16 + 1024;
+
+/// Reads the PROXY protocol header a balancer starts its connection with, consuming exactly its
+/// bytes: the client's address it names, or `None` for a header about the balancer itself
+/// (`LOCAL`, `UNKNOWN`: its health checks).
+async fn proxy_header(tcp: &mut tokio::net::TcpStream) -> Result<Option<SocketAddr>, String> {
+    use ppp::PartialResult;
+    use tokio::io::AsyncReadExt;
+    let io = |e: std::io::Error| format!("reading the PROXY header: {e}");
+    let mut head = vec![0u8; 6];
+    tcp.read_exact(&mut head).await.map_err(io)?;
+    if head == b"PROXY " {
+        // v1: a text line; read byte by byte so nothing after it is consumed.
+        while !head.ends_with(b"\r\n") {
+            if head.len() >= 107 {
+                return Err("a PROXY v1 header longer than 107 bytes".into());
+            }
+            let mut b = [0u8; 1];
+            tcp.read_exact(&mut b).await.map_err(io)?;
+            head.push(b[0]);
+        }
+        let h = ppp::v1::Header::try_from(head.as_slice()).map_err(|e| format!("a bad PROXY v1 header: {e}"))?;
+        return Ok(match h.addresses {
+            ppp::v1::Addresses::Tcp4(a) => Some(SocketAddr::new(a.source_address.into(), a.source_port)),
+            ppp::v1::Addresses::Tcp6(a) => Some(SocketAddr::new(a.source_address.into(), a.source_port)),
+            ppp::v1::Addresses::Unknown => None,
+        });
+    }
+    if head != b"\r\n\r\n\0\r" {
+        return Err("the connection does not start with a PROXY header".into());
+    }
+    head.resize(16, 0);
+    tcp.read_exact(&mut head[6..]).await.map_err(io)?;
+    let len = u16::from_be_bytes([head[14], head[15]]) as usize;
+    if 16 + len > MAX_PROXY_V2 {
+        return Err(format!("a PROXY v2 header of {len} bytes"));
+    }
+    head.resize(16 + len, 0);
+    tcp.read_exact(&mut head[16..]).await.map_err(io)?;
+    let parsed = ppp::v2::Header::try_from(head.as_slice());
+    if parsed.is_incomplete() {
+        return Err("a truncated PROXY v2 header".into());
+    }
+    let h = parsed.map_err(|e| format!("a bad PROXY v2 header: {e}"))?;
+    if h.command == ppp::v2::Command::Local {
+        return Ok(None);
+    }
+    Ok(match h.addresses {
+        ppp::v2::Addresses::IPv4(a) => Some(SocketAddr::new(a.source_address.into(), a.source_port)),
+        ppp::v2::Addresses::IPv6(a) => Some(SocketAddr::new(a.source_address.into(), a.source_port)),
+        ppp::v2::Addresses::Unspecified | ppp::v2::Addresses::Unix(_) => None,
+    })
 }
 
 /// The TLS config of the edge from PEM files: the certificate chain and its key.
@@ -86,19 +146,30 @@ pub async fn serve(listener: TcpListener, app: Router, edge: Edge, mut stop: wat
         };
         // No Nagle delay: back-to-back small answers (session calls) must not wait for ACKs.
         let _ = tcp.set_nodelay(true);
-        let service = TowerToHyperService::new(app.clone().map_request(
-            move |mut req: axum::extract::Request<hyper::body::Incoming>| {
-                req.extensions_mut().insert(ConnectInfo(peer));
-                req
-            },
-        ));
         let mut builder = auto::Builder::new(TokioExecutor::new());
         builder.http1().timer(TokioTimer::new()).header_read_timeout(edge.header_timeout);
         builder.http2().timer(TokioTimer::new()).keep_alive_interval(Duration::from_secs(20));
         let watcher = graceful.watcher();
-        let (acceptor, limit) = (acceptor.clone(), edge.header_timeout);
+        let (acceptor, limit, app) = (acceptor.clone(), edge.header_timeout, app.clone());
+        let proxied = edge.proxy_protocol_from.contains(&peer.ip());
         tokio::spawn(async move {
             let _slot = slot;
+            let mut tcp = tcp;
+            let mut client = peer;
+            if proxied {
+                match tokio::time::timeout(limit, proxy_header(&mut tcp)).await {
+                    Ok(Ok(Some(c))) => client = c,
+                    Ok(Ok(None)) => {}
+                    Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "closed a balancer's connection"),
+                    Err(_) => return tracing::debug!(%peer, "a balancer sent no PROXY header in time"),
+                }
+            }
+            let service = TowerToHyperService::new(app.map_request(
+                move |mut req: axum::extract::Request<hyper::body::Incoming>| {
+                    req.extensions_mut().insert(ConnectInfo(client));
+                    req
+                },
+            ));
             let served = match acceptor {
                 Some(acceptor) => match tokio::time::timeout(limit, acceptor.accept(tcp)).await {
                     Ok(Ok(tls)) => {
@@ -114,7 +185,7 @@ pub async fn serve(listener: TcpListener, app: Router, edge: Edge, mut stop: wat
                 }
             };
             if let Err(e) = served {
-                tracing::debug!(%peer, error = %e, "an HTTP connection ended");
+                tracing::debug!(%client, error = %e, "an HTTP connection ended");
             }
         });
     }

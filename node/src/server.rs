@@ -216,6 +216,11 @@ pub async fn run(
         },
         max_connections: cfg.max_connections.max(1),
         header_timeout: Duration::from_secs(cfg.header_timeout_secs.max(1)),
+        proxy_protocol_from: std::sync::Arc::new(if cfg.proxy_protocol {
+            cfg.trusted_proxies.clone()
+        } else {
+            Vec::new()
+        }),
     };
     let extra: Vec<_> = listeners
         .extra_https

@@ -2,7 +2,8 @@
 //! off; pairing attempts from one source are rate-limited before they reach the store; a token
 //! over its rate gets `429 rate_limited` with `Retry-After`; `/v1/health` without a token answers
 //! liveness only; a wrong method gets the JSON error; a body over its route's limit is refused
-//! with `413 too_large` and writes nothing; HTTPS serves with the given certificate,
+//! with `413 too_large` and writes nothing; behind a balancer speaking the PROXY protocol, the
+//! client it names is counted; HTTPS serves with the given certificate,
 //! and an agent pairs and links over HTTPS/WSS with the CA pinned; an agent refuses plain HTTP to
 //! a non-loopback server.
 
@@ -137,6 +138,62 @@ async fn t45_bodies_over_their_route_limit() {
     let session = json!({"command": "x".repeat(300 << 10)});
     let (s, v) = c.call(Method::POST, 1, "/v1/computers/cmp_none/sessions", &c.token, Some(session)).await;
     assert_ne!(s, 413, "a session route takes 300 KiB: {v}");
+}
+
+/// One pairing attempt on a new connection from 127.0.0.77 (the trusted balancer), after `proxy`
+/// bytes: the answer's status line, or "" when the connection was closed unanswered.
+async fn through_balancer(addr: &str, proxy: &[u8]) -> String {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.bind("127.0.0.77:0".parse().expect("addr")).expect("bind the balancer's address");
+    let mut tcp = socket.connect(addr.parse().expect("node addr")).await.expect("connect");
+    let body = r#"{"code":"NOTACODE"}"#;
+    let req = format!(
+        "POST /v1/agent/pair HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tcp.write_all(proxy).await;
+    let _ = tcp.write_all(req.as_bytes()).await;
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut answer)).await;
+    String::from_utf8_lossy(&answer).lines().next().unwrap_or_default().to_string()
+}
+
+/// A PROXY v2 header (PROXY command, TCP over IPv4) naming `client`.
+fn proxy_v2(client: [u8; 4], port: u16) -> Vec<u8> {
+    let mut h = b"\r\n\r\n\0\r\nQUIT\n".to_vec();
+    h.extend([0x21, 0x11, 0, 12]);
+    h.extend(client);
+    h.extend([127, 0, 0, 1]);
+    h.extend(port.to_be_bytes());
+    h.extend(8080u16.to_be_bytes());
+    h
+}
+
+/// `--proxy-protocol`: a trusted balancer's connections start with a PROXY header (v1 or v2), and
+/// the client it names is what the per-source limit counts; its connection without one is closed
+/// unanswered; anyone else is counted by their own address.
+#[tokio::test]
+async fn t47_the_proxy_protocol_names_the_client() {
+    let c = TestCluster::start_with(
+        1,
+        &["--unauthenticated-per-min", "3", "--trusted-proxy", "127.0.0.77", "--proxy-protocol"],
+    )
+    .await;
+    let addr = c.nodes[&1].http.clone();
+    let v1 = |ip: &str| format!("PROXY TCP4 {ip} 127.0.0.1 40000 8080\r\n").into_bytes();
+    for i in 0..3 {
+        let status = through_balancer(&addr, &v1("10.1.2.3")).await;
+        assert!(status.starts_with("HTTP/1.1 4") && !status.contains("429"), "attempt {i}: {status}");
+    }
+    assert!(through_balancer(&addr, &v1("10.1.2.3")).await.contains("429"), "10.1.2.3 used its 3");
+    assert!(through_balancer(&addr, &proxy_v2([10, 1, 2, 3], 40001)).await.contains("429"), "v2 names it too");
+    let other = through_balancer(&addr, &proxy_v2([10, 1, 2, 4], 40002)).await;
+    assert!(other.starts_with("HTTP/1.1 4") && !other.contains("429"), "10.1.2.4 has its own: {other}");
+    assert_eq!(through_balancer(&addr, b"").await, "", "the balancer's connection without a header is closed");
+    assert_eq!(through_balancer(&addr, b"PROXY TCP4 nonsense\r\n").await, "", "a bad header too");
+    // A client that is not the balancer is counted by its own address, header or not.
+    let r = c.http.post(c.url(1, "/v1/agent/pair")).json(&json!({"code": "NOTACODE"})).send().await.expect("send");
+    assert_ne!(r.status(), 429, "127.0.0.1 has its own budget");
 }
 
 /// `--tls-cert`/`--tls-key`: the API is served over TLS with that certificate (a client that
