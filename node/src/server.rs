@@ -26,6 +26,7 @@ use computerd_raft::sm::Response;
 use computerd_raft::sm::Role;
 use computerd_raft::sm::Token;
 use computerd_raft::sm::hash_secret;
+use computerd_raft::store::OnDamagedSnapshot;
 use computerd_raft::tls::JoinSecret;
 use computerd_raft::tls::Pki;
 use tokio::net::TcpListener;
@@ -119,7 +120,8 @@ pub async fn run(
     check_peer_source(cfg.peer_source_ip)?;
     let client_tls = pki.client_config().map_err(|e| NodeError::Config(e.to_string()))?;
     let channels = Channels::new(client_tls, cfg.peer_source_ip);
-    let cluster = Cluster::start(cfg.node_id, &dir.store_dir(), &cfg.tuning(), channels).await?;
+    let cluster =
+        Cluster::start(cfg.node_id, &dir.store_dir(), &cfg.tuning(), OnDamagedSnapshot::Refuse, channels).await?;
 
     // 3. gRPC, so peers can reach this node while it joins. A node with an empty store that is
     //    told to join refuses Raft RPCs until the leader expects its empty log.
