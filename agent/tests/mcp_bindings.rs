@@ -1,15 +1,23 @@
 //! Bindings through the agent's own request handler ([`Tools::handle`]), as root with real UIDs
 //! (CI runs as root; these fail, never skip, without it):
 //!
+//! - cleanup that cannot be escaped: a zombie thread-group leader's live thread and a
+//!   double-forked `setsid` daemon of the binding's UID are gone after revoke and after a switch;
+//!   revoke answers `drained: true` only when nothing of the UID is left (a task frozen by the
+//!   cgroup v1 freezer cannot die, and revoke says so until it is thawed);
 //! - package identity: a package is (bot, id, version, full SHA-256): the same id and version
 //!   with other bytes is not "already installed" (not even when the 12 digits of the digest in
 //!   its directory's name are the same); a switch moves a binding only to a version its own bot
 //!   installed here, whose record and bytes are still what that install published.
 
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::path::PathBuf;
 use std::process::Command;
+use std::process::Stdio;
+use std::time::Duration;
+use std::time::Instant;
 
 use computer_agent::mcp::archive::Limits;
 use computer_agent::mcp::bindings::McpReply;
@@ -102,6 +110,10 @@ impl Bed {
             .await
     }
 
+    async fn revoke(&self, binding: &str) -> Value {
+        ok(&self.tools.handle(McpRequest::Revoke { binding_id: binding.into() }).await).clone()
+    }
+
     /// The published directory of `version` of the package (there is one per version).
     fn package_dir(&self, version: &str) -> PathBuf {
         let home = self.runtime().join("packages").join(PACKAGE);
@@ -126,6 +138,226 @@ fn reason(r: &McpReply) -> &str {
 
 fn echoed(r: &McpReply) -> String {
     ok(r)["content"][0]["text"].as_str().unwrap_or_default().to_string()
+}
+
+/// Every live task (thread) of `uid` on the machine, as "tgid/tid State": this test's own reading
+/// of `/proc`, every process's task list (zombies' included), each task's `Uid:` line.
+fn live_tasks(uid: u32) -> Vec<String> {
+    let mut out = Vec::new();
+    for p in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(tasks) = std::fs::read_dir(p.path().join("task")) else { continue };
+        for t in tasks.flatten() {
+            let Ok(status) = std::fs::read_to_string(t.path().join("status")) else { continue };
+            let field = |name: &str| {
+                status.lines().find_map(|l| l.strip_prefix(name)).map(str::trim).unwrap_or_default().to_string()
+            };
+            let (state, uids) = (field("State:"), field("Uid:"));
+            let ours = uids.split_whitespace().take(2).any(|i| i == uid.to_string());
+            if ours && !state.starts_with('Z') && !state.starts_with('X') {
+                out.push(format!("{}/{} {state}", p.file_name().to_string_lossy(), t.file_name().to_string_lossy()));
+            }
+        }
+    }
+    out
+}
+
+/// Spins (yielding) until `f` holds; fails after 10 s.
+fn until(what: &str, mut f: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !f() {
+        assert!(started.elapsed() < Duration::from_secs(10), "timed out waiting for {what}");
+        std::thread::yield_now();
+    }
+}
+
+/// A process of `uid` whose leader called `pthread_exit` while its other thread sleeps on; the
+/// thread prints "pid tid" once the leader is a zombie. With `daemon`, it is double-forked into a
+/// `setsid` session of its own first (its parent gone). Answers (pid, tid) once that holds.
+fn plant_zombie_leader(uid: u32, daemon: bool) -> (String, String) {
+    let program = r#"
+import ctypes, os, sys, threading, time
+if sys.argv[1] == "daemon":
+    if os.fork() != 0:
+        os._exit(0)
+    os.setsid()
+    if os.fork() != 0:
+        os._exit(0)
+pid = os.getpid()
+def thread():
+    while "State:\tZ" not in open(f"/proc/{pid}/task/{pid}/status").read():
+        time.sleep(0.001)
+    os.write(1, f"{pid} {threading.get_native_id()}".encode())
+    os.close(1)
+    time.sleep(1000)
+threading.Thread(target=thread).start()
+ctypes.CDLL(None).pthread_exit(None)
+"#;
+    let mut child = Command::new("/usr/bin/python3")
+        .args(["-c", program, if daemon { "daemon" } else { "plain" }])
+        .current_dir("/")
+        .env_clear()
+        .uid(uid)
+        .gid(uid)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut answer = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.take().expect("stdout"), &mut answer).expect("read");
+    if daemon {
+        assert!(child.wait().expect("wait").success(), "the daemon's first parent exits");
+    } else {
+        // The leader is our child: reaped once its whole group is gone.
+        std::thread::spawn(move || child.wait());
+    }
+    let (pid, tid) = answer.split_once(' ').unwrap_or_else(|| panic!("pid tid: {answer:?}"));
+    let (pid, tid) = (pid.to_string(), tid.to_string());
+    let leader = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/status")).expect("leader");
+    assert!(leader.contains("State:\tZ"), "the leader is a zombie: {leader}");
+    assert!(live_tasks(uid).iter().any(|t| t.starts_with(&format!("{pid}/{tid} "))), "its thread runs");
+    (pid, tid)
+}
+
+/// A plain double-forked `setsid` daemon of `uid` (its parent gone, its own session); answers
+/// its pid once it runs.
+fn plant_daemon(uid: u32) -> String {
+    let program = r#"
+import os, time
+if os.fork() != 0:
+    os._exit(0)
+os.setsid()
+if os.fork() != 0:
+    os._exit(0)
+os.write(1, str(os.getpid()).encode())
+os.close(1)
+time.sleep(1000)
+"#;
+    let mut child = Command::new("/usr/bin/python3")
+        .args(["-c", program])
+        .current_dir("/")
+        .env_clear()
+        .uid(uid)
+        .gid(uid)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut pid = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.take().expect("stdout"), &mut pid).expect("read");
+    assert!(child.wait().expect("wait").success());
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("the daemon runs");
+    let ppid = status.lines().find_map(|l| l.strip_prefix("PPid:")).map(str::trim).unwrap_or_default();
+    assert_ne!(ppid, std::process::id().to_string(), "its parent is gone");
+    pid
+}
+
+fn gone(pid: &str, tid: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status"))
+        .map(|s| s.contains("State:\tZ") || s.contains("State:\tX"))
+        .unwrap_or(true)
+}
+
+#[tokio::test]
+async fn revoke_kills_a_zombie_leaders_threads_and_a_setsid_daemon() {
+    let bed = Bed::new(62_100);
+    let sha = bed.pack("a.tar.gz", "");
+    let uid = bed.bind("mcb_a", "bot_a", "a.tar.gz", "1.0.0", &sha).await;
+    let (pid, tid) = plant_zombie_leader(uid, false);
+    let (dpid, dtid) = plant_zombie_leader(uid, true);
+    let daemon = plant_daemon(uid);
+    assert!(live_tasks(uid).len() >= 3, "{:?}", live_tasks(uid));
+
+    let v = bed.revoke("mcb_a").await;
+    assert_eq!(v["drained"], true, "{v}");
+    assert!(v["killed"].as_u64().unwrap_or(0) >= 3, "three thread groups were killed: {v}");
+    assert!(gone(&pid, &tid), "the zombie leader's thread {pid}/{tid}");
+    assert!(gone(&dpid, &dtid), "the setsid zombie leader's thread {dpid}/{dtid}");
+    assert!(gone(&daemon, &daemon), "the setsid daemon {daemon}");
+    assert_eq!(live_tasks(uid), Vec::<String>::new(), "nothing of the UID is alive");
+}
+
+/// A cgroup v1 freezer group: its tasks cannot run, so a SIGKILL waits until they are thawed.
+struct Frozen {
+    dir: PathBuf,
+}
+
+impl Frozen {
+    fn new(pid: &str) -> Self {
+        let root = Path::new("/sys/fs/cgroup/freezer");
+        assert!(root.join("tasks").exists(), "this test needs the cgroup v1 freezer at {}", root.display());
+        let dir = root.join(format!("computerd-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("freezer cgroup");
+        let f = Frozen { dir };
+        std::fs::write(f.dir.join("tasks"), pid).expect("join the cgroup");
+        std::fs::write(f.dir.join("freezer.state"), "FROZEN").expect("freeze");
+        until("the freezer", || f.state() == "FROZEN");
+        f
+    }
+
+    fn state(&self) -> String {
+        std::fs::read_to_string(self.dir.join("freezer.state")).unwrap_or_default().trim().to_string()
+    }
+
+    fn thaw(&self) {
+        std::fs::write(self.dir.join("freezer.state"), "THAWED").expect("thaw");
+        until("the thaw", || self.state() == "THAWED");
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        // (On a failure: the test's own tasks are killed, and the group goes.)
+        let _ = std::fs::write(self.dir.join("freezer.state"), "THAWED");
+        for pid in std::fs::read_to_string(self.dir.join("tasks")).unwrap_or_default().lines() {
+            if let Ok(pid) = pid.trim().parse::<i32>() {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            }
+        }
+        let started = Instant::now();
+        while std::fs::remove_dir(&self.dir).is_err() && started.elapsed() < Duration::from_secs(10) {
+            std::thread::yield_now();
+        }
+    }
+}
+
+#[tokio::test]
+async fn revoke_is_drained_only_when_nothing_of_the_uid_is_left() {
+    let bed = Bed::new(62_200);
+    let sha = bed.pack("a.tar.gz", "");
+    let uid = bed.bind("mcb_a", "bot_a", "a.tar.gz", "1.0.0", &sha).await;
+    let daemon = plant_daemon(uid);
+    let frozen = Frozen::new(&daemon);
+
+    // Frozen, it cannot die: revoke kills it, but does not say it is drained.
+    let v = bed.revoke("mcb_a").await;
+    assert_eq!(v["drained"], false, "a task of the UID is left: {v}");
+    assert_eq!(live_tasks(uid).len(), 1, "{:?}", live_tasks(uid));
+    let r = bed.echo("mcb_a", "hi").await;
+    assert_eq!(reason(&r), "revoked", "{r:?}");
+
+    // Thawed, it dies (of the pending SIGKILL, or the next revoke's): now drained.
+    frozen.thaw();
+    let v = bed.revoke("mcb_a").await;
+    assert_eq!(v["drained"], true, "{v}");
+    assert!(gone(&daemon, &daemon));
+    assert_eq!(live_tasks(uid), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_switch_retires_a_zombie_leaders_threads() {
+    let bed = Bed::new(62_300);
+    let sha1 = bed.pack("v1.tar.gz", "");
+    let sha2 = bed.pack("v2.tar.gz", "v2:");
+    let uid = bed.bind("mcb_a", "bot_a", "v1.tar.gz", "1.0.0", &sha1).await;
+    bed.bind("mcb_b", "bot_a", "v2.tar.gz", "1.1.0", &sha2).await;
+    let (pid, tid) = plant_zombie_leader(uid, true);
+    let r = bed.switch("mcb_a", "sw-1", "1.0.0", "1.1.0").await;
+    assert_eq!(ok(&r)["version"], "1.1.0", "{r:?}");
+    assert!(gone(&pid, &tid), "the thread {pid}/{tid} did not survive the switch");
+    assert_eq!(live_tasks(uid), Vec::<String>::new());
+    assert_eq!(echoed(&bed.echo("mcb_a", "hi").await), "v2:hi");
 }
 
 /// install's "already installed" compares the full digest: the same id and version with other
