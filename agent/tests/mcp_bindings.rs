@@ -513,3 +513,23 @@ async fn a_switch_to_a_rewritten_record_is_refused() {
     assert_eq!(reason(&r), "package_changed", "the tree digest is not the one installed: {r:?}");
     assert_eq!(echoed(&bed.echo("mcb_a", "hi").await), "hi", "still at 1.0.0");
 }
+
+/// Operation ids are each bot's own: another bot's switch under the same id is another switch
+/// (its receipt neither blocks nor answers this one).
+#[tokio::test]
+async fn switches_of_two_bots_under_one_operation_id_are_two_switches() {
+    let bed = Bed::new(62_800);
+    let v1 = bed.pack("v1.tar.gz", "");
+    let v2 = bed.pack("v2.tar.gz", "v2:");
+    for bot in ["bot_a", "bot_b"] {
+        bed.bind(&format!("mcb_{bot}_1"), bot, "v1.tar.gz", "1.0.0", &v1).await;
+        bed.bind(&format!("mcb_{bot}_2"), bot, "v2.tar.gz", "1.1.0", &v2).await;
+    }
+    let r = bed.switch("mcb_bot_a_1", "sw-1", "1.0.0", "1.1.0").await;
+    assert_eq!((ok(&r)["version"].as_str(), ok(&r)["replayed"].as_bool()), (Some("1.1.0"), Some(false)), "{r:?}");
+    let r = bed.switch("mcb_bot_b_1", "sw-1", "1.0.0", "1.1.0").await;
+    assert_eq!((ok(&r)["version"].as_str(), ok(&r)["replayed"].as_bool()), (Some("1.1.0"), Some(false)), "{r:?}");
+    assert_eq!(echoed(&bed.echo("mcb_bot_b_1", "hi").await), "v2:hi");
+    let r = bed.switch("mcb_bot_a_1", "sw-1", "1.0.0", "1.1.0").await;
+    assert_eq!(ok(&r)["replayed"], true, "each answers its own receipt again: {r:?}");
+}

@@ -236,7 +236,8 @@ impl Tools {
     }
 
     /// Switches a binding's code to another installed version of its package. A protected
-    /// receipt (`RUNTIME/receipts/<operation>.json`) records that it happened; a retry proceeds
+    /// receipt (`RUNTIME/receipts/<binding>/<operation>.json`: operation ids are the bot's own, so
+    /// another bot's use of the same id is another receipt) records that it happened; a retry proceeds
     /// only when there is no receipt and the binding is still at the source version (do it), or a
     /// receipt and the binding at the target (answer it again).
     async fn switch(&self, id: &str, op: &str, from: &str, to: &str) -> McpReply {
@@ -249,8 +250,12 @@ impl Tools {
             return McpReply::fail("revoked", "the binding was revoked");
         }
         let receipts = self.runtime.join("receipts");
-        let receipt_path = receipts.join(format!("{op}.json"));
-        let receipt: Option<Value> = std::fs::read(&receipt_path).ok().and_then(|r| serde_json::from_slice(&r).ok());
+        let receipt_path = receipts.join(id).join(format!("{op}.json"));
+        let read = |p: &Path| std::fs::read(p).ok().and_then(|r| serde_json::from_slice::<Value>(&r).ok());
+        // (A receipt from before they were kept per binding, `RUNTIME/receipts/<op>.json`, counts
+        // for its own binding only.)
+        let receipt =
+            read(&receipt_path).or_else(|| read(&receipts.join(format!("{op}.json"))).filter(|r| r["binding"] == id));
         match (&receipt, b.version.as_str()) {
             (Some(r), v) if v == to && r["binding"] == id => {
                 let (tools, _) = runner::discover(&self.spec(&b, id)).await;
@@ -329,12 +334,13 @@ impl Tools {
         reg.bindings.insert(id.to_string(), nb.clone());
         let receipt = serde_json::json!({"binding": id, "from": from, "to": to, "sha256": manifest.sha256});
         let written = (|| -> std::io::Result<()> {
-            std::fs::create_dir_all(&receipts)?;
+            std::fs::create_dir_all(receipts.join(id))?;
             std::fs::set_permissions(&receipts, std::fs::Permissions::from_mode(0o700))?;
+            std::fs::set_permissions(receipts.join(id), std::fs::Permissions::from_mode(0o700))?;
             // The registry first, then the receipt: a crash between leaves "at target, no
             // receipt", which a retry refuses rather than guesses.
             self.save(&reg)?;
-            let tmp = receipts.join(format!(".{op}.tmp"));
+            let tmp = receipts.join(id).join(format!(".{op}.tmp"));
             std::fs::write(&tmp, receipt.to_string())?;
             std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
             std::fs::rename(tmp, &receipt_path)
