@@ -1,7 +1,8 @@
 //! The MCP runner against a real stdio MCP server (a stdlib-only Python fixture) under real,
 //! separate UIDs: discovery and calls through rmcp; the limits (processes, descriptors, the
-//! deadline); nothing of the UID survives a call (a setsid grandchild neither); one binding
-//! cannot read another's HOME or its server's environment. Needs root (as CI runs).
+//! deadline); nothing of the UID survives a call (a setsid grandchild, or the live thread of a
+//! zombie thread-group leader, neither); one binding cannot read another's HOME or its server's
+//! environment. Needs root (as CI runs).
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -70,6 +71,34 @@ fn alive(pid: &str) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| !s.contains("Z (zombie)"))
 }
 
+/// Every live task (thread) of `uid` on the machine, as "tgid/tid State": this test's own reading
+/// of `/proc`, every process's task list (zombies' included), each task's `Uid:` line.
+fn live_tasks(uid: u32) -> Vec<String> {
+    let mut out = Vec::new();
+    for p in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(tasks) = std::fs::read_dir(p.path().join("task")) else { continue };
+        for t in tasks.flatten() {
+            let Ok(status) = std::fs::read_to_string(t.path().join("status")) else { continue };
+            let field = |name: &str| {
+                status.lines().find_map(|l| l.strip_prefix(name)).map(str::trim).unwrap_or_default().to_string()
+            };
+            let (state, uids) = (field("State:"), field("Uid:"));
+            let mut ids = uids.split_whitespace().take(2);
+            let ours = ids.any(|i| i == uid.to_string());
+            if ours && !state.starts_with('Z') && !state.starts_with('X') {
+                out.push(format!("{}/{} {state}", p.file_name().to_string_lossy(), t.file_name().to_string_lossy()));
+            }
+        }
+    }
+    out
+}
+
+/// The state letter of task `tid` of process `pid`, if it is still there.
+fn task_state(pid: &str, tid: &str) -> Option<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("State:")).map(|s| s.trim().chars().take(1).collect())
+}
+
 #[tokio::test]
 async fn discover_and_call_under_the_bindings_uid() {
     let bed = Bed::new();
@@ -135,6 +164,37 @@ async fn a_setsid_grandchild_does_not_survive_the_call() {
     assert!(pid.parse::<u32>().is_ok(), "{pid}");
     assert!(drain.confirmed, "{drain:?}");
     assert!(!alive(&pid), "the grandchild {pid} is gone");
+    assert_eq!(live_tasks(61_041), Vec::<String>::new(), "nothing of the UID is alive");
+}
+
+/// A process whose leader called `pthread_exit` (a zombie) while its other thread sleeps on: the
+/// thread does not survive the call.
+#[tokio::test]
+async fn a_zombie_leaders_live_thread_does_not_survive_the_call() {
+    let bed = Bed::new();
+    let spec = bed.binding(61_061, RunLimits::default());
+    let (r, drain) = call(&spec, "spawn_zombie_leader", args(json!({}))).await;
+    let answer = text(&r.expect("call"));
+    let (pid, tid) = answer.split_once(' ').expect("pid tid");
+    assert_ne!(pid, tid, "{answer}");
+    assert!(drain.confirmed, "{drain:?}");
+    assert!(drain.killed >= 1, "the group was killed: {drain:?}");
+    assert!(matches!(task_state(pid, tid).as_deref(), None | Some("Z" | "X")), "the thread {pid}/{tid} is gone");
+    assert_eq!(live_tasks(61_061), Vec::<String>::new(), "nothing of the UID is alive");
+}
+
+/// The same, double-forked into a `setsid` session of its own first (a daemon whose parent is
+/// gone, whose leader is a zombie, whose thread runs on).
+#[tokio::test]
+async fn a_double_forked_setsid_zombie_leader_does_not_survive_the_call() {
+    let bed = Bed::new();
+    let spec = bed.binding(61_071, RunLimits::default());
+    let (r, drain) = call(&spec, "spawn_zombie_leader", args(json!({"setsid": true}))).await;
+    let answer = text(&r.expect("call"));
+    let (pid, tid) = answer.split_once(' ').expect("pid tid");
+    assert!(drain.confirmed, "{drain:?}");
+    assert!(matches!(task_state(pid, tid).as_deref(), None | Some("Z" | "X")), "the thread {pid}/{tid} is gone");
+    assert_eq!(live_tasks(61_071), Vec::<String>::new(), "nothing of the UID is alive");
 }
 
 #[tokio::test]

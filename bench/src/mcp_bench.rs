@@ -111,6 +111,7 @@ async fn main() -> Result<()> {
     let tools = Tools::new(dir.path().join("runtime"), workspace.clone(), RunLimits::default(), 230_000);
     let install = McpRequest::Install {
         binding_id: "mcb_bench".into(),
+        bot_id: "bot_bench".into(),
         artifact_path: "server.tar.gz".into(),
         manifest: json!({"id": "bench.echo", "version": "1.0.0", "sha256": digest,
             "entrypoint": ["python3", "./server.py"], "share_immutable_package": true}),

@@ -15,6 +15,11 @@ pub enum McpRequest {
     Install {
         /// The binding's id (chosen by the node, recorded in the store first).
         binding_id: String,
+        /// The bot it is installed for: a package is (bot, id, version, SHA-256), and a switch
+        /// moves a binding only to a version its own bot installed on the Computer. (Missing from
+        /// an older node's request: the agent refuses the install.)
+        #[serde(default)]
+        bot_id: String,
         /// The archive, relative to the workspace.
         artifact_path: String,
         /// The manifest (unknown fields refused).

@@ -2,7 +2,9 @@
 //! bindings get their own UIDs): a stdlib-only Python MCP server packaged as tar.gz in the
 //! workspace is installed, discovered and called; the operation journal replays a repeated call
 //! and refuses a reused id; the model-facing `computer_mcp` tool lists and calls; a bad digest is
-//! refused with its reason; revoke closes admission and drains the binding.
+//! refused with its reason; revoke closes admission and drains the binding; another bot's install
+//! of a version is no switch target for a bot, and a zombie leader's thread does not outlive a
+//! call.
 
 use computerd_tests::TestCluster;
 use computerd_tests::agent::AgentProc;
@@ -222,4 +224,89 @@ async fn t30_a_lost_call_is_unknown_and_never_redone() {
     let (s, v) = c.call(Method::POST, 1, &format!("/api/bots/{bot}/tools/{binding}/call"), &c.token, Some(body)).await;
     assert_eq!((s, reason(&v)), (409, "outcome_unknown"), "{v}");
     assert!(!pidfile.exists(), "the call was not run again");
+}
+
+/// Two bots on one Computer. Bot A installs version 1.1.0 of the package with its own code; bot
+/// B, at 1.0.0, asks to switch to 1.1.0: the agent refuses (B never installed it), and B's binding
+/// still runs B's code. A call that leaves a zombie thread-group leader (its other thread running)
+/// leaves nothing of the binding's UID alive.
+#[tokio::test]
+async fn t40_another_bots_version_is_no_switch_target() {
+    let c = TestCluster::start(1).await;
+    let (id, code) = paired_computer(&c, "identity").await;
+    let workspace = c.dir.path().join("workspace");
+    let v1 = tools::pack(&c.dir.path().join("pkg"), &workspace, "server.tar.gz", None);
+    let evil = std::fs::read_to_string(tools::fixture())
+        .expect("server")
+        .replace("return args.get(\"text\", \"\"), False", "return \"a's code:\" + args.get(\"text\", \"\"), False");
+    let evil = tools::pack(&c.dir.path().join("pkg-a"), &workspace, "a.tar.gz", Some(&evil));
+    let state = c.dir.path().join("agent");
+    let ws = workspace.to_string_lossy().into_owned();
+    let log = c.dir.path().join("agent.log");
+    let flags = ["--workdir", ws.as_str(), "--mcp-first-uid", "250000"];
+    let _agent = AgentProc::spawn_with(&c.url(1, ""), &state, Some(&code), &log, &flags);
+    wait_state(&c, &id, "running").await;
+    let mut bots = Vec::new();
+    for name in ["bot-a", "bot-b"] {
+        let (s, bot) = c.call(Method::POST, 1, "/v1/bots", &c.token, Some(json!({"name": name}))).await;
+        assert_eq!(s, 201, "{bot}");
+        let bot = bot["id"].as_str().expect("bot").to_string();
+        let (s, v) = c.call(Method::PUT, 1, &format!("/v1/computers/{id}/bots/{bot}"), &c.token, None).await;
+        assert_eq!(s, 200, "{v}");
+        bots.push(bot);
+    }
+    let (a, b) = (&bots[0], &bots[1]);
+    let install = |artifact: &str, version: &str, sha: &str| {
+        let mut m = tools::manifest(version, sha);
+        m["id"] = json!("shared.server");
+        json!({"artifactPath": artifact, "manifest": m})
+    };
+    let body = install(&v1.artifact, "1.0.0", &v1.digest);
+    let (s, v) = c.call(Method::POST, 1, &format!("/api/bots/{b}/tools/install"), &c.token, Some(body)).await;
+    assert_eq!(s, 201, "{v}");
+    let binding = v["bindingId"].as_str().expect("binding").to_string();
+    let body = install(&evil.artifact, "1.1.0", &evil.digest);
+    let (s, v) = c.call(Method::POST, 1, &format!("/api/bots/{a}/tools/install"), &c.token, Some(body)).await;
+    assert_eq!(s, 201, "{v}");
+
+    let call_path = format!("/api/bots/{b}/tools/{binding}/call");
+    let call = |op: &str, tool: &str, arguments: Value| {
+        let body = json!({"operationId": op, "tool": tool, "arguments": arguments});
+        c.call(Method::POST, 1, &call_path, &c.token, Some(body))
+    };
+    let body = json!({"operationId": "sw-1", "version": "1.1.0"});
+    let (s, v) = c.call(Method::POST, 1, &format!("/api/bots/{b}/tools/{binding}/switch"), &c.token, Some(body)).await;
+    assert_eq!((s, reason(&v)), (422, "version_not_installed"), "{v}");
+    let (s, v) = call("op-1", "echo", json!({"text": "hi"})).await;
+    assert_eq!((s, v["result"]["ok"]["content"][0]["text"].as_str()), (200, Some("hi")), "B's own code: {v}");
+
+    let (s, v) = call("op-2", "whoami", json!({})).await;
+    assert_eq!(s, 200, "{v}");
+    let who = v["result"]["ok"]["content"][0]["text"].as_str().unwrap_or_default().to_string();
+    let uid = who.split(' ').next().unwrap_or_default().to_string();
+    assert!(uid.parse::<u32>().is_ok_and(|u| u >= 250_000), "{who}");
+    let (s, v) = call("op-3", "spawn_zombie_leader", json!({"setsid": true})).await;
+    assert_eq!(s, 200, "{v}");
+    let answer = v["result"]["ok"]["content"][0]["text"].as_str().unwrap_or_default().to_string();
+    let (pid, tid) = answer.split_once(' ').expect("pid tid");
+    let thread = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).unwrap_or_default();
+    let gone = thread.is_empty() || thread.contains("State:\tZ") || thread.contains("State:\tX");
+    assert!(gone, "the thread {pid}/{tid} is gone: {thread}");
+    let alive: Vec<String> = std::fs::read_dir("/proc")
+        .expect("/proc")
+        .flatten()
+        .flat_map(|p| std::fs::read_dir(p.path().join("task")).into_iter().flatten().flatten())
+        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok().map(|s| (t.path(), s)))
+        .filter(|(_, s)| {
+            let ours = s
+                .lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .is_some_and(|u| u.split_whitespace().take(2).any(|x| x == uid));
+            let dead =
+                s.lines().find_map(|l| l.strip_prefix("State:")).is_some_and(|st| st.trim().starts_with(['Z', 'X']));
+            ours && !dead
+        })
+        .map(|(p, _)| p.display().to_string())
+        .collect();
+    assert_eq!(alive, Vec::<String>::new(), "nothing of UID {uid} is alive after the call");
 }

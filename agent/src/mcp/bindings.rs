@@ -44,12 +44,36 @@ struct Binding {
     uid: u32,
     tree_digest: String,
     revoked: bool,
+    /// The bot it was installed for (empty in a registry from before bots were recorded: such a
+    /// binding is not switched).
+    #[serde(default)]
+    bot: String,
+    /// Its package's id and the full SHA-256 of the archive it was installed (or switched) from.
+    #[serde(default)]
+    package_id: String,
+    #[serde(default)]
+    sha256: String,
+}
+
+/// A package a bot installed on this Computer: the package is (bot, id, version, full SHA-256);
+/// `dir` is where its files were published and `tree_digest` what they were.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Installed {
+    bot: String,
+    id: String,
+    version: String,
+    sha256: String,
+    dir: PathBuf,
+    tree_digest: String,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 struct Registry {
     next_uid: u32,
     bindings: BTreeMap<String, Binding>,
+    /// What each bot installed here: the versions a switch may move that bot's bindings to.
+    #[serde(default)]
+    installed: Vec<Installed>,
 }
 
 /// The bindings of this agent.
@@ -127,7 +151,7 @@ impl Tools {
         std::fs::read(self.runtime.join("registry.json"))
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or(Registry { next_uid: self.first_uid, bindings: BTreeMap::new() })
+            .unwrap_or(Registry { next_uid: self.first_uid, ..Registry::default() })
     }
 
     fn save(&self, r: &Registry) -> std::io::Result<()> {
@@ -158,8 +182,8 @@ impl Tools {
         let changes = !matches!(req, McpRequest::Call { .. } | McpRequest::Discover { .. });
         let _writer = if changes { Some(self.lock.lock().await) } else { None };
         match req {
-            McpRequest::Install { binding_id, artifact_path, manifest } => {
-                self.install(&binding_id, &artifact_path, &manifest).await
+            McpRequest::Install { binding_id, bot_id, artifact_path, manifest } => {
+                self.install(&binding_id, &bot_id, &artifact_path, &manifest).await
             }
             McpRequest::Discover { binding_id } => match self.ready(&binding_id) {
                 Ok((_, spec)) => {
@@ -212,7 +236,8 @@ impl Tools {
     }
 
     /// Switches a binding's code to another installed version of its package. A protected
-    /// receipt (`RUNTIME/receipts/<operation>.json`) records that it happened; a retry proceeds
+    /// receipt (`RUNTIME/receipts/<binding>/<operation>.json`: operation ids are the bot's own, so
+    /// another bot's use of the same id is another receipt) records that it happened; a retry proceeds
     /// only when there is no receipt and the binding is still at the source version (do it), or a
     /// receipt and the binding at the target (answer it again).
     async fn switch(&self, id: &str, op: &str, from: &str, to: &str) -> McpReply {
@@ -225,8 +250,12 @@ impl Tools {
             return McpReply::fail("revoked", "the binding was revoked");
         }
         let receipts = self.runtime.join("receipts");
-        let receipt_path = receipts.join(format!("{op}.json"));
-        let receipt: Option<Value> = std::fs::read(&receipt_path).ok().and_then(|r| serde_json::from_slice(&r).ok());
+        let receipt_path = receipts.join(id).join(format!("{op}.json"));
+        let read = |p: &Path| std::fs::read(p).ok().and_then(|r| serde_json::from_slice::<Value>(&r).ok());
+        // (A receipt from before they were kept per binding, `RUNTIME/receipts/<op>.json`, counts
+        // for its own binding only.)
+        let receipt =
+            read(&receipt_path).or_else(|| read(&receipts.join(format!("{op}.json"))).filter(|r| r["binding"] == id));
         match (&receipt, b.version.as_str()) {
             (Some(r), v) if v == to && r["binding"] == id => {
                 let (tools, _) = runner::discover(&self.spec(&b, id)).await;
@@ -245,43 +274,48 @@ impl Tools {
                 );
             }
         }
-        // The target: an installed version of the same package, whose bytes are still what was published.
-        let Some(home) = b.package.parent().map(Path::to_path_buf) else {
-            return McpReply::fail("package_missing", "the binding's package has no home");
-        };
-        let target = std::fs::read_dir(&home).ok().and_then(|entries| {
-            entries.flatten().find(|e| {
-                e.file_type().is_ok_and(|t| t.is_dir())
-                    && e.file_name().to_string_lossy().starts_with(&format!("{to}-"))
-            })
-        });
-        let Some(target) = target.map(|e| e.path()) else {
+        // The target: a version of the binding's package that the binding's bot installed on this
+        // Computer (another bot's install of the same id and version is not it), whose record and
+        // bytes are still what that install published.
+        if b.bot.is_empty() || b.package_id.is_empty() {
+            return McpReply::fail(
+                "binding_unrecorded",
+                "the binding's bot and package were not recorded when it was installed: install the version for the bot",
+            );
+        }
+        let Some(target) =
+            reg.installed.iter().find(|p| p.bot == b.bot && p.id == b.package_id && p.version == to).cloned()
+        else {
             return McpReply::fail(
                 "version_not_installed",
-                format!("version {to} of the package is not installed here"),
+                format!("version {to} of the package was not installed here for the binding's bot"),
             );
         };
-        let record: Option<Value> =
-            std::fs::read(format!("{}.json", target.display())).ok().and_then(|r| serde_json::from_slice(&r).ok());
-        let Some(record) = record else { return McpReply::fail("package_missing", "the target's record is missing") };
-        match tree_digest(&target) {
-            Ok(d) if record["treeDigest"] == d.as_str() => {}
-            _ => return McpReply::fail("package_changed", "the target version's files changed since install"),
-        }
-        let manifest: Manifest = match Manifest::parse(&record["manifest"]) {
-            Ok(m) => m,
-            Err(e) => return McpReply::fail(e.reason(), e.to_string()),
+        let Some(record) = install::record(&target.dir) else {
+            return McpReply::fail("package_missing", "the target's record is missing");
         };
+        let m = &record.manifest;
+        if (m.id.as_str(), m.version.as_str(), m.sha256.as_str()) != (&target.id, to, &target.sha256)
+            || record.tree_digest != target.tree_digest
+        {
+            return McpReply::fail("package_changed", "the target version's record is not what the bot installed");
+        }
+        match tree_digest(&target.dir) {
+            Ok(d) if d == target.tree_digest => {}
+            Ok(_) => return McpReply::fail("package_changed", "the target version's files changed since install"),
+            Err(e) => return McpReply::fail("package_missing", e.to_string()),
+        }
+        let manifest = record.manifest;
         // Retire the source: nothing of the UID runs while the code changes under it.
         let drain = runner::kill_uid(b.uid).await;
         if !drain.confirmed {
             return McpReply::fail("drain_incomplete", "the binding's processes did not all stop");
         }
         let code = if manifest.share_immutable_package {
-            target.clone()
+            target.dir.clone()
         } else {
             let private = self.runtime.join("private").join(format!("{id}-{to}"));
-            if let Err(e) = copy_private(&target, &private, b.uid) {
+            if let Err(e) = copy_private(&target.dir, &private, b.uid) {
                 return McpReply::fail("runtime_failed", e.to_string());
             }
             private
@@ -291,20 +325,22 @@ impl Tools {
             Err(e) => return McpReply::fail("runtime_failed", e.to_string()),
         };
         let mut nb = b.clone();
-        nb.package = target;
+        nb.package = target.dir.clone();
         nb.code = code;
         nb.entrypoint = manifest.entrypoint.clone();
         nb.version = to.to_string();
+        nb.sha256 = target.sha256.clone();
         nb.tree_digest = digest;
         reg.bindings.insert(id.to_string(), nb.clone());
         let receipt = serde_json::json!({"binding": id, "from": from, "to": to, "sha256": manifest.sha256});
         let written = (|| -> std::io::Result<()> {
-            std::fs::create_dir_all(&receipts)?;
+            std::fs::create_dir_all(receipts.join(id))?;
             std::fs::set_permissions(&receipts, std::fs::Permissions::from_mode(0o700))?;
+            std::fs::set_permissions(receipts.join(id), std::fs::Permissions::from_mode(0o700))?;
             // The registry first, then the receipt: a crash between leaves "at target, no
             // receipt", which a retry refuses rather than guesses.
             self.save(&reg)?;
-            let tmp = receipts.join(format!(".{op}.tmp"));
+            let tmp = receipts.join(id).join(format!(".{op}.tmp"));
             std::fs::write(&tmp, receipt.to_string())?;
             std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
             std::fs::rename(tmp, &receipt_path)
@@ -321,9 +357,12 @@ impl Tools {
         }
     }
 
-    async fn install(&self, id: &str, artifact: &str, manifest: &Value) -> McpReply {
+    async fn install(&self, id: &str, bot: &str, artifact: &str, manifest: &Value) -> McpReply {
         if !check_id(id) {
             return McpReply::fail("bad_binding_id", "a binding id is letters, digits, _ and -");
+        }
+        if !check_id(bot) {
+            return McpReply::fail("bad_bot_id", "a bot id is letters, digits, _ and -");
         }
         let manifest = match Manifest::parse(manifest) {
             Ok(m) => m,
@@ -334,6 +373,10 @@ impl Tools {
             // The node sends an install again after a lost answer: answer what is there.
             if b.revoked {
                 return McpReply::fail("revoked", "the binding was revoked");
+            }
+            let asked = (bot, manifest.id.as_str(), manifest.version.as_str(), manifest.sha256.as_str());
+            if (b.bot.as_str(), b.package_id.as_str(), b.version.as_str(), b.sha256.as_str()) != asked {
+                return McpReply::fail("binding_exists", "the binding exists with another bot or package");
             }
             let (_, spec) = match self.ready(id) {
                 Ok(x) => x,
@@ -383,6 +426,17 @@ impl Tools {
             Ok(d) => d,
             Err(e) => return McpReply::fail("runtime_failed", e.to_string()),
         };
+        let package = Installed {
+            bot: bot.to_string(),
+            id: manifest.id.clone(),
+            version: manifest.version.clone(),
+            sha256: manifest.sha256.clone(),
+            dir: installed.dir.clone(),
+            tree_digest: installed.tree_digest.clone(),
+        };
+        if !reg.installed.contains(&package) {
+            reg.installed.push(package);
+        }
         let b = Binding {
             package: installed.dir,
             code,
@@ -391,6 +445,9 @@ impl Tools {
             uid,
             tree_digest: digest,
             revoked: false,
+            bot: bot.to_string(),
+            package_id: manifest.id.clone(),
+            sha256: manifest.sha256.clone(),
         };
         let spec = self.spec(&b, id);
         reg.next_uid = uid + 1;

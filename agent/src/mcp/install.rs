@@ -63,6 +63,9 @@ pub enum InstallError {
     /// The same id and version with another digest is installed.
     #[error("{0} is already installed with another digest")]
     VersionExists(String),
+    /// This package is installed, but its files are no longer what its record says.
+    #[error("{0} is installed, but its files changed since")]
+    PackageChanged(String),
     /// The runtime directory could not be written.
     #[error("runtime: {0}")]
     Runtime(String),
@@ -80,6 +83,7 @@ impl InstallError {
             InstallError::MissingEntrypoint(_) => "missing_entrypoint",
             InstallError::TooManyPackages => "too_many_packages",
             InstallError::VersionExists(_) => "version_exists",
+            InstallError::PackageChanged(_) => "package_changed",
             InstallError::Runtime(_) => "runtime_failed",
         }
     }
@@ -96,6 +100,42 @@ pub struct Installed {
     pub bytes: u64,
     /// False when this exact package was already installed (nothing was changed).
     pub new: bool,
+    /// The tree digest of its files ([`super::bindings::tree_digest`]), as its record says and
+    /// its files were found to be.
+    pub tree_digest: String,
+}
+
+/// What is published beside a package (`<dir>.json`, root-owned): its manifest and the tree
+/// digest of its files.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Record {
+    /// The manifest it was installed with: id, version and the archive's full SHA-256.
+    pub manifest: Manifest,
+    /// The tree digest of its files when it was published.
+    #[serde(rename = "treeDigest")]
+    pub tree_digest: String,
+}
+
+/// The record of the package published at `dir`, if it has a readable one.
+pub fn record(dir: &Path) -> Option<Record> {
+    let mut path = dir.as_os_str().to_owned();
+    path.push(".json");
+    std::fs::read(path).ok().and_then(|b| serde_json::from_slice(&b).ok())
+}
+
+/// The packages published under `home` (`packages/<id>`): each directory, with its record when it
+/// has one.
+fn published(home: &Path) -> Vec<(PathBuf, Option<Record>)> {
+    let Ok(entries) = std::fs::read_dir(home) else { return Vec::new() };
+    entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()) && !e.file_name().to_string_lossy().starts_with('.'))
+        .map(|e| {
+            let dir = e.path();
+            let r = record(&dir);
+            (dir, r)
+        })
+        .collect()
 }
 
 impl Manifest {
@@ -181,22 +221,39 @@ pub fn install(
             "entrypoint[0] must be one of {INTERPRETERS:?} or ./a-file-of-the-package"
         )));
     }
-    // 4. Already there? The same digest is a no-op; another digest under the same version is not.
+    // 4. Already there? A package is its id, version and full digest: the same three is a no-op
+    //    (once its files are found to be what its record says); the same id and version with
+    //    another digest is refused. Versions are compared whole, from the records (never a
+    //    directory name's prefix, nor the name's 12 digits of the digest).
     let rt = |e: std::io::Error| InstallError::Runtime(e.to_string());
     let packages = runtime.join("packages");
     let home = packages.join(&manifest.id);
     let name = format!("{}-{}", manifest.version, &manifest.sha256[..12]);
     let dest = home.join(&name);
-    if dest.is_dir() {
-        return Ok(Installed { dir: dest, files: Vec::new(), bytes: 0, new: false });
+    let what = || format!("{} {}", manifest.id, manifest.version);
+    for (dir, record) in published(&home) {
+        let Some(record) = record else {
+            // A directory without its record (never published so): its name says its version.
+            let version = dir.file_name().and_then(|n| n.to_str()).and_then(|n| n.rsplit_once('-')).map(|(v, _)| v);
+            if version == Some(manifest.version.as_str()) {
+                return Err(InstallError::VersionExists(what()));
+            }
+            continue;
+        };
+        if record.manifest.id != manifest.id || record.manifest.version != manifest.version {
+            continue;
+        }
+        if record.manifest.sha256 != manifest.sha256 {
+            return Err(InstallError::VersionExists(what()));
+        }
+        let digest = super::bindings::tree_digest(&dir).map_err(rt)?;
+        if digest != record.tree_digest {
+            return Err(InstallError::PackageChanged(what()));
+        }
+        return Ok(Installed { dir, files: Vec::new(), bytes: 0, new: false, tree_digest: digest });
     }
-    if let Ok(entries) = std::fs::read_dir(&home)
-        && entries.flatten().any(|e| {
-            e.file_type().is_ok_and(|t| t.is_dir())
-                && e.file_name().to_string_lossy().starts_with(&format!("{}-", manifest.version))
-        })
-    {
-        return Err(InstallError::VersionExists(format!("{} {}", manifest.id, manifest.version)));
+    if dest.exists() {
+        return Err(InstallError::VersionExists(what()));
     }
     let count = std::fs::read_dir(&packages)
         .map(|ids| {
@@ -238,5 +295,5 @@ pub fn install(
     std::fs::rename(&tmp, &record_path).map_err(rt)?;
     std::fs::rename(&staging_dir, &dest).map_err(rt)?;
     staging.0 = None;
-    Ok(Installed { dir: dest, files: out.files, bytes: out.bytes, new: true })
+    Ok(Installed { dir: dest, files: out.files, bytes: out.bytes, new: true, tree_digest: digest })
 }

@@ -1,7 +1,8 @@
 //! The runner: one MCP session per call, under the binding's own UID, with no resident server.
 //! It starts the package's stdio server with a real MCP client (rmcp), runs `tools/list` or
-//! `tools/call` under a deadline, and afterwards kills every process of that UID (a
-//! double-forked, `setsid` child too), reporting whether the drain was confirmed.
+//! `tools/call` under a deadline, and afterwards kills every task of that UID (a double-forked,
+//! `setsid` child and the live threads of a zombie thread-group leader too: [`kill_uid`]),
+//! reporting whether the drain was confirmed.
 //!
 //! Limits per server (set after dropping to the UID, before exec): address space (256 MiB by
 //! default), processes of the UID (32), open descriptors (256), `no_new_privs`, its own session
@@ -170,51 +171,168 @@ fn command(spec: &ServerSpec) -> Result<tokio::process::Command, RunError> {
     Ok(cmd)
 }
 
-/// The live (not zombie) processes of `uid`. The owner of `/proc/<pid>` is the process's
-/// effective UID, which for a binding's processes is also the real one (they cannot change it):
-/// one `stat` per process, and the status file only for the matches.
-fn pids_of(uid: u32) -> Vec<i32> {
-    use std::os::unix::fs::MetadataExt;
+/// How long a drain keeps killing before it reports the UID not confirmed empty.
+pub const DRAIN_DEADLINE: Duration = Duration::from_secs(3);
+
+/// A task's state and real and effective UIDs, from its `status` file. `None` when the file has
+/// neither line (it always has both).
+fn task_creds(status: &[u8]) -> Option<(u8, u32, u32)> {
+    let mut state = None;
+    let mut uids = None;
+    for line in status.split(|&b| b == b'\n') {
+        if let Some(rest) = line.strip_prefix(b"State:") {
+            state = rest.iter().copied().find(|b| !b.is_ascii_whitespace());
+        } else if let Some(rest) = line.strip_prefix(b"Uid:") {
+            let rest = std::str::from_utf8(rest).ok()?;
+            let mut ids = rest.split_ascii_whitespace().map(|v| v.parse::<u32>().ok());
+            uids = Some((ids.next()??, ids.next()??));
+            break;
+        }
+    }
+    let (real, effective) = uids?;
+    Some((state?, real, effective))
+}
+
+/// The live tasks (threads) whose real or effective UID is `uid`, as (thread group, thread).
+///
+/// Every process's task list is read, zombies' too: a thread-group leader that called
+/// `pthread_exit` is a zombie while its other threads run on, so the leader's state says nothing
+/// about its group. Each thread's own `status` is read (its `Uid:` line), never the owner of a
+/// `/proc` entry (a non-dumpable task's files are root's). A task that is a zombie (`Z`) or dead
+/// (`X`) runs nothing and is not counted: its parent (or init) reaps it.
+pub fn tasks_of(uid: u32) -> Vec<(i32, i32)> {
+    use std::io::Read;
     let mut out = Vec::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else { return out };
-    for e in dir.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
-        if e.metadata().ok().map(|m| m.uid()) != Some(uid) {
-            continue;
+    let Ok(procs) = std::fs::read_dir("/proc") else { return out };
+    let mut buf = Vec::with_capacity(4096);
+    for p in procs.flatten() {
+        let Some(tgid) = p.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
+        let Ok(tasks) = std::fs::read_dir(p.path().join("task")) else { continue };
+        for t in tasks.flatten() {
+            let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
+            buf.clear();
+            let read = std::fs::File::open(t.path().join("status")).and_then(|mut f| f.read_to_end(&mut buf));
+            if read.is_err() {
+                continue; // gone meanwhile
+            }
+            match task_creds(&buf) {
+                Some((state, real, effective))
+                    if (real == uid || effective == uid) && !matches!(state, b'Z' | b'X') =>
+                {
+                    out.push((tgid, tid))
+                }
+                _ => {}
+            }
         }
-        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { continue };
-        // A zombie holds nothing; its parent (or init) reaps it.
-        if status.lines().any(|l| l.starts_with("State:") && l.contains("Z (zombie)")) {
-            continue;
-        }
-        out.push(pid);
     }
     out
 }
 
-/// Kills every process of `uid` until none is left (bounded); a fork racing the kills is caught
-/// by the next round.
+/// SIGKILLs the thread group `tgid` (found with live tasks `tids` of `uid`); answers whether the
+/// group signal was sent.
+///
+/// The group signal goes through a pidfd, so a pid reused since the scan is not hit: the pidfd
+/// names one process, which is checked to still have a task of `uid` before it is signalled. A
+/// process-directed SIGKILL takes the whole group down even when its leader is a zombie (a
+/// `tgkill` to the zombie leader's own tid is accepted and lost, so that is never relied on).
+/// Each live thread also gets its own `tgkill`, in case the group signal did not reach it.
+fn kill_group(uid: u32, tgid: i32, tids: &[i32]) -> bool {
+    // SAFETY: plain syscalls on integers; the descriptor is closed below.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::c_long::from(tgid), 0 as libc::c_long) } as i32;
+    let sent = if fd >= 0 {
+        let ours = tasks_in(tgid, uid);
+        // SAFETY: as above.
+        let ok = ours
+            && unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    libc::c_long::from(fd),
+                    libc::c_long::from(libc::SIGKILL),
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0 as libc::c_long,
+                )
+            } == 0;
+        // SAFETY: our descriptor.
+        unsafe { libc::close(fd) };
+        ok
+    } else if std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
+        // SAFETY: a plain syscall (a kernel without pidfds).
+        unsafe { libc::kill(tgid, libc::SIGKILL) == 0 }
+    } else {
+        false // gone since the scan
+    };
+    for &tid in tids {
+        // SAFETY: a plain syscall; tgkill reaches `tid` only while it is a thread of `tgid`.
+        unsafe {
+            libc::syscall(
+                libc::SYS_tgkill,
+                libc::c_long::from(tgid),
+                libc::c_long::from(tid),
+                libc::c_long::from(libc::SIGKILL),
+            )
+        };
+    }
+    sent
+}
+
+/// Whether the process `tgid` has a live task of `uid`.
+fn tasks_in(tgid: i32, uid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{tgid}/task")) else { return false };
+    tasks.flatten().any(|t| {
+        std::fs::read(t.path().join("status"))
+            .ok()
+            .and_then(|s| task_creds(&s))
+            .is_some_and(|(state, real, effective)| (real == uid || effective == uid) && !matches!(state, b'Z' | b'X'))
+    })
+}
+
+/// Kills every task of `uid` until none is left, for at most [`DRAIN_DEADLINE`]: every thread of
+/// every process whose real or effective UID is `uid`, a zombie leader's live threads and a
+/// double-forked `setsid` daemon included (nothing here follows parents, sessions or groups). A
+/// fork racing the kills is caught by the next round. `confirmed` only when a scan found nothing
+/// of the UID alive.
 pub async fn kill_uid(uid: u32) -> Drain {
     if uid == 0 {
         return Drain { confirmed: false, killed: 0 };
     }
-    let mut killed = 0;
+    let deadline = std::time::Instant::now() + DRAIN_DEADLINE;
+    let mut killed = std::collections::BTreeSet::new();
     // Between rounds, a short wait that grows: a killed process is gone within microseconds, a
-    // fork racing the kills is caught by a later round. About 2 s in all before giving up.
+    // fork racing the kills is caught by a later round.
     let mut pause = Duration::from_micros(100);
-    for _ in 0..40 {
-        let pids = pids_of(uid);
-        if pids.is_empty() {
-            return Drain { confirmed: true, killed };
+    loop {
+        let tasks = tasks_of(uid);
+        if tasks.is_empty() {
+            return Drain { confirmed: true, killed: killed.len() };
         }
-        for pid in pids {
-            // SAFETY: a plain syscall.
-            if unsafe { libc::kill(pid, libc::SIGKILL) } == 0 {
-                killed += 1;
+        if std::time::Instant::now() >= deadline {
+            return Drain { confirmed: false, killed: killed.len() };
+        }
+        let mut groups: std::collections::BTreeMap<i32, Vec<i32>> = Default::default();
+        for (tgid, tid) in tasks {
+            groups.entry(tgid).or_default().push(tid);
+        }
+        for (tgid, tids) in groups {
+            if kill_group(uid, tgid, &tids) {
+                killed.insert(tgid);
             }
         }
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(Duration::from_millis(100));
     }
-    Drain { confirmed: pids_of(uid).is_empty(), killed }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::task_creds;
+
+    #[test]
+    fn status_lines() {
+        let s = b"Name:\tpython3\nUmask:\t0022\nState:\tZ (zombie)\nTgid:\t7\nUid:\t200000\t200001\t200000\t200000\n";
+        assert_eq!(task_creds(s), Some((b'Z', 200000, 200001)));
+        let s = b"Name:\tx\nState:\tS (sleeping)\nUid:\t0\t0\t0\t0\nGid:\t0\n";
+        assert_eq!(task_creds(s), Some((b'S', 0, 0)));
+        assert_eq!(task_creds(b"Name:\tx\nUid:\t1\n"), None, "a short Uid line");
+        assert_eq!(task_creds(b"Name:\tx\n"), None);
+    }
 }

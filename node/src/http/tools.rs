@@ -212,8 +212,12 @@ pub async fn install(
     let id = propose(&state, Command::BindingReserve { by: caller.token.id.clone(), binding: binding.clone() })
         .await?
         .unwrap_or(binding.id);
-    let request =
-        McpRequest::Install { binding_id: id.clone(), artifact_path: b.artifact_path, manifest: b.manifest.clone() };
+    let request = McpRequest::Install {
+        binding_id: id.clone(),
+        bot_id: bot_id.clone(),
+        artifact_path: b.artifact_path,
+        manifest: b.manifest.clone(),
+    };
     let answer = agent_mcp(&state, &caller, &computer, request).await;
     let (ready, tools, error) = match &answer {
         Ok(Ok(r)) => (true, r["tools"].clone(), None),
