@@ -2,14 +2,15 @@
 //! (CI runs as root; these fail, never skip, without it):
 //!
 //! - cleanup that cannot be escaped: a zombie thread-group leader's live thread and a
-//!   double-forked `setsid` daemon of the binding's UID are gone after revoke and after a switch;
-//!   revoke answers `drained: true` only when nothing of the UID is left (a task frozen by the
-//!   cgroup v1 freezer cannot die, and revoke says so until it is thawed);
+//!   double-forked `setsid` daemon of the binding's UID (non-dumpable too) are gone after revoke
+//!   and after a switch; revoke answers `drained: true` only when nothing of the UID is left (a
+//!   task frozen by the cgroup v1 freezer cannot die, and revoke says so until it is thawed);
 //! - package identity: a package is (bot, id, version, full SHA-256): the same id and version
 //!   with other bytes is not "already installed" (not even when the 12 digits of the digest in
 //!   its directory's name are the same); a switch moves a binding only to a version its own bot
 //!   installed here, whose record and bytes are still what that install published.
 
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -172,7 +173,8 @@ fn until(what: &str, mut f: impl FnMut() -> bool) {
 
 /// A process of `uid` whose leader called `pthread_exit` while its other thread sleeps on; the
 /// thread prints "pid tid" once the leader is a zombie. With `daemon`, it is double-forked into a
-/// `setsid` session of its own first (its parent gone). Answers (pid, tid) once that holds.
+/// `setsid` session of its own first (its parent gone) and made non-dumpable (its `/proc` files are
+/// root's then). Answers (pid, tid) once that holds.
 fn plant_zombie_leader(uid: u32, daemon: bool) -> (String, String) {
     let program = r#"
 import ctypes, os, sys, threading, time
@@ -182,6 +184,7 @@ if sys.argv[1] == "daemon":
     os.setsid()
     if os.fork() != 0:
         os._exit(0)
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
 pid = os.getpid()
 def thread():
     while "State:\tZ" not in open(f"/proc/{pid}/task/{pid}/status").read():
@@ -215,6 +218,10 @@ ctypes.CDLL(None).pthread_exit(None)
     let (pid, tid) = (pid.to_string(), tid.to_string());
     let leader = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/status")).expect("leader");
     assert!(leader.contains("State:\tZ"), "the leader is a zombie: {leader}");
+    if daemon {
+        let owner = std::fs::metadata(format!("/proc/{pid}/task/{tid}/status")).expect("status").uid();
+        assert_eq!(owner, 0, "non-dumpable: its files are root's");
+    }
     assert!(live_tasks(uid).iter().any(|t| t.starts_with(&format!("{pid}/{tid} "))), "its thread runs");
     (pid, tid)
 }
