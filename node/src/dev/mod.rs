@@ -37,33 +37,19 @@ fn agent_binary() -> Result<PathBuf, NodeError> {
 /// code, or `None` for the code when this machine is already paired.
 async fn local_computer(base: &str, token: &str, paired: bool) -> Result<(String, Option<String>), NodeError> {
     let http = reqwest::Client::new();
-    let err = |e: reqwest::Error| NodeError::Server(format!("calling the node: {e}"));
     let mut key = "dev-local".to_string();
     for _ in 0..2 {
         let body = json!({"commandKey": key, "name": "local", "source": {"_tag": "Paired"}});
-        let r: Value = http
-            .post(format!("{base}/v1/computers"))
-            .bearer_auth(token)
-            .json(&body)
-            .send()
+        let r = sandboxes::call(&http, reqwest::Method::POST, format!("{base}/v1/computers"), token, Some(&body))
             .await
-            .map_err(err)?
-            .json()
-            .await
-            .map_err(err)?;
+            .map_err(NodeError::Server)?;
         let exe =
             r["executionId"].as_str().ok_or_else(|| NodeError::Server(format!("create refused: {r}")))?.to_string();
         let id = r["resource"]["id"].as_str().unwrap_or_default().to_string();
         let done = loop {
-            let e: Value = http
-                .get(format!("{base}/v1/executions/{exe}"))
-                .bearer_auth(token)
-                .send()
+            let e = sandboxes::call(&http, reqwest::Method::GET, format!("{base}/v1/executions/{exe}"), token, None)
                 .await
-                .map_err(err)?
-                .json()
-                .await
-                .map_err(err)?;
+                .map_err(NodeError::Server)?;
             if e["state"] != "pending" && e["state"] != "running" {
                 break e;
             }

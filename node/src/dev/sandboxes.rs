@@ -9,7 +9,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::Value;
 use serde_json::json;
 use tokio::net::TcpListener;
 
@@ -68,6 +67,22 @@ pub async fn listen(cfg: &DevConfig, data: &Path) -> Result<Result<Listening, St
     if explicit { Err(format!("--sandbox-http: {last}")) } else { Ok(Err(last)) }
 }
 
+/// One call on the node with the owner token: its JSON answer (whatever its status).
+pub(super) async fn call(
+    http: &reqwest::Client,
+    method: reqwest::Method,
+    url: String,
+    token: &str,
+    body: Option<&serde_json::Value>,
+) -> Result<serde_json::Value, String> {
+    let err = |e: reqwest::Error| format!("calling the node: {e}");
+    let mut req = http.request(method, url).bearer_auth(token);
+    if let Some(b) = body {
+        req = req.json(b);
+    }
+    req.send().await.map_err(err)?.json().await.map_err(err)
+}
+
 /// The `local docker` provider of these sandboxes: the one already registered with the same
 /// URL, CA and agent, else a new one. Its sandboxes run `agent` (this build's `computer-agent`,
 /// mounted over the image's, so the image need not be rebuilt when the agent changes). Answers
@@ -75,16 +90,8 @@ pub async fn listen(cfg: &DevConfig, data: &Path) -> Result<Result<Listening, St
 pub async fn provider(base: &str, token: &str, s: &Sandboxes, agent: &Path) -> Result<String, String> {
     let agent = agent.to_string_lossy();
     let http = reqwest::Client::new();
-    let err = |e: reqwest::Error| format!("calling the node: {e}");
-    let list: Value = http
-        .get(format!("{base}/v1/computer-providers"))
-        .bearer_auth(token)
-        .send()
-        .await
-        .map_err(err)?
-        .json()
-        .await
-        .map_err(err)?;
+    let url = format!("{base}/v1/computer-providers");
+    let list = call(&http, reqwest::Method::GET, url.clone(), token, None).await?;
     let same = list["providers"].as_array().into_iter().flatten().find(|p| {
         let c = &p["config"];
         p["kind"] == "docker"
@@ -100,15 +107,6 @@ pub async fn provider(base: &str, token: &str, s: &Sandboxes, agent: &Path) -> R
         "name": "local docker",
         "config": {"serverUrl": s.server_url, "caCert": s.ca_pem, "agentBinary": agent},
     });
-    let r: Value = http
-        .post(format!("{base}/v1/computer-providers"))
-        .bearer_auth(token)
-        .json(&body)
-        .send()
-        .await
-        .map_err(err)?
-        .json()
-        .await
-        .map_err(err)?;
+    let r = call(&http, reqwest::Method::POST, url, token, Some(&body)).await?;
     r["id"].as_str().map(str::to_string).ok_or_else(|| format!("registering the provider was refused: {r}"))
 }

@@ -65,11 +65,16 @@ impl Csr {
 /// A new CA for `cluster_id`: its certificate and key (PEM). It lasts 10 years; node
 /// certificates are what renew.
 pub fn new_ca(cluster_id: &str) -> Result<(String, String), CertError> {
-    let key = KeyPair::generate().map_err(invalid)?;
-    let mut params = CertificateParams::new(Vec::<String>::new()).map_err(invalid)?;
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, format!("computerd cluster CA {cluster_id}"));
     dn.push(DnType::OrganizationName, cluster_id);
+    self_signed_ca(dn)
+}
+
+/// A self-signed CA named `dn`, signing end certificates only, for 10 years (PEM).
+fn self_signed_ca(dn: DistinguishedName) -> Result<(String, String), CertError> {
+    let key = KeyPair::generate().map_err(invalid)?;
+    let mut params = CertificateParams::new(Vec::<String>::new()).map_err(invalid)?;
     params.distinguished_name = dn;
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
@@ -83,18 +88,9 @@ pub fn new_ca(cluster_id: &str) -> Result<(String, String), CertError> {
 /// A new CA for an HTTP edge (not a cluster's: it signs no node certificate), named `name`, for
 /// 10 years: its certificate and key (PEM).
 pub fn new_edge_ca(name: &str) -> Result<(String, String), CertError> {
-    let key = KeyPair::generate().map_err(invalid)?;
-    let mut params = CertificateParams::new(Vec::<String>::new()).map_err(invalid)?;
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, name);
-    params.distinguished_name = dn;
-    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
-    let now = time::OffsetDateTime::now_utc();
-    params.not_before = now - time::Duration::minutes(5);
-    params.not_after = now + time::Duration::days(3650);
-    let cert = params.self_signed(&key).map_err(invalid)?;
-    Ok((cert.pem(), key.serialize_pem()))
+    self_signed_ca(dn)
 }
 
 /// A server certificate of an HTTP edge for `names` (DNS names, or IP addresses, each a SAN),

@@ -65,6 +65,20 @@ impl rustls::client::ResolvesClientCert for Current {
     }
 }
 
+/// What both ends check of the other's chain-verified certificate: a node certificate of this
+/// cluster, not revoked. `peer` says which end it is, for the log.
+fn check_node(pki: &Pki, end_entity: &CertificateDer<'_>, peer: &str) -> Result<(), Error> {
+    let id = identity_of(end_entity).ok_or_else(|| Error::General(format!("{peer}'s is not a node certificate")))?;
+    if id.cluster_id != pki.cluster_id {
+        return Err(Error::General(format!("{peer}'s certificate is of cluster {}", id.cluster_id)));
+    }
+    if pki.is_revoked(id.node_id, id.not_before) {
+        tracing::info!(node_id = id.node_id, peer, "a revoked node certificate was refused");
+        return Err(Error::General(format!("node {}'s certificate is revoked", id.node_id)));
+    }
+    Ok(())
+}
+
 /// Client certificates of this CA, of this cluster, not revoked; none is also let through (only
 /// enrolling accepts that, see `RequireNode`).
 #[derive(Debug)]
@@ -93,14 +107,7 @@ impl ClientCertVerifier for NodeClients {
         now: UnixTime,
     ) -> Result<ClientCertVerified, Error> {
         self.inner.verify_client_cert(end_entity, intermediates, now)?;
-        let id = identity_of(end_entity).ok_or_else(|| Error::General("not a node certificate".into()))?;
-        if id.cluster_id != self.pki.cluster_id {
-            return Err(Error::General(format!("a certificate of cluster {}", id.cluster_id)));
-        }
-        if self.pki.is_revoked(id.node_id, id.not_before) {
-            tracing::info!(node_id = id.node_id, "a revoked node certificate was refused");
-            return Err(Error::General(format!("node {}'s certificate is revoked", id.node_id)));
-        }
+        check_node(&self.pki, end_entity, "a client")?;
         Ok(ClientCertVerified::assertion())
     }
 
@@ -160,15 +167,7 @@ impl ServerCertVerifier for NodeServers {
         now: UnixTime,
     ) -> Result<ServerCertVerified, Error> {
         self.inner.verify_server_cert(end_entity, intermediates, server_name, ocsp, now)?;
-        let id =
-            identity_of(end_entity).ok_or_else(|| Error::General("the server's is not a node certificate".into()))?;
-        if id.cluster_id != self.pki.cluster_id {
-            return Err(Error::General(format!("the server is of cluster {}", id.cluster_id)));
-        }
-        if self.pki.is_revoked(id.node_id, id.not_before) {
-            tracing::info!(node_id = id.node_id, "refused to call a revoked node");
-            return Err(Error::General(format!("node {}'s certificate is revoked", id.node_id)));
-        }
+        check_node(&self.pki, end_entity, "a server")?;
         Ok(ServerCertVerified::assertion())
     }
 
