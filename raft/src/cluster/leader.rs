@@ -34,7 +34,7 @@ pub enum ProposeReply {
 }
 
 /// The answer of a read-index request.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum ReadIndexReply {
     /// Confirmed by a quorum: a read is current once this index is applied.
     Index(Option<u64>),
@@ -46,8 +46,8 @@ pub enum ReadIndexReply {
 enum Leader {
     /// This node leads.
     Here,
-    /// Another node leads: its gRPC client.
-    At(ClusterServiceClient<Channel>),
+    /// Another node leads: its id and gRPC client.
+    At(NodeId, ClusterServiceClient<Channel>),
 }
 
 /// What one attempt at the leader came to.
@@ -126,7 +126,7 @@ impl Cluster {
                 // A leader that stops answering (stopped, cut off) is replaced after the election
                 // timeout: then send to the new one rather than wait out the whole deadline.
                 tokio::select! {
-                    a = call(Leader::At(client)) => a?,
+                    a = call(Leader::At(leader, client)) => a?,
                     () = self.leader_moved_from(leader) => {
                         tracing::debug!(leader, "the leader changed during a {what}; retrying");
                         continue;
@@ -161,7 +161,7 @@ impl Cluster {
                     Ok(reply) => reply?,
                     Err(_) => return Err(ClusterError::Unavailable("the write was not committed in time".into())),
                 },
-                Leader::At(mut client) => {
+                Leader::At(_, mut client) => {
                     let mut r = tonic::Request::new(payload.clone());
                     r.set_timeout(deadline.saturating_duration_since(Instant::now()));
                     match client.propose(r).await {
@@ -193,21 +193,24 @@ impl Cluster {
 
     /// Returns once this node's state machine reflects every write acknowledged before the call
     /// (a quorum-confirmed read index, never a lease).
+    ///
+    /// Reads waiting at the same moment share one confirmation: on a follower, one forwarded
+    /// read-index call to the leader; on the leader, one quorum round (`coalesce.rs`, which
+    /// answers a read only from a round begun after the read arrived).
     pub async fn read_barrier(&self) -> Result<(), ClusterError> {
         let deadline = Instant::now() + READ_TIMEOUT;
         let late = "no quorum confirmed the read in time";
         let index = self
             .retry_on_leader(deadline, "read index", late, move |leader| async move {
                 let reply = match leader {
-                    Leader::Here => self.read_index_local().await?,
-                    Leader::At(mut client) => {
-                        let mut r = tonic::Request::new(Empty {});
-                        r.set_timeout(deadline.saturating_duration_since(Instant::now()));
-                        match client.read_index(r).await {
-                            Ok(resp) => decode(resp.get_ref()).map_err(|e| ClusterError::Fatal(e.to_string()))?,
-                            Err(status) => return Ok(Attempt::Lost(status)),
-                        }
-                    }
+                    Leader::Here => match tokio::time::timeout_at(deadline, self.read_index_local()).await {
+                        Ok(reply) => reply?,
+                        Err(_) => return Err(ClusterError::Unavailable(late.into())),
+                    },
+                    Leader::At(id, client) => match self.forwarded_read_index(id, client, deadline).await {
+                        Ok(reply) => reply,
+                        Err(status) => return Ok(Attempt::Lost(status)),
+                    },
                 };
                 Ok(match reply {
                     ReadIndexReply::Index(index) => Attempt::Answered(index),
@@ -224,17 +227,67 @@ impl Cluster {
             .map_err(|e| ClusterError::Unavailable(format!("not caught up: {e}")))
     }
 
-    /// On the leader: a quorum-confirmed read index.
-    pub async fn read_index_local(&self) -> Result<ReadIndexReply, ClusterError> {
-        let fut = self.raft().get_read_log_id(ReadPolicy::ReadIndex);
-        match tokio::time::timeout(READ_TIMEOUT, fut).await {
-            Err(_) => Err(ClusterError::Unavailable("no quorum confirmed the read in time".into())),
-            Ok(Ok((read_log_id, _applied))) => Ok(ReadIndexReply::Index(Some(read_log_id.log_id().index))),
-            Ok(Err(RaftError::APIError(openraft::errors::LinearizableReadError::ForwardToLeader(f)))) => {
-                Ok(ReadIndexReply::NotLeader(f.leader_id.zip(f.leader_node)))
+    /// One read-index call forwarded to the leader `id`, shared by every read of this node
+    /// waiting for one when it is sent. The call is bounded by [`READ_TIMEOUT`], this read's
+    /// wait by its `deadline`.
+    async fn forwarded_read_index(
+        &self,
+        id: NodeId,
+        client: ClusterServiceClient<Channel>,
+        deadline: Instant,
+    ) -> Result<ReadIndexReply, tonic::Status> {
+        let round = move || {
+            let mut client = client.clone();
+            async move {
+                let mut r = tonic::Request::new(Empty {});
+                r.set_timeout(READ_TIMEOUT);
+                let resp = client.read_index(r).await?;
+                decode(resp.get_ref()).map_err(|e| tonic::Status::internal(e.to_string()))
             }
-            Ok(Err(RaftError::APIError(e))) => Err(ClusterError::Unavailable(e.to_string())),
-            Ok(Err(RaftError::Fatal(e))) => Err(ClusterError::Fatal(e.to_string())),
+        };
+        match tokio::time::timeout_at(deadline, self.inner.forwarded_reads.join(id, round)).await {
+            Ok(Some(reply)) => reply,
+            Ok(None) => Err(tonic::Status::unavailable("the read-index round was dropped")),
+            Err(_) => Err(tonic::Status::deadline_exceeded("no read index from the leader in time")),
         }
+    }
+
+    /// On the leader: a quorum-confirmed read index, one quorum round for every read (local or
+    /// forwarded) waiting when the round begins.
+    pub async fn read_index_local(&self) -> Result<ReadIndexReply, ClusterError> {
+        let raft = self.raft().clone();
+        let round = move || {
+            let raft = raft.clone();
+            async move { read_index_round(&raft).await }
+        };
+        match self.inner.leader_reads.join((), round).await {
+            Some(Ok(reply)) => Ok(reply),
+            Some(Err(RoundError::Unavailable(e))) => Err(ClusterError::Unavailable(e)),
+            Some(Err(RoundError::Fatal(e))) => Err(ClusterError::Fatal(e)),
+            None => Err(ClusterError::Unavailable("the read-index round was dropped".into())),
+        }
+    }
+}
+
+/// Why a leader's read-index round failed (shared by every read of the round, hence `Clone`).
+#[derive(Debug, Clone)]
+pub(super) enum RoundError {
+    /// No quorum in time, or the read was refused.
+    Unavailable(String),
+    /// Raft stopped.
+    Fatal(String),
+}
+
+/// One quorum confirmation of this node's leadership, with the index a read must wait for.
+async fn read_index_round(raft: &crate::Raft) -> Result<ReadIndexReply, RoundError> {
+    let fut = raft.get_read_log_id(ReadPolicy::ReadIndex);
+    match tokio::time::timeout(READ_TIMEOUT, fut).await {
+        Err(_) => Err(RoundError::Unavailable("no quorum confirmed the read in time".into())),
+        Ok(Ok((read_log_id, _applied))) => Ok(ReadIndexReply::Index(Some(read_log_id.log_id().index))),
+        Ok(Err(RaftError::APIError(openraft::errors::LinearizableReadError::ForwardToLeader(f)))) => {
+            Ok(ReadIndexReply::NotLeader(f.leader_id.zip(f.leader_node)))
+        }
+        Ok(Err(RaftError::APIError(e))) => Err(RoundError::Unavailable(e.to_string())),
+        Ok(Err(RaftError::Fatal(e))) => Err(RoundError::Fatal(e.to_string())),
     }
 }

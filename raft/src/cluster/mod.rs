@@ -8,9 +8,11 @@
 //! - `leader.rs`: the leader this node knows, and the calls it serves for every node: `propose`
 //!   and `read_barrier`, which share one retry loop (`retry_on_leader`) until their deadline.
 //! - `membership.rs`: join, leave, a wiped node's revert, the cluster id.
+//! - `coalesce.rs`: read-index rounds shared by every read waiting when one begins.
 //! - `liveness.rs`: the leader's view of its peers' acknowledgements, and this node's quorum
 //!   contact.
 
+mod coalesce;
 mod leader;
 mod liveness;
 mod membership;
@@ -127,6 +129,10 @@ struct Inner {
     leader_contact_ms: std::sync::atomic::AtomicU64,
     /// How long a node may go without quorum contact before it steps aside.
     contact_window: Duration,
+    /// Read-index rounds this node runs as the leader (one key).
+    leader_reads: Arc<coalesce::Coalescer<(), Result<ReadIndexReply, leader::RoundError>>>,
+    /// Read-index calls this node forwards, per leader asked.
+    forwarded_reads: Arc<coalesce::Coalescer<NodeId, Result<ReadIndexReply, tonic::Status>>>,
 }
 
 /// A node's handle on the replicated store. Cheap to clone.
@@ -164,7 +170,18 @@ impl Cluster {
         // crash takes, so a healthy follower never steps aside while a new leader is chosen.
         let contact_window = Duration::from_millis(tuning.election_min_ms * 5);
         let (started, leader_contact_ms) = (Instant::now(), std::sync::atomic::AtomicU64::new(0));
-        let inner = Inner { id, accepting, raft, reader, channels, started, leader_contact_ms, contact_window };
+        let inner = Inner {
+            id,
+            accepting,
+            raft,
+            reader,
+            channels,
+            started,
+            leader_contact_ms,
+            contact_window,
+            leader_reads: Arc::default(),
+            forwarded_reads: Arc::default(),
+        };
         Ok(Cluster { inner: Arc::new(inner) })
     }
 
