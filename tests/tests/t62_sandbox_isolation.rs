@@ -130,11 +130,16 @@ async fn t10_two_sandboxes_share_no_uid_no_network_and_hold_no_net_raw() {
     // And the agent's own work still runs: a command through the API.
     let body = json!({"command": "grep NoNewPrivs /proc/self/status", "yieldTimeMs": 10_000});
     let (s, v) = dev.call(Method::POST, &format!("/v1/computers/{a_id}/sessions"), Some(body)).await;
-    assert_eq!((s, v["output"].as_str().map(str::split_whitespace).map(Vec::from_iter)), (200, Some(vec!["NoNewPrivs:", "1"])), "{v}");
+    assert_eq!(
+        (s, v["output"].as_str().map(str::split_whitespace).map(Vec::from_iter)),
+        (200, Some(vec!["NoNewPrivs:", "1"])),
+        "{v}"
+    );
 
     // Processes. 40 sleepers under A's first binding UID fill that UID's count, kernel-wide.
     let (ua_s, ub_s) = (format!("{ua}:{ua}"), format!("{ub}:{ub}"));
-    let (ok, _, err) = exec(&a, Some(&ua_s), &["sh", "-c", "for i in $(seq 40); do sleep 600 >/dev/null 2>&1 & done; echo started"]);
+    let (ok, _, err) =
+        exec(&a, Some(&ua_s), &["sh", "-c", "for i in $(seq 40); do sleep 600 >/dev/null 2>&1 & done; echo started"]);
     assert!(ok, "{err}");
     wait_for("A's binding UID to run its 40 processes", Duration::from_secs(20), || async {
         let out = Command::new("pgrep").args(["-c", "-u", &ua.to_string()]).output().expect("pgrep");
@@ -180,7 +185,8 @@ async fn t10_two_sandboxes_share_no_uid_no_network_and_hold_no_net_raw() {
     assert!(from_a.starts_with("blocked"), "A must not reach B: {from_a}");
 
     // Delete A: its range goes to the next sandbox.
-    let (s, v) = dev.call(Method::DELETE, &format!("/v1/computers/{a_id}"), Some(json!({"commandKey": "iso-a-del"}))).await;
+    let (s, v) =
+        dev.call(Method::DELETE, &format!("/v1/computers/{a_id}"), Some(json!({"commandKey": "iso-a-del"}))).await;
     assert_eq!(s, 202, "{v}");
     wait_for("A to be deleted", Duration::from_secs(60), || async {
         let (s, _) = dev.call(Method::GET, &format!("/v1/computers/{a_id}"), None).await;
