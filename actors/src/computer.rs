@@ -142,9 +142,10 @@ impl ComputerActorState {
                 Source::Provider { provider, .. } => s.providers.get(provider).cloned(),
                 Source::Paired => None,
             };
-            Some((exe, computer, provider))
+            let first_uid = s.uid_ranges.first_uid(&computer.id);
+            Some((exe, computer, provider, first_uid))
         });
-        let Some((exe, computer, provider)) = snapshot else { return };
+        let Some((exe, computer, provider, first_uid)) = snapshot else { return };
 
         // A provider sandbox needs an adapter; failing to build one is a failure before sending.
         let adapter = match (&computer.source, &provider) {
@@ -186,6 +187,7 @@ impl ComputerActorState {
                                 template,
                                 desktop,
                                 pairing_code: exe.pairing_code.clone(),
+                                first_uid,
                             };
                             adapter.create(&spec).await.map(Some)
                         }

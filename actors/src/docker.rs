@@ -20,11 +20,23 @@
 //! - `caCert`: the PEM of a private CA that signed `serverUrl`'s certificate; the agents pin it
 //!   (`--ca-pem`). `computerd dev` registers its provider this way, with its local CA;
 //! - `endpoint`: the engine's socket, default `unix:///var/run/docker.sock`;
-//! - `network`: the container network, default `bridge` (`host` shares the host's);
+//! - `network`: the container network; by default the provider's own [`SANDBOX_NETWORK`] (see
+//!   below); a name given here (`bridge`, `host`, an operator's network) is used as it is;
 //! - `agentBinary`: a host path mounted read-only over the image's `computer-agent` (for
 //!   development and tests, so the agent need not be rebuilt into the image);
 //! - `templates`: `{"name": {"image", "cpus", "memoryMb", "pids"}}`; a Computer's `template` names
 //!   one; without one, `default`, else the image `computerd-sandbox:latest`.
+//!
+//! Hardening (every sandbox): all capabilities are dropped but [`SANDBOX_CAPS`] (no `NET_RAW`,
+//! so no raw sockets or spoofed packets; no `MKNOD`, `SYS_CHROOT`, `SETFCAP`, `SETPCAP`,
+//! `AUDIT_WRITE`), with `no-new-privileges` (a setuid binary or a file capability never raises a
+//! process above what it had). The agent gets its Computer's own binding-UID range
+//! (`COMPUTER_AGENT_MCP_FIRST_UID`, allocated in the store), so per-UID kernel counters such as
+//! RLIMIT_NPROC are never shared by two sandboxes of one kernel. Unless the config names a
+//! network, sandboxes go on [`SANDBOX_NETWORK`], a bridge with inter-container traffic off
+//! (`enable_icc=false`): a sandbox reaches the outside and the host, never another sandbox. The
+//! network is created when missing; when nodes sharing one engine race to create it, every one
+//! settles on the oldest network of that name (and removes its own extra, if unused).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -55,6 +67,21 @@ const AGENT_PATH: &str = "/usr/local/bin/computer-agent";
 pub const LABEL_COMPUTER: &str = "computerd.computer";
 /// The label with the create's command key.
 pub const LABEL_KEY: &str = "computerd.command-key";
+/// The provider's own network for sandboxes (used unless the config names one).
+pub const SANDBOX_NETWORK: &str = "computerd-sandboxes";
+/// The bridge option that turns inter-container traffic off.
+const ICC_OPTION: &str = "com.docker.network.bridge.enable_icc";
+
+/// The capabilities a sandbox keeps (Docker's default set minus `NET_RAW`, `MKNOD`,
+/// `SYS_CHROOT`, `SETFCAP`, `SETPCAP` and `AUDIT_WRITE`). The agent runs as root and needs:
+/// `SETUID`/`SETGID` to run sessions and tool bindings as other users (and `setgroups` to drop
+/// root's groups); `KILL` to signal and drain those users' processes; `CHOWN` to give a binding
+/// its home and private copy, and installs their files' owners; `DAC_OVERRIDE` and `FOWNER` to
+/// read, write and chmod files that other users own (the files API, installs); `FSETID` so a
+/// root write or chown keeps a file's setgid bit as package installs expect; `NET_BIND_SERVICE`
+/// for servers on ports below 1024 (with `network: host` too).
+pub const SANDBOX_CAPS: [&str; 8] =
+    ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "NET_BIND_SERVICE"];
 
 /// One template: a local image and its limits.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -175,8 +202,8 @@ impl DockerConfig {
     }
 }
 
-/// The host's address on the engine's default `bridge` network (`docker0`, usually 172.17.0.1):
-/// where a sandbox on that network reaches the host. Read from the network's gateway, or, when
+/// The host's address on the provider's own sandbox network ([`SANDBOX_NETWORK`], made when
+/// missing): where a sandbox on it reaches the host. Read from the network's gateway, or, when
 /// the engine names none, as the address the host's kernel would send from into the subnet.
 pub async fn bridge_address(endpoint: Option<&str>) -> Result<std::net::IpAddr, String> {
     let socket = endpoint.unwrap_or("unix:///var/run/docker.sock");
@@ -184,10 +211,11 @@ pub async fn bridge_address(endpoint: Option<&str>) -> Result<std::net::IpAddr, 
         .map_err(|e| format!("cannot use the Docker socket {socket}: {e}"))?;
     let docker =
         docker.negotiate_version().await.map_err(|e| format!("the Docker engine at {socket} did not answer: {e}"))?;
+    let id = ensure_network(&docker).await.map_err(|e| format!("the sandbox network {SANDBOX_NETWORK}: {e}"))?;
     let net = docker
-        .inspect_network("bridge", None::<bollard::query_parameters::InspectNetworkOptions>)
+        .inspect_network(&id, None::<bollard::query_parameters::InspectNetworkOptions>)
         .await
-        .map_err(|e| format!("the Docker engine has no usable bridge network: {e}"))?;
+        .map_err(|e| format!("the Docker engine has no usable network {SANDBOX_NETWORK}: {e}"))?;
     let configs = net.ipam.and_then(|i| i.config).unwrap_or_default();
     for c in &configs {
         if let Some(gw) = c.gateway.as_deref().and_then(|g| g.parse().ok()) {
@@ -207,7 +235,73 @@ pub async fn bridge_address(endpoint: Option<&str>) -> Result<std::net::IpAddr, 
             return Ok(local.ip());
         }
     }
-    Err("the Docker bridge network names no gateway or IPv4 subnet".into())
+    Err(format!("the Docker network {SANDBOX_NETWORK} names no gateway or IPv4 subnet"))
+}
+
+/// A sortable key of an engine timestamp (RFC 3339 with up to nine, trimmed, fraction digits).
+fn created_key(created: &str) -> String {
+    let (secs, rest) = created.split_once('.').unwrap_or((created.trim_end_matches('Z'), ""));
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    format!("{secs}.{digits:0<9}")
+}
+
+/// The id of the oldest network named [`SANDBOX_NETWORK`] (by creation, then id), if any; an
+/// error when that network lets sandboxes talk to each other.
+async fn oldest_network(docker: &Docker) -> Result<Option<String>, DockerError> {
+    let filters = HashMap::from([("name", vec![SANDBOX_NETWORK])]);
+    let opts = bollard::query_parameters::ListNetworksOptionsBuilder::new().filters(&filters).build();
+    let mut nets: Vec<_> = docker
+        .list_networks(Some(opts))
+        .await?
+        .into_iter()
+        .filter(|n| n.name.as_deref() == Some(SANDBOX_NETWORK))
+        .collect();
+    nets.sort_by_key(|n| (n.created.as_deref().map(created_key), n.id.clone()));
+    let Some(n) = nets.into_iter().next() else { return Ok(None) };
+    let icc_off = n.options.as_ref().and_then(|o| o.get(ICC_OPTION)).is_some_and(|v| v == "false");
+    if !icc_off {
+        return Err(DockerError::DockerResponseServerError {
+            status_code: 409,
+            message: format!(
+                "the network {SANDBOX_NETWORK} exists without {ICC_OPTION}=false, so its sandboxes could reach each other: remove it, or name a network in the provider config"
+            ),
+        });
+    }
+    Ok(n.id)
+}
+
+/// Finds the provider's own sandbox network, or creates it: a bridge with inter-container
+/// traffic off. Safe when several nodes race: an engine may then hold several networks of that
+/// name (older engines do not refuse duplicates); every caller settles on the oldest and removes
+/// the one it made if that is not it. Answers its id.
+pub async fn ensure_network(docker: &Docker) -> Result<String, DockerError> {
+    if let Some(id) = oldest_network(docker).await? {
+        return Ok(id);
+    }
+    let request = bollard::models::NetworkCreateRequest {
+        name: SANDBOX_NETWORK.into(),
+        driver: Some("bridge".into()),
+        options: Some(HashMap::from([(ICC_OPTION.to_string(), "false".to_string())])),
+        labels: Some(HashMap::from([("computerd.network".to_string(), "sandboxes".to_string())])),
+        ..Default::default()
+    };
+    let mine = match docker.create_network(request).await {
+        Ok(r) => Some(r.id),
+        // Another caller made it meanwhile (engines that check names answer 409).
+        Err(DockerError::DockerResponseServerError { status_code: 409, .. }) => None,
+        Err(e) => return Err(e),
+    };
+    let oldest = oldest_network(docker).await?;
+    if let (Some(mine), Some(oldest)) = (&mine, &oldest)
+        && mine != oldest
+    {
+        // Unused as yet by anyone who settled on the oldest; an error leaves an idle network.
+        let _ = docker.remove_network(mine).await;
+    }
+    oldest.ok_or_else(|| DockerError::DockerResponseServerError {
+        status_code: 404,
+        message: format!("the network {SANDBOX_NETWORK} vanished just after it was made"),
+    })
 }
 
 /// The adapter of one docker provider record.
@@ -258,7 +352,19 @@ impl DockerProvider {
             .await
     }
 
-    fn container_body(&self, spec: &CreateSpec, t: &Template) -> ContainerCreateBody {
+    /// The network a sandbox joins: the config's, else the provider's own.
+    async fn network(&self, docker: &Docker) -> Result<String, ProviderError> {
+        match &self.config.network {
+            Some(n) => Ok(n.clone()),
+            // Nothing was created yet: a failure here is a failure before the create was sent.
+            None => ensure_network(docker).await.map_err(|e| match classify(e) {
+                ProviderError::Lost(m) | ProviderError::NotSent(m) => ProviderError::NotSent(m),
+                ProviderError::Rejected(m) => ProviderError::NotSent(format!("the sandbox network: {m}")),
+            }),
+        }
+    }
+
+    fn container_body(&self, spec: &CreateSpec, t: &Template, network: &str) -> ContainerCreateBody {
         let mut env = vec![
             format!("COMPUTER_AGENT_SERVER={}", self.config.server_url),
             format!("COMPUTER_AGENT_STATE={AGENT_STATE}"),
@@ -275,6 +381,11 @@ impl DockerProvider {
         if let Some(ca) = &self.config.ca_cert {
             env.push(format!("COMPUTER_AGENT_CA_PEM={ca}"));
         }
+        // The Computer's own binding UIDs (no range: a Computer from before ranges existed, on
+        // the agent's default).
+        if let Some(uid) = spec.first_uid {
+            env.push(format!("COMPUTER_AGENT_MCP_FIRST_UID={uid}"));
+        }
         let labels = HashMap::from([
             (LABEL_COMPUTER.to_string(), spec.computer_id.clone()),
             (LABEL_KEY.to_string(), spec.command_key.clone()),
@@ -290,9 +401,12 @@ impl DockerProvider {
                 nano_cpus: Some((t.cpus * 1e9) as i64),
                 memory: Some((t.memory_mb as i64) << 20),
                 pids_limit: Some(t.pids as i64),
-                network_mode: Some(self.config.network.clone().unwrap_or_else(|| "bridge".into())),
+                network_mode: Some(network.to_string()),
                 init: Some(true),
                 binds,
+                cap_drop: Some(vec!["ALL".into()]),
+                cap_add: Some(SANDBOX_CAPS.iter().map(|c| c.to_string()).collect()),
+                security_opt: Some(vec!["no-new-privileges".into()]),
                 ..Default::default()
             }),
             ..Default::default()
@@ -305,9 +419,11 @@ impl Provider for DockerProvider {
     async fn create(&self, spec: &CreateSpec) -> Result<String, ProviderError> {
         let t = self.config.template(spec.template.as_deref())?;
         let docker = self.docker().await?;
+        let network = self.network(docker).await?;
         let name = container_name(&spec.computer_id);
         let opts = CreateContainerOptionsBuilder::new().name(&name).build();
-        let created = docker.create_container(Some(opts), self.container_body(spec, &t)).await.map_err(classify)?;
+        let body = self.container_body(spec, &t, &network);
+        let created = docker.create_container(Some(opts), body).await.map_err(classify)?;
         match docker.start_container(&created.id, None).await {
             Ok(()) => Ok(created.id),
             Err(e) => match classify(e) {
@@ -420,9 +536,26 @@ mod tests {
             template: None,
             desktop: false,
             pairing_code: Some("code".into()),
+            first_uid: Some(265_536),
         };
-        let env = p.container_body(&spec, &Template::default_image()).env.unwrap_or_default();
+        let body = p.container_body(&spec, &Template::default_image(), SANDBOX_NETWORK);
+        let env = body.env.unwrap_or_default();
         assert!(env.contains(&format!("COMPUTER_AGENT_CA_PEM={pem}")), "{env:?}");
         assert!(!env.iter().any(|e| e.starts_with("COMPUTER_AGENT_INSECURE")), "{env:?}");
+        assert!(env.contains(&"COMPUTER_AGENT_MCP_FIRST_UID=265536".to_string()), "{env:?}");
+        let host = body.host_config.expect("host config");
+        assert_eq!(host.cap_drop, Some(vec!["ALL".to_string()]));
+        let caps = host.cap_add.unwrap_or_default();
+        assert!(!caps.iter().any(|c| c == "NET_RAW") && caps.len() == SANDBOX_CAPS.len(), "{caps:?}");
+        assert_eq!(host.security_opt, Some(vec!["no-new-privileges".to_string()]));
+        assert_eq!(host.network_mode.as_deref(), Some(SANDBOX_NETWORK));
+    }
+
+    #[test]
+    fn engine_timestamps_sort_by_time() {
+        let a = created_key("2026-12-01T21:30:00.1234Z");
+        let b = created_key("2026-12-01T21:30:00.12345Z");
+        let c = created_key("2026-12-01T21:30:01Z");
+        assert!(a < b && b < c, "{a} {b} {c}");
     }
 }

@@ -205,6 +205,7 @@ mod tests {
             template: None,
             desktop: false,
             pairing_code: None,
+            first_uid: None,
         };
         let p = fake(&dir, json!({"create": "lost", "pause": "not_sent", "resume": "reject"}));
         assert!(matches!(p.create(&spec).await, Err(ProviderError::Lost(_))));

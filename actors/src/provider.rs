@@ -22,6 +22,9 @@ pub struct CreateSpec {
     pub desktop: bool,
     /// The one-time code the sandbox's agent pairs with (providers that start our agent).
     pub pairing_code: Option<String>,
+    /// The first UID of the Computer's own binding-UID range (allocated in the store for
+    /// providers whose sandboxes share a kernel), handed to its agent.
+    pub first_uid: Option<u32>,
 }
 
 /// How a provider call failed.

@@ -5,6 +5,7 @@
 
 pub mod agent;
 pub mod cluster;
+pub mod dev;
 pub mod docker;
 pub mod lb;
 pub mod linearizability;

@@ -30,6 +30,9 @@ pub const MAX_BINDINGS: usize = 64;
 /// The first UID given to a binding (by default; agents sharing one machine need their own
 /// ranges).
 pub const FIRST_UID: u32 = 200_000;
+/// How many binding UIDs an agent may use from its first (the width of the ranges the store
+/// hands docker sandboxes: a binding never takes a UID of the next range).
+pub const UID_RANGE: u32 = 65_536;
 
 pub use computerd_proto::mcp::McpFailure;
 pub use computerd_proto::mcp::McpReply;
@@ -389,6 +392,12 @@ impl Tools {
         }
         if reg.bindings.len() >= MAX_BINDINGS {
             return McpReply::fail("too_many_bindings", format!("this computer keeps at most {MAX_BINDINGS} bindings"));
+        }
+        if reg.next_uid.max(self.first_uid) >= self.first_uid.saturating_add(UID_RANGE) {
+            return McpReply::fail(
+                "uids_exhausted",
+                format!("this computer's {UID_RANGE} binding UIDs from {} are all used", self.first_uid),
+            );
         }
         let (ws, rt, m) = (self.workspace.clone(), self.runtime.clone(), manifest.clone());
         let artifact = artifact.to_string();

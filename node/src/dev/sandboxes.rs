@@ -1,5 +1,6 @@
 //! `computerd dev`'s Docker sandboxes: the node also serves HTTPS/WSS on the host's address on
-//! Docker's bridge, with a certificate of a local CA (DATA/edge-tls), and registers a `local
+//! the sandboxes' own network (its gateway on `computerd-sandboxes`, made when missing), with a
+//! certificate of a local CA (DATA/edge-tls), and registers a `local
 //! docker` provider whose config carries that CA (`caCert`), so the sandboxes' agents pin it and
 //! link without `--insecure`, while the person's own calls stay plain HTTP on 127.0.0.1.
 
@@ -19,7 +20,7 @@ const VALIDITY: Duration = Duration::from_secs(397 * 86_400);
 
 /// Where the sandboxes dial.
 pub struct Sandboxes {
-    /// `https://<bridge address>:<port>`.
+    /// `https://<sandbox network gateway>:<port>`.
     pub server_url: String,
     /// The local CA (PEM), pinned by the agents.
     pub ca_pem: String,

@@ -16,6 +16,7 @@ use super::model::Execution;
 use super::model::ExecutionError;
 use super::model::ExecutionKind;
 use super::model::ExecutionState;
+use super::model::ProviderKind;
 use super::model::Source;
 use super::response::Reject;
 use super::response::RejectKind;
@@ -74,6 +75,17 @@ impl State {
             self.plan_leave(id);
         }
         self.push_event(at, "ComputerStateChanged", id, None, serde_json::json!({"from": from, "to": state}));
+    }
+
+    /// Whether a new Computer's sandbox shares a kernel with other Computers' sandboxes and runs
+    /// our agent's tool bindings there (the docker provider), so it needs a binding-UID range.
+    fn shares_kernel(&self, c: &Computer) -> bool {
+        match &c.source {
+            Source::Provider { provider, .. } => {
+                self.providers.get(provider).is_some_and(|p| p.kind == ProviderKind::Docker)
+            }
+            Source::Paired => false,
+        }
     }
 
     /// The idempotency scope of a caller: its bot, or its member.
@@ -163,6 +175,12 @@ impl State {
                 }
             }
         };
+        // A sandbox on a shared kernel needs its own binding-UID range: refused here, before any
+        // change, when none is free.
+        let uid_range = s.computer.as_ref().filter(|c| self.shares_kernel(c));
+        if uid_range.is_some() {
+            self.uid_ranges.check_free()?;
+        }
         let mut exe = exe.clone();
         exe.state = ExecutionState::Pending;
         exe.requester = caller.requester();
@@ -172,6 +190,9 @@ impl State {
             c.state = ComputerState::Starting;
             c.active_execution = Some(exe.id.clone());
             c.sandbox = None;
+            if uid_range.is_some() {
+                self.uid_ranges.allocate(&c.id)?;
+            }
             self.computers.insert(c.id.clone(), c);
             if let Some(bot) = &caller.bot {
                 self.insert_grant(&exe.computer_id, &bot.id, &caller.member.id, s.at_ms);
@@ -385,6 +406,7 @@ impl State {
                 self.close_span(&computer_id, started, SpanEnd::Delete);
                 self.set_computer_state(&computer_id, ComputerState::Deleted, at);
                 self.grants.remove(&computer_id);
+                self.uid_ranges.release(&computer_id);
             }
         }
     }

@@ -20,6 +20,7 @@ mod state;
 #[cfg(test)]
 mod testing;
 mod tools;
+mod uids;
 mod usage;
 
 pub use access::Decided;
@@ -57,5 +58,9 @@ pub use tools::Switch;
 pub use tools::SwitchState;
 pub use tools::ToolBinding;
 pub use tools::operation_key;
+pub use uids::MAX_UID_RANGES;
+pub use uids::UID_RANGE_BASE;
+pub use uids::UID_RANGE_WIDTH;
+pub use uids::UidRanges;
 pub use usage::SpanEnd;
 pub use usage::UsageSpan;

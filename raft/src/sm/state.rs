@@ -95,6 +95,9 @@ pub struct State {
     /// Who may join the cluster, and which node certificates are revoked (`join`).
     #[serde(default)]
     pub join: super::join::JoinState,
+    /// The binding-UID ranges of sandboxes on shared kernels (`uids`).
+    #[serde(default)]
+    pub uid_ranges: super::uids::UidRanges,
 }
 
 /// An authenticated caller: a live token and what it speaks for.
