@@ -99,6 +99,63 @@ async fn t30_wiped_node_rejoins_through_snapshot() {
     assert_eq!(c.bot_ids(leader).await.expect("list").len(), 100);
 }
 
+/// A follower whose snapshot file is damaged (one flipped byte) refuses to start, naming the
+/// file and the checksum, and changes nothing; restarted with `--reinstall-snapshot` it moves the
+/// file aside, takes the leader's snapshot and catches up; then it restarts without the flag.
+#[tokio::test]
+async fn t35_damaged_snapshot_refuses_then_reinstall_takes_the_leaders() {
+    let mut c = TestCluster::start_with(3, &["--snapshot-every", "20", "--keep-logs", "5"]).await;
+    let leader = c.leader().await;
+    // Node 1 bootstraps (no --join): the victim is another follower.
+    let victim = (2..=3).find(|i| *i != leader).expect("a follower that joins");
+    for n in 0..60 {
+        assert_eq!(c.create_bot(leader, &format!("a{n}")).await.expect("create").0, 201);
+    }
+    let snaps = c.nodes[&victim].data.join("store").join("snapshots");
+    wait_for("the victim to snapshot and purge", Duration::from_secs(30), || async {
+        let h = c.health(victim).await?;
+        h["purgedIndex"].as_u64().filter(|p| *p > 20)?;
+        h["snapshotIndex"].as_u64().filter(|s| *s > 20)
+    })
+    .await;
+    assert_eq!(c.terminate(victim).await, Some(0));
+    let file = std::fs::read_dir(&snaps)
+        .expect("snapshot dir")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("snapshot-")))
+        .expect("a snapshot file");
+    let mut bytes = std::fs::read(&file).expect("read");
+    let at = bytes.len() - 3;
+    bytes[at] ^= 0x20;
+    std::fs::write(&file, &bytes).expect("flip a byte");
+
+    let (code, stderr) = c.run_to_exit(victim, &[]);
+    assert_ne!(code, 0, "a damaged snapshot must stop the start");
+    assert!(stderr.contains(&file.display().to_string()) && stderr.contains("checksum"), "{stderr}");
+    assert_eq!(std::fs::read(&file).expect("the file is still there"), bytes, "the refusal changed the file");
+
+    for n in 0..30 {
+        assert_eq!(c.create_bot(leader, &format!("b{n}")).await.expect("create").0, 201);
+    }
+    c.spawn_with(victim, &["--reinstall-snapshot"]);
+    c.wait_voters(3).await;
+    let target = c.health(leader).await.expect("health")["lastApplied"].as_u64().expect("applied");
+    c.wait_applied(victim, target).await;
+    assert_eq!(c.bot_ids(victim).await.expect("list").len(), 90);
+    let name = file.file_name().expect("name").to_string_lossy().into_owned();
+    assert_eq!(std::fs::read(snaps.join(format!("discarded-{name}"))).expect("kept aside"), bytes);
+
+    // An ordinary restart after the reinstall: the snapshot it took verifies.
+    assert_eq!(c.terminate(victim).await, Some(0));
+    c.spawn(victim);
+    c.wait_voters(3).await;
+    assert_eq!(c.create_bot(leader, "after").await.expect("create").0, 201);
+    let target = c.health(leader).await.expect("health")["lastApplied"].as_u64().expect("applied");
+    c.wait_applied(victim, target).await;
+    assert_eq!(c.bot_ids(victim).await.expect("list").len(), 91);
+}
+
 /// A node can be removed from the membership; the rest go on.
 #[tokio::test]
 async fn t40_remove_a_node() {

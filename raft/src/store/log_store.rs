@@ -81,6 +81,25 @@ impl LogStore {
     }
 }
 
+/// The last purged log id recorded in `engine`.
+pub(super) fn last_purged(engine: &dyn KvEngine) -> io::Result<Option<LogId>> {
+    match engine.get(Space::Meta, KEY_PURGED)? {
+        Some(bytes) => Ok(Some(serde_json::from_slice(&bytes).map_err(invalid_data)?)),
+        None => Ok(None),
+    }
+}
+
+/// Empties the log in `engine` (before any [`LogStore`] is made on it): the entries, the purge
+/// mark and the committed id, flushed. The vote stays: a node must not vote twice in a term.
+pub(super) fn clear(engine: &dyn KvEngine) -> io::Result<()> {
+    engine.write_batch(
+        Space::Meta,
+        vec![BatchOp::Delete(KEY_PURGED.to_vec()), BatchOp::Delete(KEY_COMMITTED.to_vec())],
+    )?;
+    engine.remove_range(Space::Log, &index_key(0), &index_key(u64::MAX))?;
+    engine.flush()
+}
+
 /// Flushes once for all callbacks waiting, then completes them in arrival order.
 fn flusher(engine: Arc<dyn KvEngine>, rx: mpsc::Receiver<IOFlushed<TypeConfig>>) {
     while let Ok(first) = rx.recv() {
