@@ -197,9 +197,11 @@ pub struct ServeConfig {
     /// must be an address of this host that reaches the peers; checked at start-up.
     #[arg(long, env = "COMPUTERD_PEER_SOURCE_IP")]
     pub peer_source_ip: Option<IpAddr>,
-    /// On a follower whose current snapshot is damaged (the node refuses to start and names the
-    /// file): discard it (kept as `discarded-*`), empty the store but for its vote, and take the
-    /// leader's snapshot. Needs `--join`. A healthy snapshot is kept: the flag then does nothing.
+    /// On a node whose current snapshot is damaged (it refuses to start and names the file):
+    /// fetch the `--join` member's snapshot (reaching this node's purged log), move the damaged
+    /// file aside (`discarded-*`) and rebuild the store on it before Raft starts; the vote and the
+    /// log after that snapshot stay. Needs `--join`. A healthy snapshot is kept: the flag then
+    /// does nothing.
     #[arg(long, env = "COMPUTERD_REINSTALL_SNAPSHOT", requires = "join")]
     pub reinstall_snapshot: bool,
 }

@@ -26,7 +26,6 @@ use computerd_raft::sm::Response;
 use computerd_raft::sm::Role;
 use computerd_raft::sm::Token;
 use computerd_raft::sm::hash_secret;
-use computerd_raft::store::OnDamagedSnapshot;
 use computerd_raft::tls::JoinSecret;
 use computerd_raft::tls::Pki;
 use tokio::net::TcpListener;
@@ -121,20 +120,12 @@ pub async fn run(
     let client_tls = pki.client_config().map_err(|e| NodeError::Config(e.to_string()))?;
     let channels = Channels::new(client_tls, cfg.peer_source_ip);
     //    A damaged current snapshot refuses the start, naming the file, unless
-    //    --reinstall-snapshot: then the store is emptied to take the leader's snapshot.
-    let on_damaged = if cfg.reinstall_snapshot { OnDamagedSnapshot::Reinstall } else { OnDamagedSnapshot::Refuse };
-    let cluster = Cluster::start(cfg.node_id, &dir.store_dir(), &cfg.tuning(), on_damaged, channels).await?;
-    if cluster.reinstall_pending() && cfg.join.is_none() {
-        cluster.shutdown().await;
-        return Err(NodeError::Config(
-            "the store is emptied to take the leader's snapshot (--reinstall-snapshot); start it with --join <a member>"
-                .into(),
-        ));
-    }
+    //    --reinstall-snapshot: then the store is rebuilt on the --join member's snapshot first.
+    let reinstall_from = cfg.join.as_deref().filter(|_| cfg.reinstall_snapshot);
+    let cluster = Cluster::start(cfg.node_id, &dir.store_dir(), &cfg.tuning(), channels, reinstall_from).await?;
 
     // 3. gRPC, so peers can reach this node while it joins. A node with an empty store that is
-    //    told to join (or one that waits for the leader's snapshot) refuses Raft RPCs until the
-    //    leader expects its empty log.
+    //    told to join refuses Raft RPCs until the leader expects its empty log.
     if cfg.join.is_some() && !cluster.is_initialized().await? {
         cluster.set_accepting(false);
     }
@@ -310,7 +301,7 @@ async fn membership(
         (Some(join), initialized) => {
             // First only ask: which cluster, and (for an empty store) let the leader expect an
             // empty log from this id. Raft RPCs stay refused until then (see `run`).
-            let fresh = !initialized || cluster.reinstall_pending();
+            let fresh = !initialized;
             if dir.node.cluster_id.is_some() || fresh {
                 let theirs = match with_patience(|| cluster.join_through(join, addr, true, fresh)).await {
                     Err(NodeError::Cluster(ClusterError::Invalid(why))) if let Some(ours) = &dir.node.cluster_id => {
@@ -324,8 +315,6 @@ async fn membership(
                     return Err(NodeError::OtherCluster { ours, theirs, join: join.clone() });
                 }
             }
-            // The leader now expects this node's empty log: a reinstall may go on.
-            cluster.finish_reinstall()?;
             cluster.set_accepting(true);
             // Joining is idempotent: a member keeps its place and gets its new addresses.
             let cluster_id = with_patience(|| cluster.join_through(join, addr, false, false)).await?;

@@ -14,6 +14,7 @@
 mod leader;
 mod liveness;
 mod membership;
+mod reinstall;
 
 pub use leader::ProposeReply;
 pub use leader::ReadIndexReply;
@@ -117,9 +118,6 @@ struct Inner {
     /// False while a fresh node waits for its join to be accepted: it refuses Raft RPCs so the
     /// leader does not see its empty log before it allowed the reversion.
     accepting: std::sync::atomic::AtomicBool,
-    /// Set while the store waits for the leader's snapshot (`--reinstall-snapshot`): until the
-    /// leader allowed this node's log to revert, a Raft RPC would show the leader a lost log.
-    reinstall: std::sync::Mutex<Option<store::Reinstall>>,
     raft: Raft,
     reader: StateReader,
     channels: Channels,
@@ -140,19 +138,22 @@ pub struct Cluster {
 
 impl Cluster {
     /// Opens the store in `dir` and starts the Raft node (not yet serving RPCs: add
-    /// [`crate::service::Service`] to a gRPC server); `channels` reach the peers. `on_damaged`
-    /// says what a damaged current snapshot does; when the store is left waiting for the
-    /// leader's snapshot ([`Cluster::reinstall_pending`]), the node refuses Raft RPCs until
-    /// [`Cluster::finish_reinstall`].
+    /// [`crate::service::Service`] to a gRPC server); `channels` reach the peers. A damaged
+    /// current snapshot refuses the start, naming the file, unless `reinstall_from` names a
+    /// member (its gRPC address): then the store is rebuilt on that member's snapshot first
+    /// (`--reinstall-snapshot`; see `store::open_or_reinstall`).
     pub async fn start(
         id: NodeId,
         dir: &Path,
         tuning: &Tuning,
-        on_damaged: store::OnDamagedSnapshot,
         channels: Channels,
+        reinstall_from: Option<&str>,
     ) -> Result<Cluster, ClusterError> {
-        let store::Store { log, sm, reinstall } =
-            store::open(dir, on_damaged).map_err(|e| ClusterError::Fatal(format!("cannot open the store: {e}")))?;
+        let opened = match reinstall_from {
+            None => store::open(dir),
+            Some(member) => store::open_or_reinstall(dir, |min| reinstall::fetch_snapshot(&channels, member, min)).await,
+        };
+        let (log, sm) = opened.map_err(|e| ClusterError::Fatal(format!("cannot open the store: {e}")))?;
         let reader = sm.reader();
         let config = Config {
             cluster_name: "computerd".into(),
@@ -172,40 +173,18 @@ impl Cluster {
         let raft = Raft::new(id, config, NetworkFactory::new(channels.clone()), log, sm)
             .await
             .map_err(|e| ClusterError::Fatal(e.to_string()))?;
-        let accepting = std::sync::atomic::AtomicBool::new(reinstall.is_none());
-        let reinstall = std::sync::Mutex::new(reinstall);
+        let accepting = std::sync::atomic::AtomicBool::new(true);
         // Five minimum election timeouts (2 s by default): longer than an election after a leader
         // crash takes, so a healthy follower never steps aside while a new leader is chosen.
         let contact_window = Duration::from_millis(tuning.election_min_ms * 5);
         let (started, leader_contact_ms) = (Instant::now(), std::sync::atomic::AtomicU64::new(0));
-        let inner =
-            Inner { id, accepting, reinstall, raft, reader, channels, started, leader_contact_ms, contact_window };
+        let inner = Inner { id, accepting, raft, reader, channels, started, leader_contact_ms, contact_window };
         Ok(Cluster { inner: Arc::new(inner) })
     }
 
     /// Opens or closes this node to Raft RPCs (closed while a fresh node joins).
     pub fn set_accepting(&self, on: bool) {
         self.inner.accepting.store(on, std::sync::atomic::Ordering::SeqCst);
-    }
-
-    /// True while the store waits for the leader's snapshot (a reinstall was begun): the node
-    /// must ask the leader to allow its log to revert ([`Cluster::allow_revert`] through a
-    /// member), then call [`Cluster::finish_reinstall`], before it accepts Raft RPCs.
-    pub fn reinstall_pending(&self) -> bool {
-        self.inner.reinstall.lock().unwrap_or_else(|p| p.into_inner()).is_some()
-    }
-
-    /// The leader allowed this node's log to revert: the reinstall's mark is removed from the
-    /// store and the node accepts Raft RPCs; the leader then sends its snapshot.
-    pub fn finish_reinstall(&self) -> Result<(), ClusterError> {
-        let mut slot = self.inner.reinstall.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(r) = slot.take() {
-            r.finish().map_err(|e| ClusterError::Fatal(format!("cannot finish the snapshot reinstall: {e}")))?;
-            tracing::info!("snapshot reinstall allowed by the leader; taking its snapshot");
-        }
-        drop(slot);
-        self.set_accepting(true);
-        Ok(())
     }
 
     /// Refuses Raft RPCs while this node is closed to them.

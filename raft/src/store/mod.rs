@@ -6,78 +6,79 @@ mod snapshots;
 mod state_machine;
 
 pub use log_store::LogStore;
-pub use reinstall::Reinstall;
 pub use snapshots::DamagedSnapshot;
 pub use snapshots::is_damaged;
 pub use state_machine::StateMachineStore;
 pub use state_machine::StateReader;
 
+use std::future::Future;
 use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
 use crate::engine::KvEngine;
 use crate::engine::SledEngine;
+use crate::typ::SnapshotMeta;
 
-/// What opening a store does when its current snapshot cannot be used.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum OnDamagedSnapshot {
-    /// Refuse to open with a [`DamagedSnapshot`] naming the file and the reason; nothing on disk
-    /// is changed.
-    #[default]
-    Refuse,
-    /// Discard it and empty the store so the leader sends its snapshot (see [`Reinstall`]).
-    Reinstall,
-}
-
-/// An opened store: what openraft is handed, and whether a reinstall is under way.
-pub struct Store {
-    /// The Raft log.
-    pub log: LogStore,
-    /// The state machine.
-    pub sm: StateMachineStore,
-    /// Set while the store waits for the leader's snapshot: the node must accept no Raft RPC
-    /// before the leader allowed its log to revert and [`Reinstall::finish`] returned.
-    pub reinstall: Option<Reinstall>,
-}
-
-/// Opens the log store and state machine of a node from its engine directory.
-pub fn open(dir: &Path, on_damaged: OnDamagedSnapshot) -> io::Result<Store> {
+/// Opens the log store and state machine of a node from its engine directory. A current
+/// snapshot that does not verify, or that ends before the purged log, refuses the open with a
+/// [`DamagedSnapshot`] naming the file and the reason, and changes nothing on disk.
+pub fn open(dir: &Path) -> io::Result<(LogStore, StateMachineStore)> {
     let engine: Arc<dyn KvEngine> = Arc::new(SledEngine::open(&dir.join("engine"))?);
-    open_on(engine, &dir.join("snapshots"), on_damaged)
+    open_on(engine, &dir.join("snapshots"))
 }
 
-/// Opens both stores on an already opened engine, with snapshot files in `snapshot_dir`.
-///
-/// The current snapshot must verify (see [`DamagedSnapshot`]) and cover the purged log; when it
-/// does not, `on_damaged` says what happens. A reinstall once begun is finished by every later
-/// open until [`Reinstall::finish`], whatever `on_damaged` says.
-pub fn open_on(engine: Arc<dyn KvEngine>, snapshot_dir: &Path, on_damaged: OnDamagedSnapshot) -> io::Result<Store> {
-    let loaded = if reinstall::pending(engine.as_ref())? {
-        tracing::warn!("a snapshot reinstall is under way: the store stays empty until the leader sends its snapshot");
-        None
-    } else {
-        match load_checked(&engine, snapshot_dir) {
-            Ok(sm) => Some(sm),
-            Err(e) if on_damaged == OnDamagedSnapshot::Reinstall && is_damaged(&e) => {
-                tracing::warn!(error = %e, "discarding the damaged snapshot to take the leader's");
-                None
-            }
-            Err(e) => return Err(e),
+/// Like [`open`], but a damaged current snapshot is replaced by a member's (see `reinstall`):
+/// `fetch` is asked for a snapshot reaching the given index (the end of the purged log) and the
+/// store is rebuilt on it before it opens. A healthy store opens as it is, and `fetch` is not
+/// called.
+pub async fn open_or_reinstall<F, Fut>(dir: &Path, fetch: F) -> io::Result<(LogStore, StateMachineStore)>
+where
+    F: FnOnce(u64) -> Fut,
+    Fut: Future<Output = io::Result<(SnapshotMeta, Vec<u8>)>>,
+{
+    let engine: Arc<dyn KvEngine> = Arc::new(SledEngine::open(&dir.join("engine"))?);
+    open_or_reinstall_on(engine, &dir.join("snapshots"), fetch).await
+}
+
+/// [`open_or_reinstall`] on an already opened engine, with snapshot files in `snapshot_dir`.
+pub async fn open_or_reinstall_on<F, Fut>(
+    engine: Arc<dyn KvEngine>,
+    snapshot_dir: &Path,
+    fetch: F,
+) -> io::Result<(LogStore, StateMachineStore)>
+where
+    F: FnOnce(u64) -> Fut,
+    Fut: Future<Output = io::Result<(SnapshotMeta, Vec<u8>)>>,
+{
+    match open_on(engine.clone(), snapshot_dir) {
+        Ok(opened) => {
+            tracing::info!("--reinstall-snapshot: the current snapshot verifies; it is kept");
+            Ok(opened)
         }
-    };
-    let (sm, reinstall) = match loaded {
-        Some(sm) => (sm, None),
-        None => {
-            let r = reinstall::begin(engine.clone(), snapshot_dir)?;
-            (StateMachineStore::load(engine.clone(), snapshot_dir)?, Some(r))
+        Err(e) if is_damaged(&e) => {
+            let min = reinstall::min_index(engine.as_ref())?;
+            tracing::warn!(error = %e, min_index = min, "fetching a member's snapshot to rebuild the store on");
+            let (meta, bytes) = fetch(min).await?;
+            let discarded = reinstall::install(&engine, snapshot_dir, &meta, bytes, min)?;
+            tracing::warn!(
+                snapshot = ?meta.last_log_id,
+                discarded = ?discarded.as_ref().map(|p| p.display().to_string()),
+                "the store is rebuilt on a member's snapshot"
+            );
+            open_on(engine, snapshot_dir)
         }
-    };
-    // The store opens: files a crash left behind may go. After any clearing: the log store reads
-    // its purge mark when made.
+        Err(e) => Err(e),
+    }
+}
+
+/// Opens both stores on an already opened engine, with snapshot files in `snapshot_dir`: see
+/// [`open`] for what refuses it. Once it opened, snapshot files a crash left behind are removed.
+pub fn open_on(engine: Arc<dyn KvEngine>, snapshot_dir: &Path) -> io::Result<(LogStore, StateMachineStore)> {
+    let sm = load_checked(&engine, snapshot_dir)?;
     sm.remove_leftover_snapshots()?;
     let log = LogStore::new(engine);
-    Ok(Store { log, sm, reinstall })
+    Ok((log, sm))
 }
 
 /// Loads the state machine, and checks that its snapshot reaches the purged log: a snapshot that
@@ -118,8 +119,8 @@ mod conformance {
     impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, tempfile::TempDir> for Builder {
         async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachineStore), StorageError<TypeConfig>> {
             let dir = tempfile::tempdir().expect("tempdir");
-            let s = open(dir.path(), OnDamagedSnapshot::Refuse).expect("open store");
-            Ok((dir, s.log, s.sm))
+            let (log, sm) = open(dir.path()).expect("open store");
+            Ok((dir, log, sm))
         }
     }
 

@@ -1,22 +1,28 @@
-//! Reinstalling a follower's snapshot from the leader (`computerd serve --reinstall-snapshot`).
+//! Rebuilding a store whose current snapshot is damaged on a member's snapshot
+//! (`computerd serve --reinstall-snapshot`), before Raft starts.
 //!
-//! A damaged current snapshot cannot be mended here: the log behind it is purged, so neither an
-//! older snapshot nor the log can rebuild the state. What openraft needs for the leader to send
-//! its snapshot is a follower with nothing the snapshot covers: an empty state machine, no
-//! snapshot, and a log with no entries, no purge mark and no committed id (with any of these
-//! left, openraft's start-up would try to re-apply purged entries, or answer the leader's probes
-//! with a log it no longer has). So a reinstall empties the store as a wiped node's would be,
-//! but keeps the vote (a node must not vote twice in a term). In order:
-//! 1. a mark in the engine (`reinstall_pending`, flushed), so that a crash at any later step
-//!    finishes the clearing at the next start, with the flag or without;
-//! 2. the log's entries, purge mark and committed id are removed (flushed);
-//! 3. the snapshot file is renamed `discarded-NAME` and the pointer removed (flushed).
+//! A damaged current snapshot cannot be mended from this node alone: the log behind it is purged,
+//! so neither an older snapshot nor the log can rebuild the state. A member's snapshot can, when
+//! it reaches the purged log: with its last log id `S` at or past the purge mark `P`, the state
+//! at `S` plus this node's own log after `S` is the state this node had. So the store moves
+//! *forward* to `S`, as if it had installed that snapshot from the leader:
+//! - the vote stays, and so does every log entry after `S` (when the entry at `S`'s index is not
+//!   `S`, it was an uncommitted entry a later leader replaced: it and every entry after it go,
+//!   as a follower's truncation would do);
+//! - the purge mark moves up to `S`, never down; entries up to it go.
 //!
-//! While marked, the node must not take Raft RPCs: its leader saw it match up to some index and
-//! takes an emptied log for a reverted one, which openraft refuses (it panics) unless told to
-//! allow it once. So the node first asks the leader for that (as a wiped node does), then clears
-//! the mark ([`Reinstall::finish`]), then accepts RPCs; the leader finds the entries it would send
-//! purged, and sends its snapshot.
+//! Nothing the node acknowledged to a leader is lost: a log id up to `S` is covered by the
+//! snapshot (a committed state), one after it is still in the log. That is what openraft needs:
+//! its leader sees a follower that matches at least where it did, so it needs no permission to
+//! let the follower's log revert (a reverting follower races openraft's replication streams).
+//!
+//! The durable steps, in order, each leaving a store that either refuses to open (and is
+//! reinstalled again) or opens healthy:
+//! 1. the damaged file is renamed `discarded-NAME` (kept for a post-mortem); the pointer stays,
+//!    so a crash here leaves a store that refuses (the file it names is missing);
+//! 2. the log is rebased on `S` (flushed);
+//! 3. the member's snapshot is written and the pointer moved to it (flushed), then the other
+//!    `snapshot-*` files removed.
 
 use std::io;
 use std::path::Path;
@@ -25,47 +31,37 @@ use std::sync::Arc;
 
 use super::log_store;
 use super::snapshots::Snapshots;
-use crate::engine::BatchOp;
+use super::state_machine;
 use crate::engine::KvEngine;
-use crate::engine::Space;
+use crate::typ::SnapshotMeta;
 
-/// The engine key (space `Meta`) marking a reinstall under way.
-const KEY_REINSTALL: &[u8] = b"reinstall_pending";
-
-/// A reinstall under way: the store is empty but for its vote, and waits for the leader's
-/// snapshot. Until [`Reinstall::finish`] the node must accept no Raft RPC.
-pub struct Reinstall {
-    engine: Arc<dyn KvEngine>,
-    /// Where the damaged snapshot was moved, when this start discarded one.
-    pub discarded: Option<PathBuf>,
+/// The index a member's snapshot must reach to rebuild this store on: the end of its purged log.
+pub(super) fn min_index(engine: &dyn KvEngine) -> io::Result<u64> {
+    Ok(log_store::last_purged(engine)?.map_or(0, |l| l.index))
 }
 
-impl std::fmt::Debug for Reinstall {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Reinstall").field("discarded", &self.discarded).finish_non_exhaustive()
+/// Rebuilds the store on the member's snapshot `meta` and `bytes` (see the module doc), which
+/// must reach `min_index`. Answers where the damaged file was moved, if there was one.
+pub(super) fn install(
+    engine: &Arc<dyn KvEngine>,
+    snapshot_dir: &Path,
+    meta: &SnapshotMeta,
+    bytes: Vec<u8>,
+    min_index: u64,
+) -> io::Result<Option<PathBuf>> {
+    let bytes = state_machine::check_received(meta, bytes)?;
+    let Some(last) = meta.last_log_id else {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "the member's snapshot is empty (no last log id)"));
+    };
+    if last.index < min_index {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("the member's snapshot ends at {last}, before this node's purged log (index {min_index})"),
+        ));
     }
-}
-
-impl Reinstall {
-    /// The leader allows this node's log to revert: the store takes Raft RPCs again, the mark is
-    /// removed (flushed).
-    pub fn finish(self) -> io::Result<()> {
-        self.engine.write_batch(Space::Meta, vec![BatchOp::Delete(KEY_REINSTALL.to_vec())])?;
-        self.engine.flush()
-    }
-}
-
-/// True when a reinstall was begun and not finished.
-pub(super) fn pending(engine: &dyn KvEngine) -> io::Result<bool> {
-    Ok(engine.get(Space::Meta, KEY_REINSTALL)?.is_some())
-}
-
-/// Marks the store, then empties its log and discards its snapshot (see the module doc); again
-/// after a crash, since every step after the mark may be done twice.
-pub(super) fn begin(engine: Arc<dyn KvEngine>, snapshot_dir: &Path) -> io::Result<Reinstall> {
-    engine.write_batch(Space::Meta, vec![BatchOp::Put(KEY_REINSTALL.to_vec(), b"1".to_vec())])?;
-    engine.flush()?;
-    log_store::clear(engine.as_ref())?;
-    let discarded = Snapshots::new(engine.clone(), snapshot_dir)?.discard()?;
-    Ok(Reinstall { engine, discarded })
+    let snapshots = Snapshots::new(engine.clone(), snapshot_dir)?;
+    let discarded = snapshots.discard_current()?;
+    log_store::rebase_on(engine.as_ref(), last)?;
+    snapshots.replace(meta, &bytes)?;
+    Ok(discarded)
 }

@@ -68,8 +68,8 @@ struct SnapshotRef {
 /// stand in for it, because the log entries between the two were purged.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "snapshot file {}: {reason}; the log behind it is purged, so no older snapshot can replace it: on a \
-     follower, restart with --reinstall-snapshot (and --join <a member>) to discard it and take the leader's",
+    "snapshot file {}: {reason}; the log behind it is purged, so no older snapshot can replace it: restart \
+     with --reinstall-snapshot and --join <a member> to rebuild this node's store on that member's snapshot",
     path.display()
 )]
 pub struct DamagedSnapshot {
@@ -234,6 +234,19 @@ impl Snapshots {
         {
             return Ok(Stored::Stale { current: current.meta.last_log_id });
         }
+        self.write_current(meta, bytes)?;
+        Ok(Stored::Current)
+    }
+
+    /// Makes `bytes` the current snapshot `meta` whatever the pointer names (a reinstall, which
+    /// replaces a damaged snapshot: see `reinstall`), with the steps of [`Snapshots::store`].
+    pub(super) fn replace(&self, meta: &SnapshotMeta, bytes: &[u8]) -> io::Result<()> {
+        let _g = self.lock();
+        self.write_current(meta, bytes)
+    }
+
+    /// Writes the file, moves the pointer (flushed), then removes the other snapshot files.
+    fn write_current(&self, meta: &SnapshotMeta, bytes: &[u8]) -> io::Result<()> {
         let index = meta.last_log_id.map(|l| l.index).unwrap_or(0);
         let nanos =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
@@ -250,7 +263,7 @@ impl Snapshots {
         self.engine.write_batch(Space::Snapshot, vec![BatchOp::Put(KEY_SNAPSHOT_REF.to_vec(), r)])?;
         self.engine.flush()?;
         self.remove_others(Some(&name));
-        Ok(Stored::Current)
+        Ok(())
     }
 
     fn write_file(&self, tmp: &Path, path: &Path, bytes: &[u8]) -> io::Result<()> {
@@ -278,32 +291,26 @@ impl Snapshots {
         }
     }
 
-    /// Forgets the current snapshot (for a reinstall): the file it names, if any, is renamed
-    /// `discarded-NAME` (kept for a post-mortem), the pointer removed (flushed), and every other
-    /// `snapshot-*` file removed. Answers the discarded file's new path.
-    pub fn discard(&self) -> io::Result<Option<PathBuf>> {
+    /// Moves the current snapshot's file aside as `discarded-NAME` (kept for a post-mortem; a
+    /// reinstall replaces it). The pointer stays: until it is moved, the store refuses to open,
+    /// since the file it names is missing. Answers the file's new path, if there was a file.
+    pub(super) fn discard_current(&self) -> io::Result<Option<PathBuf>> {
         let _g = self.lock();
         // The pointer's record may be what is damaged: then there is no file name to move.
         let file = match self.engine.get(Space::Snapshot, KEY_SNAPSHOT_REF)? {
             Some(b) => serde_json::from_slice::<SnapshotRef>(&b).ok().map(|r| r.file),
             None => None,
         };
-        let mut moved = None;
-        if let Some(file) = file {
-            let to = self.dir.join(format!("{DISCARDED_PREFIX}{file}"));
-            match fs::rename(self.dir.join(&file), &to) {
-                Ok(()) => {
-                    fs::File::open(&self.dir)?.sync_all()?;
-                    moved = Some(to);
-                }
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e),
+        let Some(file) = file else { return Ok(None) };
+        let to = self.dir.join(format!("{DISCARDED_PREFIX}{file}"));
+        match fs::rename(self.dir.join(&file), &to) {
+            Ok(()) => {
+                fs::File::open(&self.dir)?.sync_all()?;
+                Ok(Some(to))
             }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
         }
-        self.engine.write_batch(Space::Snapshot, vec![BatchOp::Delete(KEY_SNAPSHOT_REF.to_vec())])?;
-        self.engine.flush()?;
-        self.remove_others(None);
-        Ok(moved)
     }
 }
 

@@ -144,6 +144,25 @@ pub(super) fn snapshot_at(last: LogId) -> (SnapshotMeta, Vec<u8>) {
     (meta, snapshots::encode(&serde_json::to_vec(&file).expect("encode a snapshot")))
 }
 
+/// Checks a snapshot received for `meta` (its checksum, its decoding, its meta) and answers the
+/// file to store: the received bytes under a header of their own (the same bytes when the sender
+/// sent one).
+pub(super) fn check_received(meta: &SnapshotMeta, snapshot: Vec<u8>) -> io::Result<Vec<u8>> {
+    check_received_file(meta.last_log_id, snapshot).map(|(bytes, _)| bytes)
+}
+
+fn check_received_file(want: Option<LogId>, snapshot: Vec<u8>) -> io::Result<(Vec<u8>, SnapshotFile)> {
+    let (file, legacy) = {
+        let payload = snapshots::payload(&snapshot)
+            .map_err(|why| io::Error::new(io::ErrorKind::InvalidData, format!("received snapshot refused: {why}")))?;
+        (decode_payload(payload)?, payload.len() == snapshot.len())
+    };
+    if file.applied.last_applied != want || file.meta.last_log_id != want {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "snapshot data does not match its meta"));
+    }
+    Ok((if legacy { snapshots::encode(&snapshot) } else { snapshot }, file))
+}
+
 fn decode_payload(bytes: &[u8]) -> io::Result<SnapshotFile> {
     let file: SnapshotFile = serde_json::from_slice(bytes).map_err(invalid_data)?;
     if file.format != SNAPSHOT_FORMAT {
@@ -224,16 +243,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         // Check, decode and store on a blocking thread; the file is the received payload under a
         // header of its own (the same bytes when the leader sent one).
         let applied = tokio::task::spawn_blocking(move || {
-            let (file, legacy) = {
-                let payload = snapshots::payload(&snapshot).map_err(|why| {
-                    io::Error::new(io::ErrorKind::InvalidData, format!("received snapshot refused: {why}"))
-                })?;
-                (decode_payload(payload)?, payload.len() == snapshot.len())
-            };
-            if file.applied.last_applied != want || file.meta.last_log_id != want {
-                return Err(io::Error::new(io::ErrorKind::InvalidData, "snapshot data does not match its meta"));
-            }
-            let bytes = if legacy { snapshots::encode(&snapshot) } else { snapshot };
+            let (bytes, file) = check_received_file(want, snapshot)?;
             if let Stored::Stale { current } = this.shared.snapshots.store(&file.meta, &bytes)? {
                 // openraft installs only past its committed log id, so this is not expected; the
                 // pointer still never moves back. The state is replaced as openraft asks: the log

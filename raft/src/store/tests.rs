@@ -31,7 +31,8 @@ fn id(index: u64) -> LogId {
 
 /// A store on its own engine, and that engine, so the test can wait for it to be released.
 struct Opened {
-    store: Store,
+    log: LogStore,
+    sm: StateMachineStore,
     engine: Arc<dyn KvEngine>,
 }
 
@@ -50,10 +51,10 @@ fn engine_at(dir: &Path) -> Arc<dyn KvEngine> {
     }
 }
 
-fn open_at(dir: &Path, on_damaged: OnDamagedSnapshot) -> std::io::Result<Opened> {
+fn open_at(dir: &Path) -> std::io::Result<Opened> {
     let engine = engine_at(dir);
-    let store = open_on(engine.clone(), &dir.join("snapshots"), on_damaged)?;
-    Ok(Opened { store, engine })
+    let (log, sm) = open_on(engine.clone(), &dir.join("snapshots"))?;
+    Ok(Opened { log, sm, engine })
 }
 
 /// Drops the store and waits until the engine is released by every thread (the log's flusher
@@ -109,12 +110,12 @@ fn contents(engine: &dyn KvEngine) -> Vec<(Vec<u8>, Vec<u8>)> {
 /// file, the only `snapshot-*` file there is, whose checksum verifies and whose meta is the
 /// pointer's. Answers its last log id.
 async fn check_current(dir: &Path, o: &mut Opened) -> Option<LogId> {
-    let path = o.store.sm.current_snapshot_path().expect("read the pointer")?;
+    let path = o.sm.current_snapshot_path().expect("read the pointer")?;
     let bytes = fs::read(&path).unwrap_or_else(|e| panic!("the pointer names {}: {e}", path.display()));
     snapshots::payload(&bytes).unwrap_or_else(|why| panic!("{}: {why}", path.display()));
     let name = path.file_name().expect("a file name").to_string_lossy().into_owned();
     assert_eq!(snapshot_files(dir), vec![name], "the current snapshot is the only snapshot file");
-    let current = o.store.sm.get_current_snapshot().await.expect("read the current snapshot").expect("a snapshot");
+    let current = o.sm.get_current_snapshot().await.expect("read the current snapshot").expect("a snapshot");
     assert_eq!(current.snapshot, bytes);
     current.meta.last_log_id
 }
@@ -128,25 +129,25 @@ async fn build_and_install_race_and_the_pointer_only_moves_forward() {
     let mut prev: Option<LogId> = None;
     let mut base = 0u64;
     for round in 0..200u64 {
-        let mut o = open_at(dir.path(), OnDamagedSnapshot::Refuse).expect("the store opens");
+        let mut o = open_at(dir.path()).expect("the store opens");
         let current = check_current(dir.path(), &mut o).await;
         assert!(current >= prev, "round {round}: the snapshot went back from {prev:?} to {current:?}");
         assert_eq!(current, prev, "round {round}: the reopened store lost the last snapshot");
-        let (applied, _) = o.store.sm.applied_state().await.expect("applied");
+        let (applied, _) = o.sm.applied_state().await.expect("applied");
         assert_eq!(applied, current, "round {round}: the state machine restarts from its snapshot");
 
         // The build sees base+10 (unless the install got there first); the install is either
         // past it or behind it, in turns.
-        apply_blank(&mut o.store.sm, base + 1, base + 10).await;
+        apply_blank(&mut o.sm, base + 1, base + 10).await;
         let install_at = if round % 2 == 0 { base + 20 } else { base + 5 };
         let (meta, bytes) = state_machine::snapshot_at(id(install_at));
         let barrier = Arc::new(tokio::sync::Barrier::new(2));
-        let (mut builder, b1) = (o.store.sm.get_snapshot_builder().await, barrier.clone());
+        let (mut builder, b1) = (o.sm.get_snapshot_builder().await, barrier.clone());
         let build = tokio::spawn(async move {
             b1.wait().await;
             builder.build_snapshot().await
         });
-        let (mut sm, b2) = (o.store.sm.clone(), barrier.clone());
+        let (mut sm, b2) = (o.sm.clone(), barrier.clone());
         let install = tokio::spawn(async move {
             b2.wait().await;
             sm.install_snapshot(&meta, bytes).await
@@ -168,11 +169,11 @@ async fn build_and_install_race_and_the_pointer_only_moves_forward() {
 #[tokio::test]
 async fn a_build_older_than_the_installed_snapshot_is_dropped() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut o = open_at(dir.path(), OnDamagedSnapshot::Refuse).expect("open");
-    apply_blank(&mut o.store.sm, 1, 10).await;
-    let mut builder = o.store.sm.get_snapshot_builder().await; // the build's view: index 10
+    let mut o = open_at(dir.path()).expect("open");
+    apply_blank(&mut o.sm, 1, 10).await;
+    let mut builder = o.sm.get_snapshot_builder().await; // the build's view: index 10
     let (meta, bytes) = state_machine::snapshot_at(id(20));
-    o.store.sm.install_snapshot(&meta, bytes).await.expect("install");
+    o.sm.install_snapshot(&meta, bytes).await.expect("install");
     let built = builder.build_snapshot().await.expect("build");
     drop(builder);
     // The builder shares the state machine, so it sees the install: either way nothing older.
@@ -195,10 +196,10 @@ async fn a_build_older_than_the_installed_snapshot_is_dropped() {
 #[tokio::test]
 async fn a_damaged_snapshot_refuses_the_open_and_changes_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut o = open_at(dir.path(), OnDamagedSnapshot::Refuse).expect("open");
-    apply_blank(&mut o.store.sm, 1, 10).await;
-    o.store.sm.get_snapshot_builder().await.build_snapshot().await.expect("build");
-    let path = o.store.sm.current_snapshot_path().expect("pointer").expect("a snapshot");
+    let mut o = open_at(dir.path()).expect("open");
+    apply_blank(&mut o.sm, 1, 10).await;
+    o.sm.get_snapshot_builder().await.build_snapshot().await.expect("build");
+    let path = o.sm.current_snapshot_path().expect("pointer").expect("a snapshot");
     close(o);
 
     let mut bytes = fs::read(&path).expect("read");
@@ -211,7 +212,7 @@ async fn a_damaged_snapshot_refuses_the_open_and_changes_nothing() {
     for _ in 0..2 {
         let engine = engine_at(dir.path());
         let held = contents(engine.as_ref());
-        let err = open_on(engine.clone(), &dir.path().join("snapshots"), OnDamagedSnapshot::Refuse)
+        let err = open_on(engine.clone(), &dir.path().join("snapshots"))
             .err()
             .expect("a damaged snapshot refuses the open");
         let msg = err.to_string();
@@ -230,16 +231,16 @@ async fn a_damaged_snapshot_refuses_the_open_and_changes_nothing() {
 #[tokio::test]
 async fn a_snapshot_behind_the_purged_log_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut o = open_at(dir.path(), OnDamagedSnapshot::Refuse).expect("open");
-    apply_blank(&mut o.store.sm, 1, 10).await;
-    o.store.sm.get_snapshot_builder().await.build_snapshot().await.expect("build");
-    o.store.log.purge(id(30)).await.expect("purge");
+    let mut o = open_at(dir.path()).expect("open");
+    apply_blank(&mut o.sm, 1, 10).await;
+    o.sm.get_snapshot_builder().await.build_snapshot().await.expect("build");
+    o.log.purge(id(30)).await.expect("purge");
     o.engine.flush().expect("flush");
     close(o);
     let leftover = dir.path().join("snapshots").join("snapshot-00000000000000000030-0.snap.tmp");
     fs::write(&leftover, b"a build cut short").expect("leftover");
     let engine = engine_at(dir.path());
-    let err = open_on(engine.clone(), &dir.path().join("snapshots"), OnDamagedSnapshot::Refuse)
+    let err = open_on(engine.clone(), &dir.path().join("snapshots"))
         .err()
         .expect("a gap between the snapshot and the log refuses the open");
     assert!(is_damaged(&err));
@@ -252,93 +253,176 @@ async fn a_snapshot_behind_the_purged_log_is_refused() {
 #[tokio::test]
 async fn leftover_snapshot_files_are_removed_once_the_store_opens() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut o = open_at(dir.path(), OnDamagedSnapshot::Refuse).expect("open");
-    apply_blank(&mut o.store.sm, 1, 10).await;
-    o.store.sm.get_snapshot_builder().await.build_snapshot().await.expect("build");
+    let mut o = open_at(dir.path()).expect("open");
+    apply_blank(&mut o.sm, 1, 10).await;
+    o.sm.get_snapshot_builder().await.build_snapshot().await.expect("build");
     close(o);
     let snaps = dir.path().join("snapshots");
     fs::write(snaps.join("snapshot-00000000000000000005-0.snap"), b"older").expect("older");
     fs::write(snaps.join("snapshot-00000000000000000020-0.snap.tmp"), b"cut short").expect("tmp");
     fs::write(snaps.join("discarded-snapshot-00000000000000000001-0.snap"), b"kept").expect("discarded");
     assert_eq!(snapshot_files(dir.path()).len(), 3);
-    let mut o = open_at(dir.path(), OnDamagedSnapshot::Refuse).expect("open");
+    let mut o = open_at(dir.path()).expect("open");
     assert_eq!(check_current(dir.path(), &mut o).await, Some(id(10)));
     assert!(snaps.join("discarded-snapshot-00000000000000000001-0.snap").exists(), "a discarded file stays");
     close(o);
 }
 
-/// With `Reinstall`, a damaged snapshot is moved aside and the store emptied but for its vote,
-/// so the leader sends its snapshot; the reinstall stays pending across reopens (with or without
-/// the flag) until finished, and a snapshot installed then is the current one after a reopen.
-#[tokio::test]
-async fn reinstall_discards_a_damaged_snapshot_and_empties_the_store() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let vote = Vote::new(3, 2);
-    let mut o = open_at(dir.path(), OnDamagedSnapshot::Refuse).expect("open");
-    o.store.log.save_vote(&vote).await.expect("vote");
-    let entries: Vec<_> = (1..=10).map(|i| blank_ent::<TypeConfig>(1, 1, i)).collect();
-    o.engine
-        .write_batch(
-            Space::Log,
-            entries
-                .iter()
-                .map(|e| BatchOp::Put(e.log_id.index.to_be_bytes().to_vec(), serde_json::to_vec(e).unwrap()))
-                .collect(),
-        )
-        .expect("append");
-    o.store.log.save_committed(Some(id(10))).await.expect("committed");
-    apply_blank(&mut o.store.sm, 1, 10).await;
-    o.store.sm.get_snapshot_builder().await.build_snapshot().await.expect("build");
-    o.store.log.purge(id(5)).await.expect("purge");
+/// A store as a follower leaves it: vote 3/2, entries 1..=30 (term 1), committed 30, a snapshot
+/// at 10 whose file then gets one flipped byte, the log purged up to 8. Answers the damaged
+/// file's path and bytes.
+async fn damaged_store(dir: &Path) -> (PathBuf, Vec<u8>) {
+    let mut o = open_at(dir).expect("open");
+    o.log.save_vote(&Vote::new(3, 2)).await.expect("vote");
+    let entries: Vec<_> = (1..=30).map(|i| blank_ent::<TypeConfig>(1, 1, i)).collect();
+    let puts = entries
+        .iter()
+        .map(|e| BatchOp::Put(e.log_id.index.to_be_bytes().to_vec(), serde_json::to_vec(e).expect("encode")))
+        .collect();
+    o.engine.write_batch(Space::Log, puts).expect("append");
+    o.log.save_committed(Some(id(30))).await.expect("committed");
+    apply_blank(&mut o.sm, 1, 10).await;
+    o.sm.get_snapshot_builder().await.build_snapshot().await.expect("build");
+    o.log.purge(id(8)).await.expect("purge");
     o.engine.flush().expect("flush");
-    let path = o.store.sm.current_snapshot_path().expect("pointer").expect("a snapshot");
+    let path = o.sm.current_snapshot_path().expect("pointer").expect("a snapshot");
     close(o);
     let mut bytes = fs::read(&path).expect("read");
     let at = bytes.len() - 3;
     bytes[at] ^= 0x20;
     fs::write(&path, &bytes).expect("flip a byte");
+    (path, bytes)
+}
 
-    let mut o = open_at(dir.path(), OnDamagedSnapshot::Reinstall).expect("a reinstall opens the store");
-    let discarded = o.store.reinstall.as_ref().expect("a reinstall is pending").discarded.clone();
-    let discarded = discarded.expect("the damaged file was moved aside");
-    assert_eq!(fs::read(&discarded).expect("the discarded file is kept"), bytes);
-    assert!(snapshot_files(dir.path()).is_empty());
-    assert!(o.store.sm.get_current_snapshot().await.expect("read").is_none());
-    assert_eq!(o.store.sm.applied_state().await.expect("applied").0, None);
-    let st = o.store.log.get_log_state().await.expect("log state");
-    assert_eq!((st.last_log_id, st.last_purged_log_id), (None, None), "the log is empty");
-    assert_eq!(o.store.log.read_committed().await.expect("committed"), None);
-    assert!(o.store.log.try_get_log_entries(0..100).await.expect("entries").is_empty());
-    assert_eq!(o.store.log.read_vote().await.expect("vote"), Some(vote), "the vote is kept");
-    close(o);
+/// The indexes of the log entries the store holds.
+async fn log_indexes(log: &mut LogStore) -> Vec<u64> {
+    log.try_get_log_entries(0..1000).await.expect("entries").iter().map(|e| e.log_id.index).collect()
+}
 
-    // Without the flag, the reinstall is still pending until finished.
-    let o = open_at(dir.path(), OnDamagedSnapshot::Refuse).expect("reopen");
-    let r = o.store.reinstall.as_ref().expect("still pending");
-    assert_eq!(r.discarded, None);
-    let Opened { mut store, engine } = o;
-    store.reinstall.take().expect("pending").finish().expect("finish");
-    let (meta, snap) = state_machine::snapshot_at(id(40));
-    store.sm.install_snapshot(&meta, snap).await.expect("install the leader's snapshot");
-    close(Opened { store, engine });
+/// `--reinstall-snapshot` on a damaged store: the member is asked for a snapshot reaching the
+/// purged log (8); its snapshot (20) becomes the current one, the damaged file is kept aside,
+/// the log keeps its entries after 20 and its vote and committed id, and the store then opens
+/// without the flag: nothing the node held went backwards.
+#[tokio::test]
+async fn reinstall_rebuilds_a_damaged_store_on_a_members_snapshot() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (path, bytes) = damaged_store(dir.path()).await;
+    let engine = engine_at(dir.path());
+    let asked = Arc::new(std::sync::Mutex::new(None));
+    let seen = asked.clone();
+    let (mut log, mut sm) = open_or_reinstall_on(engine.clone(), &dir.path().join("snapshots"), |min| async move {
+        *seen.lock().expect("lock") = Some(min);
+        Ok(state_machine::snapshot_at(id(20)))
+    })
+    .await
+    .expect("the reinstall opens the store");
+    assert_eq!(*asked.lock().expect("lock"), Some(8), "the member is asked to reach the purged log");
+    let name = path.file_name().expect("name").to_string_lossy().into_owned();
+    let discarded = dir.path().join("snapshots").join(format!("discarded-{name}"));
+    assert_eq!(fs::read(&discarded).expect("the damaged file is kept aside"), bytes);
+    assert_eq!(sm.applied_state().await.expect("applied").0, Some(id(20)));
+    let st = log.get_log_state().await.expect("log state");
+    assert_eq!((st.last_purged_log_id, st.last_log_id), (Some(id(20)), Some(id(30))));
+    assert_eq!(log_indexes(&mut log).await, (21..=30).collect::<Vec<_>>(), "the entries after 20 stay");
+    assert_eq!(log.read_vote().await.expect("vote"), Some(Vote::new(3, 2)), "the vote stays");
+    assert_eq!(log.read_committed().await.expect("committed"), Some(id(30)));
+    close(Opened { log, sm, engine });
 
-    let mut o = open_at(dir.path(), OnDamagedSnapshot::Refuse).expect("reopen");
-    assert!(o.store.reinstall.is_none(), "the reinstall is over");
-    assert_eq!(check_current(dir.path(), &mut o).await, Some(id(40)));
-    assert_eq!(o.store.log.read_vote().await.expect("vote"), Some(vote));
+    let mut o = open_at(dir.path()).expect("an ordinary open after the reinstall");
+    assert_eq!(check_current(dir.path(), &mut o).await, Some(id(20)));
+    assert!(discarded.exists(), "a discarded file outlives the clean-up");
     close(o);
 }
 
-/// A healthy snapshot is kept by `Reinstall`: the flag does nothing then.
+/// When the entry at the member snapshot's index is another one (an uncommitted entry of this
+/// node that a later leader replaced), it and every entry after it go.
+#[tokio::test]
+async fn reinstall_drops_a_replaced_log_tail() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    damaged_store(dir.path()).await;
+    let engine = engine_at(dir.path());
+    let theirs = log_id::<TypeConfig>(2, 3, 20);
+    let (log, sm) = open_or_reinstall_on(engine.clone(), &dir.path().join("snapshots"), |_| async move {
+        Ok(state_machine::snapshot_at(theirs))
+    })
+    .await
+    .expect("reinstall");
+    let mut o = Opened { log, sm, engine };
+    let st = o.log.get_log_state().await.expect("log state");
+    assert_eq!((st.last_purged_log_id, st.last_log_id), (Some(theirs), Some(theirs)));
+    assert!(log_indexes(&mut o.log).await.is_empty(), "the replaced tail is gone");
+    assert_eq!(o.log.read_vote().await.expect("vote"), Some(Vote::new(3, 2)), "the vote stays");
+    assert_eq!(o.log.read_committed().await.expect("committed"), Some(theirs), "no committed id past the log");
+    close(o);
+}
+
+/// A member snapshot that ends before the purged log cannot rebuild the store: the reinstall
+/// fails saying so and changes nothing, and the store still refuses to open.
+#[tokio::test]
+async fn reinstall_refuses_a_snapshot_behind_the_purged_log() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (path, bytes) = damaged_store(dir.path()).await;
+    let before = files(&dir.path().join("snapshots"));
+    let engine = engine_at(dir.path());
+    let held = contents(engine.as_ref());
+    let err = open_or_reinstall_on(engine.clone(), &dir.path().join("snapshots"), |_| async {
+        Ok(state_machine::snapshot_at(id(5)))
+    })
+    .await
+    .err()
+    .expect("a snapshot behind the purged log is refused");
+    assert!(err.to_string().contains("before this node's purged log"), "{err}");
+    assert!(contents(engine.as_ref()) == held, "the refused reinstall changed the engine");
+    assert!(files(&dir.path().join("snapshots")) == before, "the refused reinstall changed the snapshot directory");
+    assert_eq!(fs::read(&path).expect("still there"), bytes);
+    let err = open_on(engine.clone(), &dir.path().join("snapshots")).err().expect("still refused");
+    assert!(is_damaged(&err), "{err}");
+    release(engine);
+}
+
+/// A reinstall cut short after any durable step leaves a store that refuses to open and that a
+/// second reinstall rebuilds.
+#[tokio::test]
+async fn a_reinstall_cut_short_refuses_then_reinstalls() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    damaged_store(dir.path()).await;
+    let snap_dir = dir.path().join("snapshots");
+    // Steps 1 and 2 of a reinstall on a snapshot at 20, then a crash.
+    let engine = engine_at(dir.path());
+    snapshots::Snapshots::new(engine.clone(), &snap_dir).expect("snapshots").discard_current().expect("discard");
+    let err = open_on(engine.clone(), &snap_dir).err().expect("refused after step 1");
+    assert!(err.to_string().contains("missing"), "{err}");
+    log_store::rebase_on(engine.as_ref(), id(20)).expect("rebase");
+    let err = open_on(engine.clone(), &snap_dir).err().expect("refused after step 2");
+    assert!(is_damaged(&err), "{err}");
+    let (log, sm) = open_or_reinstall_on(engine.clone(), &snap_dir, |min| async move {
+        assert_eq!(min, 20, "the purge mark moved to the snapshot being installed");
+        Ok(state_machine::snapshot_at(id(25)))
+    })
+    .await
+    .expect("a second reinstall");
+    close(Opened { log, sm, engine });
+    let mut o = open_at(dir.path()).expect("open");
+    assert_eq!(check_current(dir.path(), &mut o).await, Some(id(25)));
+    assert_eq!(log_indexes(&mut o.log).await, (26..=30).collect::<Vec<_>>());
+    close(o);
+}
+
+/// A healthy store is kept by `--reinstall-snapshot`: no member is asked.
 #[tokio::test]
 async fn reinstall_keeps_a_healthy_snapshot() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut o = open_at(dir.path(), OnDamagedSnapshot::Refuse).expect("open");
-    apply_blank(&mut o.store.sm, 1, 10).await;
-    o.store.sm.get_snapshot_builder().await.build_snapshot().await.expect("build");
+    let mut o = open_at(dir.path()).expect("open");
+    apply_blank(&mut o.sm, 1, 10).await;
+    o.sm.get_snapshot_builder().await.build_snapshot().await.expect("build");
     close(o);
-    let mut o = open_at(dir.path(), OnDamagedSnapshot::Reinstall).expect("open");
-    assert!(o.store.reinstall.is_none());
+    let engine = engine_at(dir.path());
+    let (log, sm) = open_or_reinstall_on(engine.clone(), &dir.path().join("snapshots"), |_| async {
+        Err(std::io::Error::other("a healthy store asks no member"))
+    })
+    .await
+    .expect("open");
+    let mut o = Opened { log, sm, engine };
     assert_eq!(check_current(dir.path(), &mut o).await, Some(id(10)));
     close(o);
 }
@@ -377,23 +461,23 @@ async fn a_failed_pointer_flush_removes_no_snapshot_file() {
     let dir = tempfile::tempdir().expect("tempdir");
     let engine = Arc::new(FailingFlush { inner: engine_at(dir.path()), fail: AtomicBool::new(false) });
     let snap_dir = dir.path().join("snapshots");
-    let mut store = open_on(engine.clone(), &snap_dir, OnDamagedSnapshot::Refuse).expect("open");
-    apply_blank(&mut store.sm, 1, 10).await;
-    store.sm.get_snapshot_builder().await.build_snapshot().await.expect("build");
+    let (log, mut sm) = open_on(engine.clone(), &snap_dir).expect("open");
+    apply_blank(&mut sm, 1, 10).await;
+    sm.get_snapshot_builder().await.build_snapshot().await.expect("build");
     let first = snapshot_files(dir.path());
     assert_eq!(first.len(), 1);
 
     engine.fail.store(true, Ordering::SeqCst);
-    apply_blank(&mut store.sm, 11, 20).await;
-    store.sm.get_snapshot_builder().await.build_snapshot().await.expect_err("the flush fails");
+    apply_blank(&mut sm, 11, 20).await;
+    sm.get_snapshot_builder().await.build_snapshot().await.expect_err("the flush fails");
     let after = snapshot_files(dir.path());
     assert_eq!(after.len(), 2, "both files are kept: {after:?}");
     assert!(after.contains(&first[0]), "the previous snapshot file is kept");
 
     engine.fail.store(false, Ordering::SeqCst);
-    drop(store);
-    let mut o =
-        Opened { store: open_on(engine.clone(), &snap_dir, OnDamagedSnapshot::Refuse).expect("reopen"), engine };
+    drop((log, sm));
+    let (log, sm) = open_on(engine.clone(), &snap_dir).expect("reopen");
+    let mut o = Opened { log, sm, engine };
     let current = check_current(dir.path(), &mut o).await;
     assert!(current == Some(id(10)) || current == Some(id(20)), "{current:?}");
     drop(o);
