@@ -101,6 +101,7 @@ impl DevConfig {
             sandbox_watch_secs: 10.0,
             link_linger_secs: 15.0,
             peer_source_ip: None,
+            reinstall_snapshot: false,
         }
     }
 }
@@ -196,6 +197,13 @@ pub struct ServeConfig {
     /// must be an address of this host that reaches the peers; checked at start-up.
     #[arg(long, env = "COMPUTERD_PEER_SOURCE_IP")]
     pub peer_source_ip: Option<IpAddr>,
+    /// On a node whose current snapshot is damaged (it refuses to start and names the file):
+    /// fetch the `--join` member's snapshot (reaching this node's purged log), move the damaged
+    /// file aside (`discarded-*`) and rebuild the store on it before Raft starts; the vote and the
+    /// log after that snapshot stay. Needs `--join`. A healthy snapshot is kept: the flag then
+    /// does nothing.
+    #[arg(long, env = "COMPUTERD_REINSTALL_SNAPSHOT", requires = "join")]
+    pub reinstall_snapshot: bool,
 }
 
 impl ServeConfig {

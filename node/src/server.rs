@@ -119,7 +119,10 @@ pub async fn run(
     check_peer_source(cfg.peer_source_ip)?;
     let client_tls = pki.client_config().map_err(|e| NodeError::Config(e.to_string()))?;
     let channels = Channels::new(client_tls, cfg.peer_source_ip);
-    let cluster = Cluster::start(cfg.node_id, &dir.store_dir(), &cfg.tuning(), channels).await?;
+    //    A damaged current snapshot refuses the start, naming the file, unless
+    //    --reinstall-snapshot: then the store is rebuilt on the --join member's snapshot first.
+    let reinstall_from = cfg.join.as_deref().filter(|_| cfg.reinstall_snapshot);
+    let cluster = Cluster::start(cfg.node_id, &dir.store_dir(), &cfg.tuning(), channels, reinstall_from).await?;
 
     // 3. gRPC, so peers can reach this node while it joins. A node with an empty store that is
     //    told to join refuses Raft RPCs until the leader expects its empty log.

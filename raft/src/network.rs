@@ -39,7 +39,7 @@ use crate::typ::Snapshot;
 use crate::typ::Vote;
 
 /// The size of one snapshot chunk on the wire.
-const SNAPSHOT_CHUNK: usize = 1 << 20;
+pub(crate) const SNAPSHOT_CHUNK: usize = 1 << 20;
 /// The largest message a node accepts (snapshots are chunked below this).
 pub const MAX_MESSAGE: usize = 64 << 20;
 

@@ -12,6 +12,7 @@ use computerd_proto::cluster::CaKey;
 use computerd_proto::cluster::Empty;
 use computerd_proto::cluster::EnrollReply;
 use computerd_proto::cluster::EnrollRequest;
+use computerd_proto::cluster::FetchSnapshotRequest;
 use computerd_proto::cluster::JoinReply;
 use computerd_proto::cluster::JoinRequest;
 use computerd_proto::cluster::Payload;
@@ -28,6 +29,7 @@ use crate::NodeId;
 use crate::cluster::Cluster;
 use crate::cluster::ClusterError;
 use crate::network::MAX_MESSAGE;
+use crate::network::SNAPSHOT_CHUNK;
 use crate::network::decode;
 use crate::network::encode;
 use crate::sm::Command;
@@ -221,6 +223,29 @@ impl ClusterService for Service {
         let pem = self.pki.ca_key_pem().ok_or_else(|| Status::unavailable("this node does not hold the CA's key"))?;
         tracing::info!(node_id = ?from, "handed the CA's key to a voter");
         Ok(tonic::Response::new(CaKey { pem }))
+    }
+
+    type FetchSnapshotStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<SnapshotChunk, Status>> + Send>>;
+
+    async fn fetch_snapshot(
+        &self,
+        req: Request<FetchSnapshotRequest>,
+    ) -> Result<tonic::Response<Self::FetchSnapshotStream>, Status> {
+        let from = caller(&req);
+        // The whole state goes out: to members only, as a leader's snapshot would.
+        let member = from.is_some_and(|n| self.cluster.view().members.iter().any(|m| m.id == n));
+        if !member {
+            return Err(Status::permission_denied(format!("a snapshot goes to members only, not to node {from:?}")));
+        }
+        let min_index = req.get_ref().min_index;
+        let snapshot = self.cluster.snapshot_reaching(min_index).await.map_err(cluster_status)?;
+        tracing::warn!(node_id = ?from, snapshot = ?snapshot.meta.last_log_id, "handed this node's snapshot to a member rebuilding its store");
+        let meta = serde_json::to_vec(&snapshot.meta).map_err(internal)?;
+        let mut chunks = vec![Ok(SnapshotChunk { meta, data: Vec::new() })];
+        chunks.extend(
+            snapshot.snapshot.chunks(SNAPSHOT_CHUNK).map(|c| Ok(SnapshotChunk { meta: Vec::new(), data: c.to_vec() })),
+        );
+        Ok(tonic::Response::new(Box::pin(futures::stream::iter(chunks))))
     }
 }
 

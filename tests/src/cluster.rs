@@ -224,7 +224,13 @@ impl TestCluster {
 
     /// Starts (or restarts) node `id` with its data dir and ports.
     pub fn spawn(&mut self, id: u64) {
-        let flags = self.flags.clone();
+        self.spawn_with(id, &[]);
+    }
+
+    /// Like [`TestCluster::spawn`], with extra flags for this start only.
+    pub fn spawn_with(&mut self, id: u64, extra: &[&str]) {
+        let mut flags = self.flags.clone();
+        flags.extend(extra.iter().map(|f| f.to_string()));
         let node = self.nodes.get_mut(&id).expect("known node");
         assert!(node.child.is_none(), "node {id} already runs");
         let log = fs::OpenOptions::new().create(true).append(true).open(&node.log).expect("log file");

@@ -16,6 +16,7 @@ mod coalesce;
 mod leader;
 mod liveness;
 mod membership;
+mod reinstall;
 
 pub use leader::ProposeReply;
 pub use leader::ReadIndexReply;
@@ -143,9 +144,22 @@ pub struct Cluster {
 
 impl Cluster {
     /// Opens the store in `dir` and starts the Raft node (not yet serving RPCs: add
-    /// [`crate::service::Service`] to a gRPC server); `channels` reach the peers.
-    pub async fn start(id: NodeId, dir: &Path, tuning: &Tuning, channels: Channels) -> Result<Cluster, ClusterError> {
-        let (log, sm) = store::open(dir).map_err(|e| ClusterError::Fatal(format!("cannot open the store: {e}")))?;
+    /// [`crate::service::Service`] to a gRPC server); `channels` reach the peers. A damaged
+    /// current snapshot refuses the start, naming the file, unless `reinstall_from` names a
+    /// member (its gRPC address): then the store is rebuilt on that member's snapshot first
+    /// (`--reinstall-snapshot`; see `store::open_or_reinstall`).
+    pub async fn start(
+        id: NodeId,
+        dir: &Path,
+        tuning: &Tuning,
+        channels: Channels,
+        reinstall_from: Option<&str>,
+    ) -> Result<Cluster, ClusterError> {
+        let opened = match reinstall_from {
+            None => store::open(dir),
+            Some(member) => store::open_or_reinstall(dir, |min| reinstall::fetch_snapshot(&channels, member, min)).await,
+        };
+        let (log, sm) = opened.map_err(|e| ClusterError::Fatal(format!("cannot open the store: {e}")))?;
         let reader = sm.reader();
         let config = Config {
             cluster_name: "computerd".into(),

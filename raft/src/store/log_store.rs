@@ -81,6 +81,44 @@ impl LogStore {
     }
 }
 
+/// The last purged log id recorded in `engine`.
+pub(super) fn last_purged(engine: &dyn KvEngine) -> io::Result<Option<LogId>> {
+    match engine.get(Space::Meta, KEY_PURGED)? {
+        Some(bytes) => Ok(Some(serde_json::from_slice(&bytes).map_err(invalid_data)?)),
+        None => Ok(None),
+    }
+}
+
+/// Makes the log start after `snap`, the last log id of a snapshot the store is rebuilt on
+/// (before any [`LogStore`] is made on `engine`; see `reinstall`): when the entry at its index is
+/// not `snap` (an uncommitted entry a later leader replaced), it and every entry after it go; the
+/// purge mark moves up to `snap` (never down) and the entries up to it go. The vote stays, and
+/// so does the committed id unless it lay in a dropped tail (Raft never replaces a committed
+/// entry, so that would be a committed id recorded wrongly): then it becomes `snap`. Flushed.
+pub(super) fn rebase_on(engine: &dyn KvEngine, snap: LogId) -> io::Result<()> {
+    if let Some(bytes) = engine.get(Space::Log, &index_key(snap.index()))? {
+        let entry: Entry = serde_json::from_slice(&bytes).map_err(invalid_data)?;
+        if entry.log_id() != snap {
+            engine.remove_range(Space::Log, &index_key(snap.index()), &index_key(u64::MAX))?;
+            let committed: Option<LogId> = match engine.get(Space::Meta, KEY_COMMITTED)? {
+                Some(b) => serde_json::from_slice(&b).map_err(invalid_data)?,
+                None => None,
+            };
+            if committed.is_some_and(|c| c.index() >= snap.index()) {
+                let bytes = serde_json::to_vec(&Some(snap)).map_err(invalid_data)?;
+                engine.write_batch(Space::Meta, vec![BatchOp::Put(KEY_COMMITTED.to_vec(), bytes)])?;
+            }
+        }
+    }
+    if last_purged(engine)?.is_none_or(|p| p < snap) {
+        let bytes = serde_json::to_vec(&snap).map_err(invalid_data)?;
+        engine.write_batch(Space::Meta, vec![BatchOp::Put(KEY_PURGED.to_vec(), bytes)])?;
+    }
+    engine.flush()?;
+    engine.remove_range(Space::Log, &index_key(0), &index_key(snap.index().saturating_add(1)))?;
+    engine.flush()
+}
+
 /// Flushes once for all callbacks waiting, then completes them in arrival order.
 fn flusher(engine: Arc<dyn KvEngine>, rx: mpsc::Receiver<IOFlushed<TypeConfig>>) {
     while let Ok(first) = rx.recv() {

@@ -1,9 +1,8 @@
-//! The state machine on the engine: the [`State`] lives in memory; snapshots of it are written
-//! to the engine (flushed) and the log is replayed on top of the latest one at start.
+//! The state machine on the engine: the [`State`] lives in memory; snapshots of it are files
+//! beside the engine (see [`super::snapshots`] for their format and the order of durable steps),
+//! and the log is replayed on top of the latest one at start.
 
-use std::fs;
 use std::io;
-use std::io::Write;
 use std::path::Path;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -22,10 +21,11 @@ use serde::Deserialize;
 use serde::Serialize;
 
 use super::invalid_data;
+use super::snapshots;
+use super::snapshots::Snapshots;
+use super::snapshots::Stored;
 use crate::TypeConfig;
-use crate::engine::BatchOp;
 use crate::engine::KvEngine;
-use crate::engine::Space;
 use crate::sm::Response;
 use crate::sm::State;
 use crate::typ::LogId;
@@ -33,19 +33,7 @@ use crate::typ::Snapshot;
 use crate::typ::SnapshotMeta;
 use crate::typ::StoredMembership;
 
-/// The engine key naming the current snapshot file and its meta. The snapshot itself is a file
-/// beside the engine: bulk data never goes through the engine, whose flushes the log waits on.
-const KEY_SNAPSHOT_REF: &[u8] = b"current_ref";
-
-/// What the engine records of the current snapshot.
-#[derive(Serialize, Deserialize)]
-struct SnapshotRef {
-    /// The file name in the snapshot directory.
-    file: String,
-    /// Its meta, so reading it does not decode the whole state.
-    meta: SnapshotMeta,
-}
-/// The format of a stored snapshot; bump when [`SnapshotFile`] changes shape.
+/// The format of a stored snapshot's payload; bump when [`SnapshotFile`] changes shape.
 const SNAPSHOT_FORMAT: u32 = 1;
 
 /// What the state machine holds besides the application state.
@@ -56,7 +44,7 @@ struct Applied {
     state: State,
 }
 
-/// A snapshot as stored in the engine and sent to followers.
+/// A snapshot's payload as stored and sent to followers (inside the checksummed file).
 #[derive(Serialize, Deserialize)]
 struct SnapshotFile {
     format: u32,
@@ -67,9 +55,8 @@ struct SnapshotFile {
 
 struct Shared {
     applied: RwLock<Applied>,
-    engine: Arc<dyn KvEngine>,
-    /// Where snapshot files live.
-    dir: PathBuf,
+    /// The snapshot files and the engine's pointer to the current one.
+    snapshots: Snapshots,
     /// How many snapshots this process built (observability and tests).
     snapshots_built: AtomicU64,
     /// The last applied index, for whoever waits on state changes (drivers, event streams).
@@ -103,20 +90,24 @@ impl StateReader {
 }
 
 impl StateMachineStore {
-    /// Loads the latest stored snapshot, if any; snapshot files live in `dir`.
+    /// Loads the current snapshot, if any, from `dir`. A current snapshot that is missing, fails
+    /// its checksum or does not decode stops the load with a
+    /// [`DamagedSnapshot`](super::DamagedSnapshot) naming the file, and changes nothing on disk.
     pub fn load(engine: Arc<dyn KvEngine>, dir: &Path) -> io::Result<Self> {
-        fs::create_dir_all(dir)?;
-        let mut applied = Applied::default();
-        if let Some(r) = read_ref(engine.as_ref())? {
-            let bytes = fs::read(dir.join(&r.file))
-                .map_err(|e| io::Error::new(e.kind(), format!("snapshot file {}: {e}", r.file)))?;
-            applied = decode_file(&bytes)?.applied;
-        }
+        let snapshots = Snapshots::new(engine, dir)?;
+        let applied = snapshots
+            .load(|meta, payload| {
+                let file = decode_payload(payload).map_err(|e| e.to_string())?;
+                if file.meta.last_log_id != meta.last_log_id || file.applied.last_applied != meta.last_log_id {
+                    return Err("its content does not match the engine's record of it".to_string());
+                }
+                Ok(file.applied)
+            })?
+            .unwrap_or_default();
         Ok(Self {
             shared: Arc::new(Shared {
                 applied: RwLock::new(applied),
-                engine,
-                dir: dir.to_path_buf(),
+                snapshots,
                 snapshots_built: AtomicU64::new(0),
                 applied_tx: tokio::sync::watch::Sender::new(0),
             }),
@@ -128,49 +119,51 @@ impl StateMachineStore {
         StateReader { shared: self.shared.clone() }
     }
 
-    /// Stores a snapshot file durably; answers its bytes (what followers receive).
-    fn store_file(&self, file: &SnapshotFile) -> io::Result<Vec<u8>> {
-        let bytes = serde_json::to_vec(file).map_err(invalid_data)?;
-        self.store_bytes(&file.meta, bytes)
+    /// The last log id applied (at open: the current snapshot's).
+    pub(super) fn last_applied(&self) -> Option<LogId> {
+        self.shared.applied.read().unwrap_or_else(|p| p.into_inner()).last_applied
     }
 
-    /// Writes the file (fsync, rename, fsync dir), then points the engine at it (flushed), then
-    /// removes older files. A crash at any point leaves the previous snapshot intact.
-    fn store_bytes(&self, meta: &SnapshotMeta, bytes: Vec<u8>) -> io::Result<Vec<u8>> {
-        let dir = &self.shared.dir;
-        let index = meta.last_log_id.map(|l| l.index).unwrap_or(0);
-        let nanos =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-        let name = format!("snapshot-{index:020}-{nanos}.json");
-        let tmp = dir.join(format!("{name}.tmp"));
-        {
-            let mut f = fs::File::create(&tmp)?;
-            f.write_all(&bytes)?;
-            f.sync_all()?;
-        }
-        fs::rename(&tmp, dir.join(&name))?;
-        fs::File::open(dir)?.sync_all()?;
-        let r = serde_json::to_vec(&SnapshotRef { file: name.clone(), meta: meta.clone() }).map_err(invalid_data)?;
-        self.shared.engine.write_batch(Space::Snapshot, vec![BatchOp::Put(KEY_SNAPSHOT_REF.to_vec(), r)])?;
-        self.shared.engine.flush()?;
-        for entry in fs::read_dir(dir)?.flatten() {
-            let n = entry.file_name();
-            if n.to_string_lossy().starts_with("snapshot-") && n.to_string_lossy() != name.as_str() {
-                let _ = fs::remove_file(entry.path());
-            }
-        }
-        Ok(bytes)
+    /// Removes the snapshot files other than the current one (left by a crash).
+    pub(super) fn remove_leftover_snapshots(&self) -> io::Result<()> {
+        self.shared.snapshots.remove_leftovers()
+    }
+
+    /// The file of the current snapshot, as the engine names it (not read, not checked).
+    pub fn current_snapshot_path(&self) -> io::Result<Option<PathBuf>> {
+        self.shared.snapshots.current_path()
     }
 }
 
-fn read_ref(engine: &dyn KvEngine) -> io::Result<Option<SnapshotRef>> {
-    match engine.get(Space::Snapshot, KEY_SNAPSHOT_REF)? {
-        Some(b) => Ok(Some(serde_json::from_slice(&b).map_err(invalid_data)?)),
-        None => Ok(None),
-    }
+/// The bytes a leader would send for an empty state applied up to `last` (for tests).
+#[cfg(test)]
+pub(super) fn snapshot_at(last: LogId) -> (SnapshotMeta, Vec<u8>) {
+    let applied = Applied { last_applied: Some(last), ..Default::default() };
+    let meta = SnapshotMeta { last_log_id: Some(last), last_membership: StoredMembership::default() };
+    let file = SnapshotFile { format: SNAPSHOT_FORMAT, meta: meta.clone(), applied };
+    (meta, snapshots::encode(&serde_json::to_vec(&file).expect("encode a snapshot")))
 }
 
-fn decode_file(bytes: &[u8]) -> io::Result<SnapshotFile> {
+/// Checks a snapshot received for `meta` (its checksum, its decoding, its meta) and answers the
+/// file to store: the received bytes under a header of their own (the same bytes when the sender
+/// sent one).
+pub(super) fn check_received(meta: &SnapshotMeta, snapshot: Vec<u8>) -> io::Result<Vec<u8>> {
+    check_received_file(meta.last_log_id, snapshot).map(|(bytes, _)| bytes)
+}
+
+fn check_received_file(want: Option<LogId>, snapshot: Vec<u8>) -> io::Result<(Vec<u8>, SnapshotFile)> {
+    let (file, legacy) = {
+        let payload = snapshots::payload(&snapshot)
+            .map_err(|why| io::Error::new(io::ErrorKind::InvalidData, format!("received snapshot refused: {why}")))?;
+        (decode_payload(payload)?, payload.len() == snapshot.len())
+    };
+    if file.applied.last_applied != want || file.meta.last_log_id != want {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "snapshot data does not match its meta"));
+    }
+    Ok((if legacy { snapshots::encode(&snapshot) } else { snapshot }, file))
+}
+
+fn decode_payload(bytes: &[u8]) -> io::Result<SnapshotFile> {
     let file: SnapshotFile = serde_json::from_slice(bytes).map_err(invalid_data)?;
     if file.format != SNAPSHOT_FORMAT {
         return Err(io::Error::new(io::ErrorKind::InvalidData, format!("unknown snapshot format {}", file.format)));
@@ -183,14 +176,21 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
 
     async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
         // Only a clone happens under the lock; applies wait for nothing slower than that.
-        // Serializing and flushing run on a blocking thread.
+        // Serializing and storing run on a blocking thread.
         let applied = self.shared.applied.read().unwrap_or_else(|p| p.into_inner()).clone();
         self.shared.snapshots_built.fetch_add(1, Ordering::Relaxed);
         let meta = SnapshotMeta { last_log_id: applied.last_applied, last_membership: applied.last_membership.clone() };
         let this = self.clone();
         let file_meta = meta.clone();
         let bytes = tokio::task::spawn_blocking(move || {
-            this.store_file(&SnapshotFile { format: SNAPSHOT_FORMAT, meta: file_meta, applied })
+            let file = SnapshotFile { format: SNAPSHOT_FORMAT, meta: file_meta, applied };
+            let bytes = snapshots::encode(&serde_json::to_vec(&file).map_err(invalid_data)?);
+            if let Stored::Stale { current } = this.shared.snapshots.store(&file.meta, &bytes)? {
+                // An install overtook this build: openraft ignores a built snapshot that is not
+                // past its current one, so answering it is harmless; it is just not stored.
+                tracing::info!(built = ?file.meta.last_log_id, ?current, "snapshot build dropped: not newer than the current snapshot");
+            }
+            Ok::<_, io::Error>(bytes)
         })
         .await
         .map_err(io::Error::other)??;
@@ -240,13 +240,16 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: Vec<u8>) -> Result<(), io::Error> {
         let this = self.clone();
         let want = meta.last_log_id;
-        // Decode and store on a blocking thread; the bytes are stored as received (same format).
+        // Check, decode and store on a blocking thread; the file is the received payload under a
+        // header of its own (the same bytes when the leader sent one).
         let applied = tokio::task::spawn_blocking(move || {
-            let file = decode_file(&snapshot)?;
-            if file.applied.last_applied != want || file.meta.last_log_id != want {
-                return Err(io::Error::new(io::ErrorKind::InvalidData, "snapshot data does not match its meta"));
+            let (bytes, file) = check_received_file(want, snapshot)?;
+            if let Stored::Stale { current } = this.shared.snapshots.store(&file.meta, &bytes)? {
+                // openraft installs only past its committed log id, so this is not expected; the
+                // pointer still never moves back. The state is replaced as openraft asks: the log
+                // after `want` is applied on top of it, and a restart resumes from `current`.
+                tracing::warn!(installed = ?want, ?current, "installed snapshot not newer than the current one: kept the current file");
             }
-            this.store_bytes(&file.meta, snapshot)?;
             Ok::<_, io::Error>(file.applied)
         })
         .await
@@ -257,9 +260,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, io::Error> {
-        let Some(r) = read_ref(self.shared.engine.as_ref())? else { return Ok(None) };
-        let path = self.shared.dir.join(&r.file);
-        let bytes = tokio::task::spawn_blocking(move || fs::read(path)).await.map_err(io::Error::other)??;
-        Ok(Some(Snapshot { meta: r.meta, snapshot: bytes }))
+        let this = self.clone();
+        let current =
+            tokio::task::spawn_blocking(move || this.shared.snapshots.current()).await.map_err(io::Error::other)??;
+        Ok(current.map(|(meta, snapshot)| Snapshot { meta, snapshot }))
     }
 }
