@@ -142,26 +142,23 @@ mod tests {
     }
 
     fn open_gate(r: &Rounds) {
-        let gate = r.gates.lock().unwrap().remove(0);
-        gate.send(()).unwrap();
+        open_gate_at(r, 0);
+    }
+
+    /// A caller joining a round of `key` in a task of its own.
+    fn spawn_join(c: &Arc<Coalescer<u8, u64>>, r: &Arc<Rounds>, key: u8) -> tokio::task::JoinHandle<Option<u64>> {
+        let (c, f) = (Arc::clone(c), round(r));
+        tokio::spawn(async move { c.join(key, f).await })
     }
 
     #[tokio::test]
     async fn a_caller_arriving_during_a_round_is_served_by_a_later_round() {
         let c: Arc<Coalescer<u8, u64>> = Arc::default();
         let (r, mut started) = rounds();
-        let first = tokio::spawn({
-            let (c, f) = (Arc::clone(&c), round(&r));
-            async move { c.join(1, f).await }
-        });
+        let first = spawn_join(&c, &r, 1);
         assert_eq!(started.recv().await, Some(1));
         // Round 1 is in flight: these arrive after it began and must not take its answer.
-        let late: Vec<_> = (0..5)
-            .map(|_| {
-                let (c, f) = (Arc::clone(&c), round(&r));
-                tokio::spawn(async move { c.join(1, f).await })
-            })
-            .collect();
+        let late: Vec<_> = (0..5).map(|_| spawn_join(&c, &r, 1)).collect();
         while c.waiting(&1) < 5 {
             tokio::task::yield_now().await;
         }
@@ -180,16 +177,10 @@ mod tests {
     async fn keys_do_not_wait_for_each_other_and_groups_are_forgotten() {
         let c: Arc<Coalescer<u8, u64>> = Arc::default();
         let (r, mut started) = rounds();
-        let stuck = tokio::spawn({
-            let (c, f) = (Arc::clone(&c), round(&r));
-            async move { c.join(1, f).await }
-        });
+        let stuck = spawn_join(&c, &r, 1);
         assert_eq!(started.recv().await, Some(1));
         // Key 1's round never ends (a dead leader): key 2 still gets its own round.
-        let other = tokio::spawn({
-            let (c, f) = (Arc::clone(&c), round(&r));
-            async move { c.join(2, f).await }
-        });
+        let other = spawn_join(&c, &r, 2);
         assert_eq!(started.recv().await, Some(2));
         open_gate_at(&r, 1);
         assert_eq!(other.await.unwrap(), Some(2));
@@ -210,17 +201,11 @@ mod tests {
     async fn a_caller_that_gave_up_does_not_strand_the_others() {
         let c: Arc<Coalescer<u8, u64>> = Arc::default();
         let (r, mut started) = rounds();
-        let gave_up = tokio::spawn({
-            let (c, f) = (Arc::clone(&c), round(&r));
-            async move { c.join(1, f).await }
-        });
+        let gave_up = spawn_join(&c, &r, 1);
         assert_eq!(started.recv().await, Some(1));
         gave_up.abort();
         let _ = gave_up.await;
-        let waiter = tokio::spawn({
-            let (c, f) = (Arc::clone(&c), round(&r));
-            async move { c.join(1, f).await }
-        });
+        let waiter = spawn_join(&c, &r, 1);
         while c.waiting(&1) < 1 {
             tokio::task::yield_now().await;
         }
