@@ -13,7 +13,8 @@
 #      `ldd` and copied too, keeping symlink chains, the dynamic loader
 #      (/lib64/ld-linux-x86-64.so.2) and the host's merged-/usr layout (/bin -> usr/bin, ...);
 #   3. a minimal /etc (root and `user` uid 1000, nsswitch, hosts, ld.so.cache, CA bundle, ...),
-#      /tmp, /root, /home/user, /var/lib/computer-agent and the /proc /sys /dev mount points are
+#      /tmp, /root, /home/user, /workspace (user's: sessions' working directory), the agent's
+#      root-only /var/lib/computer-agent and the /proc /sys /dev mount points are
 #      added, and the agent is installed as /usr/local/bin/computer-agent;
 #   4. the tree is streamed into `docker import` with PATH/HOME/WORKDIR/CMD set.
 #
@@ -255,7 +256,7 @@ log "resolved $nlibs shared libraries"
 # ---- /etc, users, directories ----------------------------------------------------------------
 
 R="$ROOTFS"
-mkdir -p "$R/etc" "$R/root" "$R/home/user" "$R/var/lib/computer-agent" "$R/var/tmp" \
+mkdir -p "$R/etc" "$R/root" "$R/home/user" "$R/workspace" "$R/var/lib/computer-agent" "$R/var/tmp" \
          "$R/var/log" "$R/tmp" "$R/run" "$R/proc" "$R/sys" "$R/dev" "$R/usr/local/sbin" \
          "$R/usr/local/lib" "$R/usr/local/share" "$R/etc/ssl/certs"
 chmod 0755 "$R/etc" "$R/home" "$R/var" "$R/var/lib" "$R/var/lib/computer-agent" "$R/run" \
@@ -313,8 +314,10 @@ bf="$R/usr/share/base-files"
 [[ -f "$bf/dot.bashrc" ]] && install -m 0644 "$bf/dot.bashrc" "$R/root/.bashrc"
 [[ -f "$bf/dot.profile" ]] && install -m 0644 "$bf/dot.profile" "$R/root/.profile"
 for f in "$R"/etc/skel/.[!.]*; do install -m 0644 "$f" "$R/home/user/${f##*/}"; done
-chown -R 1000:1000 "$R/home/user"
-chmod 0755 "$R/home/user"
+chown -R 1000:1000 "$R/home/user" "$R/workspace"
+chmod 0755 "$R/home/user" "$R/workspace"
+# The agent's state (credential, tool runtime) is root's; the agent narrows it further at start.
+chmod 0700 "$R/var/lib/computer-agent"
 
 # ld.so.cache for the image's own library set (-X: leave the copied symlinks alone).
 ldconfig -X -r "$R"

@@ -3,7 +3,9 @@
 //! Owns nothing durable: every step is a command in the replicated store. The driver
 //! ([`crate::driver`]) sends it [`ComputerMessage::Run`] for executions it may claim. A run is:
 //! claim (fences out other drivers) → dispatch (rights re-checked at commit; recorded before
-//! the call) → one provider call under a deadline → finish. It never re-sends a dispatched call.
+//! the call; a lost answer is asked again with the same claim, never given up to a takeover that
+//! would declare a call unknown that was never sent) → one provider call under a deadline →
+//! finish. It never re-sends a dispatched call.
 
 use std::time::Duration;
 
@@ -30,8 +32,8 @@ use crate::provider::ProviderError;
 /// remove an execution when its run ends.
 pub type Inflight = std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, String>>>;
 
-/// How long a finished call's answer is retried into the store before giving up (a taking-over
-/// driver then declares it unknown).
+/// How long a dispatch mark, or a finished call's answer, is retried into the store before
+/// giving up (for an answer, a taking-over driver then declares it unknown).
 const FINISH_PATIENCE: Duration = Duration::from_secs(60);
 
 /// The actor behaviour (no config of its own).
@@ -157,15 +159,17 @@ impl ComputerActorState {
                 return;
             }
         };
-        let dispatch =
-            Command::DispatchExecution { execution_id: exe_id.into(), claim: claim.clone(), at_ms: now_ms() };
-        match self.propose(dispatch).await {
-            Some(Response::Ok) => {}
-            Some(Response::Rejected(r)) => {
-                tracing::info!(reason = %r.message, "not dispatched");
+        match self.dispatch(exe_id, &claim).await {
+            Some(true) => {}
+            Some(false) => return,
+            None => {
+                // Whether the mark was recorded is not known, but nothing was sent: the execution
+                // fails as not sent (never left dispatched for a takeover to declare unknown).
+                let message = "the dispatch could not be recorded in time; nothing was sent".into();
+                let error = ExecutionError { kind: "not_sent".into(), message };
+                self.finish(exe_id, &claim, Outcome::Failed { error }).await;
                 return;
             }
-            _ => return, // Not recorded: nothing is sent; a takeover will claim it again.
         }
 
         let outcome = match adapter {
@@ -201,6 +205,27 @@ impl ComputerActorState {
         };
         tracing::info!(outcome = ?outcome, "provider call ended");
         self.finish(exe_id, &claim, outcome).await;
+    }
+
+    /// Records the dispatch mark before the call is sent; answers whether to send it (`None`:
+    /// no answer in time). A lost answer is asked again with the same claim, which the store
+    /// answers as it did the first time (a dispatch is idempotent for its claimant).
+    async fn dispatch(&self, exe_id: &str, claim: &str) -> Option<bool> {
+        let deadline = tokio::time::Instant::now() + FINISH_PATIENCE;
+        loop {
+            let cmd = Command::DispatchExecution { execution_id: exe_id.into(), claim: claim.into(), at_ms: now_ms() };
+            match self.propose(cmd).await {
+                Some(Response::Rejected(r)) => {
+                    tracing::info!(reason = %r.message, "not dispatched");
+                    return Some(false);
+                }
+                Some(_) => return Some(true),
+                None if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                None => return None,
+            }
+        }
     }
 
     /// Records the outcome, retrying while the store is unavailable (finishing twice is refused

@@ -369,6 +369,10 @@ impl DockerProvider {
             format!("COMPUTER_AGENT_SERVER={}", self.config.server_url),
             format!("COMPUTER_AGENT_STATE={AGENT_STATE}"),
             "HOME=/root".to_string(),
+            // Sessions and file calls run as the image's `user` (uid 1000) in its workspace,
+            // unless a call says root; the agent alone stays root.
+            "COMPUTER_AGENT_USER=user".to_string(),
+            "COMPUTER_AGENT_WORKDIR=/workspace".to_string(),
         ];
         if let Some(code) = &spec.pairing_code {
             env.push(format!("COMPUTER_AGENT_PAIR={code}"));
@@ -542,6 +546,7 @@ mod tests {
         let env = body.env.unwrap_or_default();
         assert!(env.contains(&format!("COMPUTER_AGENT_CA_PEM={pem}")), "{env:?}");
         assert!(!env.iter().any(|e| e.starts_with("COMPUTER_AGENT_INSECURE")), "{env:?}");
+        assert!(env.contains(&"COMPUTER_AGENT_USER=user".to_string()), "{env:?}");
         assert!(env.contains(&"COMPUTER_AGENT_MCP_FIRST_UID=265536".to_string()), "{env:?}");
         let host = body.host_config.expect("host config");
         assert_eq!(host.cap_drop, Some(vec!["ALL".to_string()]));

@@ -1,11 +1,23 @@
-//! File and directory calls. Relative paths resolve against the agent's working directory;
-//! paths with `..` are refused.
+//! File and directory calls. Relative paths resolve against the workspace (the agent's
+//! `--workdir`, as a session's working directory does); paths with `..` are refused.
+//!
+//! Every function here touches the file system with the rights of the thread that calls it: the
+//! service calls them on a thread holding the call's account ([`crate::users::run_as`]), so a
+//! file is opened, created, renamed and removed exactly as that account could, and what it
+//! creates belongs to it. Only regular files are read or replaced (a FIFO or a device is refused
+//! before it is opened for use); a write goes to a temporary file beside the target, which takes
+//! the mode of the file it replaces, and is renamed into place.
 
 use std::io;
 use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::PermissionsExt;
 use std::path::Component;
 use std::path::Path;
 use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::users::Account;
 
 /// The largest file read or written in one call.
 pub const MAX_FILE: u64 = 16 << 20;
@@ -31,6 +43,9 @@ pub enum FileError {
     /// Over the limit.
     #[error("larger than {MAX_FILE} bytes")]
     TooLarge,
+    /// Not a regular file (a FIFO, a socket, a device).
+    #[error("{0} is not a regular file: only regular files are read and written")]
+    NotRegular(&'static str),
     /// Anything else.
     #[error("{0}")]
     Io(String),
@@ -87,28 +102,54 @@ fn kind_of(ft: std::fs::FileType) -> &'static str {
     }
 }
 
-/// Opens a file for reading, refusing directories and files over the limit.
-pub async fn open_read(path: &Path) -> Result<tokio::fs::File, FileError> {
-    let meta = tokio::fs::metadata(path).await?;
-    if meta.is_dir() {
-        return Err(FileError::IsDirectory);
+fn special(ft: std::fs::FileType) -> Result<(), FileError> {
+    use std::os::unix::fs::FileTypeExt;
+    if ft.is_dir() {
+        Err(FileError::IsDirectory)
+    } else if ft.is_fifo() {
+        Err(FileError::NotRegular("a FIFO"))
+    } else if ft.is_socket() {
+        Err(FileError::NotRegular("a socket"))
+    } else if ft.is_char_device() || ft.is_block_device() {
+        Err(FileError::NotRegular("a device"))
+    } else if !ft.is_file() {
+        Err(FileError::NotRegular("this"))
+    } else {
+        Ok(())
     }
+}
+
+/// Opens a regular file for reading, refusing directories, FIFOs, devices and files over the
+/// limit. It is opened without blocking and checked again through the descriptor, so a FIFO put
+/// in its place meanwhile is refused too, never waited on.
+pub fn open_read(path: &Path) -> Result<std::fs::File, FileError> {
+    let meta = std::fs::metadata(path)?;
+    special(meta.file_type())?;
     if meta.len() > MAX_FILE {
         return Err(FileError::TooLarge);
     }
-    Ok(tokio::fs::File::open(path).await?)
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
+        .open(path)?;
+    let now = f.metadata()?;
+    special(now.file_type())?;
+    if (now.dev(), now.ino()) != (meta.dev(), meta.ino()) {
+        return Err(FileError::Io("the file changed while it was opened".into()));
+    }
+    Ok(f)
 }
 
 /// Lists a directory, sorted by name.
-pub async fn list(path: &Path) -> Result<Vec<Entry>, FileError> {
-    let meta = tokio::fs::metadata(path).await?;
+pub fn list(path: &Path) -> Result<Vec<Entry>, FileError> {
+    let meta = std::fs::metadata(path)?;
     if !meta.is_dir() {
         return Err(FileError::NotDirectory);
     }
-    let mut rd = tokio::fs::read_dir(path).await?;
     let mut out = Vec::new();
-    while let Some(e) = rd.next_entry().await? {
-        let m = tokio::fs::symlink_metadata(e.path()).await?;
+    for e in std::fs::read_dir(path)? {
+        let e = e?;
+        let m = std::fs::symlink_metadata(e.path())?;
         out.push(Entry {
             name: e.file_name().to_string_lossy().into_owned(),
             kind: kind_of(m.file_type()),
@@ -122,12 +163,12 @@ pub async fn list(path: &Path) -> Result<Vec<Entry>, FileError> {
 }
 
 /// Removes a file (not a directory).
-pub async fn remove(path: &Path) -> Result<(), FileError> {
-    let meta = tokio::fs::symlink_metadata(path).await?;
+pub fn remove(path: &Path) -> Result<(), FileError> {
+    let meta = std::fs::symlink_metadata(path)?;
     if meta.is_dir() {
         return Err(FileError::IsDirectory);
     }
-    Ok(tokio::fs::remove_file(path).await?)
+    Ok(std::fs::remove_file(path)?)
 }
 
 /// The temporary file a write goes to before it is renamed into place.
@@ -137,44 +178,94 @@ pub fn temp_for(path: &Path) -> Result<PathBuf, FileError> {
     Ok(path.with_file_name(tmp))
 }
 
-/// A temporary file that is removed when dropped, unless it was renamed into place.
-pub struct TempFile(Option<PathBuf>);
+/// The mode a new file gets.
+pub const NEW_FILE_MODE: u32 = 0o644;
+
+/// A write begun: its temporary file (open for writing) and the mode the file will have.
+pub struct Begun {
+    /// The temporary file's path.
+    pub temp: PathBuf,
+    /// It, open for writing.
+    pub file: std::fs::File,
+    /// The mode of the file it replaces, or [`NEW_FILE_MODE`].
+    pub mode: u32,
+}
+
+/// Begins writing `path`: makes its missing parent directories, refuses a directory, FIFO or
+/// device in its place, and creates the temporary file beside it (never following a link).
+pub fn begin_write(path: &Path) -> Result<Begun, FileError> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let mode = match std::fs::metadata(path) {
+        Ok(m) => {
+            special(m.file_type())?;
+            m.mode() & 0o7777
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => NEW_FILE_MODE,
+        Err(e) => return Err(e.into()),
+    };
+    let temp = temp_for(path)?;
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&temp)?;
+    Ok(Begun { temp, file, mode })
+}
+
+/// Finishes a write: the temporary file takes `mode`, is flushed to disk and renamed to `path`.
+/// Answers whether the rename happened (the temporary file is gone) and the file's entry.
+pub fn finish_write(file: &std::fs::File, mode: u32, temp: &Path, path: &Path) -> (bool, Result<Entry, FileError>) {
+    let placed = file
+        .set_permissions(std::fs::Permissions::from_mode(mode))
+        .and_then(|()| file.sync_all())
+        .and_then(|()| std::fs::rename(temp, path));
+    match placed {
+        Ok(()) => (true, stat(path)),
+        Err(e) => (false, Err(e.into())),
+    }
+}
+
+/// A temporary file that is removed when dropped (with the rights of the account that made it),
+/// unless it was renamed into place.
+pub struct TempFile(Option<(PathBuf, Arc<Account>)>);
 
 impl TempFile {
-    /// Takes charge of `path` (which need not exist yet).
-    pub fn new(path: PathBuf) -> Self {
-        Self(Some(path))
+    /// Takes charge of `path`, made by `account`.
+    pub fn new(path: PathBuf, account: Arc<Account>) -> Self {
+        Self(Some((path, account)))
     }
 
     /// Where the file is.
     pub fn path(&self) -> &Path {
-        self.0.as_deref().unwrap_or(Path::new(""))
+        self.0.as_ref().map(|(p, _)| p.as_path()).unwrap_or(Path::new(""))
     }
 
-    /// Renames the file to `to`; it is no longer removed.
-    pub async fn persist(mut self, to: &Path) -> std::io::Result<()> {
-        let Some(from) = self.0.take() else { return Ok(()) };
-        match tokio::fs::rename(&from, to).await {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                self.0 = Some(from);
-                Err(e)
-            }
-        }
+    /// It was renamed into place: nothing is left to remove.
+    pub fn placed(mut self) {
+        self.0 = None;
     }
 }
 
 impl Drop for TempFile {
     fn drop(&mut self) {
-        if let Some(p) = self.0.take() {
-            let _ = std::fs::remove_file(p);
+        if let Some((p, account)) = self.0.take() {
+            if account.switches {
+                crate::users::run_as_detached(&account, move || {
+                    let _ = std::fs::remove_file(p);
+                });
+            } else {
+                let _ = std::fs::remove_file(p);
+            }
         }
     }
 }
 
 /// Metadata of one path, as an entry.
-pub async fn stat(path: &Path) -> Result<Entry, FileError> {
-    let m = tokio::fs::symlink_metadata(path).await?;
+pub fn stat(path: &Path) -> Result<Entry, FileError> {
+    let m = std::fs::symlink_metadata(path)?;
     Ok(Entry {
         name: path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
         kind: kind_of(m.file_type()),
@@ -196,5 +287,25 @@ mod tests {
         assert!(matches!(resolve(base, "../x"), Err(FileError::InvalidPath(_))));
         assert!(matches!(resolve(base, "/a/../b"), Err(FileError::InvalidPath(_))));
         assert!(matches!(resolve(base, ""), Err(FileError::InvalidPath(_))));
+    }
+
+    #[test]
+    fn fifos_are_refused_and_writes_keep_modes_and_make_parents() {
+        let dir = tempfile::tempdir().expect("dir");
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o644)).expect("mkfifo");
+        assert!(matches!(open_read(&fifo), Err(FileError::NotRegular("a FIFO"))));
+        assert!(matches!(begin_write(&fifo), Err(FileError::NotRegular("a FIFO"))));
+        assert!(matches!(open_read(Path::new("/dev/null")), Err(FileError::NotRegular("a device"))));
+        let path = dir.path().join("a/b/c.txt");
+        let b = begin_write(&path).expect("begin");
+        assert_eq!(b.mode, NEW_FILE_MODE);
+        let (placed, e) = finish_write(&b.file, b.mode, &b.temp, &path);
+        assert!(placed);
+        assert_eq!(e.expect("entry").mode, NEW_FILE_MODE);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o751)).expect("chmod");
+        let b = begin_write(&path).expect("begin");
+        let (_, e) = finish_write(&b.file, b.mode, &b.temp, &path);
+        assert_eq!(e.expect("entry").mode, 0o751, "an overwrite keeps the mode");
     }
 }

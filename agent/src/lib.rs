@@ -6,7 +6,10 @@
 //! - [`link`]: the link loop: dial, authenticate, serve, reconnect with jittered backoff.
 //! - [`sessions`]: processes (with or without a PTY) and their bounded output buffers; they keep
 //!   running and keep their output while the link is down.
+//! - [`users`]: the accounts calls run as (`user` by default in a sandbox, `root` on request),
+//!   and running a call's file work on a thread holding only its account's rights.
 //! - [`files`]: file and directory calls.
+//! - [`layout`]: the owners and modes of the agent's state dir and of the workspace.
 //! - [`service`]: the gRPC service, refusing any link generation but the current one.
 //! - [`tls`]: `https`/`wss` with the server verified (system roots, or `--ca`); plain `http` only
 //!   to loopback or with `--insecure`.
@@ -14,6 +17,7 @@
 #![warn(missing_docs)]
 
 pub mod files;
+pub mod layout;
 pub mod link;
 pub mod mcp;
 pub mod output;
@@ -21,3 +25,4 @@ pub mod pairing;
 pub mod service;
 pub mod sessions;
 pub mod tls;
+pub mod users;

@@ -35,9 +35,20 @@ struct Cli {
     /// Where the machine credential is kept.
     #[arg(long, env = "COMPUTER_AGENT_STATE")]
     state: PathBuf,
-    /// Where relative file paths resolve (default: the home directory).
+    /// The workspace: sessions' working directory and where relative paths resolve, for files,
+    /// sessions and tool archives (default: the home directory; made when missing).
     #[arg(long, env = "COMPUTER_AGENT_WORKDIR")]
     workdir: Option<PathBuf>,
+    /// The account sessions and file calls run as unless a call says `"user": "root"` (default:
+    /// the agent's own; only an agent started as root may name another, e.g. `user` in a
+    /// sandbox).
+    #[arg(long, env = "COMPUTER_AGENT_USER")]
+    user: Option<String>,
+    /// Let tool bindings run under the agent's own UID when it is not root (it cannot give them
+    /// UIDs of their own). Such bindings are marked `sharedUid` in every listing; without this
+    /// flag a non-root agent refuses tool installs (`isolation_unavailable`).
+    #[arg(long, env = "COMPUTER_AGENT_SHARED_UID_BINDINGS")]
+    shared_uid_bindings: bool,
     /// Where tool packages, their bindings' homes and the registry live (root-owned; default
     /// STATE/runtime).
     #[arg(long, env = "COMPUTER_AGENT_RUNTIME")]
@@ -63,6 +74,30 @@ async fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    // Not dumpable: no process without CAP_SYS_PTRACE, though of the agent's own account (a
+    // session, or root in a sandbox, which has no such capability), can attach to the agent or
+    // read its memory or `/proc/<pid>/environ`, where a pairing code or the credential may be.
+    // Sessions exec a program, which makes them dumpable again.
+    // SAFETY: prctl with integer arguments only; it changes this process's flag.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+        eprintln!("computer-agent: cannot make the agent undumpable: {}", std::io::Error::last_os_error());
+        return std::process::ExitCode::from(2);
+    }
+    let users = match computer_agent::users::Users::new(cli.user.as_deref()) {
+        Ok(u) => u,
+        Err(why) => {
+            eprintln!("computer-agent: {why}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let runtime = cli.runtime.clone().unwrap_or_else(|| cli.state.join("runtime"));
+    let isolation = computer_agent::mcp::bindings::Isolation::of_agent(cli.mcp_first_uid, cli.shared_uid_bindings);
+    // Before pairing writes the credential: the state is the agent's alone (and the bindings'
+    // group's, to pass through to the runtime).
+    if let Err(e) = computer_agent::layout::protect(&cli.state, isolation.group()) {
+        eprintln!("computer-agent: cannot protect the state dir {}: {e}", cli.state.display());
+        return std::process::ExitCode::from(2);
+    }
     let idle_limit = std::time::Duration::try_from_secs_f64(cli.session_idle_secs).ok().filter(|d| !d.is_zero());
     let Some(idle_limit) = idle_limit else {
         eprintln!("computer-agent: --session-idle-secs must be a positive number of seconds");
@@ -102,17 +137,28 @@ async fn main() -> std::process::ExitCode {
             }
         },
     };
-    let workdir =
-        cli.workdir.or_else(|| std::env::var_os("HOME").map(PathBuf::from)).unwrap_or_else(|| PathBuf::from("/"));
+    let workdir = cli
+        .workdir
+        .or_else(|| std::env::var_os("HOME").map(PathBuf::from))
+        .unwrap_or_else(|| users.default_account().home.clone());
+    if let Err(e) = computer_agent::layout::workspace(&workdir, users.default_account()) {
+        eprintln!("computer-agent: cannot make the workspace {}: {e}", workdir.display());
+        return std::process::ExitCode::from(2);
+    }
     let sessions = Sessions::default();
     sessions.start_reaper(idle_limit);
-    let runtime = cli.runtime.clone().unwrap_or_else(|| cli.state.join("runtime"));
     let limits = computer_agent::mcp::runner::RunLimits {
         deadline: std::time::Duration::from_secs(cli.mcp_deadline_secs.max(1)),
         ..Default::default()
     };
-    let tools = computer_agent::mcp::bindings::Tools::new(runtime, workdir.clone(), limits, cli.mcp_first_uid);
-    let svc = AgentService { sessions, workdir, generation: Arc::new(AtomicU64::new(0)), tools: Some(tools) };
+    let tools = computer_agent::mcp::bindings::Tools::new(runtime, workdir.clone(), limits, cli.mcp_first_uid)
+        .with_isolation(isolation);
+    // A binding's UID must be able to pass through to the runtime; if it cannot, installs are
+    // refused naming the directory in the way.
+    if let Some(why) = tools.check_reach().await {
+        tracing::warn!(reason = %why, "tool packages cannot run here");
+    }
+    let svc = AgentService { sessions, workdir, generation: Arc::new(AtomicU64::new(0)), tools: Some(tools), users };
     link::run(dial, cred, svc).await;
     std::process::ExitCode::SUCCESS
 }

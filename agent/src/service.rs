@@ -36,6 +36,10 @@ use crate::sessions::Reply;
 use crate::sessions::SessionError;
 use crate::sessions::Sessions;
 use crate::sessions::Spec;
+use crate::users;
+use crate::users::Account;
+use crate::users::UserError;
+use crate::users::Users;
 
 /// The service; clones share the sessions.
 #[derive(Clone)]
@@ -48,6 +52,8 @@ pub struct AgentService {
     pub generation: Arc<AtomicU64>,
     /// MCP tool packages (`None`: this agent does not host them).
     pub tools: Option<crate::mcp::bindings::Tools>,
+    /// Who calls run as.
+    pub users: Users,
 }
 
 fn check<T>(g: &AtomicU64, req: &Request<T>) -> Result<(), Status> {
@@ -77,8 +83,22 @@ fn file_status(e: FileError) -> Status {
         FileError::NotDirectory => ErrorKind::InvalidRequest.status("not a directory"),
         FileError::PermissionDenied => ErrorKind::Forbidden.status("permission denied"),
         FileError::TooLarge => ErrorKind::TooLarge.status(format!("larger than {} bytes", files::MAX_FILE)),
+        e @ FileError::NotRegular(_) => ErrorKind::InvalidRequest.status(e.to_string()),
         FileError::Io(m) => ErrorKind::Internal.status(m),
     }
+}
+
+fn user_status(e: UserError) -> Status {
+    match e {
+        UserError::Unknown(_) => ErrorKind::InvalidRequest.status(e.to_string()),
+        UserError::NoRoot(..) => ErrorKind::ComputerUnsupported.status(e.to_string()),
+        UserError::RootForbidden => ErrorKind::Forbidden.status(e.to_string()),
+    }
+}
+
+/// A call's thread could not be made or stopped.
+fn thread_status(e: std::io::Error) -> Status {
+    ErrorKind::Internal.status(format!("cannot run the call as its account: {e}"))
 }
 
 fn reply(id: &str, r: Reply) -> SessionReply {
@@ -104,10 +124,18 @@ impl Agent for AgentService {
     async fn start(&self, req: Request<StartSession>) -> Result<Response<SessionReply>, Status> {
         check(&self.generation, &req)?;
         let r = req.into_inner();
+        let account = self.users.for_call(&r.user, r.root_allowed).map_err(user_status)?;
+        // Relative to the workspace, like a file call's path.
+        let cwd = if r.cwd.is_empty() {
+            self.workdir.clone()
+        } else {
+            files::resolve(&self.workdir, &r.cwd).map_err(file_status)?
+        };
         let spec = Spec {
             owner: r.owner,
             command: r.command,
-            cwd: r.cwd,
+            cwd: cwd.to_string_lossy().into_owned(),
+            account: Some(account),
             env: r.env.into_iter().collect(),
             tty: r.tty,
             rows: r.rows.min(u16::MAX as u32) as u16,
@@ -161,24 +189,31 @@ impl Agent for AgentService {
 
     async fn read_file(&self, req: Request<FilePath>) -> Result<Response<ChunkStream>, Status> {
         check(&self.generation, &req)?;
-        let path = files::resolve(&self.workdir, &req.get_ref().path).map_err(file_status)?;
-        let f = files::open_read(&path).await.map_err(file_status)?;
-        Ok(Response::new(stream_file(f)))
+        let r = req.into_inner();
+        let (account, path) = self.file_call(&r.user, r.root_allowed, &r.path)?;
+        let f = users::run_as(&account, move || files::open_read(&path)).await.map_err(thread_status)?;
+        Ok(Response::new(stream_file(tokio::fs::File::from_std(f.map_err(file_status)?))))
     }
 
     async fn write_file(&self, req: Request<Streaming<FileChunk>>) -> Result<Response<FileInfo>, Status> {
         check(&self.generation, &req)?;
         let mut stream = req.into_inner();
         let first = stream.next().await.ok_or_else(|| ErrorKind::InvalidRequest.status("empty write"))??;
-        let path = files::resolve(&self.workdir, &first.path).map_err(file_status)?;
-        if tokio::fs::metadata(&path).await.is_ok_and(|m| m.is_dir()) {
-            return Err(file_status(FileError::IsDirectory));
-        }
+        let (account, path) = self.file_call(&first.user, first.root_allowed, &first.path)?;
+        let target = path.clone();
+        let begun = users::run_as(&account, move || files::begin_write(&target))
+            .await
+            .map_err(thread_status)?
+            .map_err(file_status)?;
         // The guard removes the temporary file on any early return, and also when the call is
         // cancelled (the node resets the stream and this future is dropped mid-write).
-        let tmp = files::TempFile::new(files::temp_for(&path).map_err(file_status)?);
-        let mut f = tokio::fs::File::create(tmp.path()).await.map_err(|e| file_status(e.into()))?;
+        let tmp = files::TempFile::new(begun.temp.clone(), account.clone());
+        let mode = begun.mode;
+        let mut f = tokio::fs::File::from_std(begun.file);
         let mut total = first.data.len() as u64;
+        if total > files::MAX_FILE {
+            return Err(file_status(FileError::TooLarge));
+        }
         f.write_all(&first.data).await.map_err(|e| file_status(e.into()))?;
         while let Some(chunk) = stream.next().await {
             let chunk = chunk?;
@@ -188,22 +223,32 @@ impl Agent for AgentService {
             }
             f.write_all(&chunk.data).await.map_err(|e| file_status(e.into()))?;
         }
-        f.sync_all().await.map_err(|e| file_status(e.into()))?;
-        tmp.persist(&path).await.map_err(|e| file_status(e.into()))?;
-        Ok(Response::new(info(files::stat(&path).await.map_err(file_status)?)))
+        f.flush().await.map_err(|e| file_status(e.into()))?;
+        let f = f.into_std().await;
+        let temp = tmp.path().to_path_buf();
+        let (placed, entry) = users::run_as(&account, move || files::finish_write(&f, mode, &temp, &path))
+            .await
+            .map_err(thread_status)?;
+        if placed {
+            tmp.placed();
+        }
+        Ok(Response::new(info(entry.map_err(file_status)?)))
     }
 
     async fn remove_file(&self, req: Request<FilePath>) -> Result<Response<Nothing>, Status> {
         check(&self.generation, &req)?;
-        let path = files::resolve(&self.workdir, &req.get_ref().path).map_err(file_status)?;
-        files::remove(&path).await.map_err(file_status)?;
+        let r = req.into_inner();
+        let (account, path) = self.file_call(&r.user, r.root_allowed, &r.path)?;
+        users::run_as(&account, move || files::remove(&path)).await.map_err(thread_status)?.map_err(file_status)?;
         Ok(Response::new(Nothing {}))
     }
 
     async fn list_directory(&self, req: Request<FilePath>) -> Result<Response<DirListing>, Status> {
         check(&self.generation, &req)?;
-        let path = files::resolve(&self.workdir, &req.get_ref().path).map_err(file_status)?;
-        let entries = files::list(&path).await.map_err(file_status)?;
+        let r = req.into_inner();
+        let (account, path) = self.file_call(&r.user, r.root_allowed, &r.path)?;
+        let entries =
+            users::run_as(&account, move || files::list(&path)).await.map_err(thread_status)?.map_err(file_status)?;
         Ok(Response::new(DirListing { entries: entries.into_iter().map(info).collect() }))
     }
 
@@ -228,16 +273,38 @@ impl Agent for AgentService {
     }
 }
 
-/// A stream of the chunks of a file, read until EOF.
+impl AgentService {
+    /// The account and the resolved path of a file call.
+    fn file_call(
+        &self,
+        user: &str,
+        root_allowed: bool,
+        path: &str,
+    ) -> Result<(std::sync::Arc<Account>, PathBuf), Status> {
+        let account = self.users.for_call(user, root_allowed).map_err(user_status)?;
+        let path = files::resolve(&self.workdir, path).map_err(file_status)?;
+        Ok((account, path))
+    }
+}
+
+/// A stream of the chunks of a file, read until EOF, at most [`files::MAX_FILE`] bytes: a file
+/// that grows past the limit while it is read ends the stream with `too_large`.
 fn stream_file(mut f: tokio::fs::File) -> ChunkStream {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<FileChunk, Status>>(4);
     tokio::spawn(async move {
         let mut buf = vec![0u8; 256 * 1024];
+        let mut total = 0u64;
         loop {
             match f.read(&mut buf).await {
                 Ok(0) => break,
                 Ok(n) => {
-                    if tx.send(Ok(FileChunk { path: String::new(), data: buf[..n].to_vec() })).await.is_err() {
+                    total += n as u64;
+                    if total > files::MAX_FILE {
+                        let _ = tx.send(Err(file_status(FileError::TooLarge))).await;
+                        break;
+                    }
+                    let chunk = FileChunk { data: buf[..n].to_vec(), ..Default::default() };
+                    if tx.send(Ok(chunk)).await.is_err() {
                         break;
                     }
                 }

@@ -20,6 +20,7 @@ use tokio::time::Instant;
 
 use crate::output::Chunk;
 use crate::output::OutputBuf;
+use crate::users::Account;
 
 /// Output kept per session.
 const BUFFER_BYTES: usize = 8 << 20;
@@ -66,8 +67,10 @@ pub struct Spec {
     pub owner: String,
     /// The command for `bash -lc`.
     pub command: String,
-    /// Working directory (empty: the agent's).
+    /// Working directory, absolute (empty: the agent's own).
     pub cwd: String,
+    /// The account it runs as (`None`: the agent's own, as it is).
+    pub account: Option<Arc<Account>>,
     /// Extra environment.
     pub env: HashMap<String, String>,
     /// Run under a PTY.
@@ -233,10 +236,41 @@ impl Sessions {
             return Err(SessionError::Exists);
         }
         let mut cmd = tokio::process::Command::new("bash");
-        cmd.arg("-lc").arg(&spec.command).envs(&spec.env).kill_on_drop(false);
-        if !spec.cwd.is_empty() {
-            cmd.current_dir(&spec.cwd);
+        cmd.arg("-lc").arg(&spec.command).kill_on_drop(false);
+        // The agent's own settings (COMPUTER_AGENT_*, the pairing code among them) are not the
+        // session's; its account's identity is.
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("COMPUTER_AGENT_") {
+                cmd.env_remove(k);
+            }
         }
+        if let Some(a) = &spec.account {
+            cmd.env("HOME", &a.home).env("USER", &a.name).env("LOGNAME", &a.name).env("SHELL", &a.shell);
+        }
+        cmd.envs(&spec.env);
+        // The child takes the account, then enters its directory as the account (so a directory
+        // it may not enter is refused, never entered with the agent's rights).
+        let cwd = if spec.cwd.is_empty() {
+            None
+        } else {
+            Some(std::ffi::CString::new(spec.cwd.clone()).map_err(|_| SessionError::Spawn("cwd has a NUL".into()))?)
+        };
+        let account = spec.account.clone();
+        let become_account = move || -> std::io::Result<()> {
+            if let Some(a) = &account {
+                a.drop_privileges()?;
+            }
+            if let Some(dir) = &cwd {
+                // SAFETY: chdir with a valid NUL-terminated path.
+                if unsafe { libc::chdir(dir.as_ptr()) } != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        };
+        let who = spec.account.as_ref().map(|a| a.name.clone()).unwrap_or_else(|| "the agent".into());
+        let where_ = if spec.cwd.is_empty() { String::new() } else { format!(" in {}", spec.cwd) };
+        let spawn_error = |e: std::io::Error| SessionError::Spawn(format!("as {who}{where_}: {e}"));
         let (child, input, pty, readers): (
             tokio::process::Child,
             Input,
@@ -247,22 +281,27 @@ impl Sessions {
                 nix::pty::Winsize { ws_row: spec.rows.max(1), ws_col: spec.cols.max(1), ws_xpixel: 0, ws_ypixel: 0 };
             let pty = nix::pty::openpty(Some(&ws), None).map_err(|e| SessionError::Spawn(e.to_string()))?;
             let slave = pty.slave;
+            if let Some(a) = spec.account.as_ref().filter(|a| a.switches) {
+                // The terminal is the session's: its account owns it, as a login's would.
+                nix::unistd::fchown(&slave, Some(nix::unistd::Uid::from_raw(a.uid)), None)
+                    .map_err(|e| SessionError::Spawn(format!("cannot give the terminal to {}: {e}", a.name)))?;
+            }
             let dup = |fd: &OwnedFd| fd.try_clone().map_err(|e| SessionError::Spawn(e.to_string()));
             cmd.stdin(Stdio::from(dup(&slave)?)).stdout(Stdio::from(dup(&slave)?)).stderr(Stdio::from(dup(&slave)?));
             cmd.env("TERM", spec.env.get("TERM").cloned().unwrap_or_else(|| "xterm-256color".into()));
             // SAFETY: only async-signal-safe calls between fork and exec.
             unsafe {
-                cmd.pre_exec(|| {
+                cmd.pre_exec(move || {
                     if libc::setsid() < 0 {
                         return Err(std::io::Error::last_os_error());
                     }
                     if libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
                         return Err(std::io::Error::last_os_error());
                     }
-                    Ok(())
+                    become_account()
                 });
             }
-            let child = cmd.spawn().map_err(|e| SessionError::Spawn(e.to_string()))?;
+            let child = cmd.spawn().map_err(spawn_error)?;
             drop(slave);
             let master = pty.master;
             let reader = tokio::fs::File::from_std(std::fs::File::from(dup(&master)?));
@@ -270,7 +309,11 @@ impl Sessions {
             (child, Input::Pty(writer), Some(master), vec![Box::new(reader)])
         } else {
             cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
-            let mut child = cmd.spawn().map_err(|e| SessionError::Spawn(e.to_string()))?;
+            // SAFETY: only async-signal-safe calls between fork and exec (no allocation).
+            unsafe {
+                cmd.pre_exec(become_account);
+            }
+            let mut child = cmd.spawn().map_err(spawn_error)?;
             let stdin = child.stdin.take().ok_or_else(|| SessionError::Spawn("no stdin".into()))?;
             let stdout = child.stdout.take().ok_or_else(|| SessionError::Spawn("no stdout".into()))?;
             let stderr = child.stderr.take().ok_or_else(|| SessionError::Spawn("no stderr".into()))?;

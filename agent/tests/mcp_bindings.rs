@@ -540,3 +540,78 @@ async fn switches_of_two_bots_under_one_operation_id_are_two_switches() {
     let r = bed.switch("mcb_bot_a_1", "sw-1", "1.0.0", "1.1.0").await;
     assert_eq!(ok(&r)["replayed"], true, "each answers its own receipt again: {r:?}");
 }
+
+/// Clean-up: a revoked binding's HOME, private copy and receipts go once it is drained, and so
+/// does every package no binding uses; a revoked id stays refused; revoked bindings free their
+/// slot (more install/revoke cycles than the cap, with more packages than the package cap); an
+/// install whose server does not start leaves nothing.
+#[tokio::test]
+async fn revoked_and_failed_bindings_leave_no_files_and_free_their_slots() {
+    let bed = Bed::new(62_900);
+    let sha = bed.pack("a.tar.gz", "");
+    let rt = bed.runtime();
+    let cycles = computer_agent::mcp::bindings::MAX_BINDINGS + 1;
+    assert!(cycles > install::MAX_PACKAGES);
+    for i in 0..cycles {
+        let id = format!("mcb_c{i}");
+        let shared = i % 2 == 0;
+        let manifest = json!({"id": format!("cycle.{i}"), "version": "1.0.0", "sha256": sha,
+                              "entrypoint": ["python3", "./server.py"], "share_immutable_package": shared});
+        let request = McpRequest::Install {
+            binding_id: id.clone(),
+            bot_id: "bot_a".into(),
+            artifact_path: "uploads/a.tar.gz".into(),
+            manifest,
+        };
+        let r = bed.tools.handle(request).await;
+        assert!(ok(&r)["tools"].is_array(), "cycle {i}: {r:?}");
+        assert!(rt.join("homes").join(&id).is_dir(), "cycle {i}: a HOME");
+        assert_eq!(rt.join("private").join(&id).is_dir(), !shared, "cycle {i}: a private copy when not shared");
+        assert!(rt.join("packages").join(format!("cycle.{i}")).is_dir(), "cycle {i}: the package");
+        let v = bed.revoke(&id).await;
+        assert_eq!(v["drained"], true, "cycle {i}: {v}");
+        assert!(!rt.join("homes").join(&id).exists(), "cycle {i}: the HOME is gone");
+        assert!(!rt.join("private").join(&id).exists(), "cycle {i}: the private copy is gone");
+        assert!(!rt.join("packages").join(format!("cycle.{i}")).exists(), "cycle {i}: the unused package is gone");
+        assert_eq!(reason(&bed.echo(&id, "hi").await), "revoked", "cycle {i}: the id stays refused");
+    }
+    let r = bed.install(&format!("mcb_c{}", cycles - 1), "bot_a", "a.tar.gz", "1.0.0", &sha).await;
+    assert_eq!(reason(&r), "revoked", "a revoked id is not installed again: {r:?}");
+
+    // A package still used by a live binding stays when another binding of it goes.
+    bed.bind("mcb_keep", "bot_a", "a.tar.gz", "1.0.0", &sha).await;
+    bed.bind("mcb_go", "bot_b", "a.tar.gz", "1.0.0", &sha).await;
+    bed.revoke("mcb_go").await;
+    let dir = bed.package_dir("1.0.0");
+    assert!(dir.is_dir() && install::record(&dir).is_some(), "bot_a's binding still uses it");
+    assert_eq!(echoed(&bed.echo("mcb_keep", "hi").await), "hi");
+
+    // A server that does not start: refused, and nothing of the binding stays.
+    let src = bed.root.path().join("src-broken");
+    std::fs::create_dir_all(&src).expect("src");
+    std::fs::write(src.join("server.py"), "import sys\nsys.exit(3)\n").expect("server");
+    let archive = bed.root.path().join("workspace/uploads/broken.tar.gz");
+    let out = Command::new("tar").arg("-C").arg(&src).arg("-czf").arg(&archive).arg("server.py").output();
+    assert!(out.expect("tar").status.success());
+    let broken = hex::encode(sha2::Sha256::digest(std::fs::read(&archive).expect("archive")));
+    let manifest = json!({"id": "broken.server", "version": "1.0.0", "sha256": broken,
+                          "entrypoint": ["python3", "./server.py"], "share_immutable_package": false});
+    let request = McpRequest::Install {
+        binding_id: "mcb_broken".into(),
+        bot_id: "bot_a".into(),
+        artifact_path: "uploads/broken.tar.gz".into(),
+        manifest,
+    };
+    let r = bed.tools.handle(request).await;
+    assert!(r.error.is_some(), "{r:?}");
+    assert!(!rt.join("homes/mcb_broken").exists(), "no HOME");
+    assert!(!rt.join("private/mcb_broken").exists(), "no private copy");
+    assert!(!rt.join("packages/broken.server").exists(), "no package");
+    assert_eq!(reason(&bed.echo("mcb_broken", "hi").await), "revoked", "no binding");
+    let homes: Vec<String> = std::fs::read_dir(rt.join("homes"))
+        .expect("homes")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(homes, vec!["mcb_keep".to_string()], "only the live binding has a HOME");
+}

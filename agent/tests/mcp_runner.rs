@@ -49,6 +49,8 @@ impl Bed {
             entrypoint: vec!["python3".into(), "./server.py".into()],
             uid,
             gid: uid,
+            group: None,
+            shared_uid: false,
             home,
             limits,
         }

@@ -52,9 +52,15 @@ pub struct EdgeCertConfig {
 /// `computerd dev`.
 #[derive(Debug, Clone, Args)]
 pub struct DevConfig {
-    /// The data directory.
+    /// The data directory: the node's data in DATA/node (0700), this machine's agent in
+    /// DATA/agent (its credential and tool runtime); DATA itself lets tool bindings pass (0711).
     #[arg(long, env = "COMPUTERD_DATA", default_value = "computerd-data")]
     pub data: PathBuf,
+    /// Run this machine's tool bindings under the agent's own UID when dev does not run as root
+    /// (it cannot give them UIDs of their own; they are marked `sharedUid`). Without it, tool
+    /// installs on `local` are refused unless dev runs as root.
+    #[arg(long, env = "COMPUTERD_SHARED_UID_BINDINGS")]
+    pub shared_uid_bindings: bool,
     /// Address of the HTTP API.
     #[arg(long, env = "COMPUTERD_HTTP", default_value = "127.0.0.1:8080")]
     pub http: String,
@@ -62,7 +68,7 @@ pub struct DevConfig {
     #[arg(long, env = "COMPUTERD_GRPC", default_value = "127.0.0.1:0")]
     pub grpc: String,
     /// Where the Docker sandboxes' agents dial: HTTPS/WSS with a certificate of a local CA
-    /// (DATA/edge-tls/ca.crt), which the registered `local docker` provider hands to them.
+    /// (DATA/node/edge-tls/ca.crt), which the registered `local docker` provider hands to them.
     /// Default: the host's address on Docker's bridge, with the port of `--http`; `off`: no
     /// Docker sandboxes.
     #[arg(long, env = "COMPUTERD_SANDBOX_HTTP")]
@@ -75,7 +81,7 @@ impl DevConfig {
         let t = Tuning::default();
         ServeConfig {
             node_id: 1,
-            data: self.data.clone(),
+            data: self.data.join("node"),
             http: self.http.clone(),
             grpc: self.grpc.clone(),
             advertise_http: None,

@@ -20,8 +20,9 @@ pub const FORWARDED: &str = "x-computerd-forwarded";
 
 /// The version of the link protocol (the hello, the frames of [`mux`], the agent's service, the
 /// statuses' kinds) that this build speaks. A node refuses an agent that speaks another one; an
-/// agent that states none is from before versions (1).
-pub const LINK_PROTOCOL: u32 = 2;
+/// agent that states none is from before versions (1). 3: session and file calls name the
+/// account they run as (an older agent would run them all as itself).
+pub const LINK_PROTOCOL: u32 = 3;
 
 /// The metadata key carrying the link generation on every node → agent request.
 pub const LINK_GENERATION: &str = "x-link-generation";

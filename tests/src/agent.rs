@@ -84,6 +84,38 @@ impl AgentProc {
         AgentProc { child: cmd.spawn().expect("spawn agent"), state: state.to_path_buf() }
     }
 
+    /// Like [`AgentProc::spawn_with`], run as `uid` (its group the same number): an agent of a
+    /// person who is not root. Its state dir is made for it.
+    pub fn spawn_as(
+        server: &str,
+        state: &std::path::Path,
+        code: Option<&str>,
+        log: &std::path::Path,
+        extra: &[&str],
+        uid: u32,
+    ) -> AgentProc {
+        use std::os::unix::process::CommandExt;
+        std::fs::create_dir_all(state).expect("state");
+        std::os::unix::fs::chown(state, Some(uid), Some(uid)).expect("chown state");
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("log");
+        let mut cmd = Command::new(agent_bin());
+        own_home(&mut cmd, state);
+        let home = state.with_extension("home");
+        std::os::unix::fs::chown(&home, Some(uid), Some(uid)).expect("chown home");
+        cmd.args(["--server", server, "--state"])
+            .arg(state)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .args(extra)
+            .uid(uid)
+            .gid(uid);
+        if let Some(c) = code {
+            cmd.args(["--pair", c]);
+        }
+        AgentProc { child: cmd.spawn().expect("spawn agent"), state: state.to_path_buf() }
+    }
+
     /// SIGKILLs it.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

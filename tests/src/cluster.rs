@@ -160,6 +160,10 @@ impl TestCluster {
     }
 
     async fn start_in(dir: tempfile::TempDir, n: u64, flags: &[&str]) -> Self {
+        // Others may pass through (not list) the test's directory, as through a person's home:
+        // agents keep their state under it, and a tool binding's UID must reach its runtime
+        // there. Each node's data dir is 0700 itself.
+        std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o711)).expect("chmod");
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(30))
             .pool_max_idle_per_host(256)

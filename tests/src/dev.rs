@@ -39,6 +39,8 @@ impl Dev {
         ensure_sandbox_image();
         let _agent = crate::agent::agent_bin(); // dev starts the agent found next to it
         let dir = tempfile::tempdir().expect("dir");
+        // A person's project directory lets others pass (a temporary directory is 0700).
+        std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
         let data = dir.path().join("data");
         let port = free_port();
         let mut cmd = std::process::Command::new(computerd_bin());
@@ -81,7 +83,7 @@ impl Dev {
         .flatten()
         .unwrap_or_else(|| panic!("dev printed no Docker line: {printed:#?}"));
         dev.docker_line = docker_line;
-        dev.token = std::fs::read_to_string(data.join("admin.token")).expect("token").trim().to_string();
+        dev.token = std::fs::read_to_string(data.join("node/admin.token")).expect("token").trim().to_string();
         dev
     }
 

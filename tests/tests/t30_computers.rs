@@ -530,3 +530,94 @@ async fn t95_event_stream() {
     assert_eq!(got, Ok(true), "{text}");
     assert!(text.contains("event: ExecutionStarted") && text.contains(&exe));
 }
+
+/// Every event the owner sees, oldest first (all pages).
+async fn all_events(c: &TestCluster) -> Vec<Value> {
+    let mut out = Vec::new();
+    let mut after = 0;
+    loop {
+        let (st, v) = c.call(Method::GET, 1, &format!("/v1/events?after={after}&limit=1000"), &c.token, None).await;
+        assert_eq!(st, 200, "{v}");
+        let page = v["events"].as_array().cloned().unwrap_or_default();
+        if page.is_empty() {
+            return out;
+        }
+        after = page.last().and_then(|e| e["seq"].as_u64()).expect("seq");
+        out.extend(page);
+    }
+}
+
+/// 300 Computers whose idle pauses fail (the provider cannot be reached: `not_sent`) do not
+/// delay another Computer's idle pause: a failed pause waits a growing delay before it is asked
+/// for again, so the failing ones never fill the scheduler's pass (256 a tick) ahead of it.
+#[tokio::test]
+async fn t97_failing_idle_pauses_never_delay_others() {
+    let c = TestCluster::start_fake(1).await;
+    let failing = provider(&c, json!({"pause": "not_sent"})).await;
+    let healthy = provider(&c, json!({})).await;
+    let body = |key: String, p: &str| {
+        json!({"commandKey": key, "name": "idle", "pauseAfter": 1,
+               "source": {"_tag": "Provider", "provider": p, "template": null}})
+    };
+    let mut ids = Vec::new();
+    for chunk in (0..300).collect::<Vec<_>>().chunks(25) {
+        let calls = chunk.iter().map(|i| c.call(Method::POST, 1, "/v1/computers", &c.token, Some(body(format!("f{i}"), &failing))));
+        for (st, r) in futures::future::join_all(calls).await {
+            assert_eq!(st, 202, "{r}");
+            ids.push(s(&r["resource"], "id"));
+        }
+    }
+    // Every one of them fails its idle pause at least once.
+    let failed = wait_for("300 failed idle pauses", Duration::from_secs(120), || async {
+        let events = all_events(&c).await;
+        let failed: std::collections::HashSet<String> = events
+            .iter()
+            .filter(|e| e["type"] == "ExecutionFinished" && e["data"]["kind"] == "pause" && e["data"]["state"] == "failed")
+            .filter_map(|e| e["computerId"].as_str().map(String::from))
+            .collect();
+        (failed.len() == 300).then_some(failed)
+    })
+    .await;
+    assert!(ids.iter().all(|id| failed.contains(id)));
+    for id in ids.iter().take(5) {
+        let (_, v) = c.call(Method::GET, 1, &format!("/v1/computers/{id}"), &c.token, None).await;
+        assert_eq!(v["state"], "running", "a failed pause leaves it running: {v}");
+    }
+
+    let (st, r) = c.call(Method::POST, 1, "/v1/computers", &c.token, Some(body("ok".into(), &healthy))).await;
+    assert_eq!(st, 202, "{r}");
+    let id = s(&r["resource"], "id");
+    let running = wait_for("the healthy computer to run", Duration::from_secs(20), || async {
+        let (_, v) = c.call(Method::GET, 1, &format!("/v1/computers/{id}"), &c.token, None).await;
+        (v["state"] == "running").then(|| v["idlePauseAt"].as_u64().expect("idlePauseAt"))
+    })
+    .await;
+    let started = std::time::Instant::now();
+    wait_for("the healthy computer's idle pause", Duration::from_secs(10), || async {
+        let (_, v) = c.call(Method::GET, 1, &format!("/v1/computers/{id}"), &c.token, None).await;
+        (v["state"] == "paused").then_some(())
+    })
+    .await;
+    let late = started.elapsed();
+    println!("healthy computer paused {late:?} after it ran (deadline {running}), behind 300 failing ones");
+    assert!(late < Duration::from_secs(5), "paused {late:?} after it ran, with pauseAfter 1 s");
+    // The failing ones were not asked again at every tick: after a failure, the next pause of
+    // the same Computer waits (10 s after a first failure, doubling).
+    let events = all_events(&c).await;
+    let mut last_failure: std::collections::HashMap<&str, u64> = Default::default();
+    let mut retries = 0;
+    for e in &events {
+        let (Some(id), Some(at)) = (e["computerId"].as_str(), e["at"].as_u64()) else { continue };
+        if e["type"] == "ExecutionFinished" && e["data"]["kind"] == "pause" && e["data"]["state"] == "failed" {
+            last_failure.insert(id, at);
+        } else if e["type"] == "IdlePauseScheduled"
+            && let Some(failed) = last_failure.get(id)
+        {
+            retries += 1;
+            assert!(at >= failed + 9_900, "{id} was asked to pause again {} ms after a failure", at - failed);
+        }
+    }
+    println!("{} failed idle pauses, {retries} retried after their delay", last_failure.len());
+    let ops: Vec<String> = c.journal(&healthy).iter().map(|l| s(l, "op")).collect();
+    assert_eq!(ops, ["create", "pause"]);
+}

@@ -141,6 +141,91 @@ async fn t20_idle_pause_spares_running_commands() {
     assert_eq!(scheduled.len(), 2, "one idle pause each: {scheduled:?}");
 }
 
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// The first `computer_session` event of session `sid`, if it came yet.
+async fn session_end(c: &TestCluster, sid: &str) -> Option<Value> {
+    let (_, v) = c.call(Method::GET, 1, "/v1/events?limit=1000", &c.token, None).await;
+    let mut after = 0;
+    let mut page = v;
+    loop {
+        let events = page["events"].as_array().cloned().unwrap_or_default();
+        if let Some(e) = events.iter().find(|e| e["type"] == "computer_session" && e["data"]["sessionId"] == sid) {
+            return Some(e.clone());
+        }
+        after = events.last().and_then(|e| e["seq"].as_u64())?.max(after);
+        page = c.call(Method::GET, 1, &format!("/v1/events?after={after}&limit=1000"), &c.token, None).await.1;
+    }
+}
+
+/// The idle-pause race: 21 commands, each started within 100 ms of the Computer's idle deadline
+/// (from 100 ms before it to 100 ms after, in 10 ms steps), against a real sandbox whose agent
+/// runs them. The scheduler wakes at the deadline, so it often asks for the pause first. No
+/// command is frozen: a pause not yet sent is cancelled by the call, one already sent is
+/// waited for and the Computer resumed before the command starts. A frozen command would never
+/// end (nothing else calls the agent to resume it).
+#[tokio::test]
+async fn t25_commands_at_the_idle_deadline_are_never_frozen() {
+    let c = TestCluster::start(1).await;
+    let provider = docker_provider(&c, json!({})).await;
+    let mut cleanup = Containers::default();
+    let id = create(&c, &provider, "edge", json!(3)).await;
+    cleanup.track(&id);
+    wait_state(&c, &id, "running").await;
+    let path = format!("/v1/computers/{id}");
+    let mut frozen = Vec::new();
+    for i in 0..21i64 {
+        let offset = -100 + 10 * i;
+        // Every mark of the previous command is in once the deadline is this near (marks come
+        // at least every second while it runs, and within a second after it ended).
+        let deadline = wait_for("the idle deadline to come near", Duration::from_secs(30), || async {
+            let (_, v) = c.call(Method::GET, 1, &path, &c.token, None).await;
+            match (v["state"].as_str(), v["idlePauseAt"].as_u64()) {
+                (Some("running"), Some(d)) if d <= now_ms() + 500 => Some(d),
+                _ => None,
+            }
+        })
+        .await;
+        // Stimulus timing, not synchronisation: the call is placed `offset` ms from the deadline.
+        let at = deadline.saturating_add_signed(offset);
+        tokio::time::sleep(Duration::from_millis(at.saturating_sub(now_ms()))).await;
+        let v = run(&c, &id, "sleep 0.5; echo ok", 250).await;
+        let sid = v["session"].as_str().expect("session").to_string();
+        let waited = std::time::Instant::now();
+        let mut end = None;
+        while waited.elapsed() < Duration::from_secs(10) {
+            end = session_end(&c, &sid).await;
+            if end.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let end = match end {
+            Some(e) => e,
+            None => {
+                frozen.push((offset, inspect(&containers_of(&id)[0], "{{.State.Paused}}")));
+                // Thaw it (a call resumes a paused Computer) so the next round can run.
+                let body = json!({"chars": "", "yieldTimeMs": 2000});
+                c.call(Method::POST, 1, &format!("/v1/computers/{id}/sessions/{sid}/input"), &c.token, Some(body)).await;
+                wait_for("the frozen command to end after a resume", Duration::from_secs(30), || session_end(&c, &sid))
+                    .await
+            }
+        };
+        assert_eq!(end["data"]["exitCode"], 0, "{end}");
+    }
+    let (_, v) = c.call(Method::GET, 1, "/v1/events?limit=1000", &c.token, None).await;
+    let count = |kind: &str| v["events"].as_array().map_or(0, |e| e.iter().filter(|e| e["type"] == kind).count());
+    let (scheduled, cancelled) = (count("IdlePauseScheduled"), count("IdlePauseCancelled"));
+    let paused = v["events"].as_array().map_or(0, |e| {
+        e.iter().filter(|e| e["type"] == "ComputerStateChanged" && e["data"]["to"] == "paused").count()
+    });
+    println!("21 commands at the deadline: {scheduled} idle pauses scheduled, {cancelled} cancelled by a call, {paused} sent and resumed; frozen: {frozen:?}");
+    assert!(frozen.is_empty(), "commands frozen by an idle pause (offset ms, container paused): {frozen:?}");
+    assert!(scheduled >= 1, "the scheduler never got there first: the race was not exercised");
+}
+
 /// A proxy of the Docker socket that passes everything through, except that once a container
 /// start has been sent on a connection, the engine's answers on it are swallowed: the start
 /// happens, its answer is lost.

@@ -1,7 +1,9 @@
 //! `computerd dev` as a new user runs it, with the local Docker engine: it pairs this machine,
 //! serves its Docker sandboxes over WSS on the sandbox network's gateway with a local CA, and
 //! registers the `local docker` provider carrying that CA. A sandbox made through that provider
-//! links with the CA pinned (no `--insecure`), and a command runs in it.
+//! links with the CA pinned (no `--insecure`), and a command runs in it. A tool package installs
+//! and runs on the paired machine (dev lays out its data dir so a binding's UID reaches the
+//! agent's runtime).
 
 use std::time::Duration;
 
@@ -19,6 +21,7 @@ async fn t10_dev_serves_docker_sandboxes_over_wss_with_its_ca() {
     let docker_line = &dev.docker_line;
     assert!(!docker_line.contains("off"), "Docker is here, so dev serves sandboxes: {docker_line}");
     let data = dev.data();
+    let dir = &dev.dir;
     let call = |method: reqwest::Method, path: String, body: Option<Value>| {
         let dev = &dev;
         async move { dev.call(method, &path, body).await }
@@ -26,7 +29,7 @@ async fn t10_dev_serves_docker_sandboxes_over_wss_with_its_ca() {
     let p = dev.docker_provider().await;
     let url = p["config"]["serverUrl"].as_str().expect("serverUrl");
     assert!(url.starts_with("https://") && !url.contains("127.0.0.1"), "on the bridge, over TLS: {url}");
-    let ca = std::fs::read_to_string(data.join("edge-tls/ca.crt")).expect("the local CA");
+    let ca = std::fs::read_to_string(data.join("node/edge-tls/ca.crt")).expect("the local CA");
     assert_eq!(p["config"]["caCert"], ca.as_str(), "the provider hands the agents dev's CA");
     let provider = p["id"].as_str().expect("id").to_string();
 
@@ -53,4 +56,29 @@ async fn t10_dev_serves_docker_sandboxes_over_wss_with_its_ca() {
     let body = json!({"command": "cat /proc/1/comm", "yieldTimeMs": 10_000});
     let (s, v) = call(reqwest::Method::POST, format!("/v1/computers/{id}/sessions"), Some(body)).await;
     assert_eq!((s, v["output"].as_str()), (200, Some("docker-init\n")), "{v}");
+
+    // A tool package on the paired machine `local` (its workspace is the agent's HOME).
+    let (_, list) = call(reqwest::Method::GET, "/v1/computers".into(), None).await;
+    let local = list["computers"].as_array().into_iter().flatten().find(|c| c["name"] == "local").cloned();
+    let local = local.and_then(|c| c["id"].as_str().map(String::from)).unwrap_or_else(|| panic!("{list}"));
+    let workspace = data.with_extension("home");
+    let pkg = computerd_tests::tools::pack(&dir.path().join("pkg"), &workspace, "server.tar.gz", None);
+    let (s, bot) = call(reqwest::Method::POST, "/v1/bots".into(), Some(json!({"name": "devbot"}))).await;
+    assert_eq!(s, 201, "{bot}");
+    let bot = bot["id"].as_str().expect("bot").to_string();
+    let (s, v) = call(reqwest::Method::PUT, format!("/v1/computers/{local}/bots/{bot}"), None).await;
+    assert_eq!(s, 200, "{v}");
+    let body = json!({"artifactPath": pkg.artifact, "manifest": computerd_tests::tools::manifest("1.0.0", &pkg.digest), "computerId": local});
+    let (s, v) = call(reqwest::Method::POST, format!("/api/bots/{bot}/tools/install"), Some(body)).await;
+    assert_eq!(s, 201, "a tool installs on a fresh dev: {v}");
+    let binding = v["bindingId"].as_str().expect("binding").to_string();
+    let body = json!({"operationId": "op-1", "tool": "echo", "arguments": {"text": "hi"}});
+    let (s, v) = call(reqwest::Method::POST, format!("/api/bots/{bot}/tools/{binding}/call"), Some(body)).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["result"]["ok"]["content"][0]["text"], "hi", "{v}");
+    // dev's layout: the node's files are its alone, the data dir only lets bindings pass.
+    let mode = |p: &std::path::Path| {
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(p).expect("meta").permissions()) & 0o7777
+    };
+    assert_eq!((mode(&data), mode(&data.join("node"))), (0o711, 0o700));
 }

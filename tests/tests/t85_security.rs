@@ -64,7 +64,13 @@ async fn every_method(channel: Channel, term: u64, as_node: u64) -> Vec<(&'stati
         ("Vote", cluster.vote(encode(&vote).expect("encode")).await.map(drop)),
         ("ReadIndex", cluster.read_index(Empty {}).await.map(drop)),
         ("Forward", routing.forward(futures::stream::iter([head])).await.map(drop)),
-        ("RelayMcp", routing.relay_mcp(McpRelay { computer_id: "cmp_x".into(), json: "{}".into() }).await.map(drop)),
+        (
+            "RelayMcp",
+            routing
+                .relay_mcp(McpRelay { computer_id: "cmp_x".into(), json: "{}".into(), token_id: String::new() })
+                .await
+                .map(drop),
+        ),
     ]
 }
 

@@ -4,7 +4,8 @@
 //! and refuses a reused id; the model-facing `computer_mcp` tool lists and calls; a bad digest is
 //! refused with its reason; revoke closes admission and drains the binding; another bot's install
 //! of a version is no switch target for a bot, and a zombie leader's thread does not outlive a
-//! call.
+//! call. An agent that is not root runs sessions and files as its own user, refuses root, and
+//! refuses tool installs unless its owner chose shared-UID bindings, which every listing marks.
 
 use computerd_tests::TestCluster;
 use computerd_tests::agent::AgentProc;
@@ -309,4 +310,252 @@ async fn t40_another_bots_version_is_no_switch_target() {
         .map(|(p, _)| p.display().to_string())
         .collect();
     assert_eq!(alive, Vec::<String>::new(), "nothing of UID {uid} is alive after the call");
+}
+
+fn runtime_has(runtime: &std::path::Path, dir: &str, name: &str) -> bool {
+    runtime.join(dir).join(name).exists()
+}
+
+/// Rights on every tool route, through every node of a 3-node cluster (the agent is linked to
+/// node 2): tokens limited to another Computer or read-only cannot install, call or discover;
+/// once the bot's grant is removed (through node 1), its `discover` and `call` are `forbidden`
+/// through every node, for its own token and for its member acting for it, its binding is no
+/// longer ready, and the agent drains it and removes its HOME and the package no binding uses.
+#[tokio::test]
+async fn t50_rights_follow_the_grant_through_every_node() {
+    let c = TestCluster::start(3).await;
+    let (id, code) = paired_computer(&c, "rights").await;
+    let workspace = c.dir.path().join("workspace");
+    let pkg = tools::pack(&c.dir.path().join("pkg"), &workspace, "server.tar.gz", None);
+    let state = c.dir.path().join("agent");
+    let runtime = state.join("runtime");
+    let ws = workspace.to_string_lossy().into_owned();
+    let log = c.dir.path().join("agent.log");
+    let flags = ["--workdir", ws.as_str(), "--mcp-first-uid", "260000"];
+    let _agent = AgentProc::spawn_with(&c.url(2, ""), &state, Some(&code), &log, &flags);
+    wait_state(&c, &id, "running").await;
+    let (s, bot) = c.call(Method::POST, 1, "/v1/bots", &c.token, Some(json!({"name": "rightsbot"}))).await;
+    assert_eq!(s, 201, "{bot}");
+    let bot = bot["id"].as_str().expect("bot").to_string();
+    let (s, v) = c.call(Method::PUT, 1, &format!("/v1/computers/{id}/bots/{bot}"), &c.token, None).await;
+    assert_eq!(s, 200, "{v}");
+    let own = c.mint(json!({"botId": bot})).await;
+    let elsewhere = c.mint(json!({"botId": bot, "computers": ["cmp_other"]})).await;
+    let read_only = c.mint(json!({"botId": bot, "readOnly": true})).await;
+
+    let install_path = format!("/api/bots/{bot}/tools/install");
+    let body =
+        json!({"artifactPath": pkg.artifact, "manifest": tools::manifest("1.0.0", &pkg.digest), "computerId": id});
+    for (token, what) in [(&elsewhere, "limited to another computer"), (&read_only, "read-only")] {
+        for node in 1..=3 {
+            let (s, v) = c.call(Method::POST, node, &install_path, token, Some(body.clone())).await;
+            assert!(s == 403 || s == 404, "a token {what} cannot install through node {node}: {s} {v}");
+        }
+    }
+    let (s, v) = c.call(Method::GET, 1, &format!("/api/bots/{bot}/tools"), &c.token, None).await;
+    assert_eq!((s, v["bindings"].clone()), (200, json!([])), "refused installs stored nothing");
+    let (s, v) = c.call(Method::POST, 3, &install_path, &own, Some(body)).await;
+    assert_eq!(s, 201, "{v}");
+    let binding = v["bindingId"].as_str().expect("binding").to_string();
+    assert!(runtime_has(&runtime, "homes", &binding), "the binding's HOME");
+
+    let call_path = format!("/api/bots/{bot}/tools/{binding}/call");
+    let discover_path = format!("/api/bots/{bot}/tools/{binding}/discover");
+    let echo = |op: String| json!({"operationId": op, "tool": "echo", "arguments": {"text": "hi"}});
+    for node in 1..=3 {
+        let (s, v) = c.call(Method::POST, node, &call_path, &own, Some(echo(format!("ok-{node}")))).await;
+        assert_eq!((s, v["result"]["ok"]["content"][0]["text"].as_str()), (200, Some("hi")), "node {node}: {v}");
+        for (token, what) in [(&elsewhere, "limited to another computer"), (&read_only, "read-only")] {
+            let (s, v) = c.call(Method::POST, node, &call_path, token, Some(echo(format!("no-{node}")))).await;
+            assert!(s == 403 || s == 404, "a token {what} cannot call through node {node}: {s} {v}");
+            let (s, v) = c.call(Method::POST, node, &discover_path, token, None).await;
+            assert!(s == 403 || s == 404, "a token {what} cannot discover through node {node}: {s} {v}");
+        }
+    }
+
+    let (s, v) = c.call(Method::DELETE, 1, &format!("/v1/computers/{id}/bots/{bot}"), &c.token, None).await;
+    assert_eq!(s, 204, "{v}");
+    for node in 1..=3 {
+        for (token, who) in [(&own, "the bot"), (&c.token, "its member")] {
+            let (s, v) = c.call(Method::POST, node, &discover_path, token, None).await;
+            assert_eq!(
+                (s, v["error"]["kind"].as_str()),
+                (403, Some("forbidden")),
+                "{who}'s discover, node {node}: {v}"
+            );
+            let (s, v) = c.call(Method::POST, node, &call_path, token, Some(echo(format!("after-{node}")))).await;
+            assert_eq!((s, v["error"]["kind"].as_str()), (403, Some("forbidden")), "{who}'s call, node {node}: {v}");
+            let (s, v) = c.call(Method::POST, node, &call_path, token, Some(echo("ok-1".into()))).await;
+            assert_eq!(s, 403, "{who}'s replay, node {node}: {v}");
+            let body = json!({"action": "call", "bindingId": binding, "tool": "echo"});
+            let model = format!("/api/bots/{bot}/tools/computer_mcp");
+            let (s, v) = c.call(Method::POST, node, &model, token, Some(body)).await;
+            assert_eq!(s, 403, "{who}'s computer_mcp call, node {node}: {v}");
+        }
+        let (s, v) = c.call(Method::GET, node, &format!("/api/bots/{bot}/tools"), &c.token, None).await;
+        assert_eq!(s, 200, "{v}");
+        let states: Vec<&str> =
+            v["bindings"].as_array().expect("bindings").iter().filter_map(|b| b["state"].as_str()).collect();
+        assert_eq!(states, vec!["revoked"], "node {node}: the binding is no longer ready");
+    }
+    computerd_tests::wait_for("the closed binding's files to go", std::time::Duration::from_secs(30), || async {
+        (!runtime_has(&runtime, "homes", &binding) && !runtime_has(&runtime, "packages", "example.mcp.server"))
+            .then_some(())
+    })
+    .await;
+}
+
+/// Clean-up through a node and its agent: an install whose server does not start leaves no
+/// binding listed and nothing on the agent; 64 install/revoke cycles (of 64 packages: twice the
+/// agent's package cap) each remove the binding's HOME, private copy and package, and leave room
+/// for a new install.
+#[tokio::test]
+async fn t60_failed_installs_and_revoked_bindings_leave_nothing() {
+    let c = TestCluster::start(1).await;
+    let (id, code) = paired_computer(&c, "cleanup").await;
+    let workspace = c.dir.path().join("workspace");
+    let pkg = tools::pack(&c.dir.path().join("pkg"), &workspace, "server.tar.gz", None);
+    let broken =
+        tools::pack(&c.dir.path().join("broken"), &workspace, "broken.tar.gz", Some("import sys\nsys.exit(3)\n"));
+    let state = c.dir.path().join("agent");
+    let runtime = state.join("runtime");
+    let ws = workspace.to_string_lossy().into_owned();
+    let log = c.dir.path().join("agent.log");
+    let flags = ["--workdir", ws.as_str(), "--mcp-first-uid", "270000"];
+    let _agent = AgentProc::spawn_with(&c.url(1, ""), &state, Some(&code), &log, &flags);
+    wait_state(&c, &id, "running").await;
+    let (_, bot) = c.call(Method::POST, 1, "/v1/bots", &c.token, Some(json!({"name": "cleanbot"}))).await;
+    let bot = bot["id"].as_str().expect("bot").to_string();
+    let (s, v) = c.call(Method::PUT, 1, &format!("/v1/computers/{id}/bots/{bot}"), &c.token, None).await;
+    assert_eq!(s, 200, "{v}");
+    let install_path = format!("/api/bots/{bot}/tools/install");
+    let list_path = format!("/api/bots/{bot}/tools");
+    let install = |artifact: &str, package: &str, digest: &str, shared: bool| {
+        let mut m = tools::manifest("1.0.0", digest);
+        m["id"] = json!(package);
+        m["share_immutable_package"] = json!(shared);
+        c.call(Method::POST, 1, &install_path, &c.token, Some(json!({"artifactPath": artifact, "manifest": m})))
+    };
+
+    let (s, v) = install(&broken.artifact, "broken.server", &broken.digest, false).await;
+    assert_eq!(s, 422, "{v}");
+    assert!(["server_did_not_start", "mcp_error"].contains(&reason(&v)), "{v}");
+    let (s, v) = c.call(Method::GET, 1, &list_path, &c.token, None).await;
+    assert_eq!((s, v["bindings"].clone()), (200, json!([])), "a failed install leaves no binding listed");
+    let homes = std::fs::read_dir(runtime.join("homes")).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(homes, 0, "no HOME is left");
+    assert!(!runtime_has(&runtime, "packages", "broken.server"), "no package is left");
+    assert!(
+        !runtime.join("private").exists()
+            || std::fs::read_dir(runtime.join("private")).map(|d| d.count()).unwrap_or(0) == 0
+    );
+
+    for i in 0..64 {
+        let package = format!("cycle.{i}");
+        let shared = i % 2 == 0;
+        let (s, v) = install(&pkg.artifact, &package, &pkg.digest, shared).await;
+        assert_eq!(s, 201, "cycle {i}: {v}");
+        let binding = v["bindingId"].as_str().expect("binding").to_string();
+        assert!(runtime_has(&runtime, "homes", &binding), "cycle {i}: a HOME");
+        assert_eq!(runtime_has(&runtime, "private", &binding), !shared, "cycle {i}: a private copy unless shared");
+        let (s, v) = c.call(Method::DELETE, 1, &format!("/api/bots/{bot}/tools/{binding}"), &c.token, None).await;
+        assert_eq!((s, v["drained"].clone()), (200, json!(true)), "cycle {i}: {v}");
+        assert!(!runtime_has(&runtime, "homes", &binding), "cycle {i}: the HOME is gone");
+        assert!(!runtime_has(&runtime, "private", &binding), "cycle {i}: the private copy is gone");
+        assert!(!runtime_has(&runtime, "packages", &package), "cycle {i}: the unused package is gone");
+    }
+    let (s, v) = install(&pkg.artifact, "example.mcp.server", &pkg.digest, true).await;
+    assert_eq!(s, 201, "room for a new install after 64 cycles: {v}");
+    let (_, v) = c.call(Method::GET, 1, &list_path, &c.token, None).await;
+    let live = v["bindings"].as_array().expect("bindings").iter().filter(|b| b["state"] != "revoked").count();
+    assert_eq!(live, 1, "{v}");
+}
+
+/// A paired machine whose agent is not root (uid 61000 here): sessions and files are its user's,
+/// `"user": "root"` is refused with a clear error, a tool install is `isolation_unavailable`; with
+/// `--shared-uid-bindings` (the owner's choice) the install works, runs under the agent's UID and
+/// is marked `sharedUid` in the bot's listing and the model-facing list.
+#[tokio::test]
+async fn t55_an_agent_that_is_not_root() {
+    const UID: u32 = 61000;
+    let c = TestCluster::start(1).await;
+    let (id, code) = paired_computer(&c, "nonroot").await;
+    let workspace = c.dir.path().join("workspace");
+    let pkg = tools::pack(&c.dir.path().join("pkg"), &workspace, "server.tar.gz", None);
+    std::os::unix::fs::chown(&workspace, Some(UID), Some(UID)).expect("chown workspace");
+    let state = c.dir.path().join("agent");
+    let ws = workspace.to_string_lossy().into_owned();
+    let log = c.dir.path().join("agent.log");
+    let mut agent = AgentProc::spawn_as(&c.url(1, ""), &state, Some(&code), &log, &["--workdir", &ws], UID);
+    wait_state(&c, &id, "running").await;
+
+    let sessions = format!("/v1/computers/{id}/sessions");
+    let run = |user: Option<&str>| {
+        let mut body = json!({"command": "id -u; pwd", "yieldTimeMs": 10_000});
+        if let Some(u) = user {
+            body["user"] = json!(u);
+        }
+        c.call(Method::POST, 1, &sessions, &c.token, Some(body))
+    };
+    let (s, v) = run(None).await;
+    assert_eq!((s, v["output"].as_str()), (200, Some(format!("{UID}\n{ws}\n").as_str())), "{v}");
+    let (s, v) = run(Some("root")).await;
+    assert_eq!((s, v["error"]["kind"].as_str()), (422, Some("ComputerUnsupported")), "{v}");
+    assert!(v["error"]["message"].as_str().unwrap_or_default().contains("not root"), "{v}");
+    let (s, v) = c
+        .call(
+            Method::PUT,
+            1,
+            &format!("/v1/computers/{id}/files?path=mine.txt"),
+            &c.token,
+            Some(json!({"content": "x"})),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(std::fs::metadata(workspace.join("mine.txt")).expect("file").uid(), UID);
+
+    let (_, bot) = c.call(Method::POST, 1, "/v1/bots", &c.token, Some(json!({"name": "nonrootbot"}))).await;
+    let bot = bot["id"].as_str().expect("bot").to_string();
+    c.call(Method::PUT, 1, &format!("/v1/computers/{id}/bots/{bot}"), &c.token, None).await;
+    let body = json!({"artifactPath": pkg.artifact, "manifest": tools::manifest("1.0.0", &pkg.digest)});
+    let install_path = format!("/api/bots/{bot}/tools/install");
+    let (s, v) = c.call(Method::POST, 1, &install_path, &c.token, Some(body.clone())).await;
+    assert_eq!((s, reason(&v)), (422, "isolation_unavailable"), "{v}");
+
+    // The owner opts in: bindings share the agent's UID, and say so.
+    agent.kill();
+    let _agent =
+        AgentProc::spawn_as(&c.url(1, ""), &state, None, &log, &["--workdir", &ws, "--shared-uid-bindings"], UID);
+    wait_state(&c, &id, "running").await;
+    let mut manifest = tools::manifest("1.0.0", &pkg.digest);
+    manifest["id"] = json!("shared.server");
+    let body = json!({"artifactPath": pkg.artifact, "manifest": manifest});
+    let (s, v) = c.call(Method::POST, 1, &install_path, &c.token, Some(body)).await;
+    assert_eq!((s, v["sharedUid"].clone()), (201, json!(true)), "{v}");
+    let binding = v["bindingId"].as_str().expect("binding").to_string();
+    let body = json!({"operationId": "op-shared", "tool": "echo", "arguments": {"text": "shared"}});
+    let (s, v) = c.call(Method::POST, 1, &format!("/api/bots/{bot}/tools/{binding}/call"), &c.token, Some(body)).await;
+    assert_eq!((s, v["result"]["ok"]["content"][0]["text"].as_str()), (200, Some("shared")), "{v}");
+    let (s, v) = c.call(Method::GET, 1, &format!("/api/bots/{bot}/tools"), &c.token, None).await;
+    assert_eq!(s, 200, "{v}");
+    let listed: Vec<&Value> = v["bindings"].as_array().expect("bindings").iter().collect();
+    let shared = listed.iter().find(|b| b["bindingId"] == binding.as_str()).expect("listed");
+    assert_eq!(shared["sharedUid"], true, "{v}");
+    let (s, v) = c
+        .call(
+            Method::POST,
+            1,
+            &format!("/api/bots/{bot}/tools/computer_mcp"),
+            &c.token,
+            Some(json!({"action": "list"})),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert!(v["bindings"].as_array().expect("bindings").iter().all(|b| b["sharedUid"] == true), "{v}");
+    // Revoking drains the server's session, never the agent's UID: the agent lives on.
+    let (s, v) = c.call(Method::DELETE, 1, &format!("/api/bots/{bot}/tools/{binding}"), &c.token, None).await;
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = run(None).await;
+    assert_eq!(s, 200, "the agent still answers: {v}");
 }

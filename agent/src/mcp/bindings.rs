@@ -7,6 +7,12 @@
 //! published code, read-only to bindings), `private/<binding>` (a copy readable only by the
 //! binding's group, when the package is not shared), `homes/<binding>` (the binding's HOME and
 //! state, 0700, owned by its UID), `staging/` (installs in progress).
+//!
+//! Clean-up: a revoked binding whose drain is confirmed loses its HOME, its private copy and its
+//! receipts, and leaves the registry for a bounded list of revoked ids (so a late install or
+//! call under that id is still refused); a failed install leaves nothing of its binding; after
+//! either, every published package that no binding uses is removed with its record. Only live
+//! bindings count toward [`MAX_BINDINGS`].
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
@@ -25,8 +31,10 @@ use super::runner;
 use super::runner::RunLimits;
 use super::runner::ServerSpec;
 
-/// Bindings kept per Computer.
+/// Live bindings kept per Computer (revoked ones do not count).
 pub const MAX_BINDINGS: usize = 64;
+/// Revoked binding ids remembered after their clean-up (oldest forgotten first).
+pub const MAX_REVOKED_IDS: usize = 1024;
 /// The first UID given to a binding (by default; agents sharing one machine need their own
 /// ranges).
 pub const FIRST_UID: u32 = 200_000;
@@ -77,6 +85,69 @@ struct Registry {
     /// What each bot installed here: the versions a switch may move that bot's bindings to.
     #[serde(default)]
     installed: Vec<Installed>,
+    /// Revoked bindings already cleaned up (drained, files removed), oldest first.
+    #[serde(default)]
+    revoked: std::collections::VecDeque<String>,
+}
+
+impl Registry {
+    fn is_tombstone(&self, id: &str) -> bool {
+        self.revoked.iter().any(|r| r == id)
+    }
+
+    fn tombstone(&mut self, id: &str) {
+        if !self.is_tombstone(id) {
+            self.revoked.push_back(id.to_string());
+        }
+        while self.revoked.len() > MAX_REVOKED_IDS {
+            self.revoked.pop_front();
+        }
+    }
+}
+
+/// How bindings are kept apart from each other and from the agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Isolation {
+    /// Each binding has a UID of its own (the agent is root). `group` is the bindings' shared
+    /// group (the first UID of the range, which no binding takes): only it, besides root, may
+    /// pass through the agent's state dir and the runtime (mode 0710), so a session's account
+    /// cannot even enter them.
+    OwnUid {
+        /// The bindings' group.
+        group: u32,
+    },
+    /// The agent is not root and cannot give bindings UIDs of their own: installs are refused
+    /// (`isolation_unavailable`).
+    Unavailable,
+    /// The Computer's owner chose (`--shared-uid-bindings`) to run bindings under the agent's own
+    /// UID: they are marked `sharedUid`, and a drain ends the server's session, not a UID.
+    SharedUid {
+        /// The agent's UID.
+        uid: u32,
+        /// The agent's GID.
+        gid: u32,
+    },
+}
+
+impl Isolation {
+    /// What this agent can do: its own UIDs for bindings when it runs as root (the group is
+    /// `first_uid`), else shared-UID bindings when `shared` (the owner's choice), else none.
+    pub fn of_agent(first_uid: u32, shared: bool) -> Isolation {
+        let uid = nix::unistd::geteuid().as_raw();
+        match (uid, shared) {
+            (0, _) => Isolation::OwnUid { group: first_uid.max(1000) },
+            (_, true) => Isolation::SharedUid { uid, gid: nix::unistd::getegid().as_raw() },
+            (_, false) => Isolation::Unavailable,
+        }
+    }
+
+    /// The bindings' group, when they have UIDs of their own.
+    pub fn group(&self) -> Option<u32> {
+        match self {
+            Isolation::OwnUid { group } => Some(*group),
+            _ => None,
+        }
+    }
 }
 
 /// The bindings of this agent.
@@ -86,6 +157,10 @@ pub struct Tools {
     workspace: PathBuf,
     limits: RunLimits,
     first_uid: u32,
+    isolation: Isolation,
+    /// Why a binding cannot reach the runtime (the directory in the way), when it cannot: tool
+    /// installs and runs are refused with it ([`Tools::check_reach`]).
+    blocked: std::sync::Arc<std::sync::Mutex<Option<String>>>,
     lock: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
@@ -122,7 +197,7 @@ pub fn tree_digest(dir: &Path) -> std::io::Result<String> {
 
 fn copy_private(from: &Path, to: &Path, gid: u32) -> std::io::Result<()> {
     std::fs::create_dir_all(to)?;
-    std::os::unix::fs::chown(to, Some(0), Some(gid))?;
+    std::os::unix::fs::chown(to, None, Some(gid))?;
     std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o750))?;
     for e in std::fs::read_dir(from)? {
         let e = e?;
@@ -131,7 +206,7 @@ fn copy_private(from: &Path, to: &Path, gid: u32) -> std::io::Result<()> {
             copy_private(&e.path(), &dest, gid)?;
         } else {
             std::fs::copy(e.path(), &dest)?;
-            std::os::unix::fs::chown(&dest, Some(0), Some(gid))?;
+            std::os::unix::fs::chown(&dest, None, Some(gid))?;
             let exec = std::fs::metadata(e.path())?.permissions().mode() & 0o111 != 0;
             std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(if exec { 0o750 } else { 0o640 }))?;
         }
@@ -146,20 +221,56 @@ fn check_id(id: &str) -> bool {
 impl Tools {
     /// Bindings under `runtime`, with UIDs from `first_uid` on; archives are read from
     /// `workspace`.
+    ///
+    /// Isolation is this agent's ([`Isolation::of_agent`], without shared-UID bindings) until
+    /// [`Tools::with_isolation`] says otherwise.
     pub fn new(runtime: PathBuf, workspace: PathBuf, limits: RunLimits, first_uid: u32) -> Self {
-        Tools { runtime, workspace, limits, first_uid: first_uid.max(1000), lock: Default::default() }
+        let first_uid = first_uid.max(1000);
+        Tools {
+            runtime,
+            workspace,
+            limits,
+            first_uid,
+            isolation: Isolation::of_agent(first_uid, false),
+            blocked: Default::default(),
+            lock: Default::default(),
+        }
+    }
+
+    /// The same with `isolation`.
+    pub fn with_isolation(mut self, isolation: Isolation) -> Self {
+        self.isolation = isolation;
+        self
+    }
+
+    /// The runtime directory, root's and the bindings' group's (0710), or the agent's alone.
+    fn prepare_runtime(&self) -> std::io::Result<()> {
+        crate::layout::protect(&self.runtime, self.isolation.group())
+    }
+
+    /// Checks, as a binding would be (a UID of the range with the bindings' group), that the
+    /// runtime can be reached: every directory on the way must let it pass. Answers why not,
+    /// naming the directory in the way, and remembers it: installs and runs are refused with it
+    /// until a check finds the way open. Only for bindings with UIDs of their own.
+    pub async fn check_reach(&self) -> Option<String> {
+        let Isolation::OwnUid { group } = self.isolation else { return None };
+        let why = match self.prepare_runtime() {
+            Err(e) => Some(format!("cannot prepare the runtime {}: {e}", self.runtime.display())),
+            Ok(()) => reach(&self.runtime, group).await,
+        };
+        *self.blocked.lock().unwrap_or_else(|p| p.into_inner()) = why.clone();
+        why
     }
 
     fn load(&self) -> Registry {
         std::fs::read(self.runtime.join("registry.json"))
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or(Registry { next_uid: self.first_uid, ..Registry::default() })
+            .unwrap_or(Registry { next_uid: self.first_uid + 1, ..Registry::default() })
     }
 
     fn save(&self, r: &Registry) -> std::io::Result<()> {
-        std::fs::create_dir_all(&self.runtime)?;
-        std::fs::set_permissions(&self.runtime, std::fs::Permissions::from_mode(0o755))?;
+        self.prepare_runtime()?;
         let tmp = self.runtime.join("registry.json.tmp");
         let bytes = serde_json::to_vec_pretty(r).map_err(std::io::Error::other)?;
         std::fs::write(&tmp, bytes)?;
@@ -169,14 +280,35 @@ impl Tools {
     }
 
     fn spec(&self, b: &Binding, id: &str) -> ServerSpec {
+        let (uid, gid, group, shared) = match self.isolation {
+            Isolation::SharedUid { uid, gid } => (uid, gid, None, true),
+            Isolation::OwnUid { group } => (b.uid, b.uid, Some(group), false),
+            Isolation::Unavailable => (b.uid, b.uid, None, false),
+        };
         ServerSpec {
             code: b.code.clone(),
             entrypoint: b.entrypoint.clone(),
-            uid: b.uid,
-            gid: b.uid,
+            uid,
+            gid,
+            group,
+            shared_uid: shared,
             home: self.runtime.join("homes").join(id),
             limits: self.limits.clone(),
         }
+    }
+
+    /// Refuses what this agent cannot run: without UIDs for bindings (and no shared-UID
+    /// choice), or with the runtime out of a binding's reach.
+    fn refusal(&self) -> Option<McpReply> {
+        if self.isolation == Isolation::Unavailable {
+            return Some(McpReply::fail(
+                "isolation_unavailable",
+                "this agent does not run as root, so it cannot give a binding a UID of its own; the \
+                 computer's owner may start it with --shared-uid-bindings to run bindings under the agent's own UID",
+            ));
+        }
+        let blocked = self.blocked.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        blocked.map(|why| McpReply::fail("runtime_unreachable", why))
     }
 
     /// Handles one request. Requests that change the registry (install, switch, revoke) run one
@@ -184,6 +316,15 @@ impl Tools {
     pub async fn handle(&self, req: McpRequest) -> McpReply {
         let changes = !matches!(req, McpRequest::Call { .. } | McpRequest::Discover { .. });
         let _writer = if changes { Some(self.lock.lock().await) } else { None };
+        if matches!(req, McpRequest::Install { .. }) && self.isolation.group().is_some() {
+            // Looked at again for each install: a way opened since start-up is taken.
+            self.check_reach().await;
+        }
+        if !matches!(req, McpRequest::Revoke { .. })
+            && let Some(refused) = self.refusal()
+        {
+            return refused;
+        }
         match req {
             McpRequest::Install { binding_id, bot_id, artifact_path, manifest } => {
                 self.install(&binding_id, &bot_id, &artifact_path, &manifest).await
@@ -205,26 +346,127 @@ impl Tools {
             McpRequest::Switch { binding_id, operation_id, from_version, version } => {
                 self.switch(&binding_id, &operation_id, &from_version, &version).await
             }
-            McpRequest::Revoke { binding_id } => {
-                let mut reg = self.load();
-                let Some(b) = reg.bindings.get_mut(&binding_id) else {
-                    return McpReply::fail("no_binding", "no such binding");
-                };
-                b.revoked = true;
-                let uid = b.uid;
-                if let Err(e) = self.save(&reg) {
-                    return McpReply::fail("runtime_failed", e.to_string());
-                }
-                let drain = runner::kill_uid(uid).await;
-                McpReply::ok(serde_json::json!({"drained": drain.confirmed, "killed": drain.killed}))
+            McpRequest::Revoke { binding_id } => self.revoke(&binding_id).await,
+        }
+    }
+
+    /// Closes a binding for good and kills its UID's tasks; once nothing of the UID is left, its
+    /// files go (HOME, private copy, receipts), its id joins the revoked list and packages no
+    /// binding uses are removed. A binding this agent never had (its install may still be on the
+    /// way) is recorded revoked, so that install is refused.
+    async fn revoke(&self, id: &str) -> McpReply {
+        if !check_id(id) {
+            return McpReply::fail("bad_binding_id", "a binding id is letters, digits, _ and -");
+        }
+        let mut reg = self.load();
+        let Some(b) = reg.bindings.get_mut(id) else {
+            if reg.is_tombstone(id) {
+                return McpReply::ok(serde_json::json!({"drained": true, "killed": 0}));
+            }
+            reg.tombstone(id);
+            if let Err(e) = self.save(&reg) {
+                return McpReply::fail("runtime_failed", e.to_string());
+            }
+            return McpReply::ok(serde_json::json!({"drained": true, "killed": 0}));
+        };
+        b.revoked = true;
+        let uid = b.uid;
+        if let Err(e) = self.save(&reg) {
+            return McpReply::fail("runtime_failed", e.to_string());
+        }
+        // Shared-UID bindings leave nothing behind a call (each run ends its server's session);
+        // their UID is the agent's and is never drained.
+        let drain =
+            if self.spec_shared() { runner::Drain { confirmed: true, killed: 0 } } else { runner::kill_uid(uid).await };
+        if drain.confirmed {
+            // Nothing of the UID runs: its files may go.
+            if let Some(b) = reg.bindings.remove(id) {
+                self.remove_files(id, &b);
+            }
+            reg.tombstone(id);
+            self.collect_packages(&mut reg);
+            if let Err(e) = self.save(&reg) {
+                return McpReply::fail("runtime_failed", e.to_string());
             }
         }
+        McpReply::ok(serde_json::json!({"drained": drain.confirmed, "killed": drain.killed}))
+    }
+
+    /// Removes a binding's own files: its HOME, its private copy of the code, its receipts.
+    fn remove_files(&self, id: &str, b: &Binding) {
+        let _ = std::fs::remove_dir_all(self.runtime.join("homes").join(id));
+        let _ = std::fs::remove_dir_all(self.runtime.join("receipts").join(id));
+        self.remove_private(&b.code);
+        let _ = std::fs::remove_dir_all(self.runtime.join("private").join(id));
+    }
+
+    /// Removes `code` when it is a private copy (under `RUNTIME/private/`), never shared code.
+    fn remove_private(&self, code: &Path) {
+        let private = self.runtime.join("private");
+        if code.parent() == Some(private.as_path()) {
+            let _ = std::fs::remove_dir_all(code);
+        }
+    }
+
+    /// Forgets a bot's install of a package once none of that bot's bindings uses it, and removes
+    /// every published package (`packages/<id>/<dir>` and its record) that no binding uses.
+    fn collect_packages(&self, reg: &mut Registry) {
+        let used: std::collections::BTreeSet<(String, PathBuf)> =
+            reg.bindings.values().map(|b| (b.bot.clone(), b.package.clone())).collect();
+        reg.installed.retain(|p| used.contains(&(p.bot.clone(), p.dir.clone())));
+        let kept: std::collections::BTreeSet<PathBuf> = reg
+            .bindings
+            .values()
+            .map(|b| b.package.clone())
+            .chain(reg.installed.iter().map(|p| p.dir.clone()))
+            .collect();
+        let packages = self.runtime.join("packages");
+        let Ok(ids) = std::fs::read_dir(&packages) else { return };
+        for home in ids.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())) {
+            let Ok(versions) = std::fs::read_dir(home.path()) else { continue };
+            for v in versions.flatten() {
+                let dir = v.path();
+                if !v.file_type().is_ok_and(|t| t.is_dir()) || kept.contains(&dir) {
+                    continue;
+                }
+                if std::fs::remove_dir_all(&dir).is_ok() {
+                    let mut record = dir.as_os_str().to_owned();
+                    record.push(".json");
+                    let _ = std::fs::remove_file(record);
+                }
+            }
+            // Empty once its last version went (a record left alone keeps it).
+            let _ = std::fs::remove_dir(home.path());
+        }
+    }
+
+    /// Undoes an install that failed after its binding was set up: nothing of it stays.
+    async fn undo_install(&self, id: &str) {
+        let mut reg = self.load();
+        let Some(b) = reg.bindings.remove(id) else { return };
+        // A shared UID is the agent's own: never drained (its server's session ended with it).
+        let drain =
+            if self.spec_shared() { runner::Drain { confirmed: true, killed: 0 } } else { runner::kill_uid(b.uid).await };
+        if !drain.confirmed {
+            // Something of the UID still runs: keep it revoked, so a revoke finishes the job.
+            let mut b = b;
+            b.revoked = true;
+            reg.bindings.insert(id.to_string(), b);
+        } else {
+            self.remove_files(id, &b);
+            reg.tombstone(id);
+            self.collect_packages(&mut reg);
+        }
+        let _ = self.save(&reg);
     }
 
     /// The binding, re-verified: it exists, is not revoked, and its code is byte for byte what
     /// was installed.
     fn ready(&self, id: &str) -> Result<(Binding, ServerSpec), McpReply> {
         let reg = self.load();
+        if reg.is_tombstone(id) {
+            return Err(McpReply::fail("revoked", "the binding was revoked"));
+        }
         let b = reg.bindings.get(id).cloned().ok_or_else(|| McpReply::fail("no_binding", "no such binding"))?;
         if b.revoked {
             return Err(McpReply::fail("revoked", "the binding was revoked"));
@@ -310,7 +552,11 @@ impl Tools {
         }
         let manifest = record.manifest;
         // Retire the source: nothing of the UID runs while the code changes under it.
-        let drain = runner::kill_uid(b.uid).await;
+        let drain = if self.spec_shared() {
+            runner::Drain { confirmed: true, killed: 0 }
+        } else {
+            runner::kill_uid(b.uid).await
+        };
         if !drain.confirmed {
             return McpReply::fail("drain_incomplete", "the binding's processes did not all stop");
         }
@@ -351,6 +597,10 @@ impl Tools {
         if let Err(e) = written {
             return McpReply::fail("runtime_failed", e.to_string());
         }
+        if b.code != nb.code {
+            // The source's private copy is no one's code now.
+            self.remove_private(&b.code);
+        }
         let (tools, _) = runner::discover(&self.spec(&nb, id)).await;
         match tools {
             Ok(t) => McpReply::ok(
@@ -372,6 +622,9 @@ impl Tools {
             Err(e) => return McpReply::fail(e.reason(), e.to_string()),
         };
         let mut reg = self.load();
+        if reg.is_tombstone(id) {
+            return McpReply::fail("revoked", "the binding was revoked");
+        }
         if let Some(b) = reg.bindings.get(id) {
             // The node sends an install again after a lost answer: answer what is there.
             if b.revoked {
@@ -386,11 +639,12 @@ impl Tools {
                 Err(e) => return e,
             };
             let (r, _) = runner::discover(&spec).await;
+            let shared = spec.shared_uid;
             return r
-                .map(|t| McpReply::ok(serde_json::json!({"tools": t})))
+                .map(|t| McpReply::ok(serde_json::json!({"tools": t, "uid": spec.uid, "sharedUid": shared})))
                 .unwrap_or_else(|e| McpReply::fail(run_reason(&e), e.to_string()));
         }
-        if reg.bindings.len() >= MAX_BINDINGS {
+        if reg.bindings.values().filter(|b| !b.revoked).count() >= MAX_BINDINGS {
             return McpReply::fail("too_many_bindings", format!("this computer keeps at most {MAX_BINDINGS} bindings"));
         }
         if reg.next_uid.max(self.first_uid) >= self.first_uid.saturating_add(UID_RANGE) {
@@ -407,10 +661,18 @@ impl Tools {
                 .map_err(|e| install::InstallError::Runtime(e.to_string()));
         let installed = match installed.and_then(|r| r) {
             Ok(i) => i,
-            Err(e) => return McpReply::fail(e.reason(), e.to_string()),
+            Err(e) => {
+                // (A refusal left no staging directory; nothing was published by it.)
+                return McpReply::fail(e.reason(), e.to_string());
+            }
         };
-        let uid = reg.next_uid.max(self.first_uid);
+        // The range's first UID is the bindings' group, never a binding's.
+        let uid = reg.next_uid.max(self.first_uid + 1);
         let home = self.runtime.join("homes").join(id);
+        let (home_uid, home_gid) = match self.isolation {
+            Isolation::SharedUid { uid, gid } => (uid, gid),
+            _ => (uid, uid),
+        };
         let code = if manifest.share_immutable_package {
             installed.dir.clone()
         } else {
@@ -418,7 +680,7 @@ impl Tools {
         };
         let setup = (|| -> std::io::Result<String> {
             std::fs::create_dir_all(&home)?;
-            std::os::unix::fs::chown(&home, Some(uid), Some(uid))?;
+            std::os::unix::fs::chown(&home, Some(home_uid), Some(home_gid))?;
             std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700))?;
             for d in [self.runtime.join("packages"), self.runtime.join("homes")] {
                 std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755))?;
@@ -427,13 +689,19 @@ impl Tools {
                 let private = self.runtime.join("private");
                 std::fs::create_dir_all(&private)?;
                 std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o755))?;
-                copy_private(&installed.dir, &code, uid)?;
+                copy_private(&installed.dir, &code, home_gid)?;
             }
             tree_digest(&code)
         })();
         let digest = match setup {
             Ok(d) => d,
-            Err(e) => return McpReply::fail("runtime_failed", e.to_string()),
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&home);
+                self.remove_private(&code);
+                self.collect_packages(&mut reg);
+                let _ = self.save(&reg);
+                return McpReply::fail("runtime_failed", e.to_string());
+            }
         };
         let package = Installed {
             bot: bot.to_string(),
@@ -465,11 +733,70 @@ impl Tools {
             return McpReply::fail("runtime_failed", e.to_string());
         }
         let (tools, _) = runner::discover(&spec).await;
+        let shared = self.spec_shared();
         match tools {
-            Ok(t) => McpReply::ok(serde_json::json!({"tools": t, "uid": uid})),
-            Err(e) => McpReply::fail(run_reason(&e), format!("installed, but discovery failed: {e}")),
+            Ok(t) => McpReply::ok(serde_json::json!({"tools": t, "uid": spec.uid, "sharedUid": shared})),
+            Err(e) => {
+                // A server that does not start (or speak MCP) is no binding: undo it all.
+                self.undo_install(id).await;
+                McpReply::fail(run_reason(&e), format!("the package installed, but its server failed: {e}"))
+            }
         }
     }
+}
+
+impl Tools {
+    fn spec_shared(&self) -> bool {
+        matches!(self.isolation, Isolation::SharedUid { .. })
+    }
+}
+
+/// Whether a binding (a UID of the range, with the bindings' `group`) can reach `runtime`:
+/// `None`, or the directory in its way with that directory's owner and mode.
+async fn reach(runtime: &Path, group: u32) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let probe = std::sync::Arc::new(crate::users::Account {
+        name: "a tool binding".into(),
+        uid: group,
+        gid: group,
+        groups: vec![group],
+        home: "/".into(),
+        shell: "/bin/false".into(),
+        switches: true,
+    });
+    let runtime = match std::path::absolute(runtime) {
+        Ok(p) => p,
+        Err(e) => return Some(format!("cannot resolve the runtime {}: {e}", runtime.display())),
+    };
+    let target = runtime.join("packages");
+    let steps: Vec<PathBuf> = target.ancestors().map(Path::to_path_buf).collect::<Vec<_>>().into_iter().rev().collect();
+    // The first step a binding cannot stat: its parent does not let it pass.
+    let found = crate::users::run_as(&probe, move || {
+        for step in steps {
+            match std::fs::metadata(&step) {
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+                Err(e) => return Some((step, e.to_string())),
+            }
+        }
+        None
+    })
+    .await;
+    let (step, err) = match found {
+        Ok(None) => return None,
+        Ok(Some(x)) => x,
+        Err(e) => return Some(format!("cannot check the way to the runtime: {e}")),
+    };
+    let dir = step.parent().unwrap_or(Path::new("/")).to_path_buf();
+    let how = std::fs::metadata(&dir)
+        .map(|m| format!(" (owner {}:{}, mode {:o})", m.uid(), m.gid(), m.mode() & 0o7777))
+        .unwrap_or_default();
+    Some(format!(
+        "a tool binding's UID cannot reach the runtime {}: {} does not let it pass{how} ({err}); let others (or group {group}) search it, e.g. chmod o+x {}",
+        runtime.display(),
+        dir.display(),
+        dir.display()
+    ))
 }
 
 fn run_reason(e: &runner::RunError) -> &'static str {

@@ -46,6 +46,11 @@ pub struct ServerSpec {
     pub uid: u32,
     /// The binding's GID.
     pub gid: u32,
+    /// The bindings' shared group, which alone may pass through to the runtime.
+    pub group: Option<u32>,
+    /// The binding runs under the agent's own UID (the owner's choice on a non-root agent): no
+    /// UID change, and the drain ends the server's session instead of a UID's tasks.
+    pub shared_uid: bool,
     /// The binding's private HOME and state.
     pub home: PathBuf,
     /// Limits.
@@ -107,6 +112,7 @@ where
     Fut: std::future::Future<Output = Result<Value, RunError>>,
 {
     let limits = spec.limits.clone();
+    let leader = std::sync::Mutex::new(None::<u32>);
     let session = async {
         let cmd = command(spec)?;
         let transport = TokioChildProcess::builder(cmd)
@@ -114,6 +120,8 @@ where
             .spawn()
             .map(|(t, _)| t)
             .map_err(|e| RunError::Spawn(e.to_string()))?;
+        // The server leads a session of its own (setsid): its id is the server's pid.
+        *leader.lock().unwrap_or_else(|p| p.into_inner()) = transport.id();
         let client = ().serve(transport).await.map_err(|e| RunError::Protocol(e.to_string()))?;
         let client = std::sync::Arc::new(client);
         let out = f(client.clone()).await;
@@ -127,7 +135,15 @@ where
         Err(_) => Err(RunError::Deadline(limits.deadline)),
     };
     // No resident instance: whatever the server left behind goes, whoever its parent is now.
-    let drain = kill_uid(spec.uid).await;
+    let drain = if spec.shared_uid {
+        let sid = *leader.lock().unwrap_or_else(|p| p.into_inner());
+        match sid {
+            Some(sid) => kill_session(sid as i32).await,
+            None => Drain { confirmed: true, killed: 0 },
+        }
+    } else {
+        kill_uid(spec.uid).await
+    };
     (result, drain)
 }
 
@@ -139,19 +155,31 @@ fn command(spec: &ServerSpec) -> Result<tokio::process::Command, RunError> {
     };
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(args)
-        .current_dir(&spec.code)
         .env_clear()
         .env("PATH", "/usr/local/bin:/usr/bin:/bin")
         .env("HOME", &spec.home)
         .env("LANG", "C.UTF-8")
-        .uid(spec.uid)
-        .gid(spec.gid)
         .kill_on_drop(true);
     let l = spec.limits.clone();
-    // SAFETY: only async-signal-safe calls between fork and exec; these run after the UID change.
+    // The binding's UID and GID with, as its only other group, the bindings' group; then its
+    // code directory, entered with those rights.
+    let ids = (!spec.shared_uid).then(|| {
+        let mut groups = vec![spec.gid];
+        groups.extend(spec.group);
+        (spec.uid, spec.gid, groups)
+    });
+    let code = std::ffi::CString::new(spec.code.as_os_str().as_encoded_bytes())
+        .map_err(|_| RunError::Spawn("the code's path has a NUL".into()))?;
+    // SAFETY: only async-signal-safe calls between fork and exec (no allocation).
     unsafe {
         cmd.pre_exec(move || {
             if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if let Some((uid, gid, groups)) = &ids {
+                crate::users::become_ids(*uid, *gid, groups)?;
+            }
+            if libc::chdir(code.as_ptr()) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
             let set = |res, v: u64| {
@@ -294,6 +322,53 @@ fn tasks_in(tgid: i32, uid: u32) -> bool {
             .and_then(|s| task_creds(&s))
             .is_some_and(|(state, real, effective)| (real == uid || effective == uid) && !matches!(state, b'Z' | b'X'))
     })
+}
+
+/// Kills every process of the session `sid` (a shared-UID binding's server and whatever it
+/// started without leaving its session) until none is left, for at most [`DRAIN_DEADLINE`]. The
+/// agent's own process is never one of them.
+pub async fn kill_session(sid: i32) -> Drain {
+    let me = std::process::id() as i32;
+    let deadline = std::time::Instant::now() + DRAIN_DEADLINE;
+    let mut killed = std::collections::BTreeSet::new();
+    let mut pause = Duration::from_micros(100);
+    loop {
+        let members: Vec<i32> = std::fs::read_dir("/proc")
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|p| p.file_name().to_str().and_then(|s| s.parse::<i32>().ok()))
+                    .filter(|&pid| pid != me && session_of(pid) == Some(sid))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if members.is_empty() {
+            return Drain { confirmed: true, killed: killed.len() };
+        }
+        if std::time::Instant::now() >= deadline {
+            return Drain { confirmed: false, killed: killed.len() };
+        }
+        for pid in members {
+            // SAFETY: a plain syscall.
+            if unsafe { libc::kill(pid, libc::SIGKILL) } == 0 {
+                killed.insert(pid);
+            }
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(100));
+    }
+}
+
+/// The session id of a live process (field 6 of `/proc/<pid>/stat`); `None` for a zombie.
+fn session_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The name (field 2) may hold spaces and parentheses: the fields after it start at the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_ascii_whitespace();
+    let state = fields.next()?;
+    if matches!(state, "Z" | "X") {
+        return None;
+    }
+    fields.nth(2)?.parse().ok()
 }
 
 /// Kills every task of `uid` until none is left, for at most [`DRAIN_DEADLINE`]: every thread of

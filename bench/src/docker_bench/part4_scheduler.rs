@@ -101,7 +101,7 @@ fn planned_state(n: usize, base: u64) -> State {
         let last_work = deadline - PAUSE_AFTER_SECS * 1000;
         s.computers.insert(id.clone(), c);
         s.plan_due.insert((deadline, id.clone()));
-        s.plan.insert(id, PlanEntry { last_work, deadline, version: 1 });
+        s.plan.insert(id, PlanEntry { last_work, deadline, version: 1, failures: 0 });
     }
     s
 }

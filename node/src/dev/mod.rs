@@ -1,5 +1,6 @@
 //! `computerd dev`: one node with a local data dir, and this machine paired as the Computer
-//! `local` by starting `computer-agent` (found next to `computerd`). Prints the URL, the owner
+//! `local` by starting `computer-agent` (found next to `computerd`), laid out so that its tool
+//! packages can run ([`lay_out`]). Prints the URL, the owner
 //! token and a `curl` that runs `uname -a` on it. When a Docker engine is there, it also serves
 //! its sandboxes over WSS with a local CA and registers the `local docker` provider
 //! ([`sandboxes`]).
@@ -68,8 +69,32 @@ async fn local_computer(base: &str, token: &str, paired: bool) -> Result<(String
     Err(NodeError::Server("could not get a pairing code".into()))
 }
 
+/// Lays out dev's data dir: DATA (0711, so a tool binding's UID may pass through it to the
+/// agent's runtime without listing it), DATA/node (the node's data dir, 0700: store, keys,
+/// tokens) and DATA/agent (the agent's state; the agent protects it). A data dir of the layout
+/// before this one (the node's files in DATA itself) is moved into DATA/node first.
+fn lay_out(data: &std::path::Path) -> Result<(), NodeError> {
+    use std::os::unix::fs::PermissionsExt;
+    let io = |what: &str, e: std::io::Error| NodeError::Server(format!("{what} {}: {e}", data.display()));
+    std::fs::create_dir_all(data).map_err(|e| io("cannot make", e))?;
+    let node = data.join("node");
+    if data.join("node.json").exists() && !node.exists() {
+        std::fs::create_dir(&node).map_err(|e| io("cannot make node/ in", e))?;
+        std::fs::set_permissions(&node, std::fs::Permissions::from_mode(0o700)).map_err(|e| io("cannot protect", e))?;
+        for e in std::fs::read_dir(data).map_err(|e| io("cannot read", e))? {
+            let e = e.map_err(|e| io("cannot read", e))?;
+            let name = e.file_name();
+            if name != "agent" && name != "node" {
+                std::fs::rename(e.path(), node.join(&name)).map_err(|e| io("cannot move the node's files in", e))?;
+            }
+        }
+    }
+    std::fs::set_permissions(data, std::fs::Permissions::from_mode(0o711)).map_err(|e| io("cannot set the mode of", e))
+}
+
 /// Runs one node, pairs this machine, and prints how to call it.
 pub async fn dev(cfg: DevConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), NodeError> {
+    lay_out(&cfg.data)?;
     let serve = cfg.serve_config();
     let bind = |addr: String| async move {
         TcpListener::bind(&addr).await.map_err(|source| NodeError::Listen { addr, source })
@@ -84,7 +109,7 @@ pub async fn dev(cfg: DevConfig, shutdown: impl Future<Output = ()> + Send + 'st
     let listeners =
         Listeners { http: bind(serve.http.clone()).await?, grpc: bind(serve.grpc.clone()).await?, extra_https };
     let http = listeners.http.local_addr().map_err(|source| NodeError::Listen { addr: serve.http.clone(), source })?;
-    let agent_state = serve.data.join("agent");
+    let agent_state = cfg.data.join("agent");
     let agent_bin = agent_binary()?;
     let node = tokio::spawn(run(serve, listeners, shutdown));
     // The node writes the token before it serves HTTP; wait for it or for the node to stop.
@@ -104,6 +129,9 @@ pub async fn dev(cfg: DevConfig, shutdown: impl Future<Output = ()> + Send + 'st
     let (computer, code) = local_computer(&base, &token, paired).await?;
     let mut cmd = tokio::process::Command::new(&agent_bin);
     cmd.args(["--server", &base, "--state"]).arg(&agent_state).kill_on_drop(true);
+    if cfg.shared_uid_bindings {
+        cmd.arg("--shared-uid-bindings");
+    }
     if let Some(code) = &code {
         cmd.args(["--pair", code]);
     }

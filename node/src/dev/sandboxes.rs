@@ -1,6 +1,6 @@
 //! `computerd dev`'s Docker sandboxes: the node also serves HTTPS/WSS on the host's address on
 //! the sandboxes' own network (its gateway on `computerd-sandboxes`, made when missing), with a
-//! certificate of a local CA (DATA/edge-tls), and registers a `local
+//! certificate of a local CA (DATA/node/edge-tls), and registers a `local
 //! docker` provider whose config carries that CA (`caCert`), so the sandboxes' agents pin it and
 //! link without `--insecure`, while the person's own calls stay plain HTTP on 127.0.0.1.
 

@@ -39,7 +39,9 @@ const MAX_PAUSE_AFTER: u64 = 30 * 24 * 3600;
 const PAIRING_VALID_MS: u64 = 10 * 60 * 1000;
 
 /// A Computer as callers see it. `driverNode` is the node its lifecycle work is placed on
-/// (absent while no node is recorded live); `linkNode` the node holding its agent link.
+/// (absent while no node is recorded live); `linkNode` the node holding its agent link;
+/// `idlePauseAt` when it pauses without more work (unix ms by the cluster's clock; null when it
+/// is not running or never pauses by itself).
 pub fn computer_view(s: &computerd_raft::sm::State, c: &Computer) -> Value {
     json!({
         "id": c.id,
@@ -56,6 +58,7 @@ pub fn computer_view(s: &computerd_raft::sm::State, c: &Computer) -> Value {
         "linkGeneration": c.link_generation,
         "linkNode": c.link_node,
         "driverNode": s.placement(&c.id),
+        "idlePauseAt": s.plan.get(&c.id).map(|e| e.deadline),
         "createdAt": c.created_at,
     })
 }
@@ -501,7 +504,9 @@ pub async fn release(
         let key = b.command_key.ok_or_else(|| ApiError::invalid("destroy needs a commandKey"))?;
         return lifecycle(state, auth, id, ExecutionKind::Delete, Ok(Json(KeyOnly { command_key: key }))).await;
     }
+    let closing = super::tool_drain::open_bindings(&state, &bot.id, Some(&id)).await?;
     propose(&state, Command::DeleteGrant { by: caller.token.id.clone(), computer_id: id.clone(), bot_id: bot.id })
         .await?;
+    super::tool_drain::drain_closed(&state, &caller.token.id, closing);
     Ok((StatusCode::OK, Json(json!({"computerId": id, "released": true}))))
 }

@@ -9,7 +9,6 @@ use axum::response::Response;
 use computerd_proto::ErrorKind;
 use computerd_raft::cluster::ClusterError;
 use computerd_raft::sm::Reject;
-use computerd_raft::sm::RejectKind;
 
 use crate::ids::new_id;
 
@@ -51,16 +50,7 @@ impl From<crate::owner::CallError> for ApiError {
 
 impl From<Reject> for ApiError {
     fn from(r: Reject) -> Self {
-        let kind = match r.kind {
-            RejectKind::Unauthorized => ErrorKind::Unauthorized,
-            RejectKind::Forbidden => ErrorKind::Forbidden,
-            RejectKind::NotFound => ErrorKind::NotFound,
-            RejectKind::Conflict => ErrorKind::Conflict,
-            RejectKind::Invalid => ErrorKind::InvalidRequest,
-            RejectKind::IdempotencyKeyReused => ErrorKind::IdempotencyKeyReused,
-            RejectKind::ComputerConflict => ErrorKind::ComputerConflict,
-            RejectKind::Unsupported => ErrorKind::ComputerUnsupported,
-        };
+        let kind = r.error_kind();
         Self { kind, message: r.message, execution_id: r.execution_id, reason: None }
     }
 }

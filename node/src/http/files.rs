@@ -26,7 +26,10 @@ use serde_json::json;
 use super::ApiError;
 use super::AppState;
 use super::Auth;
+use super::calls::RunAs;
 use super::calls::agent_for;
+use super::calls::parse_user;
+use super::calls::run_as;
 use crate::owner::CallError;
 
 /// The largest file.
@@ -59,13 +62,17 @@ pub struct FileQuery {
     path: String,
     #[serde(default)]
     encoding: Encoding,
+    /// `user` (the default) or `root`.
+    user: Option<String>,
 }
 
-/// `?path=`
+/// `?path=&user=`
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PathQuery {
     path: String,
+    /// `user` (the default) or `root`.
+    user: Option<String>,
 }
 
 type Q<T> = Result<Query<T>, axum::extract::rejection::QueryRejection>;
@@ -84,8 +91,9 @@ pub async fn read(
 ) -> Result<Response, ApiError> {
     let caller = auth.current(&state).await?;
     let q = query(q)?;
+    let who = run_as(&state, &caller, &id, parse_user(q.user.as_deref())?)?;
     let mut agent = agent_for(&state, &caller, &id, false).await?;
-    let stream = agent.read_file(FilePath { path: q.path.clone() }).await.map_err(agent_error)?.into_inner();
+    let stream = agent.read_file(file_path(&q.path, who)).await.map_err(agent_error)?.into_inner();
     if q.encoding == Encoding::Raw || wants_octets(&headers, header::ACCEPT) {
         // The agent refused anything missing, unreadable or too large before the first byte, so the
         // status is known; a link lost midway cuts the body.
@@ -132,10 +140,11 @@ pub async fn write(
 ) -> Result<Json<Value>, ApiError> {
     let caller = auth.current(&state).await?;
     let q = query(q)?;
+    let who = run_as(&state, &caller, &id, parse_user(q.user.as_deref())?)?;
     let path = q.path;
     let info = if wants_octets(&headers, header::CONTENT_TYPE) {
         let mut agent = agent_for(&state, &caller, &id, true).await?;
-        write_streamed(&mut agent, &path, body).await?
+        write_streamed(&mut agent, &path, &who, body).await?
     } else {
         let raw = axum::body::to_bytes(body, MAX_FILE * 4 / 3 + 64 * 1024)
             .await
@@ -155,10 +164,12 @@ pub async fn write(
         }
         let mut agent = agent_for(&state, &caller, &id, true).await?;
         let mut chunks: Vec<FileChunk> =
-            bytes.chunks(CHUNK).map(|c| FileChunk { path: String::new(), data: c.to_vec() }).collect();
-        match chunks.first_mut() {
-            Some(first) => first.path = path.clone(),
-            None => chunks.push(FileChunk { path: path.clone(), data: Vec::new() }),
+            bytes.chunks(CHUNK).map(|c| FileChunk { data: c.to_vec(), ..Default::default() }).collect();
+        if chunks.is_empty() {
+            chunks.push(FileChunk::default());
+        }
+        if let Some(first) = chunks.first_mut() {
+            *first = first_chunk(&path, &who, std::mem::take(&mut first.data));
         }
         agent.write_file(futures::stream::iter(chunks)).await.map_err(agent_error)?.into_inner()
     };
@@ -171,6 +182,7 @@ pub async fn write(
 async fn write_streamed(
     agent: &mut computerd_actors::link::Agent,
     path: &str,
+    who: &RunAs,
     body: RawBody,
 ) -> Result<computerd_proto::agent::FileInfo, ApiError> {
     let (tx, rx) = tokio::sync::mpsc::channel::<FileChunk>(4);
@@ -181,8 +193,7 @@ async fn write_streamed(
         let mut total = 0usize;
         let mut first = true;
         let chunk = |data: Vec<u8>, first: &mut bool| {
-            let path = if std::mem::take(first) { path.to_string() } else { String::new() };
-            FileChunk { path, data }
+            if std::mem::take(first) { first_chunk(path, who, data) } else { FileChunk { data, ..Default::default() } }
         };
         while let Some(frame) = data.next().await {
             let frame = frame.map_err(|_| ApiError::invalid("the body was cut"))?;
@@ -226,8 +237,9 @@ pub async fn remove(
 ) -> Result<StatusCode, ApiError> {
     let caller = auth.current(&state).await?;
     let q = query(q)?;
+    let who = run_as(&state, &caller, &id, parse_user(q.user.as_deref())?)?;
     let mut agent = agent_for(&state, &caller, &id, true).await?;
-    agent.remove_file(FilePath { path: q.path }).await.map_err(agent_error)?;
+    agent.remove_file(file_path(&q.path, who)).await.map_err(agent_error)?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -240,14 +252,24 @@ pub async fn directory(
 ) -> Result<Json<Value>, ApiError> {
     let caller = auth.current(&state).await?;
     let q = query(q)?;
+    let who = run_as(&state, &caller, &id, parse_user(q.user.as_deref())?)?;
     let mut agent = agent_for(&state, &caller, &id, false).await?;
-    let list = agent.list_directory(FilePath { path: q.path.clone() }).await.map_err(agent_error)?.into_inner();
+    let list = agent.list_directory(file_path(&q.path, who)).await.map_err(agent_error)?.into_inner();
     let entries: Vec<Value> = list
         .entries
         .into_iter()
         .map(|e| json!({"name": e.name, "type": e.kind, "size": e.size, "mode": e.mode, "mtime": e.mtime}))
         .collect();
     Ok(Json(json!({ "path": q.path, "entries": entries })))
+}
+
+fn file_path(path: &str, who: RunAs) -> FilePath {
+    FilePath { path: path.to_string(), user: who.user, root_allowed: who.root_allowed }
+}
+
+/// The first chunk of a write: it names the path and who writes it.
+fn first_chunk(path: &str, who: &RunAs, data: Vec<u8>) -> FileChunk {
+    FileChunk { path: path.to_string(), data, user: who.user.clone(), root_allowed: who.root_allowed }
 }
 
 /// The caller's error for an agent's answer (the owner path's one mapping).

@@ -5,6 +5,7 @@ use axum::extract::Path;
 use axum::extract::State;
 use axum::http::StatusCode;
 use computerd_raft::sm::Command;
+use serde::Deserialize;
 use serde_json::Value;
 use serde_json::json;
 
@@ -18,19 +19,37 @@ use super::schemas::ReceiptDoc;
 use super::util::propose;
 use crate::ids::now_ms;
 
-/// `PUT …/bots/:botId`: grants the bot the right to use the Computer (idempotent).
-#[utoipa::path(put, path = "/v1/computers/{id}/bots/{bot}", tag = "rights", params(("id" = String, Path), ("bot" = String, Path)), responses((status = 200, description = "The grant", body = Object)), security(("bearer" = [])))]
+/// `PUT …/bots/:botId` body (optional).
+#[derive(Deserialize, Default, utoipa::ToSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GrantIn {
+    /// The bot may run sessions and file calls as root (`"user": "root"`). Root means
+    /// member-level trust: a root session can read the agent's own state. Absent: a new grant
+    /// does not allow it, an existing one keeps what it had.
+    allow_root: Option<bool>,
+}
+
+/// `PUT …/bots/:botId`: grants the bot the right to use the Computer (idempotent); the body,
+/// when there is one, may set `allowRoot`. Only a member may grant (checked again at commit).
+#[utoipa::path(put, path = "/v1/computers/{id}/bots/{bot}", tag = "rights", params(("id" = String, Path), ("bot" = String, Path)), request_body(content = GrantIn, description = "Optional"), responses((status = 200, description = "The grant", body = Object)), security(("bearer" = [])))]
 pub async fn put(
     State(state): State<AppState>,
     auth: Auth,
     Path((id, bot)): Path<(String, String)>,
+    body: axum::body::Bytes,
 ) -> Result<Json<Value>, ApiError> {
     let caller = auth.for_write(&state).await?;
+    let b: GrantIn = if body.iter().all(u8::is_ascii_whitespace) {
+        GrantIn::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| ApiError::invalid(format!("bad body: {e}")))?
+    };
     let cmd = Command::PutGrant {
         by: caller.token.id.clone(),
         computer_id: id.clone(),
         bot_id: bot.clone(),
         at_ms: now_ms(),
+        allow_root: b.allow_root,
     };
     propose(&state, cmd).await?;
     state.cluster.read_barrier().await?;
@@ -74,6 +93,10 @@ pub async fn delete(
     Path((id, bot)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     let caller = auth.for_write(&state).await?;
+    // The bot's tool bindings there close with the grant (in the store, in the same commit),
+    // then drain on the agent.
+    let closing = super::tool_drain::open_bindings(&state, &bot, Some(&id)).await?;
     propose(&state, Command::DeleteGrant { by: caller.token.id.clone(), computer_id: id, bot_id: bot }).await?;
+    super::tool_drain::drain_closed(&state, &caller.token.id, closing);
     Ok(StatusCode::NO_CONTENT)
 }

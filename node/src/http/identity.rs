@@ -123,7 +123,10 @@ pub async fn archive_bot(
     let caller = auth.for_write(&state).await?;
     caller.check_admin_write()?;
     check_id(&id, "bot", "bot id").map_err(|_| ApiError::not_found("no such bot"))?;
-    propose(&state, Command::ArchiveBot { by: caller.token.id, bot_id: id.clone(), at_ms: now_ms() }).await?;
+    // The bot's tool bindings close with it (in the store), then drain on their agents.
+    let closing = super::tool_drain::open_bindings(&state, &id, None).await?;
+    propose(&state, Command::ArchiveBot { by: caller.token.id.clone(), bot_id: id.clone(), at_ms: now_ms() }).await?;
+    super::tool_drain::drain_closed(&state, &caller.token.id, closing);
     state.cluster.read_barrier().await?;
     let bot = state.cluster.state().read(|s| s.bots.get(&id).cloned());
     bot.map(Json).ok_or_else(|| ApiError::not_found("no such bot"))

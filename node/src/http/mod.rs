@@ -18,6 +18,7 @@ mod openapi;
 mod providers;
 mod schemas;
 mod sessions;
+mod tool_drain;
 mod tools;
 mod util;
 

@@ -30,6 +30,8 @@ use super::ApiError;
 use super::AppState;
 use super::Auth;
 use super::calls::admit;
+use super::calls::parse_user;
+use super::calls::run_as;
 use super::util::Body;
 use crate::ids::new_id;
 use crate::owner::CallError;
@@ -114,6 +116,8 @@ pub struct StartIn {
     cols: Option<u16>,
     yield_time_ms: Option<u32>,
     max_output_bytes: Option<u32>,
+    /// `"user"` (the default) or `"root"`.
+    user: Option<String>,
 }
 
 /// The session's actor, if the caller may have started it (others get 404; the agent checks the
@@ -163,6 +167,8 @@ pub async fn start(
         return Err(ApiError::invalid("env names must be non-empty without '=' or NUL"));
     }
     let (yield_ms, max) = limits(b.yield_time_ms, b.max_output_bytes)?;
+    let user = parse_user(b.user.as_deref())?;
+    let who = run_as(&state, &caller, &id, user)?;
     admit(&state, &caller, &id, true).await?;
     let sid = new_id("cse");
     let h = session_of(&state, &caller, &id, &sid).await?;
@@ -177,6 +183,8 @@ pub async fn start(
         yield_ms,
         max_output_bytes: max,
         owner: owner_of(&caller),
+        user: who.user,
+        root_allowed: who.root_allowed,
     };
     let r = ask(&h, |reply| SessionMessage::Start(req, reply)).await?;
     Ok(answer(r))

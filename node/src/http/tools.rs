@@ -14,9 +14,15 @@
 //! - `POST …/tools/computer_mcp` `{"action": "list" | "discover" | "call", ...}`: the
 //!   model-facing tool, over the same paths.
 //!
-//! Rights and the store's records are handled on the node that took the call; the agent request
-//! itself runs on the node holding the Computer's agent link (relayed over gRPC when that is
-//! another node).
+//! Rights are the bot's on the Computer ([`computerd_raft::sm::State::check_tool_use`]: the
+//! caller acts for the bot, its token allows the Computer and writes, it may operate the
+//! Computer, the bot holds a grant there). They are checked on the node that took the call at
+//! its replica's read (to refuse early), in the store at each commit, and for every agent
+//! request at a current read on the node that serves it: the one holding the Computer's agent
+//! link, here or where the request is relayed
+//! ([`computerd_raft::sm::State::check_tool_request`]). A node whose replica lags still relays. Removing a grant (or archiving the
+//! bot) closes the bot's bindings in the store in the same commit; [`super::tool_drain`] then
+//! drains them on the agent.
 
 use axum::Json;
 use axum::extract::Path;
@@ -40,6 +46,8 @@ use super::ApiError;
 use super::AppState;
 use super::Auth;
 use super::calls::agent_for;
+use super::tool_drain::drain;
+use super::tool_drain::reply_of;
 use super::util::Body;
 use super::util::check_id;
 use super::util::propose;
@@ -91,6 +99,7 @@ fn binding_view(b: &ToolBinding) -> Value {
     json!({
         "bindingId": b.id, "botId": b.bot_id, "computerId": b.computer_id, "packageId": b.package_id,
         "version": b.version, "sha256": b.sha256, "state": b.state, "tools": b.tools, "error": b.error,
+        "sharedUid": b.shared_uid,
     })
 }
 
@@ -102,7 +111,7 @@ fn computer_for(state: &AppState, caller: &Caller, bot_id: &str, named: Option<S
     let usable: Vec<String> = state.cluster.state().read(|s| {
         s.grants
             .iter()
-            .filter(|(c, bots)| bots.contains_key(bot_id) && s.check_operate(caller, c).is_ok())
+            .filter(|(c, bots)| bots.contains_key(bot_id) && s.check_tool_use(caller, bot_id, c).is_ok())
             .map(|(c, _)| c.clone())
             .collect()
     });
@@ -114,21 +123,44 @@ fn computer_for(state: &AppState, caller: &Caller, bot_id: &str, named: Option<S
 }
 
 /// One MCP request to the agent of `computer`, wherever its link is: `Ok(result)` or the
-/// agent's refusal (reason, message); a failure to reach the agent is the outer error.
+/// agent's refusal (reason, message); a refusal of the request (rights, admission) or a failure
+/// to reach the agent is the outer error ([`not_sent`] tells them apart).
 async fn agent_mcp(
     state: &AppState,
     caller: &Caller,
     computer: &str,
     request: McpRequest,
 ) -> Result<Result<Value, (String, String)>, ApiError> {
-    // Rights were checked by the caller of this function; a link held here (or expected here)
-    // is used under the same rules as any call on the Computer.
-    let reply = state.owners.mcp(computer, &request, agent_for(state, caller, computer, true)).await?;
-    match (reply.result, reply.error) {
-        (Some(r), None) if !r.is_null() => Ok(Ok(r)),
-        (_, Some(e)) => Ok(Err((e.reason, e.message))),
-        (_, None) => Ok(Err(("unknown".into(), "the agent answered neither a result nor a refusal".into()))),
+    // The rights and the binding's admission: here, at this replica's read (a refusal only
+    // once a current read confirms it: this replica may not have applied the caller's own
+    // last write yet); then at a current read on the node that serves the request: here when
+    // the link is here (below), else on the node holding the link when the request is relayed
+    // there. A node behind the leader still relays (it is not the one that decides).
+    let check = |s: &computerd_raft::sm::State| s.check_tool_request(Some(caller), computer, &request);
+    if state.cluster.state().read(check).is_err() {
+        state.cluster.read_barrier().await?;
+        state.cluster.state().read(check)?;
     }
+    let local = async {
+        state.cluster.read_barrier().await?;
+        state.cluster.state().read(|s| s.check_tool_request(Some(caller), computer, &request))?;
+        agent_for(state, caller, computer, true).await
+    };
+    let reply = state.owners.mcp(computer, &request, &caller.token.id, local).await?;
+    reply_of(reply)
+}
+
+/// True for an error that says the request was refused before it reached the agent (rights,
+/// admission), as opposed to one whose effect is unknown.
+fn not_sent(e: &ApiError) -> bool {
+    matches!(
+        e.kind,
+        ErrorKind::Forbidden
+            | ErrorKind::NotFound
+            | ErrorKind::Unauthorized
+            | ErrorKind::Conflict
+            | ErrorKind::InvalidRequest
+    )
 }
 
 fn rejected(reason: String, message: String) -> ApiError {
@@ -155,18 +187,13 @@ pub async fn install(
         return Err(rejected("bad_manifest".into(), "the manifest needs id, version and sha256".into()));
     };
     let computer = computer_for(&state, &caller, &bot_id, b.computer_id)?;
+    state.cluster.state().read(|s| s.check_tool_use(&caller, &bot_id, &computer))?;
     // A revoked package comes back only through `reauthorize`, with the same version and digest,
     // as a new binding (new UID and state) once the old runtime is confirmed stopped; the old
     // binding id stays revoked for good.
     let revoked: Vec<ToolBinding> = state.cluster.state().read(|s| {
-        s.tool_bindings
-            .values()
-            .filter(|x| {
-                x.bot_id == bot_id
-                    && x.computer_id == computer
-                    && x.package_id == pkg
-                    && x.state == BindingState::Revoked
-            })
+        s.bindings_of(&bot_id, &computer)
+            .filter(|x| x.package_id == pkg && x.state == BindingState::Revoked)
             .cloned()
             .collect()
     });
@@ -187,9 +214,8 @@ pub async fn install(
         }
         (true, Some(old)) => {
             // The old runtime must be confirmed stopped (draining again is harmless).
-            let drained =
-                agent_mcp(&state, &caller, &computer, McpRequest::Revoke { binding_id: old.id.clone() }).await?;
-            if !matches!(&drained, Ok(r) if r["drained"] == true) {
+            let drained = drain(&state, &caller.token.id, &computer, std::slice::from_ref(&old.id)).await;
+            if drained.is_empty() {
                 let mut e = ApiError::new(ErrorKind::Conflict, "the old binding's processes are not confirmed stopped");
                 e.reason = Some("drain_incomplete".into());
                 return Err(e);
@@ -208,6 +234,7 @@ pub async fn install(
         tools: Value::Null,
         error: None,
         created_at: now_ms(),
+        shared_uid: false,
     };
     let id = propose(&state, Command::BindingReserve { by: caller.token.id.clone(), binding: binding.clone() })
         .await?
@@ -222,14 +249,32 @@ pub async fn install(
     let (ready, tools, error) = match &answer {
         Ok(Ok(r)) => (true, r["tools"].clone(), None),
         Ok(Err((reason, message))) => (false, Value::Null, Some(json!({"reason": reason, "message": message}))),
-        // Unknown: the binding stays `installing`; sending the install again finds it.
+        // Refused before the agent: the binding is no one's; it goes like a failed install.
+        Err(e) if not_sent(e) => (false, Value::Null, Some(json!({"reason": "refused", "message": e.message}))),
+        // Unknown: the binding stays `installing` (a revoke closes it).
         Err(_) => (false, Value::Null, None),
     };
-    if answer.is_ok() {
-        propose(&state, Command::BindingSettle { binding_id: id.clone(), ready, tools: tools.clone(), error }).await?;
+    // Fail closed: anything but an explicit `false` from the agent is a shared UID.
+    let shared_uid = matches!(&answer, Ok(Ok(r)) if r["sharedUid"] != false);
+    if answer.as_ref().is_ok() || answer.as_ref().is_err_and(not_sent) {
+        // A failed install leaves no binding (the store removes it; the agent undid its part).
+        let settle =
+            Command::BindingSettle { binding_id: id.clone(), ready, tools: tools.clone(), error, shared_uid };
+        match propose(&state, settle).await {
+            Ok(_) => {}
+            Err(e) if ready => {
+                // Closed while it installed (its grant removed, say): the agent's part is
+                // drained and removed (the owner sends that only for a closed binding), and the
+                // install is refused.
+                drain(&state, &caller.token.id, &computer, std::slice::from_ref(&id)).await;
+                return Err(e);
+            }
+            // A failed install on a binding closed meanwhile: the answer below says why.
+            Err(_) => {}
+        }
     }
     match answer {
-        Ok(Ok(_)) => Ok((StatusCode::CREATED, Json(json!({"bindingId": id, "tools": tools})))),
+        Ok(Ok(_)) => Ok((StatusCode::CREATED, Json(json!({"bindingId": id, "tools": tools, "sharedUid": shared_uid})))),
         Ok(Err((reason, message))) => Err(rejected(reason, message)),
         Err(e) => Err(e),
     }
@@ -245,10 +290,23 @@ pub async fn list(
     let rows = state.cluster.state().read(|s| {
         s.tool_bot(&caller, &bot_id)?;
         Ok::<_, computerd_raft::sm::Reject>(
-            s.tool_bindings.values().filter(|b| b.bot_id == bot_id).map(binding_view).collect::<Vec<_>>(),
+            listed(s, &caller, &bot_id)
+                .filter(|b| b.state != BindingState::Failed)
+                .map(binding_view)
+                .collect::<Vec<_>>(),
         )
     })?;
     Ok(Json(json!({"bindings": rows})))
+}
+
+/// The bot's bindings a list shows the caller: those on Computers its token allows and it may
+/// see (a bot: those it holds a grant on), from the index.
+fn listed<'a>(
+    s: &'a computerd_raft::sm::State,
+    caller: &'a Caller,
+    bot_id: &'a str,
+) -> impl Iterator<Item = &'a ToolBinding> + 'a {
+    s.bindings_of_bot(bot_id).filter(|b| s.computers.get(&b.computer_id).is_some_and(|c| s.can_see(caller, c)))
 }
 
 fn ready_binding(state: &AppState, caller: &Caller, bot_id: &str, id: &str) -> Result<ToolBinding, ApiError> {
@@ -261,6 +319,7 @@ fn ready_binding(state: &AppState, caller: &Caller, bot_id: &str, id: &str) -> R
             let b = b.ok_or_else(|| {
                 computerd_raft::sm::Reject::new(computerd_raft::sm::RejectKind::NotFound, "no such binding")
             })?;
+            s.check_tool_use(caller, bot_id, &b.computer_id)?;
             if b.state != BindingState::Ready {
                 return Err(computerd_raft::sm::Reject::new(
                     computerd_raft::sm::RejectKind::Forbidden,
@@ -276,8 +335,13 @@ async fn do_discover(state: &AppState, caller: &Caller, bot_id: &str, id: &str) 
     let b = ready_binding(state, caller, bot_id, id)?;
     match agent_mcp(state, caller, &b.computer_id, McpRequest::Discover { binding_id: id.to_string() }).await? {
         Ok(tools) => {
-            let cmd =
-                Command::BindingSettle { binding_id: id.to_string(), ready: true, tools: tools.clone(), error: None };
+            let cmd = Command::BindingSettle {
+                binding_id: id.to_string(),
+                ready: true,
+                tools: tools.clone(),
+                error: None,
+                shared_uid: false,
+            };
             propose(state, cmd).await?;
             Ok(json!({"bindingId": id, "tools": tools}))
         }
@@ -347,6 +411,13 @@ async fn do_call(state: &AppState, caller: &Caller, bot_id: &str, id: &str, c: C
                 Ok(r) => Ok(json!({"operationId": c.operation_id, "replayed": false, "result": {"ok": r}})),
                 Err((reason, message)) => Err(rejected(reason, message)),
             }
+        }
+        Err(e) if not_sent(&e) => {
+            // Refused before the agent (the rights or the binding changed since the journal
+            // let it in): not sent, and recorded so.
+            let refusal = json!({"error": {"reason": e.kind.as_str(), "message": e.message}});
+            let _ = propose(state, Command::OperationFinish { key, result: Some(refusal) }).await;
+            Err(e)
         }
         Err(e) => {
             // Sent (or maybe sent) without an answer: unknown, and never redone.
@@ -420,15 +491,8 @@ pub async fn switch(
     }
     let computer = state.cluster.state().read(|s| s.tool_bindings.get(&id).map(|b| b.computer_id.clone()));
     let computer = computer.ok_or_else(|| ApiError::not_found("no such binding"))?;
-    // The bot's binding already at the target is drained first (it is revoked at commit).
-    if let Some(target) = &stored.target_binding {
-        let drained = agent_mcp(&state, &caller, &computer, McpRequest::Revoke { binding_id: target.clone() }).await?;
-        if !matches!(&drained, Ok(r) if r["drained"] == true) {
-            let mut e = ApiError::new(ErrorKind::Conflict, "the target binding's processes are not confirmed stopped");
-            e.reason = Some("drain_incomplete".into());
-            return Err(e);
-        }
-    }
+    // (The bot's binding already at the target is closed to calls since the reserve; the
+    // commit revokes it, and it is drained after that, like any revoked binding.)
     let request = McpRequest::Switch {
         binding_id: id.clone(),
         operation_id: w.operation_id.clone(),
@@ -439,7 +503,15 @@ pub async fn switch(
     match agent_mcp(&state, &caller, &computer, request).await? {
         Ok(receipt) => {
             propose(&state, Command::SwitchSettle { key, receipt: receipt.clone(), ok: true }).await?;
-            Ok(Json(json!({"operationId": w.operation_id, "bindingId": id, "replayed": false, "receipt": receipt})))
+            let mut target_drained = None;
+            if let Some(target) = &stored.target_binding {
+                let drained = drain(&state, &caller.token.id, &computer, std::slice::from_ref(target)).await;
+                target_drained = Some(!drained.is_empty());
+            }
+            Ok(Json(json!({
+                "operationId": w.operation_id, "bindingId": id, "replayed": false, "receipt": receipt,
+                "targetDrained": target_drained,
+            })))
         }
         Err((reason, message)) => {
             let refusal = json!({"reason": reason, "message": message});
@@ -456,15 +528,20 @@ pub async fn revoke(
     Path((bot_id, id)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
     let caller = auth.for_write(&state).await?;
-    let computer =
-        state.cluster.state().read(|s| {
-            s.tool_bot(&caller, &bot_id)?;
-            s.tool_bindings.get(&id).filter(|b| b.bot_id == bot_id).map(|b| b.computer_id.clone()).ok_or_else(|| {
-                computerd_raft::sm::Reject::new(computerd_raft::sm::RejectKind::NotFound, "no such binding")
-            })
+    let computer = state.cluster.state().read(|s| {
+        s.tool_bot(&caller, &bot_id)?;
+        let b = s.tool_bindings.get(&id).filter(|b| b.bot_id == bot_id).ok_or_else(|| {
+            computerd_raft::sm::Reject::new(computerd_raft::sm::RejectKind::NotFound, "no such binding")
         })?;
+        // The token's limits and the right to operate the Computer (not the bot's grant: a
+        // revoke only takes rights away).
+        s.check_operate(&caller, &b.computer_id)?;
+        Ok::<_, computerd_raft::sm::Reject>(b.computer_id.clone())
+    })?;
     // Admission closes first: from here on no new call is let through.
     propose(&state, Command::BindingRevoke { by: caller.token.id.clone(), binding_id: id.clone() }).await?;
+    // Then the agent drains it (a paused Computer is resumed for that, with the caller's rights),
+    // and once nothing of its UID is left removes its HOME, private copy and unused packages.
     let drained = match agent_mcp(&state, &caller, &computer, McpRequest::Revoke { binding_id: id.clone() }).await {
         Ok(Ok(r)) => r["drained"].as_bool().unwrap_or(false),
         _ => false,
@@ -487,10 +564,9 @@ pub async fn model_tool(
             let rows = state.cluster.state().read(|s| {
                 s.tool_bot(&caller, &bot_id)?;
                 Ok::<_, computerd_raft::sm::Reject>(
-                    s.tool_bindings
-                        .values()
-                        .filter(|b| b.bot_id == bot_id && b.state == BindingState::Ready)
-                        .map(|b| json!({"bindingId": b.id, "packageId": b.package_id, "version": b.version, "tools": b.tools}))
+                    listed(s, &caller, &bot_id)
+                        .filter(|b| b.state == BindingState::Ready && s.has_grant(&b.computer_id, &bot_id))
+                        .map(|b| json!({"bindingId": b.id, "packageId": b.package_id, "version": b.version, "tools": b.tools, "sharedUid": b.shared_uid}))
                         .collect::<Vec<_>>(),
                 )
             })?;

@@ -1,6 +1,8 @@
 //! MCP requests for a Computer's agent, wherever its link is: on this node over the link, on
 //! another over `Routing.RelayMcp` (the sending node checked the caller's rights and journaled
-//! the call; the owner checks that it holds the link and asks its agent).
+//! the call; the owner checks that it holds the link, checks the caller's rights again at a
+//! current read of its own, [`computerd_raft::sm::State::check_tool_request`], and asks its
+//! agent).
 
 use computerd_proto::agent::McpJson;
 use computerd_proto::cluster::McpRelay;
@@ -17,18 +19,20 @@ use computerd_proto::ErrorKind;
 
 impl Owners {
     /// Sends `request` to the Computer's agent: here, or relayed to the node holding its link
-    /// (following one stale view). `local` gives the client when the link is (or is expected)
-    /// here: the caller's own rules for a Computer that is paused or starting apply there.
+    /// (following one stale view), for the caller of token `token_id`, whose rights the owner
+    /// checks again. `local` gives the client when the link is (or is expected) here: the
+    /// caller's own rules for a Computer that is paused or starting apply there.
     pub async fn mcp<E: From<CallError>>(
         &self,
         computer: &str,
         request: &McpRequest,
+        token_id: &str,
         local: impl Future<Output = Result<computerd_actors::link::Agent, E>>,
     ) -> Result<McpReply, E> {
         let json = serde_json::to_string(request)
             .map_err(|e| CallError::new(ErrorKind::Internal, format!("cannot encode the request: {e}")))?;
         let answer = match self.locate(computer).await {
-            Place::At(node) => match self.relay(computer, node, &json).await {
+            Place::At(node) => match self.relay(computer, node, &json, token_id).await {
                 Ok(json) => Some(json),
                 Err(Miss::Nobody) => None,
                 Err(Miss::Failed(e)) => return Err(e.into()),
@@ -48,11 +52,20 @@ impl Owners {
         Ok(reply)
     }
 
-    async fn relay(&self, computer: &str, node: computerd_raft::NodeId, json: &str) -> Result<String, Miss> {
+    async fn relay(
+        &self,
+        computer: &str,
+        node: computerd_raft::NodeId,
+        json: &str,
+        token_id: &str,
+    ) -> Result<String, Miss> {
         let reached = self
             .reach(node, CallKind::Tool, |mut client, deadline| {
-                let mut req =
-                    tonic::Request::new(McpRelay { computer_id: computer.to_string(), json: json.to_string() });
+                let mut req = tonic::Request::new(McpRelay {
+                    computer_id: computer.to_string(),
+                    json: json.to_string(),
+                    token_id: token_id.to_string(),
+                });
                 req.set_timeout(deadline);
                 async move { client.relay_mcp(req).await }
             })

@@ -21,6 +21,7 @@ use computerd_proto::cluster::RouteChunk;
 use computerd_proto::cluster::RouteHead;
 use computerd_proto::cluster::routing_server::Routing;
 use computerd_proto::cluster::routing_server::RoutingServer;
+use computerd_proto::mcp::McpRequest;
 use futures::Stream;
 use futures::StreamExt;
 use tonic::Request;
@@ -70,8 +71,20 @@ impl Routing for RouteTarget {
         if state.links.get(&r.computer_id).is_none() {
             return Err(owners.not_owner(&r.computer_id).await);
         }
-        // Taken: the headers go at once; the agent's answer follows as the one message.
+        // Taken: the headers go at once; the agent's answer follows as the one message. The
+        // caller's rights are checked here again, at a current read of this node's replica.
         let call = async move {
+            let request: McpRequest = serde_json::from_str(&r.json)
+                .map_err(|e| ErrorKind::InvalidRequest.status(format!("not an MCP request: {e}")))?;
+            state.cluster.read_barrier().await.map_err(|e| ErrorKind::Unavailable.status(e.to_string()))?;
+            state
+                .cluster
+                .state()
+                .read(|s| {
+                    let caller = s.caller_by_token_id(&r.token_id).ok();
+                    s.check_tool_request(caller.as_ref(), &r.computer_id, &request)
+                })
+                .map_err(|e| e.error_kind().status(e.message))?;
             let mut agent = state.owners.agent(&r.computer_id).await.map_err(|e| e.into_status())?;
             Ok(McpRelayReply { json: super::relay::ask_agent(&mut agent, r.json).await? })
         };

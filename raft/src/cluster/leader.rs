@@ -178,8 +178,18 @@ impl Cluster {
         .await
     }
 
+    /// The stamp of an entry this node appends now: its wall clock, but never below a stamp it
+    /// gave before, nor below the cluster's clock as applied here (a new leader whose clock lags
+    /// the old one's does not move time back).
+    pub fn stamp(&self, wall_ms: u64) -> u64 {
+        next_stamp(&self.inner.last_stamp, wall_ms, self.state().read(|s| s.clock))
+    }
+
     /// Proposes on this node only; answers [`ProposeReply::NotLeader`] when it does not lead.
+    /// The entry carries this node's stamp ([`Cluster::stamp`]), whatever stamp it came with: the
+    /// state machine reads time from the leader's stamps only.
     pub async fn propose_local(&self, req: Request) -> Result<ProposeReply, ClusterError> {
+        let req = req.stamped(self.stamp(wall_ms()));
         match self.raft().client_write(req).await {
             Ok(resp) => Ok(ProposeReply::Applied(resp.data)),
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))
@@ -289,5 +299,43 @@ async fn read_index_round(raft: &crate::Raft) -> Result<ReadIndexReply, RoundErr
         }
         Ok(Err(RaftError::APIError(e))) => Err(RoundError::Unavailable(e.to_string())),
         Ok(Err(RaftError::Fatal(e))) => Err(RoundError::Fatal(e.to_string())),
+    }
+}
+
+/// The next stamp after `last` (which it advances) at wall clock `wall_ms`, with `clock` the
+/// cluster's clock applied here: the greatest of the three, so stamps never go backwards.
+fn next_stamp(last: &std::sync::atomic::AtomicU64, wall_ms: u64, clock: u64) -> u64 {
+    let floor = wall_ms.max(clock);
+    last.fetch_max(floor, std::sync::atomic::Ordering::SeqCst).max(floor)
+}
+
+/// This node's wall clock, unix ms.
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicU64;
+
+    use super::*;
+
+    #[test]
+    fn stamps_never_go_backwards() {
+        let last = AtomicU64::new(0);
+        assert_eq!(next_stamp(&last, 1_000, 0), 1_000);
+        assert_eq!(next_stamp(&last, 900, 0), 1_000, "the wall clock stepped back: the stamp holds");
+        assert_eq!(next_stamp(&last, 1_200, 0), 1_200);
+        // A new leader whose clock lags the stamps it applied starts from them.
+        let fresh = AtomicU64::new(0);
+        assert_eq!(next_stamp(&fresh, 500, 1_200), 1_200);
+        assert_eq!(next_stamp(&fresh, 600, 0), 1_200);
+        let mut seen = 0;
+        for wall in [5, 3_000, 2_000, 2_999, 3_001, 10] {
+            let s = next_stamp(&last, wall, 0);
+            assert!(s >= seen, "{s} after {seen}");
+            seen = s;
+        }
+        assert_eq!(seen, 3_001);
     }
 }

@@ -134,6 +134,8 @@ struct Inner {
     leader_reads: Arc<coalesce::Coalescer<(), Result<ReadIndexReply, leader::RoundError>>>,
     /// Read-index calls this node forwards, per leader asked.
     forwarded_reads: Arc<coalesce::Coalescer<NodeId, Result<ReadIndexReply, tonic::Status>>>,
+    /// The last stamp this node gave an entry while leading (`leader::Cluster::stamp`).
+    last_stamp: std::sync::atomic::AtomicU64,
 }
 
 /// A node's handle on the replicated store. Cheap to clone.
@@ -184,6 +186,7 @@ impl Cluster {
         // crash takes, so a healthy follower never steps aside while a new leader is chosen.
         let contact_window = Duration::from_millis(tuning.election_min_ms * 5);
         let (started, leader_contact_ms) = (Instant::now(), std::sync::atomic::AtomicU64::new(0));
+        let last_stamp = std::sync::atomic::AtomicU64::new(0);
         let inner = Inner {
             id,
             accepting,
@@ -195,6 +198,7 @@ impl Cluster {
             contact_window,
             leader_reads: Arc::default(),
             forwarded_reads: Arc::default(),
+            last_stamp,
         };
         Ok(Cluster { inner: Arc::new(inner) })
     }

@@ -152,14 +152,40 @@ impl State {
         Ok(())
     }
 
-    pub(crate) fn put_grant(&mut self, by: &str, computer_id: &str, bot_id: &str, at_ms: u64) -> Result<(), Reject> {
+    /// Grants (idempotently), and sets `allowRoot` when told: only a member may (a bot cannot
+    /// grant at all, let alone itself root), checked here against the state at commit.
+    pub(crate) fn put_grant(
+        &mut self,
+        by: &str,
+        computer_id: &str,
+        bot_id: &str,
+        at_ms: u64,
+        allow_root: Option<bool>,
+    ) -> Result<(), Reject> {
         let caller = self.caller_by_token_id(by)?;
         self.check_grant_rights(&caller, computer_id, bot_id)?;
         if self.bots.get(bot_id).is_some_and(|b| b.archived_at.is_some()) {
             return Err(Reject::new(RejectKind::Invalid, "the bot is archived"));
         }
         self.insert_grant(computer_id, bot_id, &caller.member.id, at_ms);
+        if let Some(allow) = allow_root
+            && let Some(g) = self.grants.get_mut(computer_id).and_then(|g| g.get_mut(bot_id))
+        {
+            g.allow_root = allow;
+        }
         Ok(())
+    }
+
+    /// May `caller` run sessions and file calls as root on this Computer? A member with a token
+    /// that may write, or a bot (token that may write) whose grant allows root.
+    pub fn may_be_root(&self, caller: &Caller, computer_id: &str) -> bool {
+        if caller.token.read_only {
+            return false;
+        }
+        match &caller.bot {
+            None => true,
+            Some(b) => self.grants.get(computer_id).and_then(|g| g.get(&b.id)).is_some_and(|g| g.allow_root),
+        }
     }
 
     pub(crate) fn insert_grant(&mut self, computer_id: &str, bot_id: &str, by_member: &str, at_ms: u64) {
@@ -168,6 +194,7 @@ impl State {
             bot_id: bot_id.to_string(),
             granted_by: by_member.to_string(),
             created_at: at_ms,
+            allow_root: false,
         });
     }
 
@@ -186,6 +213,8 @@ impl State {
                 self.grants.remove(computer_id);
             }
         }
+        // The bot's tool bindings there close with the grant.
+        self.close_bot_bindings(computer_id, bot_id);
         Ok(())
     }
 

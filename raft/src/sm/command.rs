@@ -15,19 +15,32 @@ use super::model::Rule;
 
 /// The version of [`Request`] this build writes. Older versions stay readable forever: a log
 /// written by an older node must apply the same way on a newer one.
-pub const REQUEST_VERSION: u32 = 1;
+pub const REQUEST_VERSION: u32 = 2;
 
 /// A command as it travels in the Raft log: a version tag plus the command.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "v", content = "cmd")]
 pub enum Request {
-    /// Version 1 of the command set.
+    /// Version 1 of the command set: the command alone.
     #[serde(rename = "1")]
     V1(Command),
+    /// Version 2: the command with the leader's clock when it appended the entry.
+    #[serde(rename = "2")]
+    V2(Stamped),
+}
+
+/// A command stamped by the leader that appended it ([`Request::stamped`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Stamped {
+    /// The leader's wall clock at append, unix ms; never below an earlier entry's stamp on that
+    /// leader, nor below the stamps the store had applied when it was taken.
+    pub leader_ms: u64,
+    /// The command.
+    pub cmd: Command,
 }
 
 impl Request {
-    /// Wraps a command in the current version.
+    /// Wraps a command in the current version, not yet stamped (the leader stamps it).
     pub fn new(cmd: Command) -> Self {
         Request::V1(cmd)
     }
@@ -36,7 +49,26 @@ impl Request {
     pub fn command(&self) -> &Command {
         match self {
             Request::V1(c) => c,
+            Request::V2(s) => &s.cmd,
         }
+    }
+
+    /// The leader's stamp, if the entry has one (entries of older logs have none).
+    pub fn leader_ms(&self) -> Option<u64> {
+        match self {
+            Request::V1(_) => None,
+            Request::V2(s) => Some(s.leader_ms),
+        }
+    }
+
+    /// The same command stamped with `leader_ms` (any stamp it carried is replaced: only the
+    /// appending leader's clock counts).
+    pub fn stamped(self, leader_ms: u64) -> Self {
+        let cmd = match self {
+            Request::V1(c) => c,
+            Request::V2(s) => s.cmd,
+        };
+        Request::V2(Stamped { leader_ms, cmd })
     }
 }
 
@@ -193,6 +225,10 @@ pub enum Command {
         bot_id: String,
         /// Unix ms.
         at_ms: u64,
+        /// Sets whether the bot may act as root there (absent: a new grant does not, an existing
+        /// one keeps what it had).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        allow_root: Option<bool>,
     },
     /// Revokes (or, by the bot itself, releases) a grant.
     DeleteGrant {
@@ -278,6 +314,20 @@ pub enum Command {
         /// (Computer id, unix ms of the latest work seen).
         marks: Vec<(String, u64)>,
     },
+    /// Work seen on Computers (a batch from one node), each as how long before the proposal it
+    /// was seen by the reporting node's monotonic clock; the work's time is the leader's stamp
+    /// minus that age, so no node's wall clock is believed.
+    ReportWork {
+        /// (Computer id, ms between the work and the proposal).
+        ages: Vec<(String, u64)>,
+    },
+    /// A call is about to reach the Computer: work now, by the leader's stamp. An idle pause
+    /// not yet dispatched is cancelled; a pause already dispatched is answered
+    /// (`ComputerConflict` naming it), for the call to wait for it and resume.
+    WorkNow {
+        /// The Computer.
+        computer_id: String,
+    },
     /// The scheduler asks for the idle pause of a Computer whose deadline passed at this plan
     /// version: stores a pause execution (once per version). Answers the execution id.
     PlanPause {
@@ -358,6 +408,9 @@ pub enum Command {
         tools: serde_json::Value,
         /// Why it failed.
         error: Option<serde_json::Value>,
+        /// The agent runs it under its own UID (marks the binding for good).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        shared_uid: bool,
     },
     /// Closes a binding's admission for good.
     BindingRevoke {
@@ -427,6 +480,8 @@ impl Command {
             Command::LinkDown { .. } => "link_down",
             Command::SessionEnded { .. } => "session_ended",
             Command::ReportActivity { .. } => "report_activity",
+            Command::ReportWork { .. } => "report_work",
+            Command::WorkNow { .. } => "work_now",
             Command::PlanPause { .. } => "plan_pause",
             Command::SetLiveNodes { .. } => "set_live_nodes",
             Command::SetJoinSecret { .. } => "set_join_secret",
@@ -463,5 +518,16 @@ mod tests {
         let back: Request = serde_json::from_str(&json).expect("decode");
         assert_eq!(back, r);
         assert!(serde_json::from_str::<Request>(r#"{"v":"99","cmd":{}}"#).is_err());
+        assert_eq!(back.leader_ms(), None, "version 1 has no stamp");
+    }
+
+    #[test]
+    fn a_stamp_wraps_the_command_and_replaces_any_earlier_stamp() {
+        let cmd = Command::WorkNow { computer_id: "cmp_1".into() };
+        let r = Request::new(cmd.clone()).stamped(5).stamped(9);
+        assert_eq!((r.leader_ms(), r.command()), (Some(9), &cmd));
+        let json = serde_json::to_string(&r).expect("encode");
+        assert_eq!(json, r#"{"v":"2","cmd":{"leader_ms":9,"cmd":{"work_now":{"computer_id":"cmp_1"}}}}"#);
+        assert_eq!(serde_json::from_str::<Request>(&json).expect("decode"), r);
     }
 }

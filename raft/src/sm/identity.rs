@@ -173,6 +173,7 @@ impl State {
             grants.remove(bot_id);
         }
         self.grants.retain(|_, g| !g.is_empty());
+        self.close_all_bot_bindings(bot_id);
         Ok(())
     }
 

@@ -246,35 +246,53 @@ impl State {
     }
 
     /// Records that the provider call is about to be sent, after re-checking the requester's
-    /// current rights. Without rights the execution fails and nothing is sent.
+    /// current rights. Without rights the execution fails and nothing is sent. An idle pause is
+    /// re-checked against the plan instead: stale (work seen since it was scheduled), it is
+    /// cancelled and nothing is sent.
+    ///
+    /// Idempotent for its claimant: a dispatch repeated with the claim that made it (its answer
+    /// was lost) answers as the first did, and changes nothing.
     pub(crate) fn dispatch(&mut self, exe_id: &str, claim: &str, at: u64) -> Result<(), Reject> {
         let exe =
             self.executions.get(exe_id).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such execution"))?.clone();
+        if exe.claim.as_deref() == Some(claim) {
+            if exe.dispatched_at.is_some() {
+                return Ok(());
+            }
+            if let Some(refusal) = exe.error.as_ref().and_then(dispatch_refusal).filter(|_| !exe.is_open()) {
+                return Err(refusal);
+            }
+        }
         if exe.state != ExecutionState::Running || exe.claim.as_deref() != Some(claim) || exe.dispatched_at.is_some() {
             return Err(Reject::new(RejectKind::Conflict, "stale claim"));
         }
         self.check_dispatch_node(&exe.computer_id, exe.claim_node)?;
-        // The cluster's own idle pauses need no member's right; everything else is re-checked.
-        let system = exe.requester.token_id == super::plan::SYSTEM;
-        let rights = if system {
-            Ok(())
-        } else {
-            self.caller_by_token_id(&exe.requester.token_id).and_then(|caller| {
-                caller.check_writable()?;
-                if exe.kind == ExecutionKind::Create {
-                    // The Computer is new: the creator's right to it is its own token's.
-                    return Ok(());
-                }
-                self.check_operate(&caller, &exe.computer_id)
-            })
-        };
+        // The cluster's own idle pauses need no member's right, but must still be due.
+        if super::plan::is_idle_pause(&exe) {
+            if !self.idle_pause_current(&exe, at) {
+                self.cancel_idle_pause(exe_id, "work was seen since the pause was scheduled", at);
+                return Err(super::plan::cancelled_dispatch());
+            }
+            if let Some(e) = self.executions.get_mut(exe_id) {
+                e.dispatched_at = Some(at);
+            }
+            return Ok(());
+        }
+        let rights = self.caller_by_token_id(&exe.requester.token_id).and_then(|caller| {
+            caller.check_writable()?;
+            if exe.kind == ExecutionKind::Create {
+                // The Computer is new: the creator's right to it is its own token's.
+                return Ok(());
+            }
+            self.check_operate(&caller, &exe.computer_id)
+        });
         if let Err(r) = rights {
             let err = ExecutionError {
                 kind: "forbidden".into(),
                 message: format!("the requester lost the right: {}", r.message),
             };
             self.finish_failed(exe_id, err, at);
-            return Err(Reject::new(RejectKind::Forbidden, "the requester lost the right; nothing was sent"));
+            return Err(forbidden_dispatch());
         }
         if let Some(e) = self.executions.get_mut(exe_id) {
             e.dispatched_at = Some(at);
@@ -407,6 +425,7 @@ impl State {
                 self.set_computer_state(&computer_id, ComputerState::Deleted, at);
                 self.grants.remove(&computer_id);
                 self.uid_ranges.release(&computer_id);
+                self.drop_computer_bindings(&computer_id);
             }
         }
     }
@@ -416,7 +435,7 @@ impl State {
         e.state = ExecutionState::Failed;
         e.finished_at = Some(at);
         e.error = Some(error);
-        let (computer_id, kind) = (e.computer_id.clone(), e.kind);
+        let (computer_id, kind, idle) = (e.computer_id.clone(), e.kind, super::plan::is_idle_pause(e));
         if let Some(c) = self.computers.get_mut(&computer_id) {
             c.active_execution = None;
         }
@@ -431,6 +450,9 @@ impl State {
         if kind == ExecutionKind::Create {
             // The Computer stays, failed, so its receipt and history remain readable.
             self.set_computer_state(&computer_id, ComputerState::Failed, at);
+        }
+        if idle {
+            self.idle_pause_failed(&computer_id, at);
         }
     }
 
@@ -528,6 +550,20 @@ impl State {
         );
         self.set_computer_state(computer_id, ComputerState::Failed, at);
         Ok(())
+    }
+}
+
+/// The refusal of a dispatch whose requester lost the right (every time it is asked).
+fn forbidden_dispatch() -> Reject {
+    Reject::new(RejectKind::Forbidden, "the requester lost the right; nothing was sent")
+}
+
+/// The refusal a dispatch answered when it ended the execution itself, by the error it left.
+fn dispatch_refusal(error: &ExecutionError) -> Option<Reject> {
+    match error.kind.as_str() {
+        "forbidden" => Some(forbidden_dispatch()),
+        super::plan::CANCELLED => Some(super::plan::cancelled_dispatch()),
+        _ => None,
     }
 }
 

@@ -218,6 +218,9 @@ pub struct Execution {
     pub created_at: u64,
     /// Unix ms.
     pub finished_at: Option<u64>,
+    /// For an idle pause: the plan version it was scheduled at (its dispatch re-checks it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan_version: Option<u64>,
 }
 
 impl Execution {
@@ -249,6 +252,7 @@ impl Execution {
             pairing_expires_at: None,
             created_at: at,
             finished_at: None,
+            plan_version: None,
         }
     }
 }
@@ -272,6 +276,10 @@ pub struct Grant {
     pub granted_by: String,
     /// Unix ms.
     pub created_at: u64,
+    /// The bot may run sessions and file calls as root (`"user": "root"`): member-level trust,
+    /// since root can read the agent's own state. Only a member sets it.
+    #[serde(default)]
+    pub allow_root: bool,
 }
 
 /// The four capabilities decided by the decider chain.

@@ -43,6 +43,21 @@ impl Reject {
     pub fn new(kind: RejectKind, message: impl Into<String>) -> Self {
         Self { kind, message: message.into(), execution_id: None }
     }
+
+    /// The API's error kind of this refusal (and so its HTTP status and gRPC code).
+    pub fn error_kind(&self) -> computerd_proto::ErrorKind {
+        use computerd_proto::ErrorKind;
+        match self.kind {
+            RejectKind::Unauthorized => ErrorKind::Unauthorized,
+            RejectKind::Forbidden => ErrorKind::Forbidden,
+            RejectKind::NotFound => ErrorKind::NotFound,
+            RejectKind::Conflict => ErrorKind::Conflict,
+            RejectKind::Invalid => ErrorKind::InvalidRequest,
+            RejectKind::IdempotencyKeyReused => ErrorKind::IdempotencyKeyReused,
+            RejectKind::ComputerConflict => ErrorKind::ComputerConflict,
+            RejectKind::Unsupported => ErrorKind::ComputerUnsupported,
+        }
+    }
 }
 
 /// What applying a command answered.

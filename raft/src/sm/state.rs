@@ -7,6 +7,7 @@ use serde::Deserialize;
 use serde::Serialize;
 
 use super::command::Command;
+use super::command::Request;
 use super::events::Event;
 use super::identity::Bot;
 use super::identity::Member;
@@ -89,12 +90,19 @@ pub struct State {
     /// Version switches of tool bindings, by "bot\noperationId".
     #[serde(default)]
     pub switches: BTreeMap<String, super::tools::Switch>,
+    /// The tool bindings by bot and Computer (rebuilt from the records when a snapshot loads).
+    #[serde(default)]
+    pub binding_index: super::tools::BindingIndex,
     /// The nodes the leader hears from; Computers are placed over them (`placement`).
     #[serde(default)]
     pub live_nodes: std::collections::BTreeSet<u64>,
     /// Who may join the cluster, and which node certificates are revoked (`join`).
     #[serde(default)]
     pub join: super::join::JoinState,
+    /// The cluster's clock: the greatest leader stamp applied so far, unix ms (0 before the
+    /// first stamped entry). Idle-pause deadlines are read against it only.
+    #[serde(default)]
+    pub clock: u64,
     /// The binding-UID ranges of sandboxes on shared kernels (`uids`).
     #[serde(default)]
     pub uid_ranges: super::uids::UidRanges,
@@ -166,6 +174,16 @@ impl State {
         }
     }
 
+    /// Applies one log entry: its leader stamp moves the cluster's clock forward (never back:
+    /// entries of one leader may append out of stamp order, and a new leader's clock may lag),
+    /// then its command applies. Pure and deterministic, like [`State::apply`].
+    pub fn apply_request(&mut self, req: &Request) -> Response {
+        if let Some(ms) = req.leader_ms() {
+            self.clock = self.clock.max(ms);
+        }
+        self.apply(req.command())
+    }
+
     /// Applies one command. Pure and deterministic; a rejected command changes nothing.
     pub fn apply(&mut self, cmd: &Command) -> Response {
         // Lifecycle steps validate everything before their first change, so a refusal leaves the
@@ -204,8 +222,8 @@ impl State {
         match cmd {
             Command::LinkDown { computer_id, generation, at_ms } => self.link_down(computer_id, *generation, *at_ms),
             Command::SandboxVanished { computer_id, at_ms } => self.sandbox_vanished(computer_id, *at_ms),
-            Command::BindingSettle { binding_id, ready, tools, error } => {
-                self.binding_settle(binding_id, *ready, tools, error.as_ref())
+            Command::BindingSettle { binding_id, ready, tools, error, shared_uid } => {
+                self.binding_settle(binding_id, *ready, tools, error.as_ref(), *shared_uid)
             }
             Command::BindingRevoke { by, binding_id } => self.binding_revoke(by, binding_id),
             Command::OperationFinish { key, result } => self.operation_finish(key, result.as_ref()),
@@ -214,6 +232,11 @@ impl State {
                 self.report_activity(marks);
                 Ok(())
             }
+            Command::ReportWork { ages } => {
+                self.report_work(ages);
+                Ok(())
+            }
+            Command::WorkNow { computer_id } => self.work_now(computer_id),
             Command::SessionEnded { computer_id, generation, session_id, owner, exit_code, signal, at_ms } => {
                 self.session_ended(computer_id, *generation, session_id, owner, *exit_code, signal.as_deref(), *at_ms)
             }
@@ -247,7 +270,9 @@ impl State {
                 self.decide(by, execution_id, *outcome, reason, *at_ms)
             }
             Command::StopComputer { by, computer_id, at_ms } => self.stop(by, computer_id, *at_ms),
-            Command::PutGrant { by, computer_id, bot_id, at_ms } => self.put_grant(by, computer_id, bot_id, *at_ms),
+            Command::PutGrant { by, computer_id, bot_id, at_ms, allow_root } => {
+                self.put_grant(by, computer_id, bot_id, *at_ms, *allow_root)
+            }
             Command::DeleteGrant { by, computer_id, bot_id } => self.delete_grant(by, computer_id, bot_id),
             Command::DecideApproval { by, approval_id, approve, at_ms } => {
                 self.decide_approval(by, approval_id, *approve, *at_ms)

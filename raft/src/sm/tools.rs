@@ -3,7 +3,19 @@
 //! told), and every call is journaled by its operation id: the same id with the same payload
 //! answers the original result (or says it is still unknown, never redoing it); the same id with
 //! another payload is refused.
+//!
+//! Rights are those of the bot on the Computer, checked at every step: the caller may act for
+//! the bot, its token allows the Computer and writes, it may operate the Computer, and the bot
+//! holds a grant on it ([`State::check_tool_use`]). Removing the grant, archiving the bot or
+//! deleting the Computer closes the bot's bindings there in the same commit. Bindings are
+//! indexed per bot and Computer ([`BindingIndex`]); a failed install leaves no record; revoked
+//! ones free their slot and are kept as tombstones (at most [`MAX_REVOKED`] per Computer, oldest
+//! dropped first) for the reauthorize rule.
 
+use std::collections::BTreeMap;
+use std::collections::BTreeSet;
+
+use computerd_proto::mcp::McpRequest;
 use serde::Deserialize;
 use serde::Serialize;
 use serde_json::Value;
@@ -17,6 +29,21 @@ use super::state::State;
 
 /// Bindings kept per Computer (revoked ones do not count).
 pub const MAX_BINDINGS: usize = 64;
+/// Revoked bindings kept per Computer as tombstones (oldest dropped first).
+pub const MAX_REVOKED: usize = 64;
+
+/// The bindings by bot and Computer, by Computer, and the pending switch of each participant:
+/// what apply looks up instead of scanning every binding or switch.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BindingIndex {
+    /// bot id -> computer id -> binding ids.
+    pub by_bot: BTreeMap<String, BTreeMap<String, BTreeSet<String>>>,
+    /// computer id -> binding ids.
+    pub by_computer: BTreeMap<String, BTreeSet<String>>,
+    /// binding id -> the key of the reserved switch it takes part in.
+    pub pending_switch: BTreeMap<String, String>,
+}
 
 /// Where a binding stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,6 +85,10 @@ pub struct ToolBinding {
     pub error: Option<Value>,
     /// Unix ms.
     pub created_at: u64,
+    /// It runs under the agent's own UID (a non-root agent whose owner chose shared-UID
+    /// bindings), not one of its own: shown in every listing. Once set, never unset.
+    #[serde(default)]
+    pub shared_uid: bool,
 }
 
 /// Where an operation stands.
@@ -150,37 +181,155 @@ impl State {
         Ok(bot.clone())
     }
 
+    /// May `caller` use the tools of `bot_id` on this Computer: it acts for the bot
+    /// ([`State::tool_bot`]), may operate the Computer (its token's `computers` limit and
+    /// read-only flag included), and the bot holds a grant on it.
+    pub fn check_tool_use(&self, caller: &Caller, bot_id: &str, computer_id: &str) -> Result<Bot, Reject> {
+        let bot = self.tool_bot(caller, bot_id)?;
+        self.check_operate(caller, computer_id)?;
+        if !self.has_grant(computer_id, bot_id) {
+            return Err(Reject::new(RejectKind::Forbidden, "this bot has no right to use this computer"));
+        }
+        Ok(bot)
+    }
+
+    /// The bot's bindings on a Computer, from the index.
+    pub fn bindings_of(&self, bot_id: &str, computer_id: &str) -> impl Iterator<Item = &ToolBinding> {
+        let ids = self.binding_index.by_bot.get(bot_id).and_then(|c| c.get(computer_id));
+        ids.into_iter().flatten().filter_map(|id| self.tool_bindings.get(id))
+    }
+
+    /// The bot's bindings on every Computer, from the index.
+    pub fn bindings_of_bot(&self, bot_id: &str) -> impl Iterator<Item = &ToolBinding> {
+        let ids = self.binding_index.by_bot.get(bot_id).into_iter().flat_map(|c| c.values().flatten());
+        ids.filter_map(|id| self.tool_bindings.get(id))
+    }
+
+    /// The bindings on a Computer, from the index.
+    pub fn bindings_on(&self, computer_id: &str) -> impl Iterator<Item = &ToolBinding> {
+        let ids = self.binding_index.by_computer.get(computer_id);
+        ids.into_iter().flatten().filter_map(|id| self.tool_bindings.get(id))
+    }
+
+    /// May an MCP request for `computer_id`'s agent be sent, by `caller`, now? Checked by the
+    /// node that serves the call and again by the node holding the link, each at a current read:
+    /// install needs the binding `installing`, discover and call `ready`, switch `switching`,
+    /// with the rights of [`State::check_tool_use`]; a drain (revoke) is sent only for a binding
+    /// the store already closed (or no longer has), whoever asks.
+    pub fn check_tool_request(
+        &self,
+        caller: Option<&Caller>,
+        computer_id: &str,
+        request: &McpRequest,
+    ) -> Result<(), Reject> {
+        let (id, want) = match request {
+            McpRequest::Install { binding_id, .. } => (binding_id, BindingState::Installing),
+            McpRequest::Discover { binding_id } | McpRequest::Call { binding_id, .. } => {
+                (binding_id, BindingState::Ready)
+            }
+            McpRequest::Switch { binding_id, .. } => (binding_id, BindingState::Switching),
+            McpRequest::Revoke { binding_id } => {
+                return match self.tool_bindings.get(binding_id).filter(|b| b.computer_id == computer_id) {
+                    Some(b) if b.state != BindingState::Revoked => Err(Reject::new(
+                        RejectKind::Conflict,
+                        "the binding is not closed in the store: revoke it there first",
+                    )),
+                    _ => Ok(()),
+                };
+            }
+        };
+        let b = self.tool_bindings.get(id).filter(|b| b.computer_id == computer_id);
+        let b = b.ok_or_else(|| Reject::new(RejectKind::NotFound, "no such binding"))?;
+        if let McpRequest::Install { bot_id, .. } = request
+            && *bot_id != b.bot_id
+        {
+            return Err(Reject::new(RejectKind::NotFound, "no such binding"));
+        }
+        let caller = caller.ok_or_else(|| Reject::new(RejectKind::Unauthorized, "the token is not valid"))?;
+        self.check_tool_use(caller, &b.bot_id, computer_id)?;
+        if b.state != want {
+            return Err(Reject::new(
+                RejectKind::Forbidden,
+                format!("the binding is {:?}: not callable", b.state).to_lowercase(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Rebuilds [`BindingIndex`] from the records (a snapshot from before it was kept).
+    pub fn reindex_tools(&mut self) {
+        let mut index = BindingIndex::default();
+        for b in self.tool_bindings.values() {
+            index_insert(&mut index, b);
+        }
+        for (key, sw) in &self.switches {
+            if sw.state == SwitchState::Reserved {
+                for id in std::iter::once(&sw.binding_id).chain(sw.target_binding.as_ref()) {
+                    index.pending_switch.insert(id.clone(), key.clone());
+                }
+            }
+        }
+        self.binding_index = index;
+    }
+
+    fn insert_binding(&mut self, b: ToolBinding) {
+        index_insert(&mut self.binding_index, &b);
+        self.tool_bindings.insert(b.id.clone(), b);
+    }
+
+    fn remove_binding(&mut self, id: &str) {
+        let Some(b) = self.tool_bindings.remove(id) else { return };
+        let index = &mut self.binding_index;
+        if let Some(computers) = index.by_bot.get_mut(&b.bot_id) {
+            if let Some(ids) = computers.get_mut(&b.computer_id) {
+                ids.remove(id);
+                if ids.is_empty() {
+                    computers.remove(&b.computer_id);
+                }
+            }
+            if computers.is_empty() {
+                index.by_bot.remove(&b.bot_id);
+            }
+        }
+        if let Some(ids) = index.by_computer.get_mut(&b.computer_id) {
+            ids.remove(id);
+            if ids.is_empty() {
+                index.by_computer.remove(&b.computer_id);
+            }
+        }
+        index.pending_switch.remove(id);
+    }
+
     /// Records a binding being installed; the bot must be able to use the Computer.
     pub(crate) fn binding_reserve(&mut self, by: &str, b: &ToolBinding) -> Result<String, Reject> {
         let caller = self.caller_by_token_id(by)?;
-        self.tool_bot(&caller, &b.bot_id)?;
-        self.check_operate(&caller, &b.computer_id)?;
+        self.check_tool_use(&caller, &b.bot_id, &b.computer_id)?;
         if self.tool_bindings.contains_key(&b.id) {
             return Err(Reject::new(RejectKind::Conflict, "binding id collision"));
         }
-        let live = self
-            .tool_bindings
-            .values()
-            .filter(|x| x.computer_id == b.computer_id && x.state != BindingState::Revoked)
-            .count();
+        let live = self.bindings_on(&b.computer_id).filter(|x| x.state != BindingState::Revoked).count();
         if live >= MAX_BINDINGS {
             return Err(Reject::new(RejectKind::Conflict, format!("a computer keeps at most {MAX_BINDINGS} bindings")));
         }
         let mut b = b.clone();
         b.state = BindingState::Installing;
-        self.tool_bindings.insert(b.id.clone(), b.clone());
-        Ok(b.id)
+        let id = b.id.clone();
+        self.insert_binding(b);
+        Ok(id)
     }
 
-    /// The agent's answer to an install (or a new discovery): ready with tools, or failed.
+    /// The agent's answer to an install (or a new discovery): ready with tools; or the install
+    /// failed, and the binding is removed (a failed install leaves no binding).
     pub(crate) fn binding_settle(
         &mut self,
         id: &str,
         ready: bool,
         tools: &Value,
-        error: Option<&Value>,
+        _error: Option<&Value>,
+        shared_uid: bool,
     ) -> Result<(), Reject> {
         let b = self.tool_bindings.get_mut(id).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such binding"))?;
+        b.shared_uid |= shared_uid;
         match (b.state, ready) {
             (BindingState::Installing | BindingState::Ready, true) => {
                 b.state = BindingState::Ready;
@@ -188,35 +337,99 @@ impl State {
                 Ok(())
             }
             (BindingState::Installing, false) => {
-                b.state = BindingState::Failed;
-                b.error = error.cloned();
+                self.remove_binding(id);
                 Ok(())
             }
             _ => Err(Reject::new(RejectKind::Conflict, "the binding is not being installed")),
         }
     }
 
-    /// Closes a binding's admission for good (before the agent drains it). Revoking a
-    /// participant of a pending switch cancels the switch and closes every participant.
+    /// Closes a binding's admission for good (before the agent drains it), for a caller who may
+    /// act for its bot and operate its Computer (a revoke only takes rights away, so the bot's
+    /// grant is not needed: its bindings may still be closed after the grant ended).
     pub(crate) fn binding_revoke(&mut self, by: &str, id: &str) -> Result<(), Reject> {
         let caller = self.caller_by_token_id(by)?;
         let b = self.tool_bindings.get(id).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such binding"))?;
         self.tool_bot(&caller, &b.bot_id)?;
+        self.check_operate(&caller, &b.computer_id.clone())?;
+        self.close_binding(id);
+        Ok(())
+    }
+
+    /// Closes a binding for good. Closing a participant of a pending switch cancels the switch
+    /// and closes every participant. The Computer keeps at most [`MAX_REVOKED`] tombstones.
+    fn close_binding(&mut self, id: &str) {
         let mut closing = vec![id.to_string()];
-        for sw in self.switches.values_mut() {
-            let part = sw.binding_id == id || sw.target_binding.as_deref() == Some(id);
-            if sw.state == SwitchState::Reserved && part {
-                sw.state = SwitchState::Cancelled;
-                closing.push(sw.binding_id.clone());
-                closing.extend(sw.target_binding.clone());
-            }
+        if let Some(key) = self.binding_index.pending_switch.get(id).cloned()
+            && let Some(sw) = self.switches.get_mut(&key)
+            && sw.state == SwitchState::Reserved
+        {
+            sw.state = SwitchState::Cancelled;
+            closing.push(sw.binding_id.clone());
+            closing.extend(sw.target_binding.clone());
         }
+        let mut computers = BTreeSet::new();
         for c in closing {
+            self.binding_index.pending_switch.remove(&c);
             if let Some(b) = self.tool_bindings.get_mut(&c) {
                 b.state = BindingState::Revoked;
+                computers.insert(b.computer_id.clone());
             }
         }
-        Ok(())
+        for computer in computers {
+            self.trim_tombstones(&computer);
+        }
+    }
+
+    fn trim_tombstones(&mut self, computer_id: &str) {
+        let mut revoked: Vec<(u64, String)> = self
+            .bindings_on(computer_id)
+            .filter(|b| b.state == BindingState::Revoked)
+            .map(|b| (b.created_at, b.id.clone()))
+            .collect();
+        if revoked.len() <= MAX_REVOKED {
+            return;
+        }
+        revoked.sort();
+        let over = revoked.len() - MAX_REVOKED;
+        for (_, id) in revoked.into_iter().take(over) {
+            self.remove_binding(&id);
+        }
+    }
+
+    /// The bot's grant on the Computer ended: its bindings there close in the same commit.
+    pub(crate) fn close_bot_bindings(&mut self, computer_id: &str, bot_id: &str) {
+        let live: Vec<String> = self
+            .bindings_of(bot_id, computer_id)
+            .filter(|b| b.state != BindingState::Revoked)
+            .map(|b| b.id.clone())
+            .collect();
+        for id in live {
+            self.close_binding(&id);
+        }
+    }
+
+    /// The bot was archived: its bindings everywhere close.
+    pub(crate) fn close_all_bot_bindings(&mut self, bot_id: &str) {
+        let live: Vec<String> =
+            self.bindings_of_bot(bot_id).filter(|b| b.state != BindingState::Revoked).map(|b| b.id.clone()).collect();
+        for id in live {
+            self.close_binding(&id);
+        }
+    }
+
+    /// The Computer was deleted: its bindings go with it.
+    pub(crate) fn drop_computer_bindings(&mut self, computer_id: &str) {
+        let ids: Vec<String> = self.bindings_on(computer_id).map(|b| b.id.clone()).collect();
+        for id in ids {
+            if let Some(key) = self.binding_index.pending_switch.get(&id).cloned()
+                && let Some(sw) = self.switches.get_mut(&key)
+                && sw.state == SwitchState::Reserved
+            {
+                sw.state = SwitchState::Cancelled;
+            }
+            self.remove_binding(&id);
+        }
     }
 
     /// Reserves a version switch (or finds the one this operation id reserved): the binding and
@@ -233,6 +446,9 @@ impl State {
                     "this operationId was used with another request",
                 ));
             }
+            if let Some(b) = self.tool_bindings.get(&seen.binding_id) {
+                self.check_tool_use(&caller, &sw.bot_id, &b.computer_id)?;
+            }
             return Ok(match seen.state {
                 SwitchState::Reserved => "reserved",
                 SwitchState::Done => "done",
@@ -247,20 +463,17 @@ impl State {
             .filter(|b| b.bot_id == sw.bot_id)
             .ok_or_else(|| Reject::new(RejectKind::NotFound, "no such binding"))?
             .clone();
+        self.check_tool_use(&caller, &sw.bot_id, &b.computer_id)?;
         if b.state != BindingState::Ready {
             return Err(Reject::new(RejectKind::Conflict, format!("the binding is {:?}", b.state).to_lowercase()));
         }
         if b.version == sw.to_version {
             return Err(Reject::new(RejectKind::Invalid, "the binding is already at that version"));
         }
-        self.check_operate(&caller, &b.computer_id)?;
         let target = self
-            .tool_bindings
-            .values()
+            .bindings_of(&b.bot_id, &b.computer_id)
             .find(|t| {
                 t.id != b.id
-                    && t.bot_id == b.bot_id
-                    && t.computer_id == b.computer_id
                     && t.package_id == b.package_id
                     && t.version == sw.to_version
                     && matches!(t.state, BindingState::Ready | BindingState::Installing)
@@ -275,17 +488,25 @@ impl State {
             if let Some(x) = self.tool_bindings.get_mut(&id) {
                 x.state = BindingState::Switching;
             }
+            self.binding_index.pending_switch.insert(id, key.clone());
         }
         self.switches.insert(key, sw);
         Ok("reserved".into())
     }
 
     /// The agent switched: version pointer, readiness and schemas change together; the target
-    /// binding is revoked. Or it refused: the participants open again.
+    /// binding is revoked (the node drains it next). Or it refused: the participants open again.
     pub(crate) fn switch_settle(&mut self, key: &str, receipt: &Value, ok: bool) -> Result<(), Reject> {
         let sw = self.switches.get(key).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such switch"))?.clone();
         if sw.state != SwitchState::Reserved {
             return Err(Reject::new(RejectKind::Conflict, "the switch is not pending"));
+        }
+        for id in std::iter::once(&sw.binding_id).chain(sw.target_binding.as_ref()) {
+            self.binding_index.pending_switch.remove(id);
+        }
+        if let Some(s) = self.switches.get_mut(key) {
+            s.state = if ok { SwitchState::Done } else { SwitchState::Failed };
+            s.receipt = Some(receipt.clone());
         }
         if ok {
             if let Some(b) = self.tool_bindings.get_mut(&sw.binding_id) {
@@ -296,8 +517,8 @@ impl State {
                 b.tools = receipt["tools"].clone();
                 b.state = BindingState::Ready;
             }
-            if let Some(t) = sw.target_binding.as_ref().and_then(|t| self.tool_bindings.get_mut(t)) {
-                t.state = BindingState::Revoked;
+            if let Some(t) = &sw.target_binding {
+                self.close_binding(t);
             }
         } else {
             for id in std::iter::once(&sw.binding_id).chain(sw.target_binding.as_ref()) {
@@ -306,18 +527,21 @@ impl State {
                 }
             }
         }
-        if let Some(s) = self.switches.get_mut(key) {
-            s.state = if ok { SwitchState::Done } else { SwitchState::Failed };
-            s.receipt = Some(receipt.clone());
-        }
         Ok(())
     }
 
     /// Journals a call before it is sent. Answers `new`, or for a retry with the same payload
-    /// `done` / `running` / `unknown`; another payload under the same id is refused.
+    /// `done` / `running` / `unknown`; another payload under the same id is refused. The
+    /// caller's rights on the binding's Computer are checked first, for a retry too.
     pub(crate) fn operation_begin(&mut self, by: &str, op: &Operation) -> Result<String, Reject> {
         let caller = self.caller_by_token_id(by)?;
         self.tool_bot(&caller, &op.bot_id)?;
+        let b = self
+            .tool_bindings
+            .get(&op.binding_id)
+            .filter(|b| b.bot_id == op.bot_id)
+            .ok_or_else(|| Reject::new(RejectKind::NotFound, "no such binding"))?;
+        self.check_tool_use(&caller, &op.bot_id, &b.computer_id)?;
         let key = operation_key(&op.bot_id, &op.operation_id);
         if let Some(seen) = self.operations.get(&key) {
             if seen.payload_hash != op.payload_hash {
@@ -333,15 +557,9 @@ impl State {
             };
             return Ok(s.into());
         }
-        let b = self
-            .tool_bindings
-            .get(&op.binding_id)
-            .filter(|b| b.bot_id == op.bot_id)
-            .ok_or_else(|| Reject::new(RejectKind::NotFound, "no such binding"))?;
         if b.state != BindingState::Ready {
             return Err(Reject::new(RejectKind::Forbidden, format!("the binding is {:?}: not callable", b.state)));
         }
-        self.check_operate(&caller, &b.computer_id)?;
         let mut op = op.clone();
         op.state = OperationState::Running;
         op.result = None;
@@ -365,3 +583,11 @@ impl State {
         Ok(())
     }
 }
+
+fn index_insert(index: &mut BindingIndex, b: &ToolBinding) {
+    index.by_bot.entry(b.bot_id.clone()).or_default().entry(b.computer_id.clone()).or_default().insert(b.id.clone());
+    index.by_computer.entry(b.computer_id.clone()).or_default().insert(b.id.clone());
+}
+
+#[cfg(test)]
+mod tests;

@@ -164,7 +164,9 @@ fn check_received_file(want: Option<LogId>, snapshot: Vec<u8>) -> io::Result<(Ve
 }
 
 fn decode_payload(bytes: &[u8]) -> io::Result<SnapshotFile> {
-    let file: SnapshotFile = serde_json::from_slice(bytes).map_err(invalid_data)?;
+    let mut file: SnapshotFile = serde_json::from_slice(bytes).map_err(invalid_data)?;
+    // (Derived indexes are rebuilt from the records: a snapshot may predate one.)
+    file.applied.state.reindex_tools();
     if file.format != SNAPSHOT_FORMAT {
         return Err(io::Error::new(io::ErrorKind::InvalidData, format!("unknown snapshot format {}", file.format)));
     }
@@ -218,7 +220,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 a.last_applied = Some(entry.log_id);
                 match entry.payload {
                     EntryPayload::Blank => Response::Ok,
-                    EntryPayload::Normal(req) => a.state.apply(req.command()),
+                    EntryPayload::Normal(req) => a.state.apply_request(&req),
                     EntryPayload::Membership(mem) => {
                         a.last_membership = StoredMembership::new(Some(entry.log_id), mem);
                         Response::Ok

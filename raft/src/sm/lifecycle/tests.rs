@@ -272,3 +272,47 @@ fn bots_ask_and_wait_for_approval_and_see_only_granted_computers() {
     ok(s.apply(&Command::ArchiveBot { by: OWNER.into(), bot_id: "bot_1".into(), at_ms: 15 }));
     assert!(!s.has_grant("cmp_1", "bot_1") && !s.has_grant("cmp_b", "bot_1"));
 }
+
+#[test]
+fn a_repeated_dispatch_by_its_claimant_answers_as_the_first() {
+    let claim = |exe: &str, c: &str| Command::ClaimExecution {
+        execution_id: exe.into(),
+        claim: c.into(),
+        node: None,
+        at_ms: 20,
+    };
+    let dispatch =
+        |exe: &str, c: &str, at| Command::DispatchExecution { execution_id: exe.into(), claim: c.into(), at_ms: at };
+    let mut s = world();
+    created(&mut s);
+    let exe = ok(s.apply(&submit(OWNER, ExecutionKind::Pause, "cmp_1", "k2", "p"))).expect("id");
+    ok(s.apply(&claim(&exe, "k")));
+    ok(s.apply(&dispatch(&exe, "k", 30)));
+    // The answer was lost; the driver asks again with its claim: the same answer, no change.
+    let before = s.clone();
+    ok(s.apply(&dispatch(&exe, "k", 31)));
+    assert_eq!(s, before, "a repeat changes nothing (the dispatch time stays the first's)");
+    assert_eq!(rejected(s.apply(&dispatch(&exe, "other", 32))).message, "stale claim", "others stay fenced");
+    // The driver sends the call and finishes it; a late repeat still answers as the first did.
+    ok(s.apply(&Command::FinishExecution {
+        execution_id: exe.clone(),
+        claim: "k".into(),
+        outcome: Outcome::Succeeded { sandbox: None },
+        at_ms: 40,
+    }));
+    let before = s.clone();
+    ok(s.apply(&dispatch(&exe, "k", 41)));
+    assert_eq!(s, before);
+
+    // A first dispatch refused (the requester lost the right): refused again, the same way.
+    ok(s.apply(&Command::CreateToken { by: OWNER.into(), token: token("tok_2", Principal::Member("mem_o".into())) }));
+    let exe = ok(s.apply(&submit("tok_2", ExecutionKind::Resume, "cmp_1", "k3", "r"))).expect("id");
+    ok(s.apply(&Command::RevokeToken { by: OWNER.into(), token_id: "tok_2".into(), at_ms: 45 }));
+    ok(s.apply(&claim(&exe, "k")));
+    let first = rejected(s.apply(&dispatch(&exe, "k", 50)));
+    assert_eq!(first.kind, RejectKind::Forbidden);
+    let before = s.clone();
+    assert_eq!(rejected(s.apply(&dispatch(&exe, "k", 51))), first);
+    assert_eq!(s, before);
+    assert_eq!(s.executions[&exe].dispatched_at, None, "never sent");
+}
