@@ -11,8 +11,9 @@
 //!
 //! The driver wakes on every applied change of the store, on a short tick (leadership changes
 //! do not show up as applied entries on followers) and when one of its actors stops. Each pass
-//! decides in a pure function (`survey`) over the applied state, the executions in flight here
-//! and the actors it runs; the loop only carries the decisions out.
+//! decides in a pure function (`survey`) over the applied state's open executions (the store's
+//! index of pending and running ones: a pass costs the work under way, never the history), the
+//! executions in flight here and the actors it runs; the loop only carries the decisions out.
 //!
 //! Supervision: every Computer actor is spawned linked to one supervisor actor
 //! (`ComputerSupervisor`), which forwards each child's exit to the driver loop. A crashed actor
@@ -132,7 +133,8 @@ fn survey<'a>(
 ) -> Pass {
     let owner = |computer: &str| s.placement(computer).or(leader);
     let mut pass = Pass::default();
-    for e in s.executions.values() {
+    // Only pending and running executions (the index): finished ones never need the driver.
+    for e in s.open_executions() {
         if inflight.contains_key(&e.id) {
             continue;
         }
@@ -335,6 +337,7 @@ mod tests {
         let mut e = Execution::pending("exe_a", "k", "h", ExecutionKind::Pause, "cmp_a", 1);
         edit(&mut e);
         s.executions.insert(e.id.clone(), e);
+        s.reindex_executions();
         s
     }
 

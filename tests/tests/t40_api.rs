@@ -44,6 +44,8 @@ async fn t10_openapi_describes_every_route() {
         ("/v1/approvals", "get"),
         ("/v1/approvals/{id}", "post"),
         ("/v1/capability-rules", "put"),
+        ("/v1/retention", "get"),
+        ("/v1/retention", "put"),
     ];
     for (path, method) in routes {
         assert!(doc["paths"][path][method].is_object(), "{method} {path} is not described");

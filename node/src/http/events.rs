@@ -38,7 +38,7 @@ pub struct EventsQuery {
 fn visible(s: &StoreState, caller: &Caller, after: u64, limit: usize) -> (Vec<Event>, u64) {
     let mut out = Vec::new();
     let mut cursor = after;
-    for e in s.events.iter().filter(|e| e.seq > after) {
+    for e in s.events_after(after) {
         cursor = e.seq;
         if s.computers.get(&e.computer_id).is_some_and(|c| s.could_see(caller, c)) {
             out.push(e.clone());

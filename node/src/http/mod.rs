@@ -16,6 +16,7 @@ mod identity;
 mod limits;
 mod openapi;
 mod providers;
+mod retention;
 mod schemas;
 mod sessions;
 mod tool_drain;
@@ -67,6 +68,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/approvals", get(approvals::list))
         .route("/v1/approvals/{id}", post(approvals::decide))
         .route("/v1/capability-rules", get(approvals::get_rules).put(approvals::put_rules))
+        .route("/v1/retention", get(retention::get).put(retention::put))
         .layer(bounded(limits::CONTROL));
     let tools = Router::new()
         .route("/api/bots/{bot}/tools", get(tools::list))

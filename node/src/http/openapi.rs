@@ -16,6 +16,7 @@ use super::grants;
 use super::health;
 use super::identity;
 use super::providers;
+use super::retention;
 
 use super::schemas::ErrorBody;
 use super::schemas::ErrorDetail;
@@ -48,6 +49,7 @@ impl Modify for BearerAuth {
         executions::get, executions::decide,
         events::events,
         approvals::list, approvals::decide, approvals::get_rules, approvals::put_rules,
+        retention::get, retention::put,
     ),
     components(schemas(ErrorBody, ErrorDetail, ReceiptDoc)),
     modifiers(&BearerAuth),

@@ -111,7 +111,7 @@ impl State {
     /// bot asked for the delete.
     fn grant_history_allows(&self, c: &Computer, bot_id: &str) -> bool {
         c.state == ComputerState::Deleted
-            && self.executions.values().any(|e| e.computer_id == c.id && e.requester.bot_id.as_deref() == Some(bot_id))
+            && self.executions_of(&c.id).any(|e| e.requester.bot_id.as_deref() == Some(bot_id))
     }
 
     /// The Computer, if `caller` may see it; otherwise `not_found` (never `forbidden`).
@@ -292,6 +292,7 @@ impl State {
                 execution_id: execution_id.map(String::from),
                 state: "pending".into(),
                 decided_by: None,
+                decided_at: None,
                 reason: reason.map(String::from),
                 created_at: at_ms,
             },
@@ -335,6 +336,8 @@ impl State {
         if let Some(x) = self.approvals.get_mut(id) {
             x.state = wanted.into();
             x.decided_by = Some(caller.member.id.clone());
+            x.decided_at = Some(at_ms);
+            self.exec_index.decided_approvals.insert((at_ms, id.to_string()));
         }
         match (approve, a.capability, &a.execution_id) {
             (true, Capability::Acquire, _) => {

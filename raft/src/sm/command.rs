@@ -456,6 +456,13 @@ pub enum Command {
         /// The new rules, in order.
         rules: Vec<Rule>,
     },
+    /// Sets how long finished executions and decided approvals are kept (`retention`).
+    SetRetention {
+        /// The token id of the caller.
+        by: String,
+        /// The retention, ms.
+        ms: u64,
+    },
 }
 
 impl Command {
@@ -475,6 +482,7 @@ impl Command {
             Command::Acquire { .. } => "acquire",
             Command::DecideApproval { .. } => "decide_approval",
             Command::SetRules { .. } => "set_rules",
+            Command::SetRetention { .. } => "set_retention",
             Command::RedeemPairing { .. } => "redeem_pairing",
             Command::LinkUp { .. } => "link_up",
             Command::LinkDown { .. } => "link_down",

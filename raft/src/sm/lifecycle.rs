@@ -89,7 +89,7 @@ impl State {
     }
 
     /// The idempotency scope of a caller: its bot, or its member.
-    fn key_scope(bot: Option<&str>, member: &str, key: &str) -> String {
+    pub(crate) fn key_scope(bot: Option<&str>, member: &str, key: &str) -> String {
         format!("{}\n{key}", bot.unwrap_or(member))
     }
 
@@ -209,6 +209,7 @@ impl State {
             _ => computer_id.clone(),
         };
         self.executions.insert(id.clone(), exe);
+        self.index_execution(&id);
         if effect == Effect::Ask {
             if let Some(e) = self.executions.get_mut(&id) {
                 e.approval = Some(s.approval_id.clone());
@@ -239,6 +240,7 @@ impl State {
             e.claim = Some(claim.to_string());
             e.claim_node = node;
         }
+        self.index_execution(exe_id);
         if !takeover {
             self.push_event(at, "ExecutionStarted", &computer_id, Some(exe_id), serde_json::json!({"kind": kind}));
         }
@@ -371,6 +373,7 @@ impl State {
         e.state = ExecutionState::OutcomeUnknown;
         e.error = Some(ExecutionError { kind: "outcome_unknown".into(), message: reason.to_string() });
         let (computer_id, kind) = (e.computer_id.clone(), e.kind);
+        self.index_execution(exe_id);
         if matches!(kind, ExecutionKind::Pause | ExecutionKind::Delete) {
             self.flag_span(&computer_id, true);
         }
@@ -388,6 +391,7 @@ impl State {
         e.state = ExecutionState::Succeeded;
         e.finished_at = Some(at);
         let (computer_id, kind, started) = (e.computer_id.clone(), e.kind, e.dispatched_at.unwrap_or(at));
+        self.index_execution(exe_id);
         let paired = self.computers.get(&computer_id).is_some_and(|c| c.source == Source::Paired);
         if let Some(c) = self.computers.get_mut(&computer_id) {
             c.active_execution = None;
@@ -436,6 +440,7 @@ impl State {
         e.finished_at = Some(at);
         e.error = Some(error);
         let (computer_id, kind, idle) = (e.computer_id.clone(), e.kind, super::plan::is_idle_pause(e));
+        self.index_execution(exe_id);
         if let Some(c) = self.computers.get_mut(&computer_id) {
             c.active_execution = None;
         }
@@ -537,6 +542,7 @@ impl State {
                 at,
             });
         }
+        self.index_execution(&exe.id);
         if let Some(c) = self.computers.get_mut(computer_id) {
             c.active_execution = None;
         }

@@ -25,8 +25,7 @@ impl State {
         let invalid =
             || Reject::new(RejectKind::Unauthorized, "the pairing code is not valid (wrong, used or expired)");
         let exe = self
-            .executions
-            .values()
+            .executions_with_code(code)
             .find(|e| {
                 // A sandbox's agent pairs as soon as it starts, possibly before the create's answer
                 // is recorded (or when that answer was lost): a dispatched create counts too.
@@ -35,7 +34,7 @@ impl State {
                     ExecutionState::Running => e.dispatched_at.is_some(),
                     _ => false,
                 };
-                live && e.pairing_code.as_deref() == Some(code)
+                live
             })
             .cloned()
             .ok_or_else(invalid)?;
@@ -46,9 +45,7 @@ impl State {
         if c.state == ComputerState::Deleted {
             return Err(invalid());
         }
-        if let Some(e) = self.executions.get_mut(&exe.id) {
-            e.pairing_code = None;
-        }
+        self.clear_pairing_code(&exe.id);
         if let Some(c) = self.computers.get_mut(&exe.computer_id) {
             c.agent_credential = Some(credential_hash.to_string());
         }
@@ -122,8 +119,7 @@ impl State {
         if c.link_generation != generation {
             return Err(Reject::new(RejectKind::Conflict, "a newer link replaced this one"));
         }
-        let seen = self.events.iter().any(|e| e.kind == "computer_session" && e.data["sessionId"] == session_id);
-        if !seen {
+        if !self.session_end_seen(session_id) {
             let data =
                 serde_json::json!({"sessionId": session_id, "owner": owner, "exitCode": exit_code, "signal": signal});
             self.push_event(at, "computer_session", computer_id, None, data);

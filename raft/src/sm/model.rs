@@ -359,6 +359,9 @@ pub struct Approval {
     pub state: String,
     /// The member who decided.
     pub decided_by: Option<String>,
+    /// When it was decided, unix ms (its retention counts from then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_at: Option<u64>,
     /// Why the bot asked (`reason` of the tool call), if given.
     pub reason: Option<String>,
     /// Unix ms.

@@ -252,6 +252,7 @@ impl State {
         }
         self.execution_keys.insert(scope, exe.id.clone());
         self.executions.insert(exe.id.clone(), exe);
+        self.index_execution(execution_id);
         self.push_event(
             at,
             "IdlePauseScheduled",
@@ -280,6 +281,7 @@ impl State {
         e.finished_at = Some(at);
         e.error = Some(ExecutionError { kind: CANCELLED.into(), message: why.to_string() });
         let (computer_id, version) = (e.computer_id.clone(), e.plan_version);
+        self.index_execution(exe_id);
         if let Some(c) = self.computers.get_mut(&computer_id)
             && c.active_execution.as_deref() == Some(exe_id)
         {

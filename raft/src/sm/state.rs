@@ -106,6 +106,13 @@ pub struct State {
     /// The binding-UID ranges of sandboxes on shared kernels (`uids`).
     #[serde(default)]
     pub uid_ranges: super::uids::UidRanges,
+    /// Open executions, pairing codes, executions per Computer and ended sessions: derived,
+    /// never serialized, rebuilt when a snapshot loads (`exec_index`).
+    #[serde(skip)]
+    pub exec_index: super::exec_index::ExecIndex,
+    /// How long finished executions and decided approvals are kept (`retention`).
+    #[serde(default)]
+    pub retention: super::retention::Retention,
 }
 
 /// An authenticated caller: a live token and what it speaks for.
@@ -181,7 +188,9 @@ impl State {
         if let Some(ms) = req.leader_ms() {
             self.clock = self.clock.max(ms);
         }
-        self.apply(req.command())
+        let response = self.apply(req.command());
+        self.compact_expired();
+        response
     }
 
     /// Applies one command. Pure and deterministic; a rejected command changes nothing.
@@ -278,6 +287,7 @@ impl State {
                 self.decide_approval(by, approval_id, *approve, *at_ms)
             }
             Command::SetRules { by, rules } => self.set_rules(by, rules),
+            Command::SetRetention { by, ms } => self.set_retention(by, *ms),
             Command::Bootstrap { cluster_id, org, owner, token, join_secret_hash } => {
                 self.bootstrap(cluster_id, org, owner, token)?;
                 if let Some(hash) = join_secret_hash

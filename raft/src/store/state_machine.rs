@@ -167,6 +167,7 @@ fn decode_payload(bytes: &[u8]) -> io::Result<SnapshotFile> {
     let mut file: SnapshotFile = serde_json::from_slice(bytes).map_err(invalid_data)?;
     // (Derived indexes are rebuilt from the records: a snapshot may predate one.)
     file.applied.state.reindex_tools();
+    file.applied.state.reindex_executions();
     if file.format != SNAPSHOT_FORMAT {
         return Err(io::Error::new(io::ErrorKind::InvalidData, format!("unknown snapshot format {}", file.format)));
     }

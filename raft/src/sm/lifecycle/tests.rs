@@ -316,3 +316,116 @@ fn a_repeated_dispatch_by_its_claimant_answers_as_the_first() {
     assert_eq!(s, before);
     assert_eq!(s.executions[&exe].dispatched_at, None, "never sent");
 }
+
+/// Applies `cmd` as the leader's entry stamped `at` (the cluster's clock moves to `at`).
+fn at(s: &mut State, at: u64, cmd: Command) -> crate::sm::Response {
+    s.apply_request(&crate::sm::Request::new(cmd).stamped(at))
+}
+
+/// An entry that only moves the clock (a refused command: it changes nothing itself).
+fn tick(s: &mut State, ms: u64) {
+    at(s, ms, Command::SetRetention { by: "tok_nobody".into(), ms: 0 });
+}
+
+#[test]
+fn finished_executions_and_their_keys_expire_but_an_unknown_outcome_never_does() {
+    let r = crate::sm::DEFAULT_RETENTION_MS;
+    let mut s = world();
+    let create = created(&mut s); // finished at 40
+    let pause = ok(s.apply(&submit(OWNER, ExecutionKind::Pause, "cmp_1", "k2", "p"))).expect("id");
+    run(&mut s, &pause, Outcome::Succeeded { sandbox: None });
+    let resume = ok(s.apply(&submit(OWNER, ExecutionKind::Resume, "cmp_1", "k3", "r"))).expect("id");
+    ok(s.apply(&Command::ClaimExecution { execution_id: resume.clone(), claim: "k".into(), node: None, at_ms: 50 }));
+    ok(s.apply(&Command::DispatchExecution { execution_id: resume.clone(), claim: "k".into(), at_ms: 51 }));
+    ok(s.apply(&Command::MarkUnknown {
+        execution_id: resume.clone(),
+        claim: "k".into(),
+        node: None,
+        reason: "lost".into(),
+        at_ms: 52,
+    }));
+
+    // One ms short of the retention: everything stays, and the key still replays.
+    tick(&mut s, 40 + r - 1);
+    assert!(s.executions.contains_key(&create) && s.executions.contains_key(&pause));
+    let replay = ok(s.apply(&submit(OWNER, ExecutionKind::Pause, "cmp_1", "k2", "p"))).expect("id");
+    assert_eq!(replay, pause, "within the retention the key answers the first execution");
+
+    // Past it: the finished ones and their keys are gone; the unknown outcome and its key stay.
+    tick(&mut s, 40 + r);
+    assert!(!s.executions.contains_key(&create) && !s.executions.contains_key(&pause));
+    assert!(s.execution_keys.values().all(|id| id != &create && id != &pause), "{:?}", s.execution_keys);
+    assert_eq!(s.executions[&resume].state, ExecutionState::OutcomeUnknown);
+    let mut t = s.clone();
+    t.reindex_executions();
+    assert_eq!(t.exec_index, s.exec_index, "the maintained indexes equal a rebuild");
+    // The key is unknown now: the same request is a new command (refused here only because the
+    // unknown resume still holds the Computer), not a replay of the expired pause.
+    let r2 = rejected(s.apply(&submit(OWNER, ExecutionKind::Pause, "cmp_1", "k2", "p")));
+    assert_eq!(r2.kind, RejectKind::ComputerConflict, "{r2:?}");
+    tick(&mut s, 40 + 50 * r);
+    assert_eq!(s.executions[&resume].state, ExecutionState::OutcomeUnknown, "unresolved never expires");
+    let replay = ok(s.apply(&submit(OWNER, ExecutionKind::Resume, "cmp_1", "k3", "r"))).expect("id");
+    assert_eq!(replay, resume, "its key still answers it");
+
+    // Decided, it finishes and its retention starts then.
+    let decided = 40 + 50 * r;
+    ok(s.apply(&Command::DecideExecution {
+        by: OWNER.into(),
+        execution_id: resume.clone(),
+        outcome: ExecutionState::Succeeded,
+        reason: "seen running".into(),
+        at_ms: decided,
+    }));
+    tick(&mut s, decided + r - 1);
+    assert!(s.executions.contains_key(&resume));
+    tick(&mut s, decided + r);
+    assert!(!s.executions.contains_key(&resume) && s.execution_keys.is_empty(), "{:?}", s.execution_keys);
+    let fresh = ok(s.apply(&submit(OWNER, ExecutionKind::Pause, "cmp_1", "k2", "p"))).expect("id");
+    assert_eq!(s.executions[&fresh].state, ExecutionState::Pending, "the expired key made a new command");
+}
+
+#[test]
+fn a_deleted_computer_goes_with_its_last_receipt_and_decided_approvals_expire() {
+    let r = crate::sm::DEFAULT_RETENTION_MS;
+    let mut s = world();
+    created(&mut s);
+    // A bot's create waits for an approval, which is decided at 12.
+    let exe = ok(s.apply(&submit("tok_bot", ExecutionKind::Create, "cmp_b", "kb", "x"))).expect("id");
+    let approval = s.executions[&exe].approval.clone().expect("parked");
+    ok(s.apply(&Command::DecideApproval { by: OWNER.into(), approval_id: approval.clone(), approve: false, at_ms: 12 }));
+    assert_eq!(s.approvals[&approval].decided_at, Some(12));
+    let delete = ok(s.apply(&submit(OWNER, ExecutionKind::Delete, "cmp_1", "kd", "d"))).expect("id");
+    run(&mut s, &delete, Outcome::Succeeded { sandbox: None });
+    assert_eq!(s.computers["cmp_1"].state, ComputerState::Deleted);
+    tick(&mut s, 12 + r);
+    assert!(!s.approvals.contains_key(&approval), "a decided approval expires");
+    assert!(s.computers.contains_key("cmp_1"), "its receipts are still kept");
+    tick(&mut s, 40 + r);
+    assert!(!s.computers.contains_key("cmp_1") && !s.usage.contains_key("cmp_1"), "the tombstone went last");
+    assert!(s.executions.is_empty(), "{:?}", s.executions.keys().collect::<Vec<_>>());
+}
+
+#[test]
+fn the_retention_is_set_by_an_admin_within_bounds_and_compaction_is_batched() {
+    let mut s = world();
+    let hour = crate::sm::MIN_RETENTION_MS;
+    assert_eq!(rejected(s.apply(&Command::SetRetention { by: OWNER.into(), ms: hour - 1 })).kind, RejectKind::Invalid);
+    assert_eq!(rejected(s.apply(&Command::SetRetention { by: "tok_bot".into(), ms: hour })).kind, RejectKind::Forbidden);
+    ok(s.apply(&Command::SetRetention { by: OWNER.into(), ms: hour }));
+    created(&mut s);
+    // 40 finished pauses and resumes: one entry compacts at most COMPACT_PER_ENTRY of them.
+    for i in 0..20 {
+        let p = ok(s.apply(&submit(OWNER, ExecutionKind::Pause, "cmp_1", &format!("p{i}"), "p"))).expect("id");
+        run(&mut s, &p, Outcome::Succeeded { sandbox: None });
+        let q = ok(s.apply(&submit(OWNER, ExecutionKind::Resume, "cmp_1", &format!("r{i}"), "r"))).expect("id");
+        run(&mut s, &q, Outcome::Succeeded { sandbox: None });
+    }
+    assert_eq!(s.executions.len(), 41);
+    tick(&mut s, 40 + hour);
+    assert_eq!(s.executions.len(), 41 - crate::sm::retention::COMPACT_PER_ENTRY);
+    tick(&mut s, 40 + hour);
+    tick(&mut s, 40 + hour);
+    assert!(s.executions.is_empty());
+    assert_eq!(s.computers["cmp_1"].state, ComputerState::Running, "a live Computer stays");
+}

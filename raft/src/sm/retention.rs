@@ -1,0 +1,116 @@
+//! Retention: what the store forgets, and when.
+//!
+//! - A **finished execution** (succeeded or failed) is kept, with its receipt and its command
+//!   key, for the organization's retention ([`DEFAULT_RETENTION_MS`], 7 days, unless an owner or
+//!   admin sets another through `PUT /v1/retention`), counted from when it finished. Then it is
+//!   compacted: the record and its key go, so the key answers a new request as unknown (a new
+//!   command). An execution whose outcome is unknown has not finished: it and its key stay until
+//!   someone decides, however long that takes.
+//! - A **decided approval** is kept for the same retention from its decision.
+//! - A **deleted Computer**'s tombstone (and its usage record) goes with the last of its
+//!   executions, the delete's receipt.
+//!
+//! Time is the cluster's clock ([`State::clock`], the leader's stamps), never a node's own, so
+//! every replica compacts the same records at the same entry. Each applied entry compacts at most
+//! [`COMPACT_PER_ENTRY`] records of each kind, oldest first, found through ordered indexes
+//! (`exec_index`): an apply never walks the state, and since every execution or decision took an
+//! entry of its own, compaction keeps pace with what finishes.
+
+use serde::Deserialize;
+use serde::Serialize;
+
+use super::model::ComputerState;
+use super::response::Reject;
+use super::response::RejectKind;
+use super::state::State;
+
+/// The retention of finished executions and decided approvals when none is set: 7 days.
+pub const DEFAULT_RETENTION_MS: u64 = 7 * 24 * 3600 * 1000;
+/// The shortest retention that may be set: one hour.
+pub const MIN_RETENTION_MS: u64 = 3600 * 1000;
+/// The longest retention that may be set: 400 days.
+pub const MAX_RETENTION_MS: u64 = 400 * 24 * 3600 * 1000;
+/// At most this many executions, and as many approvals, are compacted per applied entry.
+pub const COMPACT_PER_ENTRY: usize = 16;
+
+/// The organization's retention setting.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Retention {
+    /// How long finished executions and decided approvals are kept, ms; `None` = the default.
+    pub ms: Option<u64>,
+}
+
+impl Retention {
+    /// The retention in force, ms.
+    pub fn effective_ms(&self) -> u64 {
+        self.ms.unwrap_or(DEFAULT_RETENTION_MS)
+    }
+}
+
+impl State {
+    /// Sets the retention (owner or admin).
+    pub(crate) fn set_retention(&mut self, by: &str, ms: u64) -> Result<(), Reject> {
+        self.caller_by_token_id(by)?.check_admin_write()?;
+        if !(MIN_RETENTION_MS..=MAX_RETENTION_MS).contains(&ms) {
+            return Err(Reject::new(RejectKind::Invalid, "the retention must be between 1 hour and 400 days"));
+        }
+        self.retention.ms = Some(ms);
+        Ok(())
+    }
+
+    /// Compacts what passed its retention by the cluster's clock, a bounded batch (see the module
+    /// doc). Called after each stamped entry moved the clock.
+    pub(crate) fn compact_expired(&mut self) {
+        if self.clock == 0 {
+            return;
+        }
+        let horizon = self.clock.saturating_sub(self.retention.effective_ms());
+        for _ in 0..COMPACT_PER_ENTRY {
+            match self.exec_index.finished.first() {
+                Some((at, id)) if *at <= horizon => {
+                    let id = id.clone();
+                    self.compact_execution(&id);
+                }
+                _ => break,
+            }
+        }
+        for _ in 0..COMPACT_PER_ENTRY {
+            match self.exec_index.decided_approvals.first() {
+                Some((at, id)) if *at <= horizon => {
+                    let id = id.clone();
+                    self.remove_approval(&id);
+                }
+                _ => break,
+            }
+        }
+    }
+
+    /// Forgets finished execution `id`: its record, its command key (when the key still names
+    /// it), its decided approval, and the tombstone of its deleted Computer once no execution of
+    /// it is left.
+    fn compact_execution(&mut self, id: &str) {
+        let Some(e) = self.unindex_execution(id) else { return };
+        let scope = Self::key_scope(e.requester.bot_id.as_deref(), &e.requester.member_id, &e.command_key);
+        if self.execution_keys.get(&scope).is_some_and(|named| named == id) {
+            self.execution_keys.remove(&scope);
+        }
+        if let Some(a) = &e.approval
+            && self.approvals.get(a).is_some_and(|a| a.state != "pending")
+        {
+            self.remove_approval(a);
+        }
+        let tombstone = self.computers.get(&e.computer_id).is_some_and(|c| c.state == ComputerState::Deleted);
+        if tombstone && self.executions_of(&e.computer_id).next().is_none() {
+            self.computers.remove(&e.computer_id);
+            self.usage.remove(&e.computer_id);
+            self.plan_leave(&e.computer_id);
+        }
+    }
+
+    fn remove_approval(&mut self, id: &str) {
+        if let Some(a) = self.approvals.remove(id) {
+            self.exec_index.decided_approvals.remove(&(a.decided_at.unwrap_or(a.created_at), a.id));
+        }
+    }
+}
