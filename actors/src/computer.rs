@@ -195,9 +195,9 @@ impl ComputerActorState {
                             };
                             adapter.create(&spec).await.map(Some)
                         }
-                        ExecutionKind::Pause => adapter.pause(&sandbox).await.map(|()| None),
-                        ExecutionKind::Resume => adapter.resume(&sandbox).await.map(|()| None),
-                        ExecutionKind::Delete => adapter.delete(&sandbox).await.map(|()| None),
+                        ExecutionKind::Pause => adapter.pause(&sandbox, &exe.command_key).await.map(|()| None),
+                        ExecutionKind::Resume => adapter.resume(&sandbox, &exe.command_key).await.map(|()| None),
+                        ExecutionKind::Delete => adapter.delete(&sandbox, &exe.command_key).await.map(|()| None),
                     }
                 };
                 outcome(tokio::time::timeout(timeout, call).await.ok(), timeout)

@@ -452,15 +452,15 @@ impl Provider for DockerProvider {
         Some(container_name(computer_id))
     }
 
-    async fn pause(&self, sandbox: &str) -> Result<(), ProviderError> {
+    async fn pause(&self, sandbox: &str, _command_key: &str) -> Result<(), ProviderError> {
         self.docker().await?.pause_container(sandbox).await.map_err(classify)
     }
 
-    async fn resume(&self, sandbox: &str) -> Result<(), ProviderError> {
+    async fn resume(&self, sandbox: &str, _command_key: &str) -> Result<(), ProviderError> {
         self.docker().await?.unpause_container(sandbox).await.map_err(classify)
     }
 
-    async fn delete(&self, sandbox: &str) -> Result<(), ProviderError> {
+    async fn delete(&self, sandbox: &str, _command_key: &str) -> Result<(), ProviderError> {
         let rm = RemoveContainerOptionsBuilder::new().force(true).v(true).build();
         match self.docker().await?.remove_container(sandbox, Some(rm)).await {
             Ok(()) => Ok(()),

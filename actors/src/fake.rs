@@ -160,16 +160,16 @@ impl Provider for FakeProvider {
         self.run("create", effect).await.map(|()| sandbox)
     }
 
-    async fn pause(&self, sandbox: &str) -> Result<(), ProviderError> {
-        self.run("pause", json!({"op": "pause", "sandbox": sandbox})).await
+    async fn pause(&self, sandbox: &str, command_key: &str) -> Result<(), ProviderError> {
+        self.run("pause", json!({"op": "pause", "sandbox": sandbox, "commandKey": command_key})).await
     }
 
-    async fn resume(&self, sandbox: &str) -> Result<(), ProviderError> {
-        self.run("resume", json!({"op": "resume", "sandbox": sandbox})).await
+    async fn resume(&self, sandbox: &str, command_key: &str) -> Result<(), ProviderError> {
+        self.run("resume", json!({"op": "resume", "sandbox": sandbox, "commandKey": command_key})).await
     }
 
-    async fn delete(&self, sandbox: &str) -> Result<(), ProviderError> {
-        self.run("delete", json!({"op": "delete", "sandbox": sandbox})).await
+    async fn delete(&self, sandbox: &str, command_key: &str) -> Result<(), ProviderError> {
+        self.run("delete", json!({"op": "delete", "sandbox": sandbox, "commandKey": command_key})).await
     }
 
     async fn inspect(&self, computer_id: &str) -> Result<Option<SandboxInfo>, ProviderError> {
@@ -209,13 +209,13 @@ mod tests {
         };
         let p = fake(&dir, json!({"create": "lost", "pause": "not_sent", "resume": "reject"}));
         assert!(matches!(p.create(&spec).await, Err(ProviderError::Lost(_))));
-        assert!(matches!(p.pause("fake-cmp_1").await, Err(ProviderError::NotSent(_))));
-        assert!(matches!(p.resume("fake-cmp_1").await, Err(ProviderError::Rejected(_))));
+        assert!(matches!(p.pause("fake-cmp_1", "k").await, Err(ProviderError::NotSent(_))));
+        assert!(matches!(p.resume("fake-cmp_1", "k").await, Err(ProviderError::Rejected(_))));
         assert_eq!(
             p.inspect("cmp_1").await,
             Ok(Some(SandboxInfo { sandbox: "fake-cmp_1".into(), state: "running".into() }))
         );
-        p.delete("fake-cmp_1").await.expect("delete");
+        p.delete("fake-cmp_1", "k").await.expect("delete");
         assert_eq!(p.inspect("cmp_1").await, Ok(None));
         // create (lost, but done), rejected resume, delete: three lines; the not-sent pause none.
         assert_eq!(p.lines().len(), 3);
@@ -225,10 +225,10 @@ mod tests {
     async fn panic_does_it_then_panics_in_the_callers_task() {
         let dir = tempfile::tempdir().expect("tempdir");
         let p = fake(&dir, json!({"pause": "panic"}));
-        let call = tokio::spawn(async move { p.pause("fake-cmp_1").await.is_ok() });
+        let call = tokio::spawn(async move { p.pause("fake-cmp_1", "k").await.is_ok() });
         assert!(call.await.expect_err("the call panics").is_panic());
         let journal = FakeProvider::new(dir.path().join("j.jsonl"), &serde_json::Map::new());
-        assert_eq!(journal.lines(), vec![json!({"op": "pause", "sandbox": "fake-cmp_1"})], "the effect happened");
+        assert_eq!(journal.lines(), vec![json!({"op": "pause", "sandbox": "fake-cmp_1", "commandKey": "k"})], "the effect happened");
     }
 
     #[test]

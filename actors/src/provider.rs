@@ -55,12 +55,14 @@ pub struct SandboxInfo {
 pub trait Provider: Send + Sync {
     /// Creates a sandbox; answers its reference.
     async fn create(&self, spec: &CreateSpec) -> Result<String, ProviderError>;
-    /// Pauses a sandbox (memory and processes kept where the provider can).
-    async fn pause(&self, sandbox: &str) -> Result<(), ProviderError>;
+    /// Pauses a sandbox (memory and processes kept where the provider can). `command_key` is
+    /// the execution's key (with the sandbox, it names this effect: an adapter may pass it on
+    /// as the provider's idempotency key).
+    async fn pause(&self, sandbox: &str, command_key: &str) -> Result<(), ProviderError>;
     /// Resumes a paused sandbox.
-    async fn resume(&self, sandbox: &str) -> Result<(), ProviderError>;
+    async fn resume(&self, sandbox: &str, command_key: &str) -> Result<(), ProviderError>;
     /// Deletes a sandbox and its files.
-    async fn delete(&self, sandbox: &str) -> Result<(), ProviderError>;
+    async fn delete(&self, sandbox: &str, command_key: &str) -> Result<(), ProviderError>;
     /// Looks up the sandbox of a Computer (by its labels), to settle an unknown outcome.
     async fn inspect(&self, computer_id: &str) -> Result<Option<SandboxInfo>, ProviderError>;
     /// The reference a Computer's sandbox has when none was recorded (a create whose answer was
@@ -84,13 +86,13 @@ impl Provider for Unavailable {
     async fn create(&self, _spec: &CreateSpec) -> Result<String, ProviderError> {
         Err(ProviderError::NotSent(self.0.clone()))
     }
-    async fn pause(&self, _sandbox: &str) -> Result<(), ProviderError> {
+    async fn pause(&self, _sandbox: &str, _command_key: &str) -> Result<(), ProviderError> {
         Err(ProviderError::NotSent(self.0.clone()))
     }
-    async fn resume(&self, _sandbox: &str) -> Result<(), ProviderError> {
+    async fn resume(&self, _sandbox: &str, _command_key: &str) -> Result<(), ProviderError> {
         Err(ProviderError::NotSent(self.0.clone()))
     }
-    async fn delete(&self, _sandbox: &str) -> Result<(), ProviderError> {
+    async fn delete(&self, _sandbox: &str, _command_key: &str) -> Result<(), ProviderError> {
         Err(ProviderError::NotSent(self.0.clone()))
     }
     async fn inspect(&self, _computer_id: &str) -> Result<Option<SandboxInfo>, ProviderError> {

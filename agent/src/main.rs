@@ -59,6 +59,10 @@ struct Cli {
     /// The first UID given to a tool binding (agents sharing a machine need separate ranges).
     #[arg(long, env = "COMPUTER_AGENT_MCP_FIRST_UID", default_value_t = computer_agent::mcp::bindings::FIRST_UID)]
     mcp_first_uid: u32,
+    /// A tool call's answer is kept this long for replays of the call (then a replay is
+    /// answered `result_expired`; the call is never run again).
+    #[arg(long, env = "COMPUTER_AGENT_TOOL_RESULT_RETENTION_SECS", default_value_t = 7 * 24 * 3600)]
+    tool_result_retention_secs: u64,
     /// A session no call used for this many seconds is ended.
     #[arg(long, env = "COMPUTER_AGENT_SESSION_IDLE_SECS", default_value_t = computer_agent::sessions::IDLE_LIMIT.as_secs_f64())]
     session_idle_secs: f64,
@@ -151,8 +155,13 @@ async fn main() -> std::process::ExitCode {
         deadline: std::time::Duration::from_secs(cli.mcp_deadline_secs.max(1)),
         ..Default::default()
     };
+    let results = computer_agent::mcp::results::ResultLimits {
+        retention: std::time::Duration::from_secs(cli.tool_result_retention_secs),
+        ..Default::default()
+    };
     let tools = computer_agent::mcp::bindings::Tools::new(runtime, workdir.clone(), limits, cli.mcp_first_uid)
-        .with_isolation(isolation);
+        .with_isolation(isolation)
+        .with_result_limits(results);
     // A binding's UID must be able to pass through to the runtime; if it cannot, installs are
     // refused naming the directory in the way.
     if let Some(why) = tools.check_reach().await {

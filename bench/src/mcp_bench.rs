@@ -77,6 +77,7 @@ async fn ours(tools: &Tools, binding: &str) -> Result<Duration> {
         binding_id: binding.into(),
         tool: "echo".into(),
         arguments: json!({"text": "x"}).as_object().cloned().unwrap_or_default(),
+        operation: None,
     };
     let reply = tools.handle(req).await;
     let d = t0.elapsed();

@@ -41,6 +41,9 @@ pub enum ErrorKind {
     /// Between nodes: this node does not hold the Computer's link (the answer names the owner
     /// it knows in [`crate::OWNER`]). The sending node goes there; callers never see it.
     NotOwner,
+    /// What was asked for existed but is past its retention (a replayed tool call's result):
+    /// it is gone, and nothing is done again.
+    Expired,
 }
 
 impl ErrorKind {
@@ -65,6 +68,7 @@ impl ErrorKind {
             Self::MethodNotAllowed => "method_not_allowed",
             Self::StaleLink => "stale_link",
             Self::NotOwner => "not_owner",
+            Self::Expired => "expired",
         }
     }
 
@@ -89,6 +93,7 @@ impl ErrorKind {
             "method_not_allowed" => Self::MethodNotAllowed,
             "stale_link" => Self::StaleLink,
             "not_owner" => Self::NotOwner,
+            "expired" => Self::Expired,
             _ => return None,
         })
     }
@@ -114,6 +119,7 @@ impl ErrorKind {
             Self::MethodNotAllowed => 405,
             Self::StaleLink => 503,
             Self::NotOwner => 503,
+            Self::Expired => 410,
         }
     }
 
@@ -138,6 +144,7 @@ impl ErrorKind {
             Self::MethodNotAllowed => tonic::Code::Unimplemented,
             Self::StaleLink => tonic::Code::FailedPrecondition,
             Self::NotOwner => tonic::Code::FailedPrecondition,
+            Self::Expired => tonic::Code::NotFound,
         }
     }
 
@@ -190,6 +197,7 @@ mod tests {
             ErrorKind::MethodNotAllowed,
             ErrorKind::StaleLink,
             ErrorKind::NotOwner,
+            ErrorKind::Expired,
         ];
         for k in all {
             assert_eq!(ErrorKind::parse(k.as_str()), Some(k));

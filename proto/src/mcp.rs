@@ -40,6 +40,20 @@ pub enum McpRequest {
         tool: String,
         /// Its arguments.
         arguments: serde_json::Map<String, Value>,
+        /// The journal's name for this call (64 hex digits): the agent keeps its answer under
+        /// it, so the store journals only the answer's digest and a replay reads it back
+        /// ([`McpRequest::Result`]). Absent: the answer is not kept.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        operation: Option<String>,
+    },
+    /// The kept answer of an earlier call (`{"reply": {"ok": …} | {"error": …}}`), or the
+    /// refusal `result_expired` once it is past the agent's retention or evicted.
+    #[serde(rename_all = "camelCase")]
+    Result {
+        /// The binding the call was made on.
+        binding_id: String,
+        /// The call's journal name, as in [`McpRequest::Call`].
+        operation: String,
     },
     /// Move the binding to another installed version of its package, keeping its UID and state.
     #[serde(rename_all = "camelCase")]

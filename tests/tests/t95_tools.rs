@@ -89,6 +89,12 @@ async fn flow(nodes: u64, agent_node: u64, api: u64, first_uid: &str) {
     let (s, again) = call("op-1", "hi").await;
     assert_eq!((s, again["replayed"].clone()), (200, json!(true)), "{again}");
     assert_eq!(again["result"], first["result"], "the original result");
+    // The answer's bytes are kept by the agent (the journal holds their digest), under the
+    // call's journal name, in its root-only runtime.
+    let name = hex::encode(sha2::Sha256::digest(format!("{bot}\nop-1").as_bytes()));
+    let kept = std::fs::read(state.join("runtime/results").join(&name)).expect("the agent keeps the answer");
+    let kept: Value = serde_json::from_slice(&kept).expect("kept JSON");
+    assert_eq!((&kept["bindingId"], &kept["answer"]), (&json!(binding), &first["result"]), "{kept}");
     let (s, v) = call("op-1", "something else").await;
     assert_eq!((s, v["error"]["kind"].as_str()), (422, Some("IdempotencyKeyReused")), "{v}");
 
@@ -224,6 +230,43 @@ async fn t30_a_lost_call_is_unknown_and_never_redone() {
     wait_state(&c, &id, "running").await;
     let (s, v) = c.call(Method::POST, 1, &format!("/api/bots/{bot}/tools/{binding}/call"), &c.token, Some(body)).await;
     assert_eq!((s, reason(&v)), (409, "outcome_unknown"), "{v}");
+    assert!(!pidfile.exists(), "the call was not run again");
+}
+
+/// A replay after the agent's retention of answers (here 0 s: every answer is past it at once)
+/// is answered `expired` (410) and never runs the call again.
+#[tokio::test]
+async fn t35_a_replay_past_the_result_retention_is_expired_and_never_redone() {
+    let c = TestCluster::start(1).await;
+    let (id, code) = paired_computer(&c, "expire").await;
+    let workspace = c.dir.path().join("workspace");
+    let pkg = tools::pack(&c.dir.path().join("pkg"), &workspace, "server.tar.gz", None);
+    let state = c.dir.path().join("agent");
+    let ws = workspace.to_string_lossy().into_owned();
+    let log = c.dir.path().join("agent.log");
+    let flags = ["--workdir", ws.as_str(), "--mcp-first-uid", "245000", "--tool-result-retention-secs", "0"];
+    let _agent = AgentProc::spawn_with(&c.url(1, ""), &state, Some(&code), &log, &flags);
+    wait_state(&c, &id, "running").await;
+    let (_, bot) = c.call(Method::POST, 1, "/v1/bots", &c.token, Some(json!({"name": "expirebot"}))).await;
+    let bot = bot["id"].as_str().expect("bot").to_string();
+    c.call(Method::PUT, 1, &format!("/v1/computers/{id}/bots/{bot}"), &c.token, None).await;
+    let body = json!({"artifactPath": pkg.artifact, "manifest": tools::manifest("1.0.0", &pkg.digest)});
+    let (s, v) = c.call(Method::POST, 1, &format!("/api/bots/{bot}/tools/install"), &c.token, Some(body)).await;
+    assert_eq!(s, 201, "{v}");
+    let binding = v["bindingId"].as_str().expect("binding").to_string();
+
+    let marker = c.dir.path().join("shared");
+    std::fs::create_dir_all(&marker).expect("shared");
+    std::fs::set_permissions(&marker, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).expect("chmod");
+    let pidfile = marker.join("ran.pid");
+    let body = json!({"operationId": "op-1", "tool": "pid_then_sleep", "arguments": {"path": pidfile, "seconds": 0}});
+    let path = format!("/api/bots/{bot}/tools/{binding}/call");
+    let (s, v) = c.call(Method::POST, 1, &path, &c.token, Some(body.clone())).await;
+    assert_eq!((s, v["replayed"].clone()), (200, json!(false)), "{v}");
+    assert!(pidfile.exists(), "the call ran");
+    std::fs::remove_file(&pidfile).expect("rm");
+    let (s, v) = c.call(Method::POST, 1, &path, &c.token, Some(body)).await;
+    assert_eq!((s, v["error"]["kind"].as_str(), reason(&v)), (410, Some("expired"), "result_expired"), "{v}");
     assert!(!pidfile.exists(), "the call was not run again");
 }
 

@@ -162,6 +162,8 @@ pub struct Tools {
     /// installs and runs are refused with it ([`Tools::check_reach`]).
     blocked: std::sync::Arc<std::sync::Mutex<Option<String>>>,
     lock: std::sync::Arc<tokio::sync::Mutex<()>>,
+    /// Kept answers of calls the node named (`results/`).
+    results: super::results::ResultStore,
 }
 
 /// A digest of a directory tree: every file's path, mode and bytes, in order.
@@ -226,7 +228,9 @@ impl Tools {
     /// [`Tools::with_isolation`] says otherwise.
     pub fn new(runtime: PathBuf, workspace: PathBuf, limits: RunLimits, first_uid: u32) -> Self {
         let first_uid = first_uid.max(1000);
+        let results = super::results::ResultStore::new(runtime.join("results"), Default::default());
         Tools {
+            results,
             runtime,
             workspace,
             limits,
@@ -235,6 +239,12 @@ impl Tools {
             blocked: Default::default(),
             lock: Default::default(),
         }
+    }
+
+    /// The same with the kept answers bounded by `limits`.
+    pub fn with_result_limits(mut self, limits: super::results::ResultLimits) -> Self {
+        self.results = super::results::ResultStore::new(self.runtime.join("results"), limits);
+        self
     }
 
     /// The same with `isolation`.
@@ -314,13 +324,13 @@ impl Tools {
     /// Handles one request. Requests that change the registry (install, switch, revoke) run one
     /// at a time; calls and discoveries only read it, so one binding's long call holds up no other.
     pub async fn handle(&self, req: McpRequest) -> McpReply {
-        let changes = !matches!(req, McpRequest::Call { .. } | McpRequest::Discover { .. });
+        let changes = !matches!(req, McpRequest::Call { .. } | McpRequest::Discover { .. } | McpRequest::Result { .. });
         let _writer = if changes { Some(self.lock.lock().await) } else { None };
         if matches!(req, McpRequest::Install { .. }) && self.isolation.group().is_some() {
             // Looked at again for each install: a way opened since start-up is taken.
             self.check_reach().await;
         }
-        if !matches!(req, McpRequest::Revoke { .. })
+        if !matches!(req, McpRequest::Revoke { .. } | McpRequest::Result { .. })
             && let Some(refused) = self.refusal()
         {
             return refused;
@@ -336,17 +346,55 @@ impl Tools {
                 }
                 Err(e) => e,
             },
-            McpRequest::Call { binding_id, tool, arguments } => match self.ready(&binding_id) {
-                Ok((_, spec)) => {
-                    let (r, _) = runner::call(&spec, &tool, arguments).await;
-                    r.map(McpReply::ok).unwrap_or_else(|e| McpReply::fail(run_reason(&e), e.to_string()))
+            McpRequest::Call { binding_id, tool, arguments, operation } => {
+                if operation.as_deref().is_some_and(|o| !super::results::is_name(o)) {
+                    return McpReply::fail("bad_operation", "an operation name is 64 hex digits");
                 }
-                Err(e) => e,
-            },
+                let reply = match self.ready(&binding_id) {
+                    Ok((_, spec)) => {
+                        let (r, _) = runner::call(&spec, &tool, arguments).await;
+                        r.map(McpReply::ok).unwrap_or_else(|e| McpReply::fail(run_reason(&e), e.to_string()))
+                    }
+                    Err(e) => e,
+                };
+                if let Some(name) = operation {
+                    self.keep(&binding_id, &name, &reply);
+                }
+                reply
+            }
+            McpRequest::Result { binding_id, operation } => self.kept(&binding_id, &operation),
             McpRequest::Switch { binding_id, operation_id, from_version, version } => {
                 self.switch(&binding_id, &operation_id, &from_version, &version).await
             }
             McpRequest::Revoke { binding_id } => self.revoke(&binding_id).await,
+        }
+    }
+
+    /// Keeps a call's answer for a replay, as the node journals it: `{"ok": …}` or
+    /// `{"error": {"reason", "message"}}`, with the binding it was made on. An answer that
+    /// cannot be kept is logged; its replay will be answered `result_expired`.
+    fn keep(&self, binding_id: &str, name: &str, reply: &McpReply) {
+        let answer = match (&reply.result, &reply.error) {
+            (_, Some(e)) => serde_json::json!({"error": {"reason": e.reason, "message": e.message}}),
+            (Some(r), None) => serde_json::json!({"ok": r}),
+            (None, None) => return,
+        };
+        let kept = serde_json::json!({"bindingId": binding_id, "answer": answer});
+        let stored = serde_json::to_vec(&kept).map_err(std::io::Error::other).and_then(|b| self.results.put(name, &b));
+        if let Err(e) = stored {
+            tracing::warn!(binding = %binding_id, error = %e, "a tool call's answer was not kept for replays");
+        }
+    }
+
+    /// The kept answer of call `name` on `binding_id`: `{"reply": answer}`, or `result_expired`.
+    fn kept(&self, binding_id: &str, name: &str) -> McpReply {
+        let expired = || {
+            McpReply::fail("result_expired", "the original result has expired; the call is not run again")
+        };
+        let Some(bytes) = self.results.get(name) else { return expired() };
+        match serde_json::from_slice::<serde_json::Value>(&bytes) {
+            Ok(v) if v["bindingId"] == binding_id => McpReply::ok(serde_json::json!({"reply": v["answer"]})),
+            _ => expired(),
         }
     }
 

@@ -5,4 +5,5 @@
 pub mod archive;
 pub mod bindings;
 pub mod install;
+pub mod results;
 pub mod runner;

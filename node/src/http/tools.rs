@@ -33,6 +33,7 @@ use computerd_proto::mcp::McpRequest;
 use computerd_raft::sm::BindingState;
 use computerd_raft::sm::Caller;
 use computerd_raft::sm::Command;
+use computerd_raft::sm::HeldResult;
 use computerd_raft::sm::Operation;
 use computerd_raft::sm::OperationState;
 use computerd_raft::sm::ToolBinding;
@@ -373,14 +374,22 @@ async fn do_call(state: &AppState, caller: &Caller, bot_id: &str, id: &str, c: C
         state: OperationState::Running,
         result: None,
         started_at: now_ms(),
+        held: None,
     };
     let key = operation_key(bot_id, &c.operation_id);
+    // The agent keeps the answer under this name; the journal gets its digest.
+    let name = hex::encode(sha2::Sha256::digest(key.as_bytes()));
     let begun = propose(state, Command::OperationBegin { by: caller.token.id.clone(), operation: op }).await?;
     match begun.as_deref() {
         Some("new") => {}
         Some("done") => {
             state.cluster.read_barrier().await?;
-            let r = state.cluster.state().read(|s| s.operations.get(&key).and_then(|o| o.result.clone()));
+            let op = state.cluster.state().read(|s| s.operations.get(&key).cloned());
+            let op = op.ok_or_else(|| ApiError::new(ErrorKind::Expired, "the operation's record has expired"))?;
+            let r = match (op.result, op.held) {
+                (_, Some(held)) => replay(state, caller, &op.binding_id, &name, &held).await?,
+                (r, None) => r.unwrap_or(Value::Null),
+            };
             return Ok(json!({"operationId": c.operation_id, "replayed": true, "result": r}));
         }
         other => {
@@ -399,14 +408,21 @@ async fn do_call(state: &AppState, caller: &Caller, bot_id: &str, id: &str, c: C
     // New: the store let it in (the binding is ready and the caller may use its Computer).
     let computer = state.cluster.state().read(|s| s.tool_bindings.get(id).map(|b| b.computer_id.clone()));
     let computer = computer.ok_or_else(|| ApiError::not_found("no such binding"))?;
-    let request = McpRequest::Call { binding_id: id.to_string(), tool: c.tool.clone(), arguments: c.arguments.clone() };
+    let request = McpRequest::Call {
+        binding_id: id.to_string(),
+        tool: c.tool.clone(),
+        arguments: c.arguments.clone(),
+        operation: Some(name),
+    };
     match agent_mcp(state, caller, &computer, request).await {
         Ok(answer) => {
             let result = match &answer {
                 Ok(r) => json!({"ok": r}),
                 Err((reason, message)) => json!({"error": {"reason": reason, "message": message}}),
             };
-            propose(state, Command::OperationFinish { key, result: Some(result) }).await?;
+            // The answer stays with the agent; the journal keeps what identifies it.
+            let held = held_of(&result);
+            propose(state, Command::OperationFinish { key, result: None, held: Some(held) }).await?;
             match answer {
                 Ok(r) => Ok(json!({"operationId": c.operation_id, "replayed": false, "result": {"ok": r}})),
                 Err((reason, message)) => Err(rejected(reason, message)),
@@ -415,15 +431,49 @@ async fn do_call(state: &AppState, caller: &Caller, bot_id: &str, id: &str, c: C
         Err(e) if not_sent(&e) => {
             // Refused before the agent (the rights or the binding changed since the journal
             // let it in): not sent, and recorded so.
-            let refusal = json!({"error": {"reason": e.kind.as_str(), "message": e.message}});
-            let _ = propose(state, Command::OperationFinish { key, result: Some(refusal) }).await;
+            let message: String = e.message.chars().take(1000).collect();
+            let refusal = json!({"error": {"reason": e.kind.as_str(), "message": message}});
+            let _ = propose(state, Command::OperationFinish { key, result: Some(refusal), held: None }).await;
             Err(e)
         }
         Err(e) => {
             // Sent (or maybe sent) without an answer: unknown, and never redone.
-            let _ = propose(state, Command::OperationFinish { key, result: None }).await;
+            let _ = propose(state, Command::OperationFinish { key, result: None, held: None }).await;
             Err(e)
         }
+    }
+}
+
+/// The digest and size of an answer as the journal records it.
+fn held_of(answer: &Value) -> HeldResult {
+    let bytes = answer.to_string();
+    HeldResult { sha256: hex::encode(sha2::Sha256::digest(bytes.as_bytes())), size: bytes.len() as u64 }
+}
+
+/// A done call's answer, read back from the agent that keeps it and checked against the
+/// journal's digest. Gone (past the agent's retention, evicted): `expired`, and the call is not
+/// run again.
+async fn replay(state: &AppState, caller: &Caller, binding: &str, name: &str, held: &HeldResult) -> Result<Value, ApiError> {
+    let computer = state.cluster.state().read(|s| s.tool_bindings.get(binding).map(|b| b.computer_id.clone()));
+    let expired = |why: &str| {
+        let mut e = ApiError::new(ErrorKind::Expired, format!("the original result has expired ({why}); the call is not run again"));
+        e.reason = Some("result_expired".into());
+        e
+    };
+    let computer = computer.ok_or_else(|| expired("its binding is gone"))?;
+    let request = McpRequest::Result { binding_id: binding.to_string(), operation: name.to_string() };
+    match agent_mcp(state, caller, &computer, request).await? {
+        Ok(kept) => {
+            let answer = kept["reply"].clone();
+            if held_of(&answer) != *held {
+                let mut e = ApiError::new(ErrorKind::Internal, "the kept result does not match the journal's digest");
+                e.reason = Some("result_mismatch".into());
+                return Err(e);
+            }
+            Ok(answer)
+        }
+        Err((reason, _)) if reason == "result_expired" => Err(expired("the Computer no longer keeps it")),
+        Err((reason, message)) => Err(rejected(reason, message)),
     }
 }
 

@@ -426,12 +426,16 @@ pub enum Command {
         /// The operation.
         operation: super::tools::Operation,
     },
-    /// A tool call's result (`None`: its answer was lost, the effect is unknown).
+    /// A tool call's answer: held by the agent (`held`), or a small one of the node's own
+    /// (`result`); neither: its answer was lost, the effect is unknown.
     OperationFinish {
         /// The journal key.
         key: String,
-        /// The MCP result.
+        /// A result of at most 4 KiB the journal holds itself.
         result: Option<serde_json::Value>,
+        /// The digest and size of the answer the agent keeps.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        held: Option<super::tools::HeldResult>,
     },
     /// Reserves a version switch of a binding. Answers `reserved`, `done`, `failed` or `cancelled`.
     SwitchReserve {

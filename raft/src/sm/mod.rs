@@ -66,6 +66,8 @@ pub use state::Caller;
 pub use state::State;
 pub use tools::BindingIndex;
 pub use tools::BindingState;
+pub use tools::HeldResult;
+pub use tools::MAX_INLINE_RESULT;
 pub use tools::MAX_BINDINGS;
 pub use tools::MAX_REVOKED;
 pub use tools::Operation;

@@ -117,11 +117,32 @@ pub struct Operation {
     pub payload_hash: String,
     /// Where it stands.
     pub state: OperationState,
-    /// The MCP result, once done.
+    /// The answer, once done, when it is small and the node's own (a refusal before the
+    /// agent); an agent's answer stays on the Computer ([`Operation::held`]). Older entries
+    /// carry every answer here.
     pub result: Option<Value>,
     /// Unix ms.
     pub started_at: u64,
+    /// The agent's answer, kept on the Computer under the call's journal name: its digest
+    /// and size, to check a replay's bytes against.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<HeldResult>,
 }
+
+/// A tool call's answer kept by the agent, as the journal knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HeldResult {
+    /// Hex SHA-256 of the answer's JSON (`{"ok": …}` or `{"error": …}`, as serde_json writes it).
+    pub sha256: String,
+    /// Its length in bytes.
+    pub size: u64,
+}
+
+/// The largest result a node puts in the journal itself (a refusal of its own); an agent's
+/// answer, of any size, stays on the Computer. (Apply does not refuse larger ones: entries of
+/// older nodes carry whole answers and must apply as they did.)
+pub const MAX_INLINE_RESULT: usize = 4096;
 
 /// Where a version switch stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -226,6 +247,15 @@ impl State {
             McpRequest::Install { binding_id, .. } => (binding_id, BindingState::Installing),
             McpRequest::Discover { binding_id } | McpRequest::Call { binding_id, .. } => {
                 (binding_id, BindingState::Ready)
+            }
+            // A replay reads a kept answer: the caller's rights on the binding's Computer, in
+            // whatever state the binding is now.
+            McpRequest::Result { binding_id, .. } => {
+                let b = self.tool_bindings.get(binding_id).filter(|b| b.computer_id == computer_id);
+                let b = b.ok_or_else(|| Reject::new(RejectKind::NotFound, "no such binding"))?;
+                let caller = caller.ok_or_else(|| Reject::new(RejectKind::Unauthorized, "the token is not valid"))?;
+                self.check_tool_use(caller, &b.bot_id, computer_id)?;
+                return Ok(());
             }
             McpRequest::Switch { binding_id, .. } => (binding_id, BindingState::Switching),
             McpRequest::Revoke { binding_id } => {
@@ -563,22 +593,33 @@ impl State {
         let mut op = op.clone();
         op.state = OperationState::Running;
         op.result = None;
+        op.held = None;
         self.operations.insert(key, op);
         Ok("new".into())
     }
 
-    /// Records a call's answer, or that it was lost.
-    pub(crate) fn operation_finish(&mut self, key: &str, result: Option<&Value>) -> Result<(), Reject> {
+    /// Records a call's answer (held by the agent, or a small one of the node's own), or that
+    /// it was lost.
+    pub(crate) fn operation_finish(
+        &mut self,
+        key: &str,
+        result: Option<&Value>,
+        held: Option<&HeldResult>,
+    ) -> Result<(), Reject> {
         let op = self.operations.get_mut(key).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such operation"))?;
         if op.state != OperationState::Running {
             return Err(Reject::new(RejectKind::Conflict, "the operation already ended"));
         }
-        match result {
-            Some(r) => {
+        match (result, held) {
+            (_, Some(h)) => {
+                op.state = OperationState::Done;
+                op.held = Some(h.clone());
+            }
+            (Some(r), None) => {
                 op.state = OperationState::Done;
                 op.result = Some(r.clone());
             }
-            None => op.state = OperationState::Unknown,
+            (None, None) => op.state = OperationState::Unknown,
         }
         Ok(())
     }

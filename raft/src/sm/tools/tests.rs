@@ -97,6 +97,7 @@ fn call(id: &str, op: &str) -> Command {
             state: OperationState::Running,
             result: None,
             started_at: 1,
+            held: None,
         },
     }
 }
@@ -122,7 +123,7 @@ fn removing_a_grant_closes_the_bots_bindings_there_and_refuses_their_use() {
     ok(install(&mut s, BOT, "mcb_1", "cmp_1"));
     ok(install(&mut s, BOT, "mcb_2", "cmp_2"));
     assert_eq!(ok(s.apply(&call("mcb_1", "op-1"))).as_deref(), Some("new"));
-    ok(s.apply(&Command::OperationFinish { key: operation_key("bot_1", "op-1"), result: Some(Value::Null) }));
+    ok(s.apply(&Command::OperationFinish { key: operation_key("bot_1", "op-1"), result: Some(Value::Null), held: None }));
 
     ok(s.apply(&Command::DeleteGrant { by: OWNER.into(), computer_id: "cmp_1".into(), bot_id: "bot_1".into() }));
     assert_eq!(s.tool_bindings["mcb_1"].state, BindingState::Revoked, "closed with the grant");
@@ -178,7 +179,12 @@ fn a_token_limited_to_other_computers_or_read_only_cannot_install_or_call() {
         let kind = rejected(r).kind;
         assert!(matches!(kind, RejectKind::Forbidden | RejectKind::NotFound), "{t}: {kind:?}");
         let caller = s.caller_by_token_id(t).expect("caller");
-        let req = McpRequest::Call { binding_id: "mcb_1".into(), tool: "echo".into(), arguments: Default::default() };
+        let req = McpRequest::Call {
+            binding_id: "mcb_1".into(),
+            tool: "echo".into(),
+            arguments: Default::default(),
+            operation: None,
+        };
         assert!(s.check_tool_request(Some(&caller), "cmp_1", &req).is_err(), "{t}");
     }
     // The token limited to cmp_2 may use cmp_2.
