@@ -37,6 +37,8 @@ pub struct ExecIndex {
     pub finished: BTreeSet<(u64, String)>,
     /// (decided at, id) of decided approvals, oldest first (`retention`).
     pub decided_approvals: BTreeSet<(u64, String)>,
+    /// (started at, journal key) of journaled tool calls, oldest first (`retention`).
+    pub operations: BTreeSet<(u64, String)>,
 }
 
 /// When a succeeded or failed execution finished (an unknown outcome has not finished).
@@ -88,6 +90,9 @@ impl State {
         let mut index = ExecIndex::default();
         for e in self.executions.values() {
             index.add(e);
+        }
+        for (key, op) in &self.operations {
+            index.operations.insert((op.started_at, key.clone()));
         }
         for a in self.approvals.values().filter(|a| a.state != "pending") {
             index.decided_approvals.insert((a.decided_at.unwrap_or(a.created_at), a.id.clone()));

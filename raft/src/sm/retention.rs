@@ -7,6 +7,10 @@
 //!   command). An execution whose outcome is unknown has not finished: it and its key stay until
 //!   someone decides, however long that takes.
 //! - A **decided approval** is kept for the same retention from its decision.
+//! - A **journaled tool call** is kept for the same retention from its start, whatever its
+//!   state; then its operation id answers a new call as a new one. (Its answer's bytes are on
+//!   the Computer, kept by the agent for as long or less: a replay of a record whose bytes are
+//!   gone is answered `expired`.)
 //! - A **deleted Computer**'s tombstone (and its usage record) goes with the last of its
 //!   executions, the delete's receipt.
 //!
@@ -30,7 +34,8 @@ pub const DEFAULT_RETENTION_MS: u64 = 7 * 24 * 3600 * 1000;
 pub const MIN_RETENTION_MS: u64 = 3600 * 1000;
 /// The longest retention that may be set: 400 days.
 pub const MAX_RETENTION_MS: u64 = 400 * 24 * 3600 * 1000;
-/// At most this many executions, and as many approvals, are compacted per applied entry.
+/// At most this many executions, as many tool-call records and as many approvals are compacted
+/// per applied entry.
 pub const COMPACT_PER_ENTRY: usize = 16;
 
 /// The organization's retention setting.
@@ -71,6 +76,16 @@ impl State {
                 Some((at, id)) if *at <= horizon => {
                     let id = id.clone();
                     self.compact_execution(&id);
+                }
+                _ => break,
+            }
+        }
+        for _ in 0..COMPACT_PER_ENTRY {
+            match self.exec_index.operations.first() {
+                Some((at, key)) if *at <= horizon => {
+                    let (at, key) = (*at, key.clone());
+                    self.operations.remove(&key);
+                    self.exec_index.operations.remove(&(at, key));
                 }
                 _ => break,
             }

@@ -594,6 +594,7 @@ impl State {
         op.state = OperationState::Running;
         op.result = None;
         op.held = None;
+        self.exec_index.operations.insert((op.started_at, key.clone()));
         self.operations.insert(key, op);
         Ok("new".into())
     }

@@ -261,3 +261,28 @@ fn a_switch_is_found_by_index_and_revoking_a_participant_cancels_it() {
     );
     assert!(s.binding_index.pending_switch.is_empty());
 }
+
+#[test]
+fn a_held_answer_journals_its_digest_only_and_records_expire_with_the_retention() {
+    let mut s = world();
+    ok(install(&mut s, BOT, "mcb_1", "cmp_1"));
+    assert_eq!(ok(s.apply(&call("mcb_1", "op-1"))).as_deref(), Some("new")); // started at 1
+    let key = operation_key("bot_1", "op-1");
+    let held = crate::sm::HeldResult { sha256: "ab".repeat(32), size: 12 };
+    ok(s.apply(&Command::OperationFinish { key: key.clone(), result: None, held: Some(held.clone()) }));
+    let op = &s.operations[&key];
+    assert_eq!((op.state, op.result.clone(), op.held.clone()), (OperationState::Done, None, Some(held)));
+    assert_eq!(ok(s.apply(&call("mcb_1", "op-1"))).as_deref(), Some("done"), "a replay finds it done");
+    let mut again = s.clone();
+    again.reindex_executions();
+    assert_eq!(again.exec_index, s.exec_index);
+    // Past the retention (by the cluster's clock) the record goes; the id is then a new call.
+    let tick = |s: &mut State, at: u64| {
+        s.apply_request(&crate::sm::Request::new(Command::SetRetention { by: "nobody".into(), ms: 0 }).stamped(at))
+    };
+    tick(&mut s, crate::sm::DEFAULT_RETENTION_MS);
+    assert!(s.operations.contains_key(&key), "kept until its retention");
+    tick(&mut s, 1 + crate::sm::DEFAULT_RETENTION_MS);
+    assert!(!s.operations.contains_key(&key) && s.exec_index.operations.is_empty());
+    assert_eq!(ok(s.apply(&call("mcb_1", "op-1"))).as_deref(), Some("new"));
+}
