@@ -228,7 +228,11 @@ mod tests {
         let call = tokio::spawn(async move { p.pause("fake-cmp_1", "k").await.is_ok() });
         assert!(call.await.expect_err("the call panics").is_panic());
         let journal = FakeProvider::new(dir.path().join("j.jsonl"), &serde_json::Map::new());
-        assert_eq!(journal.lines(), vec![json!({"op": "pause", "sandbox": "fake-cmp_1", "commandKey": "k"})], "the effect happened");
+        assert_eq!(
+            journal.lines(),
+            vec![json!({"op": "pause", "sandbox": "fake-cmp_1", "commandKey": "k"})],
+            "the effect happened"
+        );
     }
 
     #[test]

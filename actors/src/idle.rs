@@ -210,7 +210,9 @@ pub async fn run_reporter(
         let sent = Instant::now();
         let ages = marks
             .iter()
-            .map(|(id, at)| (id.clone(), u64::try_from(sent.saturating_duration_since(*at).as_millis()).unwrap_or(u64::MAX)))
+            .map(|(id, at)| {
+                (id.clone(), u64::try_from(sent.saturating_duration_since(*at).as_millis()).unwrap_or(u64::MAX))
+            })
             .collect();
         match cluster.propose(Request::new(Command::ReportWork { ages })).await {
             Ok(_) => activity.committed(&marks),

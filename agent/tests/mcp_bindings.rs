@@ -97,7 +97,9 @@ impl Bed {
 
     async fn echo(&self, binding: &str, text: &str) -> McpReply {
         let arguments = json!({"text": text}).as_object().cloned().unwrap_or_default();
-        self.tools.handle(McpRequest::Call { binding_id: binding.into(), tool: "echo".into(), arguments, operation: None }).await
+        self.tools
+            .handle(McpRequest::Call { binding_id: binding.into(), tool: "echo".into(), arguments, operation: None })
+            .await
     }
 
     async fn switch(&self, binding: &str, op: &str, from: &str, to: &str) -> McpReply {

@@ -561,7 +561,9 @@ async fn t97_failing_idle_pauses_never_delay_others() {
     };
     let mut ids = Vec::new();
     for chunk in (0..300).collect::<Vec<_>>().chunks(25) {
-        let calls = chunk.iter().map(|i| c.call(Method::POST, 1, "/v1/computers", &c.token, Some(body(format!("f{i}"), &failing))));
+        let calls = chunk
+            .iter()
+            .map(|i| c.call(Method::POST, 1, "/v1/computers", &c.token, Some(body(format!("f{i}"), &failing))));
         for (st, r) in futures::future::join_all(calls).await {
             assert_eq!(st, 202, "{r}");
             ids.push(s(&r["resource"], "id"));
@@ -572,7 +574,9 @@ async fn t97_failing_idle_pauses_never_delay_others() {
         let events = all_events(&c).await;
         let failed: std::collections::HashSet<String> = events
             .iter()
-            .filter(|e| e["type"] == "ExecutionFinished" && e["data"]["kind"] == "pause" && e["data"]["state"] == "failed")
+            .filter(|e| {
+                e["type"] == "ExecutionFinished" && e["data"]["kind"] == "pause" && e["data"]["state"] == "failed"
+            })
             .filter_map(|e| e["computerId"].as_str().map(String::from))
             .collect();
         (failed.len() == 300).then_some(failed)

@@ -208,7 +208,8 @@ async fn t25_commands_at_the_idle_deadline_are_never_frozen() {
                 frozen.push((offset, inspect(&containers_of(&id)[0], "{{.State.Paused}}")));
                 // Thaw it (a call resumes a paused Computer) so the next round can run.
                 let body = json!({"chars": "", "yieldTimeMs": 2000});
-                c.call(Method::POST, 1, &format!("/v1/computers/{id}/sessions/{sid}/input"), &c.token, Some(body)).await;
+                c.call(Method::POST, 1, &format!("/v1/computers/{id}/sessions/{sid}/input"), &c.token, Some(body))
+                    .await;
                 wait_for("the frozen command to end after a resume", Duration::from_secs(30), || session_end(&c, &sid))
                     .await
             }
@@ -218,10 +219,12 @@ async fn t25_commands_at_the_idle_deadline_are_never_frozen() {
     let (_, v) = c.call(Method::GET, 1, "/v1/events?limit=1000", &c.token, None).await;
     let count = |kind: &str| v["events"].as_array().map_or(0, |e| e.iter().filter(|e| e["type"] == kind).count());
     let (scheduled, cancelled) = (count("IdlePauseScheduled"), count("IdlePauseCancelled"));
-    let paused = v["events"].as_array().map_or(0, |e| {
-        e.iter().filter(|e| e["type"] == "ComputerStateChanged" && e["data"]["to"] == "paused").count()
-    });
-    println!("21 commands at the deadline: {scheduled} idle pauses scheduled, {cancelled} cancelled by a call, {paused} sent and resumed; frozen: {frozen:?}");
+    let paused = v["events"]
+        .as_array()
+        .map_or(0, |e| e.iter().filter(|e| e["type"] == "ComputerStateChanged" && e["data"]["to"] == "paused").count());
+    println!(
+        "21 commands at the deadline: {scheduled} idle pauses scheduled, {cancelled} cancelled by a call, {paused} sent and resumed; frozen: {frozen:?}"
+    );
     assert!(frozen.is_empty(), "commands frozen by an idle pause (offset ms, container paused): {frozen:?}");
     assert!(scheduled >= 1, "the scheduler never got there first: the race was not exercised");
 }

@@ -10,8 +10,8 @@ use computerd_tests::TestCluster;
 use computerd_tests::agent::wait_state;
 use computerd_tests::docker::Containers;
 use computerd_tests::docker::containers_of;
-use computerd_tests::docker::inspect;
 use computerd_tests::docker::docker_provider;
+use computerd_tests::docker::inspect;
 use reqwest::Method;
 use serde_json::Value;
 use serde_json::json;
@@ -67,7 +67,8 @@ async fn t10_sessions_and_files_run_as_user_and_root_is_for_members_and_allowed_
     let env = inspect(&containers_of(&id)[0], "{{json .Config.Env}}");
     assert!(env.contains("COMPUTER_AGENT_PAIR="), "the agent was given the code by its environment: {env}");
     let agent_env =
-        out(&c, &id, &owner, &format!("tr '\\0' '\\n' < /proc/{agent_pid}/environ 2>&1; echo rc=$?"), Some("root")).await;
+        out(&c, &id, &owner, &format!("tr '\\0' '\\n' < /proc/{agent_pid}/environ 2>&1; echo rc=$?"), Some("root"))
+            .await;
     assert!(agent_env.contains("Permission denied") && agent_env.ends_with("rc=1\n"), "{agent_env}");
     let root_env = out(&c, &id, &owner, "tr '\\0' '\\n' < /proc/$$/environ", Some("root")).await;
     assert!(!root_env.contains("COMPUTER_AGENT_"), "{root_env}");

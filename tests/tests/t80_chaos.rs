@@ -749,7 +749,8 @@ async fn t10_chaos() {
     let mut events = Vec::new();
     let mut cursor = 0u64;
     loop {
-        let (_, page) = api.call(Method::GET, &format!("/v1/events?after={cursor}&limit=1000"), None).await.expect("events");
+        let (_, page) =
+            api.call(Method::GET, &format!("/v1/events?after={cursor}&limit=1000"), None).await.expect("events");
         let batch = page["events"].as_array().cloned().unwrap_or_default();
         let next = page["cursor"].as_u64().unwrap_or(cursor);
         if batch.is_empty() || next <= cursor {

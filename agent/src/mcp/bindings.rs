@@ -388,9 +388,7 @@ impl Tools {
 
     /// The kept answer of call `name` on `binding_id`: `{"reply": answer}`, or `result_expired`.
     fn kept(&self, binding_id: &str, name: &str) -> McpReply {
-        let expired = || {
-            McpReply::fail("result_expired", "the original result has expired; the call is not run again")
-        };
+        let expired = || McpReply::fail("result_expired", "the original result has expired; the call is not run again");
         let Some(bytes) = self.results.get(name) else { return expired() };
         match serde_json::from_slice::<serde_json::Value>(&bytes) {
             Ok(v) if v["bindingId"] == binding_id => McpReply::ok(serde_json::json!({"reply": v["answer"]})),
@@ -493,8 +491,11 @@ impl Tools {
         let mut reg = self.load();
         let Some(b) = reg.bindings.remove(id) else { return };
         // A shared UID is the agent's own: never drained (its server's session ended with it).
-        let drain =
-            if self.spec_shared() { runner::Drain { confirmed: true, killed: 0 } } else { runner::kill_uid(b.uid).await };
+        let drain = if self.spec_shared() {
+            runner::Drain { confirmed: true, killed: 0 }
+        } else {
+            runner::kill_uid(b.uid).await
+        };
         if !drain.confirmed {
             // Something of the UID still runs: keep it revoked, so a revoke finishes the job.
             let mut b = b;

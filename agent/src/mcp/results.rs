@@ -140,7 +140,8 @@ mod tests {
     #[test]
     fn answers_are_kept_once_bounded_and_expire() {
         let dir = tempfile::tempdir().expect("dir");
-        let limits = ResultLimits { retention: Duration::from_secs(3600), max_bytes_each: 10, max_bytes: 25, max_files: 3 };
+        let limits =
+            ResultLimits { retention: Duration::from_secs(3600), max_bytes_each: 10, max_bytes: 25, max_files: 3 };
         let store = ResultStore::new(dir.path().join("results"), limits);
         store.put(&name(1), b"first").expect("put");
         store.put(&name(1), b"second").expect("a name keeps its first answer");

@@ -233,7 +233,13 @@ fn build(size: Size) -> World {
     let carriers = size.bindings.div_ceil(BINDINGS_PER_COMPUTER);
     for k in 0..carriers {
         let c = computer_id(k);
-        w.must(Command::PutGrant { by: OWNER.into(), computer_id: c.clone(), bot_id: BOT.into(), at_ms: w.clock, allow_root: None });
+        w.must(Command::PutGrant {
+            by: OWNER.into(),
+            computer_id: c.clone(),
+            bot_id: BOT.into(),
+            at_ms: w.clock,
+            allow_root: None,
+        });
         for _ in 0..BINDINGS_PER_COMPUTER.min(size.bindings - k * BINDINGS_PER_COMPUTER) {
             let b = w.binding(&c);
             let id = b.id.clone();
@@ -277,7 +283,13 @@ fn measure(w: &mut World, size: Size) -> (Duration, Duration, Duration) {
     let mut round = 0usize;
     // Bindings installed by the mix go on a Computer of their own, below the store's cap.
     let spare = computer_id(size.computers - 1);
-    w.must(Command::PutGrant { by: OWNER.into(), computer_id: spare.clone(), bot_id: BOT.into(), at_ms: w.clock, allow_root: None });
+    w.must(Command::PutGrant {
+        by: OWNER.into(),
+        computer_id: spare.clone(),
+        bot_id: BOT.into(),
+        at_ms: w.clock,
+        allow_root: None,
+    });
     while times.len() < MEASURED {
         round += 1;
         // A pause and a resume on a Computer spread over the whole state: 8 applies.
@@ -296,15 +308,19 @@ fn measure(w: &mut World, size: Size) -> (Duration, Duration, Duration) {
         let at_ms = w.clock;
         timed(&mut times, w, Command::RedeemPairing { code: "WRONG-CODE1".into(), credential_hash: "h".into(), at_ms });
         // A session's end on that Computer.
-        timed(&mut times, w, Command::SessionEnded {
-            computer_id: c.clone(),
-            generation: 0,
-            session_id: format!("ses_{round}"),
-            owner: "mem_o".into(),
-            exit_code: Some(0),
-            signal: None,
-            at_ms,
-        });
+        timed(
+            &mut times,
+            w,
+            Command::SessionEnded {
+                computer_id: c.clone(),
+                generation: 0,
+                session_id: format!("ses_{round}"),
+                owner: "mem_o".into(),
+                exit_code: Some(0),
+                signal: None,
+                at_ms,
+            },
+        );
         // Work on three Computers.
         let ages = (0..3).map(|k| (computer_id((round * 31 + k) % size.computers), 5)).collect();
         timed(&mut times, w, Command::ReportWork { ages });
@@ -312,13 +328,17 @@ fn measure(w: &mut World, size: Size) -> (Duration, Duration, Duration) {
         let b = w.binding(&spare);
         let id = b.id.clone();
         timed(&mut times, w, Command::BindingReserve { by: BOT_TOKEN.into(), binding: b });
-        timed(&mut times, w, Command::BindingSettle {
-            binding_id: id.clone(),
-            ready: true,
-            tools: serde_json::json!([]),
-            error: None,
-            shared_uid: false,
-        });
+        timed(
+            &mut times,
+            w,
+            Command::BindingSettle {
+                binding_id: id.clone(),
+                ready: true,
+                tools: serde_json::json!([]),
+                error: None,
+                shared_uid: false,
+            },
+        );
         timed(&mut times, w, Command::BindingRevoke { by: BOT_TOKEN.into(), binding_id: id });
     }
     times.sort();

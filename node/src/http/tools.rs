@@ -259,8 +259,7 @@ pub async fn install(
     let shared_uid = matches!(&answer, Ok(Ok(r)) if r["sharedUid"] != false);
     if answer.as_ref().is_ok() || answer.as_ref().is_err_and(not_sent) {
         // A failed install leaves no binding (the store removes it; the agent undid its part).
-        let settle =
-            Command::BindingSettle { binding_id: id.clone(), ready, tools: tools.clone(), error, shared_uid };
+        let settle = Command::BindingSettle { binding_id: id.clone(), ready, tools: tools.clone(), error, shared_uid };
         match propose(&state, settle).await {
             Ok(_) => {}
             Err(e) if ready => {
@@ -453,10 +452,19 @@ fn held_of(answer: &Value) -> HeldResult {
 /// A done call's answer, read back from the agent that keeps it and checked against the
 /// journal's digest. Gone (past the agent's retention, evicted): `expired`, and the call is not
 /// run again.
-async fn replay(state: &AppState, caller: &Caller, binding: &str, name: &str, held: &HeldResult) -> Result<Value, ApiError> {
+async fn replay(
+    state: &AppState,
+    caller: &Caller,
+    binding: &str,
+    name: &str,
+    held: &HeldResult,
+) -> Result<Value, ApiError> {
     let computer = state.cluster.state().read(|s| s.tool_bindings.get(binding).map(|b| b.computer_id.clone()));
     let expired = |why: &str| {
-        let mut e = ApiError::new(ErrorKind::Expired, format!("the original result has expired ({why}); the call is not run again"));
+        let mut e = ApiError::new(
+            ErrorKind::Expired,
+            format!("the original result has expired ({why}); the call is not run again"),
+        );
         e.reason = Some("result_expired".into());
         e
     };

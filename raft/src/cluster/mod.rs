@@ -159,7 +159,9 @@ impl Cluster {
     ) -> Result<Cluster, ClusterError> {
         let opened = match reinstall_from {
             None => store::open(dir),
-            Some(member) => store::open_or_reinstall(dir, |min| reinstall::fetch_snapshot(&channels, member, min)).await,
+            Some(member) => {
+                store::open_or_reinstall(dir, |min| reinstall::fetch_snapshot(&channels, member, min)).await
+            }
         };
         let (log, sm) = opened.map_err(|e| ClusterError::Fatal(format!("cannot open the store: {e}")))?;
         let reader = sm.reader();

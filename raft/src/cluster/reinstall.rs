@@ -67,8 +67,9 @@ pub(super) async fn fetch_snapshot(
     loop {
         match fetch_once(channels, grpc_addr, min_index).await {
             Ok(got) => return Ok(got),
-            Err(s) if matches!(s.code(), tonic::Code::Unavailable | tonic::Code::DeadlineExceeded)
-                && Instant::now() < deadline =>
+            Err(s)
+                if matches!(s.code(), tonic::Code::Unavailable | tonic::Code::DeadlineExceeded)
+                    && Instant::now() < deadline =>
             {
                 tracing::warn!(member = grpc_addr, error = %crate::tls::status_chain(&s), "fetching a snapshot; retrying");
                 tokio::time::sleep(Duration::from_secs(1)).await;

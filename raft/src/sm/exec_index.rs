@@ -43,7 +43,8 @@ pub struct ExecIndex {
 
 /// When a succeeded or failed execution finished (an unknown outcome has not finished).
 fn finished_at(e: &Execution) -> Option<u64> {
-    matches!(e.state, ExecutionState::Succeeded | ExecutionState::Failed).then_some(e.finished_at.unwrap_or(e.created_at))
+    matches!(e.state, ExecutionState::Succeeded | ExecutionState::Failed)
+        .then_some(e.finished_at.unwrap_or(e.created_at))
 }
 
 /// True for an execution the driver may still act on.
@@ -195,7 +196,9 @@ mod tests {
         assert_eq!(s.executions_with_code("AAAAA").count(), 0, "a prefix finds nothing");
 
         // A state change, a redeemed code and a removal each show at once.
-        s.executions.get_mut("e2").map(|e| e.state = ExecutionState::OutcomeUnknown);
+        if let Some(e) = s.executions.get_mut("e2") {
+            e.state = ExecutionState::OutcomeUnknown;
+        }
         s.index_execution("e2");
         s.clear_pairing_code("e1");
         assert!(s.unindex_execution("e4").is_some());

@@ -26,15 +26,12 @@ impl State {
             || Reject::new(RejectKind::Unauthorized, "the pairing code is not valid (wrong, used or expired)");
         let exe = self
             .executions_with_code(code)
-            .find(|e| {
-                // A sandbox's agent pairs as soon as it starts, possibly before the create's answer
-                // is recorded (or when that answer was lost): a dispatched create counts too.
-                let live = match e.state {
-                    ExecutionState::Succeeded | ExecutionState::OutcomeUnknown => true,
-                    ExecutionState::Running => e.dispatched_at.is_some(),
-                    _ => false,
-                };
-                live
+            // A sandbox's agent pairs as soon as it starts, possibly before the create's answer
+            // is recorded (or when that answer was lost): a dispatched create counts too.
+            .find(|e| match e.state {
+                ExecutionState::Succeeded | ExecutionState::OutcomeUnknown => true,
+                ExecutionState::Running => e.dispatched_at.is_some(),
+                _ => false,
             })
             .cloned()
             .ok_or_else(invalid)?;

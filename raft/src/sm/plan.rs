@@ -107,8 +107,12 @@ impl State {
             return;
         }
         self.plan_leave(computer_id);
-        let entry =
-            PlanEntry { last_work: at, deadline: at.saturating_add(after.saturating_mul(1000)), version: 1, failures: 0 };
+        let entry = PlanEntry {
+            last_work: at,
+            deadline: at.saturating_add(after.saturating_mul(1000)),
+            version: 1,
+            failures: 0,
+        };
         self.plan_due.insert((entry.deadline, computer_id.to_string()));
         self.plan.insert(computer_id.to_string(), entry);
     }
@@ -267,9 +271,7 @@ impl State {
     /// was scheduled at, and that version's deadline passed by the cluster's clock.
     pub(crate) fn idle_pause_current(&self, exe: &Execution, at: u64) -> bool {
         let now = self.plan_now(at);
-        self.plan
-            .get(&exe.computer_id)
-            .is_some_and(|e| exe.plan_version == Some(e.version) && e.deadline <= now)
+        self.plan.get(&exe.computer_id).is_some_and(|e| exe.plan_version == Some(e.version) && e.deadline <= now)
     }
 
     /// Ends an idle pause that was not sent: failed with the error kind [`CANCELLED`], the
@@ -447,7 +449,12 @@ mod tests {
         // PlanPause is judged against the stamp, whatever the proposer's at_ms.
         let early = rejected(at(&mut s, 14_999, plan_pause("cmp_1", 4, "exe_a")));
         assert_eq!(early.message, "the deadline has not passed");
-        let late = Command::PlanPause { computer_id: "cmp_1".into(), version: 4, execution_id: "exe_a".into(), at_ms: 1 << 50 };
+        let late = Command::PlanPause {
+            computer_id: "cmp_1".into(),
+            version: 4,
+            execution_id: "exe_a".into(),
+            at_ms: 1 << 50,
+        };
         assert_eq!(rejected(at(&mut s, 14_999, late)).message, "the deadline has not passed");
         assert_eq!(ok(at(&mut s, 15_000, plan_pause("cmp_1", 4, "exe_a"))).as_deref(), Some("exe_a"));
         // Replayed on another replica: the same state.

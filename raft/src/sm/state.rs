@@ -235,7 +235,9 @@ impl State {
                 self.binding_settle(binding_id, *ready, tools, error.as_ref(), *shared_uid)
             }
             Command::BindingRevoke { by, binding_id } => self.binding_revoke(by, binding_id),
-            Command::OperationFinish { key, result, held } => self.operation_finish(key, result.as_ref(), held.as_ref()),
+            Command::OperationFinish { key, result, held } => {
+                self.operation_finish(key, result.as_ref(), held.as_ref())
+            }
             Command::SwitchSettle { key, receipt, ok } => self.switch_settle(key, receipt, *ok),
             Command::ReportActivity { marks } => {
                 self.report_activity(marks);

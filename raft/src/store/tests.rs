@@ -212,9 +212,8 @@ async fn a_damaged_snapshot_refuses_the_open_and_changes_nothing() {
     for _ in 0..2 {
         let engine = engine_at(dir.path());
         let held = contents(engine.as_ref());
-        let err = open_on(engine.clone(), &dir.path().join("snapshots"))
-            .err()
-            .expect("a damaged snapshot refuses the open");
+        let err =
+            open_on(engine.clone(), &dir.path().join("snapshots")).err().expect("a damaged snapshot refuses the open");
         let msg = err.to_string();
         assert!(msg.contains(&path.display().to_string()), "the error names the file: {msg}");
         assert!(msg.contains("checksum"), "the error says why: {msg}");

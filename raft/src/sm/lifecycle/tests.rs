@@ -393,7 +393,12 @@ fn a_deleted_computer_goes_with_its_last_receipt_and_decided_approvals_expire() 
     // A bot's create waits for an approval, which is decided at 12.
     let exe = ok(s.apply(&submit("tok_bot", ExecutionKind::Create, "cmp_b", "kb", "x"))).expect("id");
     let approval = s.executions[&exe].approval.clone().expect("parked");
-    ok(s.apply(&Command::DecideApproval { by: OWNER.into(), approval_id: approval.clone(), approve: false, at_ms: 12 }));
+    ok(s.apply(&Command::DecideApproval {
+        by: OWNER.into(),
+        approval_id: approval.clone(),
+        approve: false,
+        at_ms: 12,
+    }));
     assert_eq!(s.approvals[&approval].decided_at, Some(12));
     let delete = ok(s.apply(&submit(OWNER, ExecutionKind::Delete, "cmp_1", "kd", "d"))).expect("id");
     run(&mut s, &delete, Outcome::Succeeded { sandbox: None });
@@ -411,7 +416,10 @@ fn the_retention_is_set_by_an_admin_within_bounds_and_compaction_is_batched() {
     let mut s = world();
     let hour = crate::sm::MIN_RETENTION_MS;
     assert_eq!(rejected(s.apply(&Command::SetRetention { by: OWNER.into(), ms: hour - 1 })).kind, RejectKind::Invalid);
-    assert_eq!(rejected(s.apply(&Command::SetRetention { by: "tok_bot".into(), ms: hour })).kind, RejectKind::Forbidden);
+    assert_eq!(
+        rejected(s.apply(&Command::SetRetention { by: "tok_bot".into(), ms: hour })).kind,
+        RejectKind::Forbidden
+    );
     ok(s.apply(&Command::SetRetention { by: OWNER.into(), ms: hour }));
     created(&mut s);
     // 40 finished pauses and resumes: one entry compacts at most COMPACT_PER_ENTRY of them.

@@ -51,7 +51,13 @@ fn world() -> State {
     ok(s.apply(&Command::CreateToken { by: OWNER.into(), token: token(BOT, Principal::Bot("bot_1".into())) }));
     for c in ["cmp_1", "cmp_2"] {
         s.computers.insert(c.into(), computer(c));
-        ok(s.apply(&Command::PutGrant { by: OWNER.into(), computer_id: c.into(), bot_id: "bot_1".into(), allow_root: None, at_ms: 1 }));
+        ok(s.apply(&Command::PutGrant {
+            by: OWNER.into(),
+            computer_id: c.into(),
+            bot_id: "bot_1".into(),
+            allow_root: None,
+            at_ms: 1,
+        }));
     }
     s
 }
@@ -123,7 +129,11 @@ fn removing_a_grant_closes_the_bots_bindings_there_and_refuses_their_use() {
     ok(install(&mut s, BOT, "mcb_1", "cmp_1"));
     ok(install(&mut s, BOT, "mcb_2", "cmp_2"));
     assert_eq!(ok(s.apply(&call("mcb_1", "op-1"))).as_deref(), Some("new"));
-    ok(s.apply(&Command::OperationFinish { key: operation_key("bot_1", "op-1"), result: Some(Value::Null), held: None }));
+    ok(s.apply(&Command::OperationFinish {
+        key: operation_key("bot_1", "op-1"),
+        result: Some(Value::Null),
+        held: None,
+    }));
 
     ok(s.apply(&Command::DeleteGrant { by: OWNER.into(), computer_id: "cmp_1".into(), bot_id: "bot_1".into() }));
     assert_eq!(s.tool_bindings["mcb_1"].state, BindingState::Revoked, "closed with the grant");
@@ -221,7 +231,13 @@ fn a_failed_install_leaves_no_binding() {
     let mut s = world();
     ok(s.apply(&Command::BindingReserve { by: BOT.into(), binding: binding("mcb_1", "cmp_1", "pkg") }));
     let error = Some(serde_json::json!({"reason": "server_did_not_start"}));
-    ok(s.apply(&Command::BindingSettle { binding_id: "mcb_1".into(), ready: false, tools: Value::Null, error, shared_uid: false }));
+    ok(s.apply(&Command::BindingSettle {
+        binding_id: "mcb_1".into(),
+        ready: false,
+        tools: Value::Null,
+        error,
+        shared_uid: false,
+    }));
     assert!(s.tool_bindings.is_empty());
     assert_eq!(s.bindings_of_bot("bot_1").count(), 0);
     assert_eq!(s.binding_index, BindingIndex::default());
@@ -234,7 +250,13 @@ fn a_switch_is_found_by_index_and_revoking_a_participant_cancels_it() {
     let mut b = binding("mcb_b", "cmp_1", "pkg");
     b.version = "1.1.0".into();
     ok(s.apply(&Command::BindingReserve { by: BOT.into(), binding: b }));
-    ok(s.apply(&Command::BindingSettle { binding_id: "mcb_b".into(), ready: true, tools: Value::Null, error: None, shared_uid: false }));
+    ok(s.apply(&Command::BindingSettle {
+        binding_id: "mcb_b".into(),
+        ready: true,
+        tools: Value::Null,
+        error: None,
+        shared_uid: false,
+    }));
     let sw = Switch {
         operation_id: "sw-1".into(),
         bot_id: "bot_1".into(),
