@@ -12,6 +12,8 @@ use serde::Deserialize;
 use serde_json::Value;
 use serde_json::json;
 
+#[allow(unused_imports)]
+use super::schemas::ErrorBody;
 use super::ApiError;
 use super::AppState;
 use super::util::Body;
@@ -19,7 +21,7 @@ use super::util::propose;
 use crate::ids::now_ms;
 
 /// `POST /v1/agent/pair` body.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PairIn {
     code: String,
@@ -27,6 +29,7 @@ pub struct PairIn {
 
 /// `POST /v1/agent/pair`: trades a one-time pairing code for a machine credential (answered
 /// once; only its hash is stored).
+#[utoipa::path(post, path = "/v1/agent/pair", operation_id = "agent_pair", tag = "agent", request_body = PairIn, responses((status = 200, description = "`{\"computerId\", \"credential\"}` (answered once)", body = Object), (status = 401, body = ErrorBody), (status = 429, body = ErrorBody)))]
 pub async fn pair(State(state): State<AppState>, body: Body<PairIn>) -> Result<Json<Value>, ApiError> {
     let Json(b) = body?;
     let code = b.code.trim().to_ascii_uppercase();
@@ -41,6 +44,7 @@ pub async fn pair(State(state): State<AppState>, body: Body<PairIn>) -> Result<J
 }
 
 /// `GET /v1/agent/link`: upgrades to the agent's WebSocket.
+#[utoipa::path(get, path = "/v1/agent/link", operation_id = "agent_link", tag = "agent", responses((status = 101, description = "WebSocket upgrade; the first message is `{\"computerId\", \"credential\"}`")))]
 pub async fn link(State(state): State<AppState>, ws: WebSocketUpgrade) -> Response {
     // Small read buffers: an idle link should cost little memory (the default is 128 KiB).
     ws.max_message_size(1 << 20)

@@ -22,7 +22,7 @@ use super::util::propose;
 use crate::ids::now_ms;
 
 /// `GET /v1/approvals`: those the caller may decide, and those its bot asked for.
-#[utoipa::path(get, path = "/v1/approvals", tag = "capabilities", responses((status = 200, description = "`{\"approvals\": [...]}`", body = Object)), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/approvals", operation_id = "approvals_list", tag = "capabilities", responses((status = 200, description = "`{\"approvals\": [...]}`", body = Object)), security(("bearer" = [])))]
 pub async fn list(State(state): State<AppState>, auth: Auth) -> Result<Json<Value>, ApiError> {
     let caller = auth.current(&state).await?;
     let rows: Vec<Value> = state.cluster.state().read(|s| {
@@ -56,7 +56,7 @@ pub enum ApprovalDecision {
 }
 
 /// `POST /v1/approvals/:id`
-#[utoipa::path(post, path = "/v1/approvals/{id}", tag = "capabilities", params(("id" = String, Path)), request_body = DecideIn, responses((status = 200, description = "The approval", body = Object)), security(("bearer" = [])))]
+#[utoipa::path(post, path = "/v1/approvals/{id}", operation_id = "approvals_decide", tag = "capabilities", params(("id" = String, Path)), request_body = DecideIn, responses((status = 200, description = "The approval", body = Object)), security(("bearer" = [])))]
 pub async fn decide(
     State(state): State<AppState>,
     auth: Auth,
@@ -78,7 +78,7 @@ pub async fn decide(
 }
 
 /// `GET /v1/capability-rules` (owner/admin)
-#[utoipa::path(get, path = "/v1/capability-rules", tag = "capabilities", responses((status = 200, description = "`{\"rules\": [...], \"default\": bool}`", body = Object)), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/capability-rules", operation_id = "approvals_get_rules", tag = "capabilities", responses((status = 200, description = "`{\"rules\": [...], \"default\": bool}`", body = Object)), security(("bearer" = [])))]
 pub async fn get_rules(State(state): State<AppState>, auth: Auth) -> Result<Json<Value>, ApiError> {
     auth.current(&state).await?.check_admin_read()?;
     let (rules, custom) = state.cluster.state().read(|s| (s.rules(), s.rules.is_some()));
@@ -94,7 +94,7 @@ pub struct RulesIn {
 }
 
 /// `PUT /v1/capability-rules` (owner/admin): replaces the rules; the first match decides.
-#[utoipa::path(put, path = "/v1/capability-rules", tag = "capabilities", request_body = RulesIn, responses((status = 200, body = Object)), security(("bearer" = [])))]
+#[utoipa::path(put, path = "/v1/capability-rules", operation_id = "approvals_put_rules", tag = "capabilities", request_body = RulesIn, responses((status = 200, body = Object)), security(("bearer" = [])))]
 pub async fn put_rules(
     State(state): State<AppState>,
     auth: Auth,

@@ -158,7 +158,7 @@ fn new_execution(key: &str, hash: String, kind: ExecutionKind, computer_id: &str
 }
 
 /// `POST /v1/computers`
-#[utoipa::path(post, path = "/v1/computers", tag = "computers", request_body = NewComputer, responses((status = 202, description = "Stored; the execution receipt", body = ReceiptDoc), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 422, description = "IdempotencyKeyReused", body = ErrorBody)), security(("bearer" = [])))]
+#[utoipa::path(post, path = "/v1/computers", operation_id = "computers_create", tag = "computers", request_body = NewComputer, responses((status = 202, description = "Stored; the execution receipt", body = ReceiptDoc), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 422, description = "IdempotencyKeyReused", body = ErrorBody)), security(("bearer" = [])))]
 pub async fn create(
     State(state): State<AppState>,
     auth: Auth,
@@ -335,7 +335,7 @@ pub async fn resume_for_call(state: &AppState, caller: &Caller, id: &str) -> Res
 }
 
 /// `POST /v1/computers/:id/pause`
-#[utoipa::path(post, path = "/v1/computers/{id}/pause", tag = "computers", params(("id" = String, Path)), request_body = KeyOnly, responses((status = 202, body = ReceiptDoc), (status = 409, description = "ComputerConflict (names the running execution)", body = ErrorBody), (status = 422, description = "ComputerUnsupported or IdempotencyKeyReused", body = ErrorBody)), security(("bearer" = [])))]
+#[utoipa::path(post, path = "/v1/computers/{id}/pause", operation_id = "computers_pause", tag = "computers", params(("id" = String, Path)), request_body = KeyOnly, responses((status = 202, body = ReceiptDoc), (status = 409, description = "ComputerConflict (names the running execution)", body = ErrorBody), (status = 422, description = "ComputerUnsupported or IdempotencyKeyReused", body = ErrorBody)), security(("bearer" = [])))]
 pub async fn pause(
     State(state): State<AppState>,
     auth: Auth,
@@ -346,7 +346,7 @@ pub async fn pause(
 }
 
 /// `POST /v1/computers/:id/resume`
-#[utoipa::path(post, path = "/v1/computers/{id}/resume", tag = "computers", params(("id" = String, Path)), request_body = KeyOnly, responses((status = 202, body = ReceiptDoc), (status = 409, body = ErrorBody)), security(("bearer" = [])))]
+#[utoipa::path(post, path = "/v1/computers/{id}/resume", operation_id = "computers_resume", tag = "computers", params(("id" = String, Path)), request_body = KeyOnly, responses((status = 202, body = ReceiptDoc), (status = 409, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn resume(
     State(state): State<AppState>,
     auth: Auth,
@@ -357,7 +357,7 @@ pub async fn resume(
 }
 
 /// `DELETE /v1/computers/:id`
-#[utoipa::path(delete, path = "/v1/computers/{id}", tag = "computers", params(("id" = String, Path)), request_body = KeyOnly, responses((status = 202, body = ReceiptDoc), (status = 409, body = ErrorBody)), security(("bearer" = [])))]
+#[utoipa::path(delete, path = "/v1/computers/{id}", operation_id = "computers_delete", tag = "computers", params(("id" = String, Path)), request_body = KeyOnly, responses((status = 202, body = ReceiptDoc), (status = 409, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn delete(
     State(state): State<AppState>,
     auth: Auth,
@@ -368,7 +368,7 @@ pub async fn delete(
 }
 
 /// `GET /v1/computers`: only rows the caller may see are read.
-#[utoipa::path(get, path = "/v1/computers", tag = "computers", responses((status = 200, description = "`{\"computers\": [...]}`: only those the caller may see", body = Object)), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/computers", operation_id = "computers_list", tag = "computers", responses((status = 200, description = "`{\"computers\": [...]}`: only those the caller may see", body = Object)), security(("bearer" = [])))]
 pub async fn list(State(state): State<AppState>, auth: Auth) -> Result<Json<Value>, ApiError> {
     let caller = auth.current(&state).await?;
     let rows: Vec<Value> = state
@@ -379,7 +379,7 @@ pub async fn list(State(state): State<AppState>, auth: Auth) -> Result<Json<Valu
 }
 
 /// `GET /v1/computers/:id`: 404 when the caller may not see it.
-#[utoipa::path(get, path = "/v1/computers/{id}", tag = "computers", params(("id" = String, Path)), responses((status = 200, body = Object), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/computers/{id}", operation_id = "computers_get", tag = "computers", params(("id" = String, Path)), responses((status = 200, body = Object), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn get(State(state): State<AppState>, auth: Auth, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     let caller = auth.current(&state).await?;
     let v = state.cluster.state().read(|s| s.visible_computer(&caller, &id).map(|c| computer_view(s, c)))?;
@@ -389,7 +389,7 @@ pub async fn get(State(state): State<AppState>, auth: Auth, Path(id): Path<Strin
 /// `GET /v1/computers/:id/sandbox`: asks the provider what it holds for this Computer (found by
 /// its labels, not by the stored reference), so a person can settle an unknown outcome, or see
 /// that a sandbox vanished. Changes nothing.
-#[utoipa::path(get, path = "/v1/computers/{id}/sandbox", tag = "computers", params(("id" = String, Path)), responses((status = 200, description = "`{\"found\", \"sandbox\", \"state\", \"recorded\"}`", body = Object), (status = 422, description = "An own machine has no sandbox", body = ErrorBody)), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/computers/{id}/sandbox", operation_id = "computers_sandbox", tag = "computers", params(("id" = String, Path)), responses((status = 200, description = "`{\"found\", \"sandbox\", \"state\", \"recorded\"}`", body = Object), (status = 422, description = "An own machine has no sandbox", body = ErrorBody)), security(("bearer" = [])))]
 pub async fn sandbox(
     State(state): State<AppState>,
     auth: Auth,
@@ -421,7 +421,7 @@ pub async fn sandbox(
 }
 
 /// `POST /v1/computers/:id/stop`: on a pause of unknown outcome, marks the Computer failed.
-#[utoipa::path(post, path = "/v1/computers/{id}/stop", tag = "computers", params(("id" = String, Path)), responses((status = 200, description = "The Computer, now failed", body = Object), (status = 409, body = ErrorBody)), security(("bearer" = [])))]
+#[utoipa::path(post, path = "/v1/computers/{id}/stop", operation_id = "computers_stop", tag = "computers", params(("id" = String, Path)), responses((status = 200, description = "The Computer, now failed", body = Object), (status = 409, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn stop(State(state): State<AppState>, auth: Auth, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     let caller = auth.for_write(&state).await?;
     propose(&state, Command::StopComputer { by: caller.token.id.clone(), computer_id: id.clone(), at_ms: now_ms() })
@@ -432,7 +432,7 @@ pub async fn stop(State(state): State<AppState>, auth: Auth, Path(id): Path<Stri
 }
 
 /// `GET /v1/computers/:id/usage`: run spans (also of a deleted Computer the caller could see).
-#[utoipa::path(get, path = "/v1/computers/{id}/usage", tag = "computers", params(("id" = String, Path)), responses((status = 200, description = "`{\"spans\": [{start, end, endedBy, outcomeUnknown}]}`", body = Object)), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/computers/{id}/usage", operation_id = "computers_usage", tag = "computers", params(("id" = String, Path)), responses((status = 200, description = "`{\"spans\": [{start, end, endedBy, outcomeUnknown}]}`", body = Object)), security(("bearer" = [])))]
 pub async fn usage(State(state): State<AppState>, auth: Auth, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     let caller = auth.current(&state).await?;
     let spans = state.cluster.state().read(|s| {
@@ -452,7 +452,7 @@ pub struct AcquireIn {
 
 /// `POST /v1/computers/:id/acquire` (bots): 200 when granted, 202 with an approval id when a
 /// member must approve.
-#[utoipa::path(post, path = "/v1/computers/{id}/acquire", tag = "computers", params(("id" = String, Path)), request_body = AcquireIn, responses((status = 200, description = "Granted", body = Object), (status = 202, description = "Waits for an approval", body = Object)), security(("bearer" = [])))]
+#[utoipa::path(post, path = "/v1/computers/{id}/acquire", operation_id = "computers_acquire", tag = "computers", params(("id" = String, Path)), request_body = AcquireIn, responses((status = 200, description = "Granted", body = Object), (status = 202, description = "Waits for an approval", body = Object)), security(("bearer" = [])))]
 pub async fn acquire(
     State(state): State<AppState>,
     auth: Auth,
@@ -488,7 +488,7 @@ pub struct ReleaseIn {
 
 /// `POST /v1/computers/:id/release` (bots): gives up the right; with `destroy`, deletes the
 /// Computer instead (capability `computers.delete`; the grant ends with the Computer).
-#[utoipa::path(post, path = "/v1/computers/{id}/release", tag = "computers", params(("id" = String, Path)), request_body = ReleaseIn, responses((status = 200, body = Object), (status = 202, description = "destroy: the delete receipt", body = ReceiptDoc)), security(("bearer" = [])))]
+#[utoipa::path(post, path = "/v1/computers/{id}/release", operation_id = "computers_release", tag = "computers", params(("id" = String, Path)), request_body = ReleaseIn, responses((status = 200, body = Object), (status = 202, description = "destroy: the delete receipt", body = ReceiptDoc)), security(("bearer" = [])))]
 pub async fn release(
     State(state): State<AppState>,
     auth: Auth,

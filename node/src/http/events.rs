@@ -51,7 +51,7 @@ fn visible(s: &StoreState, caller: &Caller, after: u64, limit: usize) -> (Vec<Ev
 }
 
 /// `GET /v1/events`
-#[utoipa::path(get, path = "/v1/events", tag = "events", params(("after" = Option<u64>, Query, description = "Cursor"), ("limit" = Option<usize>, Query)), responses((status = 200, description = "`{\"events\": [...], \"cursor\": n}`, or with `Accept: text/event-stream` a stream of them", body = Object)), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/events", operation_id = "events_events", tag = "events", params(("after" = Option<u64>, Query, description = "Cursor"), ("limit" = Option<usize>, Query)), responses((status = 200, description = "`{\"events\": [...], \"cursor\": n}`, or with `Accept: text/event-stream` a stream of them", body = Object)), security(("bearer" = [])))]
 pub async fn events(
     State(state): State<AppState>,
     auth: Auth,

@@ -21,7 +21,7 @@ use super::util::propose;
 use crate::ids::now_ms;
 
 /// `GET /v1/executions/:id`: 404 unless the caller may see its Computer.
-#[utoipa::path(get, path = "/v1/executions/{id}", tag = "executions", params(("id" = String, Path)), responses((status = 200, body = ReceiptDoc), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/executions/{id}", operation_id = "executions_get", tag = "executions", params(("id" = String, Path)), responses((status = 200, body = ReceiptDoc), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn get(State(state): State<AppState>, auth: Auth, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     let caller = auth.current(&state).await?;
     let now = now_ms();
@@ -52,7 +52,7 @@ pub struct DecisionIn {
 }
 
 /// `POST /v1/executions/:id/decision`: a member with write rights resolves an unknown outcome.
-#[utoipa::path(post, path = "/v1/executions/{id}/decision", tag = "executions", params(("id" = String, Path)), request_body = DecisionIn, responses((status = 200, body = ReceiptDoc), (status = 409, description = "The outcome is not unknown", body = ErrorBody)), security(("bearer" = [])))]
+#[utoipa::path(post, path = "/v1/executions/{id}/decision", operation_id = "executions_decide", tag = "executions", params(("id" = String, Path)), request_body = DecisionIn, responses((status = 200, body = ReceiptDoc), (status = 409, description = "The outcome is not unknown", body = ErrorBody)), security(("bearer" = [])))]
 pub async fn decide(
     State(state): State<AppState>,
     auth: Auth,

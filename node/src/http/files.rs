@@ -23,6 +23,8 @@ use serde::Deserialize;
 use serde_json::Value;
 use serde_json::json;
 
+#[allow(unused_imports)]
+use super::schemas::ErrorBody;
 use super::ApiError;
 use super::AppState;
 use super::Auth;
@@ -82,6 +84,7 @@ fn query<T>(q: Q<T>) -> Result<T, ApiError> {
 }
 
 /// `GET /v1/computers/:id/files?path=&encoding=`
+#[utoipa::path(get, path = "/v1/computers/{id}/files", operation_id = "files_read", tag = "files", params(("id" = String, Path), ("path" = String, Query, description = "Relative paths start at the workspace"), ("encoding" = Option<String>, Query, description = "`utf8` (default) or `base64`"), ("user" = Option<String>, Query, description = "`user` (default) or `root`")), responses((status = 200, description = "`{\"path\", \"content\", \"encoding\", \"size\"}`, or the bytes with `Accept: application/octet-stream`", body = Object), (status = 404, body = ErrorBody), (status = 413, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn read(
     State(state): State<AppState>,
     auth: Auth,
@@ -120,16 +123,18 @@ pub async fn read(
 }
 
 /// `PUT …/files` body.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WriteIn {
     content: String,
     #[serde(default)]
+    #[schema(value_type = Option<String>)]
     encoding: Encoding,
 }
 
 /// `PUT /v1/computers/:id/files?path=`: writes the whole file (atomically, by rename). The body
 /// is JSON (`content`, `encoding`) or, with `Content-Type: application/octet-stream`, the bytes.
+#[utoipa::path(put, path = "/v1/computers/{id}/files", operation_id = "files_write", tag = "files", params(("id" = String, Path), ("path" = String, Query), ("user" = Option<String>, Query)), request_body(content = WriteIn, description = "JSON, or the bytes with `Content-Type: application/octet-stream`"), responses((status = 200, body = Object), (status = 400, body = ErrorBody), (status = 413, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn write(
     State(state): State<AppState>,
     auth: Auth,
@@ -229,6 +234,7 @@ fn gone() -> ApiError {
 }
 
 /// `DELETE /v1/computers/:id/files?path=`
+#[utoipa::path(delete, path = "/v1/computers/{id}/files", operation_id = "files_remove", tag = "files", params(("id" = String, Path), ("path" = String, Query), ("user" = Option<String>, Query)), responses((status = 200, body = Object), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn remove(
     State(state): State<AppState>,
     auth: Auth,
@@ -244,6 +250,7 @@ pub async fn remove(
 }
 
 /// `GET /v1/computers/:id/directory?path=`
+#[utoipa::path(get, path = "/v1/computers/{id}/directory", operation_id = "files_directory", tag = "files", params(("id" = String, Path), ("path" = String, Query), ("user" = Option<String>, Query)), responses((status = 200, description = "`{\"entries\": [...]}`", body = Object), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn directory(
     State(state): State<AppState>,
     auth: Auth,

@@ -31,7 +31,7 @@ pub struct GrantIn {
 
 /// `PUT …/bots/:botId`: grants the bot the right to use the Computer (idempotent); the body,
 /// when there is one, may set `allowRoot`. Only a member may grant (checked again at commit).
-#[utoipa::path(put, path = "/v1/computers/{id}/bots/{bot}", tag = "rights", params(("id" = String, Path), ("bot" = String, Path)), request_body(content = GrantIn, description = "Optional"), responses((status = 200, description = "The grant", body = Object)), security(("bearer" = [])))]
+#[utoipa::path(put, path = "/v1/computers/{id}/bots/{bot}", operation_id = "grants_put", tag = "rights", params(("id" = String, Path), ("bot" = String, Path)), request_body(content = GrantIn, description = "Optional"), responses((status = 200, description = "The grant", body = Object)), security(("bearer" = [])))]
 pub async fn put(
     State(state): State<AppState>,
     auth: Auth,
@@ -58,7 +58,7 @@ pub async fn put(
 }
 
 /// `GET …/bots/:botId`
-#[utoipa::path(get, path = "/v1/computers/{id}/bots/{bot}", tag = "rights", params(("id" = String, Path), ("bot" = String, Path)), responses((status = 200, body = Object), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/computers/{id}/bots/{bot}", operation_id = "grants_get", tag = "rights", params(("id" = String, Path), ("bot" = String, Path)), responses((status = 200, body = Object), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn get(
     State(state): State<AppState>,
     auth: Auth,
@@ -73,7 +73,7 @@ pub async fn get(
 }
 
 /// `GET …/bots`: the grants on a Computer.
-#[utoipa::path(get, path = "/v1/computers/{id}/bots", tag = "rights", params(("id" = String, Path)), responses((status = 200, description = "`{\"grants\": [...]}`", body = Object)), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/computers/{id}/bots", operation_id = "grants_list", tag = "rights", params(("id" = String, Path)), responses((status = 200, description = "`{\"grants\": [...]}`", body = Object)), security(("bearer" = [])))]
 pub async fn list(State(state): State<AppState>, auth: Auth, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     let caller = auth.current(&state).await?;
     let grants = state.cluster.state().read(|s| {
@@ -86,7 +86,7 @@ pub async fn list(State(state): State<AppState>, auth: Auth, Path(id): Path<Stri
 }
 
 /// `DELETE …/bots/:botId`: revokes; the bot's next call is refused.
-#[utoipa::path(delete, path = "/v1/computers/{id}/bots/{bot}", tag = "rights", params(("id" = String, Path), ("bot" = String, Path)), responses((status = 204, description = "Revoked")), security(("bearer" = [])))]
+#[utoipa::path(delete, path = "/v1/computers/{id}/bots/{bot}", operation_id = "grants_delete", tag = "rights", params(("id" = String, Path), ("bot" = String, Path)), responses((status = 204, description = "Revoked")), security(("bearer" = [])))]
 pub async fn delete(
     State(state): State<AppState>,
     auth: Auth,

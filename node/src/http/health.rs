@@ -22,7 +22,7 @@ use super::util::propose;
 /// The node's view of the cluster; 503 while the node is out of touch with a quorum (cut off
 /// by a partition, or its quorum is gone), so a load balancer stops sending it calls it could
 /// not commit.
-#[utoipa::path(get, path = "/v1/health", tag = "cluster", responses((status = 200, description = "This node's view of the cluster", body = Object), (status = 503, description = "The same view, from a node out of touch with a quorum", body = Object)))]
+#[utoipa::path(get, path = "/v1/health", operation_id = "health_health", tag = "cluster", responses((status = 200, description = "This node's view of the cluster", body = Object), (status = 503, description = "The same view, from a node out of touch with a quorum", body = Object)))]
 pub async fn health(State(state): State<AppState>, headers: axum::http::HeaderMap) -> (StatusCode, Json<Value>) {
     use std::sync::atomic::Ordering::Relaxed;
     let counts = state.owners.counts();
@@ -74,7 +74,7 @@ pub async fn health(State(state): State<AppState>, headers: axum::http::HeaderMa
 }
 
 /// `DELETE /v1/cluster/nodes/:id`: removes a node from the membership (owner/admin).
-#[utoipa::path(delete, path = "/v1/cluster/nodes/{id}", tag = "cluster", params(("id" = u64, Path, description = "Node id")), responses((status = 204, description = "Removed"), (status = 404, description = "Not a member", body = ErrorBody)), security(("bearer" = [])))]
+#[utoipa::path(delete, path = "/v1/cluster/nodes/{id}", operation_id = "health_remove_node", tag = "cluster", params(("id" = u64, Path, description = "Node id")), responses((status = 204, description = "Removed"), (status = 404, description = "Not a member", body = ErrorBody)), security(("bearer" = [])))]
 pub async fn remove_node(
     State(state): State<AppState>,
     auth: Auth,
@@ -106,7 +106,7 @@ pub struct JoinTokenIn {
 /// store keeps its hash). With `ttlSecs` (1 s to 7 days), a single-use secret with that expiry;
 /// without, a new reusable secret replacing the cluster's (also rewritten to `DIR/join.token`
 /// where this node has one).
-#[utoipa::path(post, path = "/v1/cluster/join-tokens", tag = "cluster", request_body(content = Object, description = "{\"ttlSecs\"?}"), responses((status = 201, description = "{joinToken, singleUse, expiresAtMs}", body = Object), (status = 403, description = "Not an owner or admin", body = ErrorBody)), security(("bearer" = [])))]
+#[utoipa::path(post, path = "/v1/cluster/join-tokens", operation_id = "health_join_token", tag = "cluster", request_body(content = Object, description = "{\"ttlSecs\"?}"), responses((status = 201, description = "{joinToken, singleUse, expiresAtMs}", body = Object), (status = 403, description = "Not an owner or admin", body = ErrorBody)), security(("bearer" = [])))]
 pub async fn join_token(
     State(state): State<AppState>,
     auth: Auth,

@@ -46,7 +46,7 @@ fn default_role() -> Role {
 }
 
 /// `POST /v1/members`
-#[utoipa::path(post, path = "/v1/members", tag = "identity", request_body = NewMember, responses((status = 201, description = "The member", body = Object), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody)), security(("bearer" = [])))]
+#[utoipa::path(post, path = "/v1/members", operation_id = "identity_create_member", tag = "identity", request_body = NewMember, responses((status = 201, description = "The member", body = Object), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn create_member(
     State(state): State<AppState>,
     auth: Auth,
@@ -68,7 +68,7 @@ pub async fn create_member(
 }
 
 /// `GET /v1/members`
-#[utoipa::path(get, path = "/v1/members", tag = "identity", responses((status = 200, description = "`{\"members\": [...]}`", body = Object)), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/members", operation_id = "identity_list_members", tag = "identity", responses((status = 200, description = "`{\"members\": [...]}`", body = Object)), security(("bearer" = [])))]
 pub async fn list_members(State(state): State<AppState>, auth: Auth) -> Result<Json<Value>, ApiError> {
     auth.current(&state).await?.check_admin_read()?;
     let members: Vec<Member> = state.cluster.state().read(|s| s.members.values().cloned().collect());
@@ -83,7 +83,7 @@ pub struct NewBot {
 }
 
 /// `POST /v1/bots`: the bot belongs to `memberId` (default: the caller).
-#[utoipa::path(post, path = "/v1/bots", tag = "identity", request_body = NewBot, responses((status = 201, description = "The bot", body = Object), (status = 400, body = ErrorBody)), security(("bearer" = [])))]
+#[utoipa::path(post, path = "/v1/bots", operation_id = "identity_create_bot", tag = "identity", request_body = NewBot, responses((status = 201, description = "The bot", body = Object), (status = 400, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn create_bot(
     State(state): State<AppState>,
     auth: Auth,
@@ -106,7 +106,7 @@ pub async fn create_bot(
 }
 
 /// `GET /v1/bots`
-#[utoipa::path(get, path = "/v1/bots", tag = "identity", responses((status = 200, description = "`{\"bots\": [...]}`", body = Object)), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/bots", operation_id = "identity_list_bots", tag = "identity", responses((status = 200, description = "`{\"bots\": [...]}`", body = Object)), security(("bearer" = [])))]
 pub async fn list_bots(State(state): State<AppState>, auth: Auth) -> Result<Json<Value>, ApiError> {
     auth.current(&state).await?.check_admin_read()?;
     let bots: Vec<Bot> = state.cluster.state().read(|s| s.bots.values().cloned().collect());
@@ -114,7 +114,7 @@ pub async fn list_bots(State(state): State<AppState>, auth: Auth) -> Result<Json
 }
 
 /// `POST /v1/bots/:id/archive`: idempotent; answers the archived bot.
-#[utoipa::path(post, path = "/v1/bots/{id}/archive", tag = "identity", params(("id" = String, Path)), responses((status = 200, description = "The archived bot", body = Object), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+#[utoipa::path(post, path = "/v1/bots/{id}/archive", operation_id = "identity_archive_bot", tag = "identity", params(("id" = String, Path)), responses((status = 200, description = "The archived bot", body = Object), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn archive_bot(
     State(state): State<AppState>,
     auth: Auth,
@@ -171,7 +171,7 @@ pub struct NewToken {
 }
 
 /// `POST /v1/tokens`: answers the secret once; only its hash is stored.
-#[utoipa::path(post, path = "/v1/tokens", tag = "identity", request_body = NewToken, responses((status = 201, description = "`{\"token\": …, \"secret\": …}`: the secret is shown once", body = Object)), security(("bearer" = [])))]
+#[utoipa::path(post, path = "/v1/tokens", operation_id = "identity_create_token", tag = "identity", request_body = NewToken, responses((status = 201, description = "`{\"token\": …, \"secret\": …}`: the secret is shown once", body = Object)), security(("bearer" = [])))]
 pub async fn create_token(
     State(state): State<AppState>,
     auth: Auth,
@@ -216,7 +216,7 @@ pub async fn create_token(
 }
 
 /// `GET /v1/tokens`
-#[utoipa::path(get, path = "/v1/tokens", tag = "identity", responses((status = 200, description = "`{\"tokens\": [...]}` (never hashes)", body = Object)), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/tokens", operation_id = "identity_list_tokens", tag = "identity", responses((status = 200, description = "`{\"tokens\": [...]}` (never hashes)", body = Object)), security(("bearer" = [])))]
 pub async fn list_tokens(State(state): State<AppState>, auth: Auth) -> Result<Json<Value>, ApiError> {
     auth.current(&state).await?.check_admin_read()?;
     let tokens: Vec<TokenView> = state.cluster.state().read(|s| s.tokens.values().map(TokenView::from).collect());
@@ -224,7 +224,7 @@ pub async fn list_tokens(State(state): State<AppState>, auth: Auth) -> Result<Js
 }
 
 /// `DELETE /v1/tokens/:id`: idempotent; answers the revoked token.
-#[utoipa::path(delete, path = "/v1/tokens/{id}", tag = "identity", params(("id" = String, Path)), responses((status = 200, description = "The revoked token", body = Object)), security(("bearer" = [])))]
+#[utoipa::path(delete, path = "/v1/tokens/{id}", operation_id = "identity_revoke_token", tag = "identity", params(("id" = String, Path)), responses((status = 200, description = "The revoked token", body = Object)), security(("bearer" = [])))]
 pub async fn revoke_token(
     State(state): State<AppState>,
     auth: Auth,

@@ -31,84 +31,140 @@ pub use limits::run_forget as run_limits_upkeep;
 pub use crate::state::AppState;
 
 use axum::Router;
-use axum::routing::delete;
-use axum::routing::get;
-use axum::routing::post;
-use axum::routing::put;
+
+/// Builds a group of routes from `METHOD "path" => handler` lines, and answers it with the
+/// group's (method, path) pairs: the router is made from the same lines as [`ROUTES`] lists, so
+/// the router-vs-OpenAPI test compares the document with what is really served.
+macro_rules! group {
+    ($($method:ident $path:literal => $handler:path),* $(,)?) => {{
+        let mut r = Router::new();
+        $( r = r.route($path, axum::routing::$method($handler)); )*
+        (r, [$((stringify!($method), $path)),*])
+    }};
+}
+
+/// Every route of the API as (method, path), in the router's groups (see [`router`]).
+pub fn routes() -> Vec<(&'static str, &'static str)> {
+    let mut all = Vec::new();
+    groups(&mut |pairs: &[(&'static str, &'static str)]| all.extend_from_slice(pairs));
+    all
+}
+
+/// The route groups, each with the pairs it serves; `seen` is told every group's pairs.
+struct Groups {
+    control: Router<AppState>,
+    tools: Router<AppState>,
+    sessions: Router<AppState>,
+    files: Router<AppState>,
+    pairing: Router<AppState>,
+    link: Router<AppState>,
+    streams: Router<AppState>,
+}
+
+fn groups(seen: &mut dyn FnMut(&[(&'static str, &'static str)])) -> Groups {
+    let (control, pairs) = group! {
+        get "/v1/health" => health::health,
+        get "/v1/openapi.json" => openapi::openapi_json,
+        post "/v1/members" => identity::create_member,
+        get "/v1/members" => identity::list_members,
+        post "/v1/bots" => identity::create_bot,
+        get "/v1/bots" => identity::list_bots,
+        post "/v1/bots/{id}/archive" => identity::archive_bot,
+        post "/v1/tokens" => identity::create_token,
+        get "/v1/tokens" => identity::list_tokens,
+        delete "/v1/tokens/{id}" => identity::revoke_token,
+        delete "/v1/cluster/nodes/{id}" => health::remove_node,
+        post "/v1/cluster/join-tokens" => health::join_token,
+        post "/v1/computer-providers" => providers::create,
+        get "/v1/computer-providers" => providers::list,
+        post "/v1/computers" => computers::create,
+        get "/v1/computers" => computers::list,
+        get "/v1/computers/{id}" => computers::get,
+        delete "/v1/computers/{id}" => computers::delete,
+        post "/v1/computers/{id}/pause" => computers::pause,
+        post "/v1/computers/{id}/resume" => computers::resume,
+        post "/v1/computers/{id}/stop" => computers::stop,
+        get "/v1/computers/{id}/usage" => computers::usage,
+        get "/v1/computers/{id}/sandbox" => computers::sandbox,
+        post "/v1/computers/{id}/acquire" => computers::acquire,
+        post "/v1/computers/{id}/release" => computers::release,
+        get "/v1/computers/{id}/bots" => grants::list,
+        put "/v1/computers/{id}/bots/{bot}" => grants::put,
+        get "/v1/computers/{id}/bots/{bot}" => grants::get,
+        delete "/v1/computers/{id}/bots/{bot}" => grants::delete,
+        get "/v1/executions/{id}" => executions::get,
+        post "/v1/executions/{id}/decision" => executions::decide,
+        get "/v1/approvals" => approvals::list,
+        post "/v1/approvals/{id}" => approvals::decide,
+        get "/v1/capability-rules" => approvals::get_rules,
+        put "/v1/capability-rules" => approvals::put_rules,
+        get "/v1/retention" => retention::get,
+        put "/v1/retention" => retention::put,
+    };
+    seen(&pairs);
+    let (tools, pairs) = group! {
+        get "/api/bots/{bot}/tools" => tools::list,
+        post "/api/bots/{bot}/tools/install" => tools::install,
+        post "/api/bots/{bot}/tools/computer_mcp" => tools::model_tool,
+        delete "/api/bots/{bot}/tools/{binding}" => tools::revoke,
+        post "/api/bots/{bot}/tools/{binding}/discover" => tools::discover,
+        post "/api/bots/{bot}/tools/{binding}/call" => tools::call,
+        post "/api/bots/{bot}/tools/{binding}/switch" => tools::switch,
+    };
+    seen(&pairs);
+    let (sessions, pairs) = group! {
+        post "/v1/computers/{id}/sessions" => sessions::start,
+        delete "/v1/computers/{id}/sessions/{sid}" => sessions::stop,
+        post "/v1/computers/{id}/sessions/{sid}/input" => sessions::input,
+        post "/v1/computers/{id}/sessions/{sid}/resize" => sessions::resize,
+    };
+    seen(&pairs);
+    let (files, pairs) = group! {
+        get "/v1/computers/{id}/files" => files::read,
+        put "/v1/computers/{id}/files" => files::write,
+        delete "/v1/computers/{id}/files" => files::remove,
+        get "/v1/computers/{id}/directory" => files::directory,
+    };
+    seen(&pairs);
+    let (pairing, pairs) = group! { post "/v1/agent/pair" => agent::pair };
+    seen(&pairs);
+    let (link, pairs) = group! { get "/v1/agent/link" => agent::link };
+    seen(&pairs);
+    let (streams, pairs) = group! { get "/v1/events" => events::events };
+    seen(&pairs);
+    Groups { control, tools, sessions, files, pairing, link, streams }
+}
 
 /// The API router. Routes come in groups, each with its body limit and deadline
 /// ([`limits::RouteLimits`]).
 pub fn router(state: AppState) -> Router {
     use axum::middleware::from_fn_with_state;
     let bounded = |l: limits::RouteLimits| from_fn_with_state(l, limits::bounded);
-    let control = Router::new()
-        .route("/v1/health", get(health::health))
-        .route("/v1/openapi.json", get(openapi::openapi_json))
-        .route("/v1/members", post(identity::create_member).get(identity::list_members))
-        .route("/v1/bots", post(identity::create_bot).get(identity::list_bots))
-        .route("/v1/bots/{id}/archive", post(identity::archive_bot))
-        .route("/v1/tokens", post(identity::create_token).get(identity::list_tokens))
-        .route("/v1/tokens/{id}", delete(identity::revoke_token))
-        .route("/v1/cluster/nodes/{id}", delete(health::remove_node))
-        .route("/v1/cluster/join-tokens", post(health::join_token))
-        .route("/v1/computer-providers", post(providers::create).get(providers::list))
-        .route("/v1/computers", post(computers::create).get(computers::list))
-        .route("/v1/computers/{id}", get(computers::get).delete(computers::delete))
-        .route("/v1/computers/{id}/pause", post(computers::pause))
-        .route("/v1/computers/{id}/resume", post(computers::resume))
-        .route("/v1/computers/{id}/stop", post(computers::stop))
-        .route("/v1/computers/{id}/usage", get(computers::usage))
-        .route("/v1/computers/{id}/sandbox", get(computers::sandbox))
-        .route("/v1/computers/{id}/acquire", post(computers::acquire))
-        .route("/v1/computers/{id}/release", post(computers::release))
-        .route("/v1/computers/{id}/bots", get(grants::list))
-        .route("/v1/computers/{id}/bots/{bot}", put(grants::put).get(grants::get).delete(grants::delete))
-        .route("/v1/executions/{id}", get(executions::get))
-        .route("/v1/executions/{id}/decision", post(executions::decide))
-        .route("/v1/approvals", get(approvals::list))
-        .route("/v1/approvals/{id}", post(approvals::decide))
-        .route("/v1/capability-rules", get(approvals::get_rules).put(approvals::put_rules))
-        .route("/v1/retention", get(retention::get).put(retention::put))
-        .layer(bounded(limits::CONTROL));
-    let tools = Router::new()
-        .route("/api/bots/{bot}/tools", get(tools::list))
-        .route("/api/bots/{bot}/tools/install", post(tools::install))
-        .route("/api/bots/{bot}/tools/computer_mcp", post(tools::model_tool))
-        .route("/api/bots/{bot}/tools/{binding}", delete(tools::revoke))
-        .route("/api/bots/{bot}/tools/{binding}/discover", post(tools::discover))
-        .route("/api/bots/{bot}/tools/{binding}/call", post(tools::call))
-        .route("/api/bots/{bot}/tools/{binding}/switch", post(tools::switch))
-        .layer(bounded(limits::TOOL));
+    let g = groups(&mut |_| {});
+    let control = g.control.layer(bounded(limits::CONTROL));
+    let tools = g.tools.layer(bounded(limits::TOOL));
     // Calls on a Computer's agent run on the node holding its link.
-    let sessions = Router::new()
-        .route("/v1/computers/{id}/sessions", post(sessions::start))
-        .route("/v1/computers/{id}/sessions/{sid}", delete(sessions::stop))
-        .route("/v1/computers/{id}/sessions/{sid}/input", post(sessions::input))
-        .route("/v1/computers/{id}/sessions/{sid}/resize", post(sessions::resize))
+    let sessions = g
+        .sessions
         .layer(from_fn_with_state(state.clone(), forward::to_link_owner))
         .layer(bounded(limits::SESSION));
-    let files = Router::new()
-        .route(
-            "/v1/computers/{id}/files",
-            get(files::read).put(files::write).delete(files::remove).layer(axum::extract::DefaultBodyLimit::disable()),
-        )
-        .route("/v1/computers/{id}/directory", get(files::directory))
+    // Files bring their own bound on the content (`limits::FILE`), not axum's default.
+    let files = g
+        .files
+        .layer(axum::extract::DefaultBodyLimit::disable())
         .layer(from_fn_with_state(state.clone(), forward::to_link_owner))
         .layer(bounded(limits::FILE));
-    let pairing = Router::new()
-        .route("/v1/agent/pair", post(agent::pair))
-        .layer(from_fn_with_state(state.clone(), limits::per_source))
-        .layer(bounded(limits::PAIRING));
-    let streams = Router::new()
-        .route("/v1/agent/link", get(agent::link).layer(from_fn_with_state(state.clone(), limits::per_source)))
-        .route("/v1/events", get(events::events))
-        .layer(bounded(limits::STREAM));
+    let pairing =
+        g.pairing.layer(from_fn_with_state(state.clone(), limits::per_source)).layer(bounded(limits::PAIRING));
+    let link = g.link.layer(from_fn_with_state(state.clone(), limits::per_source)).layer(bounded(limits::STREAM));
+    let streams = g.streams.layer(bounded(limits::STREAM));
     Router::new()
         .merge(control)
         .merge(tools)
         .merge(sessions)
         .merge(files)
         .merge(pairing)
+        .merge(link)
         .merge(streams)
         .fallback(|| async { ApiError::not_found("no such route") })
         .method_not_allowed_fallback(|| async {

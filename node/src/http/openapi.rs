@@ -8,15 +8,19 @@ use utoipa::openapi::security::HttpAuthScheme;
 use utoipa::openapi::security::HttpBuilder;
 use utoipa::openapi::security::SecurityScheme;
 
+use super::agent;
 use super::approvals;
 use super::computers;
 use super::events;
 use super::executions;
+use super::files;
 use super::grants;
 use super::health;
 use super::identity;
 use super::providers;
 use super::retention;
+use super::sessions;
+use super::tools;
 
 use super::schemas::ErrorBody;
 use super::schemas::ErrorDetail;
@@ -50,6 +54,10 @@ impl Modify for BearerAuth {
         events::events,
         approvals::list, approvals::decide, approvals::get_rules, approvals::put_rules,
         retention::get, retention::put,
+        sessions::start, sessions::input, sessions::resize, sessions::stop,
+        files::read, files::write, files::remove, files::directory,
+        agent::pair, agent::link,
+        tools::install, tools::list, tools::discover, tools::call, tools::switch, tools::revoke, tools::model_tool,
     ),
     components(schemas(ErrorBody, ErrorDetail, ReceiptDoc)),
     modifiers(&BearerAuth),
@@ -59,4 +67,52 @@ pub struct ApiDoc;
 /// `GET /v1/openapi.json`
 pub async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
     Json(ApiDoc::openapi())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    /// The document describes exactly the routes the router serves (the router is built from
+    /// the same table, `http::routes`), each operation with an id of its own.
+    #[test]
+    fn the_document_describes_every_route_of_the_router_and_nothing_else() {
+        let doc = serde_json::to_value(ApiDoc::openapi()).expect("the document serializes");
+        let mut described = BTreeSet::new();
+        let mut ids = Vec::new();
+        for (path, item) in doc["paths"].as_object().expect("paths") {
+            for (method, op) in item.as_object().expect("a path item") {
+                described.insert((method.clone(), path.clone()));
+                ids.push(op["operationId"].as_str().unwrap_or_default().to_string());
+            }
+        }
+        let served: BTreeSet<(String, String)> = super::super::routes()
+            .into_iter()
+            .filter(|(_, p)| *p != "/v1/openapi.json") // the document itself
+            .map(|(m, p)| (m.to_string(), p.to_string()))
+            .collect();
+        let undocumented: Vec<_> = served.difference(&described).collect();
+        let unserved: Vec<_> = described.difference(&served).collect();
+        assert!(undocumented.is_empty(), "routes the document does not describe: {undocumented:?}");
+        assert!(unserved.is_empty(), "operations the router does not serve: {unserved:?}");
+        let unique: BTreeSet<&String> = ids.iter().collect();
+        assert_eq!(unique.len(), ids.len(), "operationIds repeat: {ids:?}");
+        assert!(ids.iter().all(|id| !id.is_empty()), "an operation without an id: {ids:?}");
+    }
+
+    /// Every route takes its caller's token, but the health check, pairing, the agent's link
+    /// (which authenticate otherwise) and the document.
+    #[test]
+    fn every_operation_but_the_open_ones_needs_the_bearer_token() {
+        let doc = serde_json::to_value(ApiDoc::openapi()).expect("the document serializes");
+        let open = ["/v1/health", "/v1/agent/pair", "/v1/agent/link"];
+        for (path, item) in doc["paths"].as_object().expect("paths") {
+            for (method, op) in item.as_object().expect("a path item") {
+                let bearer = op["security"].as_array().is_some_and(|s| s.iter().any(|r| r.get("bearer").is_some()));
+                assert_eq!(bearer, !open.contains(&path.as_str()), "{method} {path}: {op}");
+            }
+        }
+    }
 }

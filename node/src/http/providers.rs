@@ -60,7 +60,7 @@ pub struct NewProvider {
 }
 
 /// `POST /v1/computer-providers` (owner/admin).
-#[utoipa::path(post, path = "/v1/computer-providers", tag = "providers", request_body = NewProvider, responses((status = 201, description = "The provider; credential fields are named in secretFields, never shown", body = Object)), security(("bearer" = [])))]
+#[utoipa::path(post, path = "/v1/computer-providers", operation_id = "providers_create", tag = "providers", request_body = NewProvider, responses((status = 201, description = "The provider; credential fields are named in secretFields, never shown", body = Object)), security(("bearer" = [])))]
 pub async fn create(
     State(state): State<AppState>,
     auth: Auth,
@@ -100,7 +100,7 @@ pub async fn create(
 
 /// `GET /v1/computer-providers`: every member and bot may list them (not a token limited to
 /// Computers).
-#[utoipa::path(get, path = "/v1/computer-providers", tag = "providers", responses((status = 200, description = "`{\"providers\": [...]}`", body = Object)), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/computer-providers", operation_id = "providers_list", tag = "providers", responses((status = 200, description = "`{\"providers\": [...]}`", body = Object)), security(("bearer" = [])))]
 pub async fn list(State(state): State<AppState>, auth: Auth) -> Result<Json<Value>, ApiError> {
     let caller = auth.current(&state).await?;
     let rows: Vec<Value> = if caller.token.computers.is_some() {

@@ -25,7 +25,7 @@ fn view(ms: Option<u64>) -> Value {
 }
 
 /// `GET /v1/retention` (owner/admin)
-#[utoipa::path(get, path = "/v1/retention", tag = "retention", responses((status = 200, description = "`{\"retentionMs\": n, \"default\": bool}`", body = Object), (status = 403, body = ErrorBody)), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/retention", operation_id = "retention_get", tag = "retention", responses((status = 200, description = "`{\"retentionMs\": n, \"default\": bool}`", body = Object), (status = 403, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn get(State(state): State<AppState>, auth: Auth) -> Result<Json<Value>, ApiError> {
     auth.current(&state).await?.check_admin_read()?;
     Ok(Json(view(state.cluster.state().read(|s| s.retention.ms))))
@@ -41,7 +41,7 @@ pub struct RetentionIn {
 
 /// `PUT /v1/retention` (owner/admin): sets the retention. Records already past the new
 /// retention are compacted from then on, a few with each write to the store.
-#[utoipa::path(put, path = "/v1/retention", tag = "retention", request_body = RetentionIn, responses((status = 200, body = Object), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody)), security(("bearer" = [])))]
+#[utoipa::path(put, path = "/v1/retention", operation_id = "retention_put", tag = "retention", request_body = RetentionIn, responses((status = 200, body = Object), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn put(State(state): State<AppState>, auth: Auth, body: Body<RetentionIn>) -> Result<Json<Value>, ApiError> {
     let caller = auth.for_write(&state).await?;
     caller.check_admin_write()?;

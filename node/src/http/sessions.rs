@@ -26,6 +26,8 @@ use serde::Deserialize;
 use serde_json::Value;
 use serde_json::json;
 
+#[allow(unused_imports)]
+use super::schemas::ErrorBody;
 use super::ApiError;
 use super::AppState;
 use super::Auth;
@@ -103,7 +105,7 @@ fn limits(yield_ms: Option<u32>, max: Option<u32>) -> Result<(u32, u32), ApiErro
 }
 
 /// `POST /v1/computers/:id/sessions` body.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct StartIn {
     command: String,
@@ -150,6 +152,7 @@ async fn ask<T: Send + 'static>(
 }
 
 /// `POST /v1/computers/:id/sessions`: runs `bash -lc <command>`.
+#[utoipa::path(post, path = "/v1/computers/{id}/sessions", operation_id = "sessions_start", tag = "sessions", params(("id" = String, Path)), request_body = StartIn, responses((status = 200, description = "`{\"session\", \"output\", \"offset\", \"exitCode\"|null, ...}`: the output up to `yieldTimeMs`", body = Object), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn start(
     State(state): State<AppState>,
     auth: Auth,
@@ -191,7 +194,7 @@ pub async fn start(
 }
 
 /// `POST …/sessions/:sid/input` body.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct InputIn {
     #[serde(default)]
@@ -204,6 +207,7 @@ pub struct InputIn {
 }
 
 /// `POST /v1/computers/:id/sessions/:sid/input`: sends `chars` (C escapes), answers new output.
+#[utoipa::path(post, path = "/v1/computers/{id}/sessions/{sid}/input", operation_id = "sessions_input", tag = "sessions", params(("id" = String, Path), ("sid" = String, Path)), request_body = InputIn, responses((status = 200, description = "The new output", body = Object), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn input(
     State(state): State<AppState>,
     auth: Auth,
@@ -230,7 +234,7 @@ pub async fn input(
 }
 
 /// `POST …/sessions/:sid/resize` body.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ResizeIn {
     rows: u16,
@@ -238,6 +242,7 @@ pub struct ResizeIn {
 }
 
 /// `POST /v1/computers/:id/sessions/:sid/resize`
+#[utoipa::path(post, path = "/v1/computers/{id}/sessions/{sid}/resize", operation_id = "sessions_resize", tag = "sessions", params(("id" = String, Path), ("sid" = String, Path)), request_body = ResizeIn, responses((status = 200, body = Object), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn resize(
     State(state): State<AppState>,
     auth: Auth,
@@ -257,6 +262,7 @@ pub async fn resize(
 }
 
 /// `DELETE /v1/computers/:id/sessions/:sid`: kills the process group; answers the last output.
+#[utoipa::path(delete, path = "/v1/computers/{id}/sessions/{sid}", operation_id = "sessions_stop", tag = "sessions", params(("id" = String, Path), ("sid" = String, Path)), responses((status = 200, description = "The last output", body = Object), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn stop(
     State(state): State<AppState>,
     auth: Auth,

@@ -43,6 +43,8 @@ use serde_json::Value;
 use serde_json::json;
 use sha2::Digest;
 
+#[allow(unused_imports)]
+use super::schemas::ErrorBody;
 use super::ApiError;
 use super::AppState;
 use super::Auth;
@@ -56,10 +58,11 @@ use crate::ids::new_id;
 use crate::ids::now_ms;
 
 /// `POST …/tools/install` body.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct InstallIn {
     artifact_path: String,
+    #[schema(value_type = Object)]
     manifest: Value,
     computer_id: Option<String>,
     #[serde(default)]
@@ -67,17 +70,18 @@ pub struct InstallIn {
 }
 
 /// `POST …/call` body.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct CallIn {
     operation_id: String,
     tool: String,
     #[serde(default)]
+    #[schema(value_type = Object)]
     arguments: serde_json::Map<String, Value>,
 }
 
 /// `POST …/switch` body.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct SwitchIn {
     operation_id: String,
@@ -85,7 +89,7 @@ pub struct SwitchIn {
 }
 
 /// `POST …/computer_mcp` body.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ModelToolIn {
     action: String,
@@ -93,6 +97,7 @@ pub struct ModelToolIn {
     operation_id: Option<String>,
     tool: Option<String>,
     #[serde(default)]
+    #[schema(value_type = Object)]
     arguments: serde_json::Map<String, Value>,
 }
 
@@ -171,6 +176,7 @@ fn rejected(reason: String, message: String) -> ApiError {
 }
 
 /// `POST /api/bots/{botId}/tools/install`
+#[utoipa::path(post, path = "/api/bots/{bot}/tools/install", operation_id = "tools_install", tag = "tools", params(("bot" = String, Path)), request_body = InstallIn, responses((status = 201, description = "`{\"bindingId\", \"tools\", \"sharedUid\"}`", body = Object), (status = 422, body = ErrorBody), (status = 403, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn install(
     State(state): State<AppState>,
     auth: Auth,
@@ -281,6 +287,7 @@ pub async fn install(
 }
 
 /// `GET /api/bots/{botId}/tools`
+#[utoipa::path(get, path = "/api/bots/{bot}/tools", operation_id = "tools_list", tag = "tools", params(("bot" = String, Path)), responses((status = 200, description = "`{\"bindings\": [...]}`", body = Object)), security(("bearer" = [])))]
 pub async fn list(
     State(state): State<AppState>,
     auth: Auth,
@@ -350,6 +357,7 @@ async fn do_discover(state: &AppState, caller: &Caller, bot_id: &str, id: &str) 
 }
 
 /// `POST /api/bots/{botId}/tools/{bindingId}/discover`
+#[utoipa::path(post, path = "/api/bots/{bot}/tools/{binding}/discover", operation_id = "tools_discover", tag = "tools", params(("bot" = String, Path), ("binding" = String, Path)), responses((status = 200, body = Object), (status = 403, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn discover(
     State(state): State<AppState>,
     auth: Auth,
@@ -486,6 +494,7 @@ async fn replay(
 }
 
 /// `POST /api/bots/{botId}/tools/{bindingId}/call`
+#[utoipa::path(post, path = "/api/bots/{bot}/tools/{binding}/call", operation_id = "tools_call", tag = "tools", params(("bot" = String, Path), ("binding" = String, Path)), request_body = CallIn, responses((status = 200, description = "`{\"operationId\", \"replayed\", \"result\"}`", body = Object), (status = 409, description = "outcome_unknown", body = ErrorBody), (status = 410, description = "result_expired", body = ErrorBody), (status = 422, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn call(
     State(state): State<AppState>,
     auth: Auth,
@@ -505,6 +514,7 @@ pub async fn call(
 /// revokes the bot's binding that was already at the target, once drained). Retrying with the same
 /// operation id replays the receipt, or carries a pending switch on (the agent decides from its
 /// receipt whether it may).
+#[utoipa::path(post, path = "/api/bots/{bot}/tools/{binding}/switch", operation_id = "tools_switch", tag = "tools", params(("bot" = String, Path), ("binding" = String, Path)), request_body = SwitchIn, responses((status = 200, body = Object), (status = 409, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn switch(
     State(state): State<AppState>,
     auth: Auth,
@@ -580,6 +590,7 @@ pub async fn switch(
 }
 
 /// `DELETE /api/bots/{botId}/tools/{bindingId}`: revoke.
+#[utoipa::path(delete, path = "/api/bots/{bot}/tools/{binding}", operation_id = "tools_revoke", tag = "tools", params(("bot" = String, Path), ("binding" = String, Path)), responses((status = 200, body = Object), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn revoke(
     State(state): State<AppState>,
     auth: Auth,
@@ -608,6 +619,7 @@ pub async fn revoke(
 }
 
 /// `POST /api/bots/{botId}/tools/computer_mcp`: the model-facing tool.
+#[utoipa::path(post, path = "/api/bots/{bot}/tools/computer_mcp", operation_id = "tools_computer_mcp", tag = "tools", params(("bot" = String, Path)), request_body = ModelToolIn, responses((status = 200, body = Object), (status = 403, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn model_tool(
     State(state): State<AppState>,
     auth: Auth,
