@@ -305,7 +305,7 @@ async fn t34_idle_sessions_end() {
         // The pid is the command's own line; this machine's login scripts may print before it,
         // and a loaded machine may take longer than the first yield to start bash.
         let mut output = v["output"].as_str().unwrap_or_default().to_string();
-        let pid = |o: &str| o.lines().filter_map(|l| l.trim().parse::<u32>().ok()).last();
+        let pid = |o: &str| o.lines().filter_map(|l| l.trim().parse::<u32>().ok()).next_back();
         for _ in 0..40 {
             if pid(&output).is_some() {
                 break;

@@ -12,10 +12,10 @@ use serde::Deserialize;
 use serde_json::Value;
 use serde_json::json;
 
-#[allow(unused_imports)]
-use super::schemas::ErrorBody;
 use super::ApiError;
 use super::AppState;
+#[allow(unused_imports)]
+use super::schemas::ErrorBody;
 use super::util::Body;
 use super::util::propose;
 use crate::ids::now_ms;

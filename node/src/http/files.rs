@@ -23,8 +23,6 @@ use serde::Deserialize;
 use serde_json::Value;
 use serde_json::json;
 
-#[allow(unused_imports)]
-use super::schemas::ErrorBody;
 use super::ApiError;
 use super::AppState;
 use super::Auth;
@@ -32,6 +30,8 @@ use super::calls::RunAs;
 use super::calls::agent_for;
 use super::calls::parse_user;
 use super::calls::run_as;
+#[allow(unused_imports)]
+use super::schemas::ErrorBody;
 use crate::owner::CallError;
 
 /// The largest file.

@@ -139,7 +139,7 @@ mod tests {
     fn app(limits: RouteLimits) -> Router {
         Router::new()
             .route("/echo", post(|b: axum::body::Bytes| async move { b.len().to_string() }))
-            .route("/hang", post(|| std::future::pending::<&'static str>()))
+            .route("/hang", post(std::future::pending::<&'static str>))
             .layer(axum::middleware::from_fn_with_state(limits, bounded))
     }
 

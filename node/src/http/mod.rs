@@ -3,6 +3,7 @@
 mod agent;
 mod approvals;
 mod auth;
+mod bot_tools;
 mod calls;
 mod computers;
 mod error;
@@ -43,14 +44,17 @@ macro_rules! group {
     }};
 }
 
+/// A route as (method, path).
+pub type RoutePair = (&'static str, &'static str);
+
 /// Every route of the API as (method, path), in the router's groups (see [`router`]).
-pub fn routes() -> Vec<(&'static str, &'static str)> {
+pub fn routes() -> Vec<RoutePair> {
     let mut all = Vec::new();
-    groups(&mut |pairs: &[(&'static str, &'static str)]| all.extend_from_slice(pairs));
+    groups(&mut |pairs: &[RoutePair]| all.extend_from_slice(pairs));
     all
 }
 
-/// The route groups, each with the pairs it serves; `seen` is told every group's pairs.
+/// The route groups of the router (each gets its bounds in [`router`]).
 struct Groups {
     control: Router<AppState>,
     tools: Router<AppState>,
@@ -61,7 +65,8 @@ struct Groups {
     streams: Router<AppState>,
 }
 
-fn groups(seen: &mut dyn FnMut(&[(&'static str, &'static str)])) -> Groups {
+/// Makes the route groups; `seen` is told the pairs of each.
+fn groups(seen: &mut dyn FnMut(&[RoutePair])) -> Groups {
     let (control, pairs) = group! {
         get "/v1/health" => health::health,
         get "/v1/openapi.json" => openapi::openapi_json,
@@ -100,6 +105,7 @@ fn groups(seen: &mut dyn FnMut(&[(&'static str, &'static str)])) -> Groups {
         put "/v1/capability-rules" => approvals::put_rules,
         get "/v1/retention" => retention::get,
         put "/v1/retention" => retention::put,
+        get "/v1/tools" => bot_tools::list,
     };
     seen(&pairs);
     let (tools, pairs) = group! {
@@ -110,6 +116,7 @@ fn groups(seen: &mut dyn FnMut(&[(&'static str, &'static str)])) -> Groups {
         post "/api/bots/{bot}/tools/{binding}/discover" => tools::discover,
         post "/api/bots/{bot}/tools/{binding}/call" => tools::call,
         post "/api/bots/{bot}/tools/{binding}/switch" => tools::switch,
+        post "/v1/tools/call" => bot_tools::call,
     };
     seen(&pairs);
     let (sessions, pairs) = group! {
@@ -144,10 +151,8 @@ pub fn router(state: AppState) -> Router {
     let control = g.control.layer(bounded(limits::CONTROL));
     let tools = g.tools.layer(bounded(limits::TOOL));
     // Calls on a Computer's agent run on the node holding its link.
-    let sessions = g
-        .sessions
-        .layer(from_fn_with_state(state.clone(), forward::to_link_owner))
-        .layer(bounded(limits::SESSION));
+    let sessions =
+        g.sessions.layer(from_fn_with_state(state.clone(), forward::to_link_owner)).layer(bounded(limits::SESSION));
     // Files bring their own bound on the content (`limits::FILE`), not axum's default.
     let files = g
         .files

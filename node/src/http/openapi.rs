@@ -10,6 +10,7 @@ use utoipa::openapi::security::SecurityScheme;
 
 use super::agent;
 use super::approvals;
+use super::bot_tools;
 use super::computers;
 use super::events;
 use super::executions;
@@ -54,6 +55,7 @@ impl Modify for BearerAuth {
         events::events,
         approvals::list, approvals::decide, approvals::get_rules, approvals::put_rules,
         retention::get, retention::put,
+        bot_tools::list, bot_tools::call,
         sessions::start, sessions::input, sessions::resize, sessions::stop,
         files::read, files::write, files::remove, files::directory,
         agent::pair, agent::link,

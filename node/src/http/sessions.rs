@@ -26,14 +26,14 @@ use serde::Deserialize;
 use serde_json::Value;
 use serde_json::json;
 
-#[allow(unused_imports)]
-use super::schemas::ErrorBody;
 use super::ApiError;
 use super::AppState;
 use super::Auth;
 use super::calls::admit;
 use super::calls::parse_user;
 use super::calls::run_as;
+#[allow(unused_imports)]
+use super::schemas::ErrorBody;
 use super::util::Body;
 use crate::ids::new_id;
 use crate::owner::CallError;

@@ -43,12 +43,12 @@ use serde_json::Value;
 use serde_json::json;
 use sha2::Digest;
 
-#[allow(unused_imports)]
-use super::schemas::ErrorBody;
 use super::ApiError;
 use super::AppState;
 use super::Auth;
 use super::calls::agent_for;
+#[allow(unused_imports)]
+use super::schemas::ErrorBody;
 use super::tool_drain::drain;
 use super::tool_drain::reply_of;
 use super::util::Body;
