@@ -126,6 +126,22 @@ async fn t20_idempotency_and_bad_input() {
     let mut never = create_body("never", &p);
     never["pauseAfter"] = Value::Null;
     let (_, r) = c.call(Method::POST, 1, "/v1/computers", &c.token, Some(never)).await;
+    // Lists come a page at a time, in id order.
+    let (s, page) = c.call(Method::GET, 1, "/v1/computers?limit=1", &c.token, None).await;
+    assert_eq!((s, page["computers"].as_array().map(Vec::len)), (200, Some(1)), "{page}");
+    let next = page["nextAfter"].as_str().expect("a next page").to_string();
+    assert_eq!(page["computers"][0]["id"], next.as_str());
+    let (s, rest) = c.call(Method::GET, 1, &format!("/v1/computers?limit=1&after={next}"), &c.token, None).await;
+    assert_eq!(
+        (s, rest["computers"].as_array().map(Vec::len), &rest["nextAfter"]),
+        (200, Some(1), &Value::Null),
+        "{rest}"
+    );
+    assert!(rest["computers"][0]["id"].as_str() > Some(next.as_str()));
+    for bad in ["limit=0", "limit=1001", "limit=x", "other=1"] {
+        let (s, v) = c.call(Method::GET, 1, &format!("/v1/computers?{bad}"), &c.token, None).await;
+        assert_eq!((s, v["error"]["kind"].as_str()), (400, Some("invalid_request")), "{bad}: {v}");
+    }
     let (_, comp) = c
         .call(Method::GET, 1, &format!("/v1/computers/{}", r["resource"]["id"].as_str().expect("id")), &c.token, None)
         .await;

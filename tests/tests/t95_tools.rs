@@ -226,6 +226,7 @@ async fn t30_a_lost_call_is_unknown_and_never_redone() {
     assert!(status >= 500, "the call's answer was lost: {status}");
     std::fs::remove_file(&pidfile).expect("rm");
 
+    wait_state(&c, &id, "offline").await; // the old link is seen gone: `running` is the new one's
     let _agent = AgentProc::spawn_with(&c.url(1, ""), &state, None, &log, &flags);
     wait_state(&c, &id, "running").await;
     let (s, v) = c.call(Method::POST, 1, &format!("/api/bots/{bot}/tools/{binding}/call"), &c.token, Some(body)).await;
@@ -566,8 +567,10 @@ async fn t55_an_agent_that_is_not_root() {
     let (s, v) = c.call(Method::POST, 1, &install_path, &c.token, Some(body.clone())).await;
     assert_eq!((s, reason(&v)), (422, "isolation_unavailable"), "{v}");
 
-    // The owner opts in: bindings share the agent's UID, and say so.
+    // The owner opts in: bindings share the agent's UID, and say so. (The old link is seen
+    // gone first, so `running` below is the new agent's.)
     agent.kill();
+    wait_state(&c, &id, "offline").await;
     let _agent =
         AgentProc::spawn_as(&c.url(1, ""), &state, None, &log, &["--workdir", &ws, "--shared-uid-bindings"], UID);
     wait_state(&c, &id, "running").await;

@@ -360,6 +360,7 @@ fn one(size: Size) -> Report {
     let mut back: State = serde_json::from_slice(&bytes).expect("decode the state");
     back.reindex_tools();
     back.reindex_executions();
+    back.reindex_computers();
     let snapshot_decode = t.elapsed();
     assert_eq!(back.executions.len(), w.s.executions.len());
     Report {

@@ -3,6 +3,7 @@
 
 use axum::Json;
 use axum::extract::Path;
+use axum::extract::Query;
 use axum::extract::State;
 use axum::http::StatusCode;
 use computerd_raft::sm::Caller;
@@ -368,14 +369,34 @@ pub async fn delete(
 }
 
 /// `GET /v1/computers`: only rows the caller may see are read.
-#[utoipa::path(get, path = "/v1/computers", operation_id = "computers_list", tag = "computers", responses((status = 200, description = "`{\"computers\": [...]}`: only those the caller may see", body = Object)), security(("bearer" = [])))]
-pub async fn list(State(state): State<AppState>, auth: Auth) -> Result<Json<Value>, ApiError> {
+#[utoipa::path(get, path = "/v1/computers", operation_id = "computers_list", tag = "computers", params(ListQuery), responses((status = 200, description = "`{\"computers\": [...], \"nextAfter\": id|null}`: only those the caller may see, a page at a time", body = Object), (status = 400, body = ErrorBody)), security(("bearer" = [])))]
+pub async fn list(
+    State(state): State<AppState>,
+    auth: Auth,
+    q: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
     let caller = auth.current(&state).await?;
-    let rows: Vec<Value> = state
-        .cluster
-        .state()
-        .read(|s| s.computers.values().filter(|c| s.can_see(&caller, c)).map(|c| computer_view(s, c)).collect());
-    Ok(Json(json!({ "computers": rows })))
+    let Query(q) = q.map_err(|e| ApiError::invalid(e.body_text()))?;
+    let limit = q.limit.unwrap_or(computerd_raft::sm::MAX_COMPUTER_LIST);
+    if !(1..=computerd_raft::sm::MAX_COMPUTER_LIST).contains(&limit) {
+        return Err(ApiError::invalid("limit must be 1..=1000"));
+    }
+    let (rows, next): (Vec<Value>, Option<String>) = state.cluster.state().read(|s| {
+        let (rows, next) = s.computers_visible_to(&caller, q.after.as_deref(), limit);
+        (rows.into_iter().map(|c| computer_view(s, c)).collect(), next)
+    });
+    Ok(Json(json!({ "computers": rows, "nextAfter": next })))
+}
+
+/// `GET /v1/computers` query: a page of at most `limit` (default and most: 1000) Computers in
+/// id order, after the id `after` (an earlier page's `nextAfter`).
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// The most rows (1 to 1000, default 1000).
+    limit: Option<usize>,
+    /// The page after this id: the previous page's `nextAfter`.
+    after: Option<String>,
 }
 
 /// `GET /v1/computers/:id`: 404 when the caller may not see it.

@@ -196,6 +196,7 @@ impl State {
             created_at: at_ms,
             allow_root: false,
         });
+        self.index_grant(computer_id, bot_id);
     }
 
     pub(crate) fn delete_grant(&mut self, by: &str, computer_id: &str, bot_id: &str) -> Result<(), Reject> {
@@ -207,12 +208,7 @@ impl State {
         } else {
             self.check_grant_rights(&caller, computer_id, bot_id)?;
         }
-        if let Some(g) = self.grants.get_mut(computer_id) {
-            g.remove(bot_id);
-            if g.is_empty() {
-                self.grants.remove(computer_id);
-            }
-        }
+        self.remove_grant(computer_id, bot_id);
         // The bot's tool bindings there close with the grant.
         self.close_bot_bindings(computer_id, bot_id);
         Ok(())

@@ -169,10 +169,10 @@ impl State {
             bot.archived_at = Some(at_ms);
         }
         // Archiving ends the bot's rights; the Computers stay.
-        for grants in self.grants.values_mut() {
-            grants.remove(bot_id);
+        let granted: Vec<String> = self.granted_to(bot_id).cloned().collect();
+        for computer in granted {
+            self.remove_grant(&computer, bot_id);
         }
-        self.grants.retain(|_, g| !g.is_empty());
         self.close_all_bot_bindings(bot_id);
         Ok(())
     }

@@ -193,7 +193,7 @@ impl State {
             if uid_range.is_some() {
                 self.uid_ranges.allocate(&c.id)?;
             }
-            self.computers.insert(c.id.clone(), c);
+            self.insert_computer(c);
             if let Some(bot) = &caller.bot {
                 self.insert_grant(&exe.computer_id, &bot.id, &caller.member.id, s.at_ms);
             }
@@ -427,7 +427,7 @@ impl State {
             ExecutionKind::Delete => {
                 self.close_span(&computer_id, started, SpanEnd::Delete);
                 self.set_computer_state(&computer_id, ComputerState::Deleted, at);
-                self.grants.remove(&computer_id);
+                self.remove_grants_on(&computer_id);
                 self.uid_ranges.release(&computer_id);
                 self.drop_computer_bindings(&computer_id);
             }

@@ -7,6 +7,7 @@
 
 mod access;
 mod command;
+mod computer_index;
 mod events;
 mod exec_index;
 mod identity;
@@ -32,6 +33,8 @@ pub use command::Command;
 pub use command::REQUEST_VERSION;
 pub use command::Request;
 pub use command::Stamped;
+pub use computer_index::ComputerIndex;
+pub use computer_index::MAX_LIST as MAX_COMPUTER_LIST;
 pub use events::EVENT_LOG_LEN;
 pub use events::Event;
 pub use exec_index::ExecIndex;

@@ -117,7 +117,7 @@ impl State {
         }
         let tombstone = self.computers.get(&e.computer_id).is_some_and(|c| c.state == ComputerState::Deleted);
         if tombstone && self.executions_of(&e.computer_id).next().is_none() {
-            self.computers.remove(&e.computer_id);
+            self.remove_computer(&e.computer_id);
             self.usage.remove(&e.computer_id);
             self.plan_leave(&e.computer_id);
         }

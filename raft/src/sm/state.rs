@@ -110,6 +110,10 @@ pub struct State {
     /// never serialized, rebuilt when a snapshot loads (`exec_index`).
     #[serde(skip)]
     pub exec_index: super::exec_index::ExecIndex,
+    /// Computers by owner, the shared ones, and each bot's grants: derived, never serialized,
+    /// rebuilt when a snapshot loads (`computer_index`).
+    #[serde(skip)]
+    pub computer_index: super::computer_index::ComputerIndex,
     /// How long finished executions and decided approvals are kept (`retention`).
     #[serde(default)]
     pub retention: super::retention::Retention,

@@ -269,6 +269,7 @@ mod tests {
         let json = serde_json::to_value(&s).expect("serialize");
         let mut back: State = serde_json::from_value(json.clone()).expect("deserialize");
         back.reindex_executions(); // as a snapshot's loader does (derived indexes)
+        back.reindex_computers();
         assert_eq!(back.uid_ranges.first_uid("cmp_a"), s.uid_ranges.first_uid("cmp_a"));
         assert_eq!(back, s);
         let mut old = json;

@@ -168,6 +168,7 @@ fn decode_payload(bytes: &[u8]) -> io::Result<SnapshotFile> {
     // (Derived indexes are rebuilt from the records: a snapshot may predate one.)
     file.applied.state.reindex_tools();
     file.applied.state.reindex_executions();
+    file.applied.state.reindex_computers();
     if file.format != SNAPSHOT_FORMAT {
         return Err(io::Error::new(io::ErrorKind::InvalidData, format!("unknown snapshot format {}", file.format)));
     }

@@ -437,3 +437,44 @@ fn the_retention_is_set_by_an_admin_within_bounds_and_compaction_is_batched() {
     assert!(s.executions.is_empty());
     assert_eq!(s.computers["cmp_1"].state, ComputerState::Running, "a live Computer stays");
 }
+
+#[test]
+fn lists_come_from_the_indexes_a_page_at_a_time_and_grants_follow_the_bot() {
+    let mut s = world();
+    let x = Member { id: "mem_x".into(), name: "x".into(), email: None, role: Role::Member, created_at: 1 };
+    ok(s.apply(&Command::CreateMember { by: OWNER.into(), member: x }));
+    ok(s.apply(&Command::CreateToken { by: OWNER.into(), token: token("tok_x", Principal::Member("mem_x".into())) }));
+    created(&mut s); // cmp_1, the owner's
+    let e = ok(s.apply(&submit("tok_x", ExecutionKind::Create, "cmp_x1", "kx", "x"))).expect("id");
+    run(&mut s, &e, Outcome::Succeeded { sandbox: None });
+    let ids = |s: &State, who: &str, after: Option<&str>, limit: usize| {
+        let caller = s.caller_by_token_id(who).expect("caller");
+        let (rows, next) = s.computers_visible_to(&caller, after, limit);
+        (rows.iter().map(|c| c.id.clone()).collect::<Vec<_>>(), next)
+    };
+    assert_eq!(ids(&s, OWNER, None, 10), (vec!["cmp_1".to_string(), "cmp_x1".to_string()], None), "an owner sees all");
+    assert_eq!(ids(&s, OWNER, None, 1), (vec!["cmp_1".to_string()], Some("cmp_1".to_string())));
+    assert_eq!(ids(&s, OWNER, Some("cmp_1"), 1), (vec!["cmp_x1".to_string()], None));
+    assert_eq!(ids(&s, "tok_x", None, 10).0, ["cmp_x1"], "a member sees its own");
+    assert!(ids(&s, "tok_bot", None, 10).0.is_empty(), "a bot only what it holds a grant on");
+    ok(s.apply(&Command::PutGrant {
+        by: OWNER.into(),
+        computer_id: "cmp_1".into(),
+        bot_id: "bot_1".into(),
+        at_ms: 50,
+        allow_root: None,
+    }));
+    assert_eq!(ids(&s, "tok_bot", None, 10).0, ["cmp_1"]);
+    let mut t = s.clone();
+    t.reindex_computers();
+    assert_eq!(t.computer_index, s.computer_index, "the maintained index equals a rebuild");
+    ok(s.apply(&Command::ArchiveBot { by: OWNER.into(), bot_id: "bot_1".into(), at_ms: 60 }));
+    assert!(s.grants.is_empty() && s.computer_index.granted.is_empty(), "archiving ends every grant of the bot");
+    // A deleted Computer leaves the lists at once, and the index with its last receipt.
+    let d = ok(s.apply(&submit(OWNER, ExecutionKind::Delete, "cmp_x1", "kd", "d"))).expect("id");
+    run(&mut s, &d, Outcome::Succeeded { sandbox: None });
+    assert_eq!(ids(&s, OWNER, None, 10).0, ["cmp_1"]);
+    let mut t = s.clone();
+    t.reindex_computers();
+    assert_eq!(t.computer_index, s.computer_index);
+}
