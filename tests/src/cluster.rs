@@ -482,5 +482,12 @@ impl Drop for TestCluster {
             }
             self.kill(id);
         }
+        // COMPUTERD_TEST_KEEP=1 keeps the cluster's directory (node logs, data) to look at.
+        if std::env::var_os("COMPUTERD_TEST_KEEP").is_some()
+            && let Ok(empty) = tempfile::tempdir()
+        {
+            let kept = std::mem::replace(&mut self.dir, empty).keep();
+            eprintln!("COMPUTERD_TEST_KEEP: the cluster's directory is kept at {}", kept.display());
+        }
     }
 }
