@@ -56,6 +56,24 @@ async fn t10_openapi_describes_every_route() {
     assert_eq!(doc["components"]["securitySchemes"]["bearer"]["scheme"], "bearer");
 }
 
+/// The document is valid OpenAPI, as a maintained validator from PyPI
+/// (`openapi-spec-validator`, installed by `.ci/run`) reads it.
+#[tokio::test]
+async fn t15_the_document_passes_openapi_spec_validator() {
+    let c = TestCluster::start(1).await;
+    let doc = c.http.get(c.url(1, "/v1/openapi.json")).send().await.expect("send").text().await.expect("text");
+    let file = c.dir.path().join("openapi.json");
+    std::fs::write(&file, &doc).expect("write the document");
+    let out = std::process::Command::new("python3")
+        .args(["-m", "openapi_spec_validator"])
+        .arg(&file)
+        .output()
+        .expect("python3 (CI installs openapi-spec-validator with pip)");
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "openapi-spec-validator refused the document: {said}");
+    assert!(said.contains("OK"), "{said}");
+}
+
 /// The client prepares a command key once; sending the same prepared command again (as after a
 /// lost answer) answers the same receipt, and the API errors come back typed.
 #[tokio::test]

@@ -36,6 +36,7 @@ const MAX_ANSWER: usize = 4 << 20;
 
 /// `GET /v1/tools` query.
 #[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
     /// `openai`, `anthropic`, or absent (`{name, description, parameters}`).

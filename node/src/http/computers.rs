@@ -391,6 +391,7 @@ pub async fn list(
 /// `GET /v1/computers` query: a page of at most `limit` (default and most: 1000) Computers in
 /// id order, after the id `after` (an earlier page's `nextAfter`).
 #[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
     /// The most rows (1 to 1000, default 1000).
