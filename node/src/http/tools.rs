@@ -538,6 +538,7 @@ pub async fn switch(
         target_binding: None,
         state: computerd_raft::sm::SwitchState::Reserved,
         receipt: None,
+        reserved_at: now_ms(),
     };
     let key = operation_key(&bot_id, &w.operation_id);
     let seen = propose(&state, Command::SwitchReserve { by: caller.token.id.clone(), switch: sw }).await?;

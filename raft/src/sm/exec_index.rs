@@ -39,6 +39,8 @@ pub struct ExecIndex {
     pub decided_approvals: BTreeSet<(u64, String)>,
     /// (started at, journal key) of journaled tool calls, oldest first (`retention`).
     pub operations: BTreeSet<(u64, String)>,
+    /// (reserved at, journal key) of version switches that carry their time (`retention`).
+    pub switches: BTreeSet<(u64, String)>,
 }
 
 /// When a succeeded or failed execution finished (an unknown outcome has not finished).
@@ -91,6 +93,9 @@ impl State {
         let mut index = ExecIndex::default();
         for e in self.executions.values() {
             index.add(e);
+        }
+        for (key, sw) in self.switches.iter().filter(|(_, sw)| sw.reserved_at > 0) {
+            index.switches.insert((sw.reserved_at, key.clone()));
         }
         for (key, op) in &self.operations {
             index.operations.insert((op.started_at, key.clone()));

@@ -7,6 +7,8 @@
 //!   command). An execution whose outcome is unknown has not finished: it and its key stay until
 //!   someone decides, however long that takes.
 //! - A **decided approval** is kept for the same retention from its decision.
+//! - A **version switch** is kept for the same retention from when it was asked for, once it
+//!   settled (a reserved one, its participants closed, stays until it does).
 //! - A **journaled tool call** is kept for the same retention from its start, whatever its
 //!   state; then its operation id answers a new call as a new one. (Its answer's bytes are on
 //!   the Computer, kept by the agent for as long or less: a replay of a record whose bytes are
@@ -89,6 +91,24 @@ impl State {
                 }
                 _ => break,
             }
+        }
+        // A switch still reserved (its participants closed) stays until it settles; the few in
+        // flight are passed over.
+        let reserved = |s: &State, key: &str| {
+            s.switches.get(key).is_some_and(|sw| sw.state == super::tools::SwitchState::Reserved)
+        };
+        let due: Vec<(u64, String)> = self
+            .exec_index
+            .switches
+            .iter()
+            .take_while(|(at, _)| *at <= horizon)
+            .filter(|(_, key)| !reserved(self, key))
+            .take(COMPACT_PER_ENTRY)
+            .cloned()
+            .collect();
+        for (at, key) in due {
+            self.switches.remove(&key);
+            self.exec_index.switches.remove(&(at, key));
         }
         for _ in 0..COMPACT_PER_ENTRY {
             match self.exec_index.decided_approvals.first() {

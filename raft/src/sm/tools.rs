@@ -178,6 +178,10 @@ pub struct Switch {
     pub state: SwitchState,
     /// The receipt once done (version, sha256, tools), or why it failed.
     pub receipt: Option<Value>,
+    /// When it was asked for, unix ms (its retention counts from then; 0 in records from
+    /// before it was kept, which are never compacted).
+    #[serde(default)]
+    pub reserved_at: u64,
 }
 
 /// The journal key of an operation (operation ids are scoped to their bot).
@@ -519,6 +523,9 @@ impl State {
                 x.state = BindingState::Switching;
             }
             self.binding_index.pending_switch.insert(id, key.clone());
+        }
+        if sw.reserved_at > 0 {
+            self.exec_index.switches.insert((sw.reserved_at, key.clone()));
         }
         self.switches.insert(key, sw);
         Ok("reserved".into())

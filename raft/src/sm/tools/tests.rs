@@ -266,6 +266,7 @@ fn a_switch_is_found_by_index_and_revoking_a_participant_cancels_it() {
         target_binding: None,
         state: SwitchState::Reserved,
         receipt: None,
+        reserved_at: 1,
     };
     assert_eq!(
         ok(s.apply(&Command::SwitchReserve { by: BOT.into(), switch: sw.clone() })).as_deref(),
@@ -307,4 +308,32 @@ fn a_held_answer_journals_its_digest_only_and_records_expire_with_the_retention(
     tick(&mut s, 1 + crate::sm::DEFAULT_RETENTION_MS);
     assert!(!s.operations.contains_key(&key) && s.exec_index.operations.is_empty());
     assert_eq!(ok(s.apply(&call("mcb_1", "op-1"))).as_deref(), Some("new"));
+}
+
+#[test]
+fn settled_switches_expire_with_the_retention_and_a_reserved_one_waits() {
+    let mut s = world();
+    ok(install(&mut s, BOT, "mcb_a", "cmp_1"));
+    let sw = |op: &str| Switch {
+        operation_id: op.into(),
+        bot_id: "bot_1".into(),
+        binding_id: "mcb_a".into(),
+        from_version: String::new(),
+        to_version: "1.1.0".into(),
+        target_binding: None,
+        state: SwitchState::Reserved,
+        receipt: None,
+        reserved_at: 5,
+    };
+    ok(s.apply(&Command::SwitchReserve { by: BOT.into(), switch: sw("sw-1") }));
+    let key = operation_key("bot_1", "sw-1");
+    let tick = |s: &mut State, at: u64| {
+        s.apply_request(&crate::sm::Request::new(Command::SetRetention { by: "nobody".into(), ms: 0 }).stamped(at))
+    };
+    tick(&mut s, 5 + crate::sm::DEFAULT_RETENTION_MS);
+    assert!(s.switches.contains_key(&key), "a reserved switch stays until it settles");
+    let receipt = serde_json::json!({"reason": "refused", "message": "no"});
+    ok(s.apply(&Command::SwitchSettle { key: key.clone(), receipt, ok: false }));
+    tick(&mut s, 6 + crate::sm::DEFAULT_RETENTION_MS);
+    assert!(!s.switches.contains_key(&key) && s.exec_index.switches.is_empty(), "settled, then expired");
 }
