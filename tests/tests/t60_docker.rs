@@ -48,6 +48,25 @@ async fn lifecycle(c: &TestCluster, id: &str, what: &str, key: &str) {
 /// -> pause freezes it -> a command on the paused Computer resumes it first, and a process
 /// started before the pause is still there -> delete removes the container; the usage spans
 /// are the two running periods.
+/// A sandbox whose agent cannot reach the cluster (the provider's serverUrl leads nowhere)
+/// stays `starting`, and says what it waits for and since when.
+#[tokio::test]
+async fn t15_a_sandbox_whose_agent_never_links_says_why() {
+    let c = TestCluster::start(1).await;
+    let provider = docker_provider(&c, json!({"serverUrl": "http://127.0.0.1:9"})).await;
+    let mut cleanup = Containers::default();
+    let id = create(&c, &provider, "nowhere", json!(null)).await;
+    cleanup.track(&id);
+    let v = wait_for("the create to be done", Duration::from_secs(60), || async {
+        let (_, v) = c.call(Method::GET, 1, &format!("/v1/computers/{id}"), &c.token, None).await;
+        (v["starting"]["waitingFor"] == "agent").then_some(v)
+    })
+    .await;
+    assert_eq!(v["state"], "starting", "{v}");
+    assert!(v["starting"]["since"].as_u64().is_some_and(|t| t >= v["createdAt"].as_u64().unwrap_or(u64::MAX)), "{v}");
+    assert!(v["starting"]["detail"].as_str().is_some_and(|d| d.contains("serverUrl")), "{v}");
+}
+
 #[tokio::test]
 async fn t10_create_run_pause_autoresume_delete() {
     let c = TestCluster::start(1).await;

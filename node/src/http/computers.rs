@@ -44,7 +44,7 @@ const PAIRING_VALID_MS: u64 = 10 * 60 * 1000;
 /// `idlePauseAt` when it pauses without more work (unix ms by the cluster's clock; null when it
 /// is not running or never pauses by itself).
 pub fn computer_view(s: &computerd_raft::sm::State, c: &Computer) -> Value {
-    json!({
+    let mut v = json!({
         "id": c.id,
         "name": c.name,
         "state": c.state,
@@ -61,6 +61,32 @@ pub fn computer_view(s: &computerd_raft::sm::State, c: &Computer) -> Value {
         "driverNode": s.placement(&c.id),
         "idlePauseAt": s.plan.get(&c.id).map(|e| e.deadline),
         "createdAt": c.created_at,
+    });
+    if c.state == ComputerState::Starting {
+        v["starting"] = starting(s, c);
+    }
+    v
+}
+
+/// What a `starting` Computer waits for, since when, and where to look: its create at the
+/// provider, or (the create done) its agent's first link.
+fn starting(s: &computerd_raft::sm::State, c: &Computer) -> Value {
+    let active = c.active_execution.as_deref().and_then(|id| s.executions.get(id));
+    if let Some(e) = active {
+        return json!({
+            "since": e.created_at,
+            "waitingFor": "provider",
+            "executionId": e.id,
+            "detail": format!("the provider's create is {}; GET /v1/executions/{} follows it", json!(e.state).as_str().unwrap_or("under way"), e.id),
+        });
+    }
+    let created =
+        s.executions_of(&c.id).filter(|e| e.kind == ExecutionKind::Create).filter_map(|e| e.finished_at).max();
+    json!({
+        "since": created.unwrap_or(c.created_at),
+        "waitingFor": "agent",
+        "detail": "the sandbox is created, and its agent has not linked yet: it dials the provider's serverUrl, \
+                   which must reach a node of this cluster (GET …/sandbox asks the provider what it holds)",
     })
 }
 
