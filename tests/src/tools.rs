@@ -17,7 +17,8 @@ pub struct Package {
 }
 
 /// Packs `server.py` (the fixture, or `source` when given) from a fresh folder `dir` into
-/// `workspace/uploads/<name>`.
+/// `workspace/uploads/<name>`, the usual way: `tar -C dir -czf <archive> .` (so the archive
+/// starts with the `./` root entry).
 pub fn pack(dir: &Path, workspace: &Path, name: &str, source: Option<&str>) -> Package {
     std::fs::create_dir_all(dir).expect("package dir");
     std::fs::create_dir_all(workspace.join("uploads")).expect("workspace");
@@ -28,7 +29,7 @@ pub fn pack(dir: &Path, workspace: &Path, name: &str, source: Option<&str>) -> P
         }
     }
     let archive = workspace.join("uploads").join(name);
-    let out = Command::new("tar").arg("-C").arg(dir).arg("-czf").arg(&archive).arg("server.py").output().expect("tar");
+    let out = Command::new("tar").arg("-C").arg(dir).arg("-czf").arg(&archive).arg(".").output().expect("tar");
     assert!(out.status.success(), "tar: {}", String::from_utf8_lossy(&out.stderr));
     let digest = hex::encode(sha2::Sha256::digest(std::fs::read(&archive).expect("archive")));
     Package { artifact: format!("uploads/{name}"), digest }
