@@ -56,11 +56,11 @@ impl Args<'_> {
     /// An id of `prefix_…` for a path segment (nothing else can reach the path).
     fn id(&self, key: &str, prefix: &str) -> Result<&str, BadArguments> {
         let v = self.required(key)?;
-        let ok = v.len() <= 100
-            && v.strip_prefix(prefix)
-                .and_then(|r| r.strip_prefix('_'))
-                .is_some_and(|r| !r.is_empty() && r.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'));
-        if ok { Ok(v) } else { Err(BadArguments(format!("`{key}` must be an id starting with {prefix}_"))) }
+        if crate::http::is_id(v, prefix) {
+            Ok(v)
+        } else {
+            Err(BadArguments(format!("`{key}` must be an id starting with {prefix}_")))
+        }
     }
 
     /// The given keys of the arguments that are present, as a body (renamed where the API's

@@ -53,7 +53,9 @@ async fn lifecycle(c: &TestCluster, id: &str, what: &str, key: &str) {
 #[tokio::test]
 async fn t15_a_sandbox_whose_agent_never_links_says_why() {
     let c = TestCluster::start(1).await;
-    let provider = docker_provider(&c, json!({"serverUrl": "http://127.0.0.1:9"})).await;
+    // A port nothing listens on.
+    let nowhere = format!("http://127.0.0.1:{}", computerd_tests::free_port());
+    let provider = docker_provider(&c, json!({"serverUrl": nowhere})).await;
     let mut cleanup = Containers::default();
     let id = create(&c, &provider, "nowhere", json!(null)).await;
     cleanup.track(&id);

@@ -126,24 +126,20 @@ impl State {
                 Box::new(merge(own, shared))
             }
         };
-        let mut rows = Vec::new();
+        let mut rows: Vec<&Computer> = Vec::new();
         for id in candidates {
             let Some(c) = self.computers.get(id) else { continue };
             if c.state == ComputerState::Deleted || !self.can_see(caller, c) {
                 continue;
             }
             if rows.len() == limit {
-                let next = rows_last(&rows);
-                return (rows, Some(next));
+                let next = rows.last().map(|c| c.id.clone());
+                return (rows, next);
             }
             rows.push(c);
         }
         (rows, None)
     }
-}
-
-fn rows_last(rows: &[&Computer]) -> String {
-    rows.last().map(|c| c.id.clone()).unwrap_or_default()
 }
 
 /// Two ascending id iterators merged into one, without repeats.

@@ -120,7 +120,6 @@ impl State {
     }
 
     /// Removes execution `id` from the records and the indexes.
-    #[allow(dead_code)] // the retention of finished executions (issue 15 item 2) uses it
     pub(crate) fn unindex_execution(&mut self, id: &str) -> Option<Execution> {
         let e = self.executions.remove(id)?;
         self.exec_index.remove(&e);

@@ -22,6 +22,8 @@
 //! (`exec_index`): an apply never walks the state, and since every execution or decision took an
 //! entry of its own, compaction keeps pace with what finishes.
 
+use std::collections::BTreeSet;
+
 use serde::Deserialize;
 use serde::Serialize;
 
@@ -73,51 +75,23 @@ impl State {
             return;
         }
         let horizon = self.clock.saturating_sub(self.retention.effective_ms());
-        for _ in 0..COMPACT_PER_ENTRY {
-            match self.exec_index.finished.first() {
-                Some((at, id)) if *at <= horizon => {
-                    let id = id.clone();
-                    self.compact_execution(&id);
-                }
-                _ => break,
-            }
+        for (_, id) in due(&self.exec_index.finished, horizon, |_| true) {
+            self.compact_execution(&id);
         }
-        for _ in 0..COMPACT_PER_ENTRY {
-            match self.exec_index.operations.first() {
-                Some((at, key)) if *at <= horizon => {
-                    let (at, key) = (*at, key.clone());
-                    self.operations.remove(&key);
-                    self.exec_index.operations.remove(&(at, key));
-                }
-                _ => break,
-            }
+        for (at, key) in due(&self.exec_index.operations, horizon, |_| true) {
+            self.operations.remove(&key);
+            self.exec_index.operations.remove(&(at, key));
         }
         // A switch still reserved (its participants closed) stays until it settles; the few in
         // flight are passed over.
-        let reserved = |s: &State, key: &str| {
-            s.switches.get(key).is_some_and(|sw| sw.state == super::tools::SwitchState::Reserved)
-        };
-        let due: Vec<(u64, String)> = self
-            .exec_index
-            .switches
-            .iter()
-            .take_while(|(at, _)| *at <= horizon)
-            .filter(|(_, key)| !reserved(self, key))
-            .take(COMPACT_PER_ENTRY)
-            .cloned()
-            .collect();
-        for (at, key) in due {
+        let switches = &self.switches;
+        let settled = |key: &str| !switches.get(key).is_some_and(|sw| sw.state == super::tools::SwitchState::Reserved);
+        for (at, key) in due(&self.exec_index.switches, horizon, settled) {
             self.switches.remove(&key);
             self.exec_index.switches.remove(&(at, key));
         }
-        for _ in 0..COMPACT_PER_ENTRY {
-            match self.exec_index.decided_approvals.first() {
-                Some((at, id)) if *at <= horizon => {
-                    let id = id.clone();
-                    self.remove_approval(&id);
-                }
-                _ => break,
-            }
+        for (_, id) in due(&self.exec_index.decided_approvals, horizon, |_| true) {
+            self.remove_approval(&id);
         }
     }
 
@@ -148,4 +122,16 @@ impl State {
             self.exec_index.decided_approvals.remove(&(a.decided_at.unwrap_or(a.created_at), a.id));
         }
     }
+}
+
+/// The oldest entries of an ordered (time, key) index at or before `horizon` that `take`
+/// accepts, at most [`COMPACT_PER_ENTRY`].
+fn due(index: &BTreeSet<(u64, String)>, horizon: u64, take: impl Fn(&str) -> bool) -> Vec<(u64, String)> {
+    index
+        .iter()
+        .take_while(|(at, _)| *at <= horizon)
+        .filter(|(_, key)| take(key))
+        .take(COMPACT_PER_ENTRY)
+        .cloned()
+        .collect()
 }
