@@ -56,7 +56,7 @@ impl Args<'_> {
     /// An id of `prefix_…` for a path segment (nothing else can reach the path).
     fn id(&self, key: &str, prefix: &str) -> Result<&str, BadArguments> {
         let v = self.required(key)?;
-        if crate::http::is_id(v, prefix) {
+        if crate::ids::is_id(v, prefix) {
             Ok(v)
         } else {
             Err(BadArguments(format!("`{key}` must be an id starting with {prefix}_")))

@@ -19,6 +19,15 @@ pub fn new_secret() -> String {
 /// Now, in unix ms.
 pub use computerd_actors::now_ms;
 
+/// Whether `id` is of the form `prefix_[A-Za-z0-9_-]+`, at most 100 bytes.
+pub fn is_id(id: &str, prefix: &str) -> bool {
+    id.len() <= 100
+        && id
+            .strip_prefix(prefix)
+            .and_then(|r| r.strip_prefix('_'))
+            .is_some_and(|r| !r.is_empty() && r.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

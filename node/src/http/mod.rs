@@ -24,8 +24,6 @@ mod tool_drain;
 mod tools;
 mod util;
 
-pub(crate) use util::is_id;
-
 pub use auth::Auth;
 pub use error::ApiError;
 pub use limits::Limits;

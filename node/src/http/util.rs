@@ -32,20 +32,11 @@ pub fn check_name(name: &str) -> Result<String, ApiError> {
 
 /// An id of the form `prefix_[A-Za-z0-9_-]+`, at most 100 bytes.
 pub fn check_id(id: &str, prefix: &str, what: &str) -> Result<(), ApiError> {
-    if is_id(id, prefix) {
+    if crate::ids::is_id(id, prefix) {
         Ok(())
     } else {
         Err(ApiError::invalid(format!("{what} must be an id starting with {prefix}_")))
     }
-}
-
-/// Whether `id` is of the form `prefix_[A-Za-z0-9_-]+`, at most 100 bytes.
-pub fn is_id(id: &str, prefix: &str) -> bool {
-    id.len() <= 100
-        && id
-            .strip_prefix(prefix)
-            .and_then(|r| r.strip_prefix('_'))
-            .is_some_and(|r| !r.is_empty() && r.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'))
 }
 
 #[cfg(test)]
