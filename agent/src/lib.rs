@@ -8,6 +8,8 @@
 //!   running and keep their output while the link is down.
 //! - [`users`]: the accounts calls run as (`user` by default in a sandbox, `root` on request),
 //!   and running a call's file work on a thread holding only its account's rights.
+//! - [`desktop`]: the display the agent owns (or a paired machine's, opted in): screenshots
+//!   and input actions, one caller at a time.
 //! - [`files`]: file and directory calls.
 //! - [`layout`]: the owners and modes of the agent's state dir and of the workspace.
 //! - [`service`]: the gRPC service, refusing any link generation but the current one.
@@ -16,6 +18,7 @@
 
 #![warn(missing_docs)]
 
+pub mod desktop;
 pub mod files;
 pub mod layout;
 pub mod link;

@@ -66,6 +66,18 @@ struct Cli {
     /// A session no call used for this many seconds is ended.
     #[arg(long, env = "COMPUTER_AGENT_SESSION_IDLE_SECS", default_value_t = computer_agent::sessions::IDLE_LIMIT.as_secs_f64())]
     session_idle_secs: f64,
+    /// Start and keep a desktop of this size (`1280x800x24`): Xvfb and a window manager, run
+    /// as the desktop's own account (`computerd-desktop`, else `nobody`), with a cookie no
+    /// session can read. The Docker provider sets it for a Computer created with a desktop.
+    #[arg(long, env = "COMPUTER_AGENT_DESKTOP", conflicts_with = "desktop_display")]
+    desktop: Option<computer_agent::desktop::xserver::Geometry>,
+    /// Opt in to screenshots and input actions on this existing display number (a paired
+    /// machine's own, e.g. 0 for `:0`), reached with --desktop-xauthority. Never a stream.
+    #[arg(long, env = "COMPUTER_AGENT_DESKTOP_DISPLAY", requires = "desktop_xauthority")]
+    desktop_display: Option<u32>,
+    /// The X authority file of --desktop-display.
+    #[arg(long, env = "COMPUTER_AGENT_DESKTOP_XAUTHORITY")]
+    desktop_xauthority: Option<PathBuf>,
 }
 
 #[tokio::main]
@@ -167,7 +179,40 @@ async fn main() -> std::process::ExitCode {
     if let Some(why) = tools.check_reach().await {
         tracing::warn!(reason = %why, "tool packages cannot run here");
     }
-    let svc = AgentService { sessions, workdir, generation: Arc::new(AtomicU64::new(0)), tools: Some(tools), users };
+    use computer_agent::desktop::Desktop;
+    use computer_agent::desktop::Scope;
+    use computer_agent::desktop::xserver;
+    let desktop = match (cli.desktop, cli.desktop_display, &cli.desktop_xauthority) {
+        (Some(geometry), _, _) => {
+            let started = match xserver::desktop_account() {
+                Ok(account) => xserver::start(geometry, account, std::path::Path::new(xserver::RUN_DIR)).await,
+                Err(why) => Err(why),
+            };
+            match started {
+                Ok(display) => Some(Desktop::new(display, Scope::Full)),
+                Err(why) => {
+                    eprintln!("computer-agent: cannot start the desktop: {why}");
+                    return std::process::ExitCode::from(2);
+                }
+            }
+        }
+        (None, Some(number), Some(auth)) => match xserver::existing(number, auth) {
+            Ok(display) => Some(Desktop::new(display, Scope::ScreenshotsAndActions)),
+            Err(why) => {
+                eprintln!("computer-agent: cannot use display :{number}: {why}");
+                return std::process::ExitCode::from(2);
+            }
+        },
+        _ => None,
+    };
+    let svc = AgentService {
+        sessions,
+        workdir,
+        generation: Arc::new(AtomicU64::new(0)),
+        tools: Some(tools),
+        users,
+        desktop,
+    };
     link::run(dial, cred, svc).await;
     std::process::ExitCode::SUCCESS
 }

@@ -54,6 +54,8 @@ pub struct AgentService {
     pub tools: Option<crate::mcp::bindings::Tools>,
     /// Who calls run as.
     pub users: Users,
+    /// The desktop (`None`: this Computer has none, or its owner did not opt in).
+    pub desktop: Option<crate::desktop::Desktop>,
 }
 
 fn check<T>(g: &AtomicU64, req: &Request<T>) -> Result<(), Status> {
@@ -265,6 +267,25 @@ impl Agent for AgentService {
         let reply = tools.handle(request).await;
         let json = serde_json::to_string(&reply).map_err(|e| ErrorKind::Internal.status(e.to_string()))?;
         Ok(Response::new(computerd_proto::agent::McpJson { json }))
+    }
+
+    async fn desktop(
+        &self,
+        req: Request<computerd_proto::agent::DesktopCall>,
+    ) -> Result<Response<computerd_proto::agent::DesktopReply>, Status> {
+        check(&self.generation, &req)?;
+        let Some(desktop) = &self.desktop else {
+            return Err(ErrorKind::ComputerUnsupported.status("this computer has no desktop"));
+        };
+        let call = req.into_inner();
+        let op: computerd_proto::desktop::DesktopOp = serde_json::from_str(&call.json)
+            .map_err(|e| ErrorKind::InvalidRequest.status(format!("bad desktop request: {e}")))?;
+        if call.caller.is_empty() {
+            return Err(ErrorKind::InvalidRequest.status("a desktop call names its caller"));
+        }
+        let answer = desktop.call(op, call.caller).await.map_err(|e| e.kind.status(e.message))?;
+        let json = serde_json::to_string(&answer.json).map_err(|e| ErrorKind::Internal.status(e.to_string()))?;
+        Ok(Response::new(computerd_proto::agent::DesktopReply { json, image: answer.image }))
     }
 
     async fn ping(&self, req: Request<Nothing>) -> Result<Response<Nothing>, Status> {

@@ -70,6 +70,7 @@ pub async fn open_link(ws_url: &str, cred: &Credential) -> Result<JoinHandle<Str
         workdir: PathBuf::from("/"),
         generation: Arc::new(AtomicU64::new(generation)),
         users: computer_agent::users::Users::new(None).map_err(|e| anyhow!(e))?,
+        desktop: None,
     };
     let server = computer_agent::link::serve(ws, svc);
     Ok(tokio::spawn(async move {

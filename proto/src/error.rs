@@ -44,6 +44,9 @@ pub enum ErrorKind {
     /// What was asked for existed but is past its retention (a replayed tool call's result):
     /// it is gone, and nothing is done again.
     Expired,
+    /// Someone else holds the Computer's input lease (a person in `control` mode, or another
+    /// caller's desktop actions): the error names the holder.
+    InputBusy,
 }
 
 impl ErrorKind {
@@ -69,6 +72,7 @@ impl ErrorKind {
             Self::StaleLink => "stale_link",
             Self::NotOwner => "not_owner",
             Self::Expired => "expired",
+            Self::InputBusy => "InputBusy",
         }
     }
 
@@ -94,6 +98,7 @@ impl ErrorKind {
             "stale_link" => Self::StaleLink,
             "not_owner" => Self::NotOwner,
             "expired" => Self::Expired,
+            "InputBusy" => Self::InputBusy,
             _ => return None,
         })
     }
@@ -120,6 +125,7 @@ impl ErrorKind {
             Self::StaleLink => 503,
             Self::NotOwner => 503,
             Self::Expired => 410,
+            Self::InputBusy => 409,
         }
     }
 
@@ -145,6 +151,7 @@ impl ErrorKind {
             Self::StaleLink => tonic::Code::FailedPrecondition,
             Self::NotOwner => tonic::Code::FailedPrecondition,
             Self::Expired => tonic::Code::NotFound,
+            Self::InputBusy => tonic::Code::Aborted,
         }
     }
 
@@ -198,6 +205,7 @@ mod tests {
             ErrorKind::StaleLink,
             ErrorKind::NotOwner,
             ErrorKind::Expired,
+            ErrorKind::InputBusy,
         ];
         for k in all {
             assert_eq!(ErrorKind::parse(k.as_str()), Some(k));

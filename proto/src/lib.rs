@@ -5,6 +5,7 @@
 
 pub mod channel;
 pub mod deadline;
+pub mod desktop;
 mod error;
 pub mod mcp;
 pub mod mux;
