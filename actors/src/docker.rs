@@ -59,6 +59,11 @@ use crate::provider::SandboxInfo;
 
 /// The image used when no template names one.
 pub const DEFAULT_IMAGE: &str = "computerd-sandbox:latest";
+/// The image used for a Computer created with a desktop when no template names one
+/// (`deploy/build-desktop-image.sh`: Xvfb, a window manager, x11vnc, Chromium).
+pub const DESKTOP_IMAGE: &str = "computerd-desktop:latest";
+/// The size of a sandbox's desktop.
+pub const DESKTOP_GEOMETRY: &str = "1280x800x24";
 /// Where the agent keeps its credential inside a sandbox.
 const AGENT_STATE: &str = "/var/lib/computer-agent";
 /// Where the image keeps the agent.
@@ -114,6 +119,15 @@ impl Template {
     fn default_image() -> Self {
         Template {
             image: DEFAULT_IMAGE.into(),
+            cpus: default_cpus(),
+            memory_mb: default_memory(),
+            pids: default_pids(),
+        }
+    }
+
+    fn desktop_image() -> Self {
+        Template {
+            image: DESKTOP_IMAGE.into(),
             cpus: default_cpus(),
             memory_mb: default_memory(),
             pids: default_pids(),
@@ -190,13 +204,16 @@ impl DockerConfig {
         Ok(c)
     }
 
-    fn template(&self, name: Option<&str>) -> Result<Template, ProviderError> {
+    /// The named template; without a name, `desktop` (else the desktop image) for a Computer
+    /// with a desktop, `default` (else the default image) for one without.
+    fn template(&self, name: Option<&str>, desktop: bool) -> Result<Template, ProviderError> {
         match name {
             Some(n) => self
                 .templates
                 .get(n)
                 .cloned()
                 .ok_or_else(|| ProviderError::NotSent(format!("the provider has no template {n:?}"))),
+            None if desktop => Ok(self.templates.get("desktop").cloned().unwrap_or_else(Template::desktop_image)),
             None => Ok(self.templates.get("default").cloned().unwrap_or_else(Template::default_image)),
         }
     }
@@ -390,6 +407,10 @@ impl DockerProvider {
         if let Some(uid) = spec.first_uid {
             env.push(format!("COMPUTER_AGENT_MCP_FIRST_UID={uid}"));
         }
+        // The agent starts the display and keeps it (the image must have Xvfb).
+        if spec.desktop {
+            env.push(format!("COMPUTER_AGENT_DESKTOP={DESKTOP_GEOMETRY}"));
+        }
         let labels = HashMap::from([
             (LABEL_COMPUTER.to_string(), spec.computer_id.clone()),
             (LABEL_KEY.to_string(), spec.command_key.clone()),
@@ -421,7 +442,7 @@ impl DockerProvider {
 #[async_trait]
 impl Provider for DockerProvider {
     async fn create(&self, spec: &CreateSpec) -> Result<String, ProviderError> {
-        let t = self.config.template(spec.template.as_deref())?;
+        let t = self.config.template(spec.template.as_deref(), spec.desktop)?;
         let docker = self.docker().await?;
         let network = self.network(docker).await?;
         let name = container_name(&spec.computer_id);
@@ -509,8 +530,9 @@ mod tests {
     #[test]
     fn config_is_checked() {
         let ok = cfg(serde_json::json!({"serverUrl": "http://10.0.0.1:8080"})).expect("ok");
-        assert_eq!(ok.template(None), Ok(Template::default_image()));
-        assert!(matches!(ok.template(Some("gpu")), Err(ProviderError::NotSent(_))));
+        assert_eq!(ok.template(None, false), Ok(Template::default_image()));
+        assert_eq!(ok.template(None, true).map(|t| t.image), Ok(DESKTOP_IMAGE.to_string()));
+        assert!(matches!(ok.template(Some("gpu"), false), Err(ProviderError::NotSent(_))));
         assert!(cfg(serde_json::json!({})).is_err(), "serverUrl is required");
         assert!(cfg(serde_json::json!({"serverUrl": "ftp://x"})).is_err());
         assert!(cfg(serde_json::json!({"serverUrl": "http://x", "endpoint": "tcp://x:2375"})).is_err());
@@ -521,7 +543,7 @@ mod tests {
             serde_json::json!({"serverUrl": "http://x", "templates": {"small": {"image": "i", "privileged": true}}});
         assert!(cfg(t).is_err(), "unknown template fields are refused");
         let t = serde_json::json!({"serverUrl": "http://x", "templates": {"small": {"image": "i", "memoryMb": 256}}});
-        let small = cfg(t).expect("ok").template(Some("small")).expect("template");
+        let small = cfg(t).expect("ok").template(Some("small"), false).expect("template");
         assert_eq!((small.image.as_str(), small.memory_mb, small.cpus), ("i", 256, 1.0));
     }
 

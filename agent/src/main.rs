@@ -205,14 +205,8 @@ async fn main() -> std::process::ExitCode {
         },
         _ => None,
     };
-    let svc = AgentService {
-        sessions,
-        workdir,
-        generation: Arc::new(AtomicU64::new(0)),
-        tools: Some(tools),
-        users,
-        desktop,
-    };
+    let svc =
+        AgentService { sessions, workdir, generation: Arc::new(AtomicU64::new(0)), tools: Some(tools), users, desktop };
     link::run(dial, cred, svc).await;
     std::process::ExitCode::SUCCESS
 }

@@ -288,6 +288,39 @@ impl Agent for AgentService {
         Ok(Response::new(computerd_proto::agent::DesktopReply { json, image: answer.image }))
     }
 
+    type TunnelStream = Pin<Box<dyn Stream<Item = Result<computerd_proto::agent::TunnelData, Status>> + Send>>;
+
+    async fn tunnel(
+        &self,
+        req: Request<Streaming<computerd_proto::agent::TunnelData>>,
+    ) -> Result<Response<Self::TunnelStream>, Status> {
+        use computerd_proto::agent::TunnelData;
+        check(&self.generation, &req)?;
+        let Some(desktop) = self.desktop.clone() else {
+            return Err(ErrorKind::ComputerUnsupported.status("this computer has no desktop"));
+        };
+        let mut inbound = req.into_inner();
+        let first = inbound
+            .message()
+            .await?
+            .ok_or_else(|| ErrorKind::InvalidRequest.status("a tunnel opens with what it opens"))?;
+        let open: crate::desktop::stream::Open = serde_json::from_str(&first.open_json)
+            .map_err(|e| ErrorKind::InvalidRequest.status(format!("bad tunnel: {e}")))?;
+        let sock = desktop.open_vnc(&open).await.map_err(|(kind, m)| kind.status(m))?;
+        let (tx, rx) = futures::channel::mpsc::channel::<Vec<u8>>(16);
+        let from_viewer = inbound
+            .take_while(|m| futures::future::ready(m.is_ok()))
+            .filter_map(|m| async move { m.ok().map(|m| m.data).filter(|d| !d.is_empty()) });
+        tokio::spawn(async move {
+            let from_viewer = Box::pin(from_viewer);
+            if let Err(e) = desktop.pump(open, sock, from_viewer, tx).await {
+                tracing::info!(error = %e, "a desktop stream ended");
+            }
+        });
+        let out = rx.map(|data| Ok(TunnelData { open_json: String::new(), data }));
+        Ok(Response::new(Box::pin(out)))
+    }
+
     async fn ping(&self, req: Request<Nothing>) -> Result<Response<Nothing>, Status> {
         check(&self.generation, &req)?;
         Ok(Response::new(Nothing {}))

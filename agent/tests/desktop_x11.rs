@@ -63,13 +63,13 @@ impl Drop for Probe {
 fn probe(display: &xserver::Display) -> Probe {
     let out = tempfile::tempdir().expect("tmp");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/desktop_probe.py");
-    let child = std::process::Command::new("python3")
+    let child = std::process::Command::new("/usr/bin/python3")
         .arg(script)
         .arg(out.path())
         .env("DISPLAY", format!(":{}", display.number))
         .env("XAUTHORITY", &display.authority)
         .spawn()
-        .expect("python3 (python3-tk) runs");
+        .expect("/usr/bin/python3 (apt-get install python3-tk) runs");
     let ready = wait_file(&out.path().join("ready"));
     let at: Vec<u32> = ready.split_whitespace().map(|v| v.parse().expect("a number")).collect();
     assert_eq!(at.len(), 6, "{ready}");
@@ -112,11 +112,14 @@ async fn screenshots_typing_clicks_and_the_lease_on_a_real_display() {
     // Typing Unicode into the entry, then Return: the entry's text is exactly it.
     let text = "héllo wörld €";
     let typed = desktop
-        .call(op(json!({"actions": {"actions": [
-            {"type": "click", "x": ex + 10, "y": ey + 10},
-            {"type": "type", "text": text},
-            {"type": "key", "keys": "Return"},
-        ]}})), "bot:a".into())
+        .call(
+            op(json!({"actions": {"actions": [
+                {"type": "click", "x": ex + 10, "y": ey + 10},
+                {"type": "type", "text": text},
+                {"type": "key", "keys": "Return"},
+            ]}})),
+            "bot:a".into(),
+        )
         .await
         .expect("actions");
     assert_eq!(typed.json["results"].as_array().map(|r| r.len()), Some(3));
@@ -126,7 +129,10 @@ async fn screenshots_typing_clicks_and_the_lease_on_a_real_display() {
     // A click lands at the pixel asked.
     let (x, y) = (cx + 57, cy + 61);
     desktop
-        .call(op(json!({"actions": {"actions": [{"type": "click", "x": x, "y": y}], "screenshot": false}})), "bot:a".into())
+        .call(
+            op(json!({"actions": {"actions": [{"type": "click", "x": x, "y": y}], "screenshot": false}})),
+            "bot:a".into(),
+        )
         .await
         .expect("click");
     wait_content(&p.out.path().join("clicked"), &format!("{x} {y}"));
@@ -172,6 +178,10 @@ async fn screenshots_typing_clicks_and_the_lease_on_a_real_display() {
         .expect("german");
     wait_content(&p.out.path().join("typed"), german);
 
+    let st = desktop.call(DesktopOp::Status, "bot:a".into()).await.expect("status");
+    assert_eq!(st.json["capture"], "mit-shm", "screenshots go through MIT-SHM: {}", st.json);
+    assert_eq!((st.json["width"].as_u64(), st.json["height"].as_u64()), (Some(1024), Some(700)));
+
     // The lease: bot:a holds it; bot:b is told who; after a release bot:b acts.
     let busy = desktop
         .call(op(json!({"actions": {"actions": [{"type": "move", "x": 5, "y": 5}]}})), "bot:b".into())
@@ -186,7 +196,10 @@ async fn screenshots_typing_clicks_and_the_lease_on_a_real_display() {
     let released = desktop.call(DesktopOp::Release, "bot:a".into()).await.expect("release");
     assert_eq!(released.json["released"], true);
     desktop
-        .call(op(json!({"actions": {"actions": [{"type": "move", "x": 5, "y": 5}], "screenshot": false}})), "bot:b".into())
+        .call(
+            op(json!({"actions": {"actions": [{"type": "move", "x": 5, "y": 5}], "screenshot": false}})),
+            "bot:b".into(),
+        )
         .await
         .expect("bot:b acts after the release");
     drop(p);

@@ -104,6 +104,7 @@ impl DevConfig {
             snapshot_every: t.snapshot_every,
             keep_logs: t.keep_logs,
             fake_provider_dir: None,
+            novnc_dir: PathBuf::from("/usr/share/novnc"),
             sandbox_watch_secs: 10.0,
             link_linger_secs: 15.0,
             peer_source_ip: None,
@@ -191,6 +192,9 @@ pub struct ServeConfig {
     /// (for tests; every node of a cluster needs the same directory).
     #[arg(long, env = "COMPUTERD_FAKE_PROVIDER_DIR")]
     pub fake_provider_dir: Option<PathBuf>,
+    /// noVNC's files, served to people's desktop streams (Debian's `novnc` package).
+    #[arg(long, env = "COMPUTERD_NOVNC_DIR", default_value = "/usr/share/novnc")]
+    pub novnc_dir: PathBuf,
     /// How often the leader checks that the sandboxes of running and paused Computers still
     /// exist at their provider (seconds).
     #[arg(long, env = "COMPUTERD_SANDBOX_WATCH_SECS", default_value_t = 10.0)]

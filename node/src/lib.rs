@@ -7,6 +7,7 @@
 pub mod bot_tools;
 pub mod config;
 pub mod datadir;
+pub mod desktop_streams;
 mod dev;
 mod edge;
 pub mod edge_ca;

@@ -202,6 +202,8 @@ pub async fn run(
         pki: pki.clone(),
         join_token_file: Some(dir.join_token_path()),
         limits: app_state_limits.clone(),
+        streams: std::sync::Arc::default(),
+        novnc_dir: cfg.novnc_dir.clone(),
     };
     // A node cut off from its quorum sheds its agent links, so they move to the majority.
     let shedder = tokio::spawn(computerd_actors::link::run_shedder(

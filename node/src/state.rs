@@ -32,6 +32,10 @@ pub struct AppState {
     pub pki: Arc<computerd_raft::tls::Pki>,
     /// The edge's rate limits.
     pub limits: Arc<crate::limits::Limits>,
+    /// People's desktop streams: tickets and cookies minted here.
+    pub streams: Arc<crate::desktop_streams::Streams>,
+    /// noVNC's files (Debian's `novnc` package: `/usr/share/novnc`).
+    pub novnc_dir: std::path::PathBuf,
     /// This node's `DIR/join.token` (rewritten when the reusable secret is rotated here).
     pub join_token_file: Option<std::path::PathBuf>,
 }

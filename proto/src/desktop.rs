@@ -398,10 +398,9 @@ mod tests {
         let q: ScreenshotRequest =
             serde_json::from_value(serde_json::json!({"format": "png", "quality": 10})).expect("parse");
         assert!(check_screenshot(&q).is_err());
-        let g: ScreenshotRequest = serde_json::from_value(
-            serde_json::json!({"region": {"x": 0, "y": 0, "width": 0, "height": 3}}),
-        )
-        .expect("parse");
+        let g: ScreenshotRequest =
+            serde_json::from_value(serde_json::json!({"region": {"x": 0, "y": 0, "width": 0, "height": 3}}))
+                .expect("parse");
         assert!(check_screenshot(&g).is_err());
         let op: DesktopOp = serde_json::from_str(r#""status""#).expect("status");
         assert_eq!(op, DesktopOp::Status);

@@ -36,6 +36,32 @@ pub fn ensure_sandbox_image() {
     );
 }
 
+/// The image of the tests' sandboxes with a desktop.
+pub const DESKTOP_IMAGE: &str = "computerd-desktop:latest";
+
+/// Makes sure the desktop image exists: `deploy/build-desktop-image.sh` (debootstrap from the
+/// Debian mirror, a few minutes the first time) under the same lock.
+pub fn ensure_desktop_image() {
+    let agent = agent_bin();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root");
+    let script = root.join("deploy/build-desktop-image.sh");
+    let cmd = format!(
+        "docker image inspect {DESKTOP_IMAGE} >/dev/null 2>&1 || {} --agent {} --tag {DESKTOP_IMAGE}",
+        script.display(),
+        agent.display()
+    );
+    let out = Command::new("flock")
+        .args(["/tmp/computerd-desktop-image.lock", "bash", "-c", &cmd])
+        .output()
+        .expect("run flock");
+    assert!(
+        out.status.success(),
+        "building the desktop image failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Registers a docker provider whose sandboxes share the host network (so their agents reach
 /// the test nodes on loopback) and run the freshly built agent; answers its id.
 pub async fn docker_provider(c: &TestCluster, extra: Value) -> String {

@@ -10,6 +10,7 @@ pub mod docker;
 pub mod lb;
 pub mod linearizability;
 pub mod netfault;
+pub mod rfb;
 pub mod tls;
 pub mod tools;
 pub mod wait;

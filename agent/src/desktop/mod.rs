@@ -6,14 +6,20 @@
 //!   the cookie no session can read.
 //! - [`screen`]: the agent's X11 connection: capture (MIT-SHM) and input (XTest).
 //! - [`keys`]: key names and characters as keysyms.
+//! - [`stream`] and [`rfb`]: a person's stream (x11vnc on a socket only the agent reaches),
+//!   its input filtered on the server side by the lease.
 //!
 //! **The input lease.** One writer at a time: a caller's actions take the Computer's input lease
 //! for [`LEASE`], renewed by each use. While someone else holds it, actions fail `InputBusy`,
 //! naming the holder. `release` ends it. Calls are served one after another on one connection,
-//! so no two callers' actions interleave, and a lease changes hands only between two calls.
+//! so no two callers' actions interleave, and a lease changes hands only between two calls. A
+//! person in `control` mode (holder `person:…`) takes the lease from a bot or an API caller,
+//! between two of its calls; no bot or API caller takes it from a person while it lasts.
 
 pub mod keys;
+pub mod rfb;
 pub mod screen;
+pub mod stream;
 pub mod xserver;
 
 use std::sync::Arc;
@@ -89,6 +95,14 @@ struct Inner {
     /// The connection, made on first use and made again after an error.
     screen: Mutex<Option<Screen>>,
     lease: Mutex<Option<Lease>>,
+    /// The account x11vnc runs as (the agent's own display only).
+    account: Option<crate::users::Account>,
+    vnc: tokio::sync::Mutex<stream::Vnc>,
+}
+
+/// Whether a lease holder is a person (a stream in control mode).
+pub fn is_person(holder: &str) -> bool {
+    holder.starts_with("person:")
 }
 
 /// The desktop; clones share it.
@@ -100,7 +114,17 @@ pub struct Desktop {
 impl Desktop {
     /// A desktop on `display`.
     pub fn new(display: Display, scope: Scope) -> Desktop {
-        Desktop { inner: Arc::new(Inner { display, scope, screen: Mutex::new(None), lease: Mutex::new(None) }) }
+        let account = display.account.clone();
+        Desktop {
+            inner: Arc::new(Inner {
+                display,
+                scope,
+                screen: Mutex::new(None),
+                lease: Mutex::new(None),
+                account,
+                vnc: tokio::sync::Mutex::new(stream::Vnc::default()),
+            }),
+        }
     }
 
     /// What this desktop takes.
@@ -219,11 +243,37 @@ impl Desktop {
         Ok(())
     }
 
+    /// Takes or renews the lease for the person `holder`: from nobody, from itself, or from a
+    /// non-person once its running call (if any) has ended; never from another person.
+    fn take_person_lease(&self, holder: &str) -> bool {
+        let now = Instant::now();
+        let renew = |lease: &mut Option<Lease>| match lease.as_ref() {
+            Some(l) if l.holder != holder && l.until > now && is_person(&l.holder) => false,
+            _ => {
+                *lease = Some(Lease { holder: holder.to_string(), until: now + LEASE });
+                true
+            }
+        };
+        {
+            let Ok(mut lease) = self.inner.lease.lock() else { return false };
+            match lease.as_ref() {
+                Some(l) if l.holder == holder => return renew(&mut lease),
+                Some(l) if l.until > now && !is_person(&l.holder) => {}
+                _ => return renew(&mut lease),
+            }
+        }
+        // A bot or API caller holds it: wait for its call on the display to end first.
+        let Ok(_screen) = self.inner.screen.lock() else { return false };
+        let Ok(mut lease) = self.inner.lease.lock() else { return false };
+        renew(&mut lease)
+    }
+
     /// The display's number, size and state, and the lease.
     pub fn status(&self) -> Value {
         let d = &self.inner.display;
         let (state, why) = d.state();
-        let size = self.inner.screen.try_lock().ok().and_then(|g| g.as_ref().map(|s| (s.width, s.height)));
+        let screen = self.inner.screen.try_lock().ok();
+        let size = screen.as_ref().and_then(|g| g.as_ref().map(|s| (s.width, s.height, s.capture_path())));
         let lease = self.inner.lease.lock().ok().and_then(|l| {
             l.as_ref().filter(|l| l.until > Instant::now()).map(|l| {
                 json!({"holder": l.holder, "expiresInMs": l.until.saturating_duration_since(Instant::now()).as_millis() as u64})
@@ -234,6 +284,7 @@ impl Desktop {
             "width": size.map(|s| s.0),
             "height": size.map(|s| s.1),
             "state": state.as_str(),
+            "capture": size.map(|s| s.2),
             "problem": why,
             "stream": self.inner.scope == Scope::Full,
             "lease": lease,
@@ -242,8 +293,12 @@ impl Desktop {
 }
 
 fn check_region(screen: &Screen, g: computerd_proto::desktop::Region) -> Result<(), DesktopError> {
-    if g.x.saturating_add(g.width) > u32::from(screen.width) || g.y.saturating_add(g.height) > u32::from(screen.height) {
-        return Err(DesktopError::invalid(format!("the region is outside the {}x{} screen", screen.width, screen.height)));
+    if g.x.saturating_add(g.width) > u32::from(screen.width) || g.y.saturating_add(g.height) > u32::from(screen.height)
+    {
+        return Err(DesktopError::invalid(format!(
+            "the region is outside the {}x{} screen",
+            screen.width, screen.height
+        )));
     }
     Ok(())
 }
@@ -278,9 +333,13 @@ pub fn encode(picture: Picture, req: &ScreenshotRequest) -> Result<(u32, u32, Ve
             image::codecs::png::FilterType::Adaptive,
         )
         .write_image(img.as_raw(), w, h, rgb8),
-        ImageFormat::Webp => image::codecs::webp::WebPEncoder::new_lossless(&mut out).write_image(img.as_raw(), w, h, rgb8),
-        ImageFormat::Jpeg => image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, req.quality.unwrap_or(JPEG_QUALITY))
-            .write_image(img.as_raw(), w, h, rgb8),
+        ImageFormat::Webp => {
+            image::codecs::webp::WebPEncoder::new_lossless(&mut out).write_image(img.as_raw(), w, h, rgb8)
+        }
+        ImageFormat::Jpeg => {
+            image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, req.quality.unwrap_or(JPEG_QUALITY))
+                .write_image(img.as_raw(), w, h, rgb8)
+        }
     };
     done.map_err(|e| DesktopError::x(format!("cannot encode the screenshot: {e}")))?;
     Ok((w, h, out))

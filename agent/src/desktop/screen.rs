@@ -21,6 +21,16 @@ use x11rb::rust_connection::RustConnection;
 
 use super::keys;
 
+/// How long the focus must stay put after a click before the next action.
+const FOCUS_QUIET: Duration = Duration::from_millis(40);
+/// The longest wait for it.
+const FOCUS_WAIT: Duration = Duration::from_millis(300);
+
+/// Typed text is mapped and sent this many characters at a time.
+const TYPE_PIECE: usize = 16;
+/// The pause after the keyboard mapping changed, before keys that need it are pressed.
+const REMAP_SETTLE: Duration = Duration::from_millis(30);
+
 /// An X authorization: the protocol's name and its data (a 16-byte MIT-MAGIC-COOKIE-1).
 #[derive(Clone)]
 pub struct Cookie {
@@ -90,13 +100,16 @@ fn x_err(e: impl std::fmt::Display) -> String {
 impl Screen {
     /// Connects to the display's Unix socket with `cookie`.
     pub fn connect(socket: &Path, cookie: &Cookie, server_uid: Option<u32>) -> Result<Screen, String> {
-        let unix = UnixStream::connect(socket).map_err(|e| format!("cannot reach the display at {}: {e}", socket.display()))?;
+        let unix = UnixStream::connect(socket)
+            .map_err(|e| format!("cannot reach the display at {}: {e}", socket.display()))?;
         let (stream, _) = DefaultStream::from_unix_stream(unix).map_err(x_err)?;
-        let conn = RustConnection::connect_to_stream_with_auth_info(stream, 0, cookie.name.clone(), cookie.data.clone())
-            .map_err(x_err)?;
+        let conn =
+            RustConnection::connect_to_stream_with_auth_info(stream, 0, cookie.name.clone(), cookie.data.clone())
+                .map_err(x_err)?;
         let setup = conn.setup();
         let screen = setup.roots.first().ok_or("X11: the display has no screen")?;
-        let (root, width, height, depth) = (screen.root, screen.width_in_pixels, screen.height_in_pixels, screen.root_depth);
+        let (root, width, height, depth) =
+            (screen.root, screen.width_in_pixels, screen.height_in_pixels, screen.root_depth);
         let bpp = setup.pixmap_formats.iter().find(|f| f.depth == depth).map(|f| f.bits_per_pixel);
         let visual = screen
             .allowed_depths
@@ -172,7 +185,8 @@ impl Screen {
                 why
             };
             let seg = self.conn.generate_id().map_err(|e| detach(x_err(e)))?;
-            let attached = shm::attach(&self.conn, seg, id as u32, false).map_err(x_err).and_then(|c| c.check().map_err(x_err));
+            let attached =
+                shm::attach(&self.conn, seg, id as u32, false).map_err(x_err).and_then(|c| c.check().map_err(x_err));
             // Gone once both sides detach.
             libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut());
             if let Err(e) = attached {
@@ -193,15 +207,17 @@ impl Screen {
         let n = r.width as usize * r.height as usize;
         let mut rgb = Vec::with_capacity(n * 3);
         let via_shm = match &self.shm {
-            Some(seg) => shm::get_image(&self.conn, self.root, x, y, w, h, !0, xproto::ImageFormat::Z_PIXMAP.into(), seg.seg, 0)
-                .map_err(x_err)
-                .and_then(|c| c.reply().map_err(x_err))
-                .map(|_| {
-                    // SAFETY: the server wrote `n` 4-byte pixels at offset 0 of the segment, which
-                    // holds a whole screen; the reply came after the write.
-                    let bytes = unsafe { std::slice::from_raw_parts(seg.addr, (n * 4).min(seg.size)) };
-                    self.convert(bytes, &mut rgb);
-                }),
+            Some(seg) => {
+                shm::get_image(&self.conn, self.root, x, y, w, h, !0, xproto::ImageFormat::Z_PIXMAP.into(), seg.seg, 0)
+                    .map_err(x_err)
+                    .and_then(|c| c.reply().map_err(x_err))
+                    .map(|_| {
+                        // SAFETY: the server wrote `n` 4-byte pixels at offset 0 of the segment, which
+                        // holds a whole screen; the reply came after the write.
+                        let bytes = unsafe { std::slice::from_raw_parts(seg.addr, (n * 4).min(seg.size)) };
+                        self.convert(bytes, &mut rgb);
+                    })
+            }
             None => Err("no segment".into()),
         };
         if via_shm.is_err() {
@@ -223,6 +239,11 @@ impl Screen {
             let v = u32::from_le_bytes([p[0], p[1], p[2], p[3]]);
             rgb.extend_from_slice(&[(v >> red_shift) as u8, (v >> green_shift) as u8, (v >> blue_shift) as u8]);
         }
+    }
+
+    /// How screenshots are taken: `mit-shm`, or `get-image` when the extension could not be used.
+    pub fn capture_path(&self) -> &'static str {
+        if self.shm.is_some() { "mit-shm" } else { "get-image" }
     }
 
     /// Whether every point of `actions` is on the screen (checked before anything is sent).
@@ -274,6 +295,24 @@ impl Screen {
         Ok(())
     }
 
+    /// After a click: a window manager takes a click on an unfocused window through a grab and
+    /// moves the focus after it, so keys sent at once would reach the old focus. Waits until the
+    /// input focus has stayed the same for [`FOCUS_QUIET`] (at most [`FOCUS_WAIT`]).
+    fn settle_focus(&self) -> Result<(), String> {
+        let start = std::time::Instant::now();
+        let mut last = (self.conn.get_input_focus().map_err(x_err)?.reply().map_err(x_err)?.focus, start);
+        while start.elapsed() < FOCUS_WAIT {
+            std::thread::sleep(Duration::from_millis(5));
+            let now = self.conn.get_input_focus().map_err(x_err)?.reply().map_err(x_err)?.focus;
+            if now != last.0 {
+                last = (now, std::time::Instant::now());
+            } else if last.1.elapsed() >= FOCUS_QUIET {
+                break;
+            }
+        }
+        Ok(())
+    }
+
     /// Sends one action (its points were checked) and waits until the server has handled it.
     pub fn act(&mut self, a: &Action) -> Result<(), String> {
         match a {
@@ -285,6 +324,7 @@ impl Screen {
                 for _ in 0..*count {
                     self.button(button.number())?;
                 }
+                self.settle_focus()?;
             }
             Action::Drag { from, to, button } => {
                 self.motion(from.x, from.y)?;
@@ -299,6 +339,7 @@ impl Screen {
                     std::thread::sleep(Duration::from_millis(5));
                 }
                 self.fake(xproto::BUTTON_RELEASE_EVENT, button.number(), 0, 0)?;
+                self.settle_focus()?;
             }
             Action::Scroll { x, y, dx, dy } => {
                 if let (Some(x), Some(y)) = (x, y) {
@@ -313,12 +354,19 @@ impl Screen {
                 }
             }
             Action::Type { text } => {
-                for c in text.chars() {
-                    self.press_keysym(keys::char_keysym(c), &[])?;
+                let syms: Vec<u32> = text.chars().map(keys::char_keysym).collect();
+                // A piece at a time: its missing keysyms are mapped first, all at once, so the
+                // mapping holds still while its keys are typed.
+                for piece in syms.chunks(TYPE_PIECE) {
+                    self.prepare(piece)?;
+                    for k in piece {
+                        self.press_keysym(*k, &[])?;
+                    }
                 }
             }
             Action::Key { keys: spec } => {
                 let combo = keys::parse_combo(spec)?;
+                self.prepare(&[combo.key])?;
                 self.press_keysym(combo.key, &combo.modifiers)?;
             }
             Action::Wait { ms } => {
@@ -384,28 +432,49 @@ impl Screen {
         Ok(code)
     }
 
-    /// Presses and releases `keysym` with `modifiers` held (and Shift when its keycode needs it).
-    fn press_keysym(&mut self, keysym: u32, modifiers: &[u32]) -> Result<(), String> {
-        self.uses += 1;
+    /// Gives every keysym of `keysyms` the current mapping lacks a keycode of its own, then
+    /// lets the display's programs see the new mapping before any key is pressed: they learn of
+    /// it from a MappingNotify and fetch it when they next look a key up.
+    fn prepare(&mut self, keysyms: &[u32]) -> Result<(), String> {
         let (per, syms) = self.mapping()?;
         // The current mapping decides (a keymap change, e.g. setxkbmap, may have taken back
         // keycodes remapped before).
-        let (code, shift) = match self.find(per, &syms, keysym) {
-            Some(found) => found,
-            None => {
-                let (min, row) = (self.min_keycode, per);
-                self.remapped.retain(|ks, (kc, _)| syms.get(usize::from(*kc - min) * row) == Some(ks));
-                let k = self.remap(per, &syms, keysym)?;
-                self.sync()?;
-                (k, false)
+        let (min, row) = (self.min_keycode, per);
+        self.remapped.retain(|ks, (kc, _)| syms.get(usize::from(*kc - min) * row) == Some(ks));
+        let mut changed = false;
+        let mut seen = std::collections::HashSet::new();
+        for k in keysyms {
+            self.uses += 1;
+            if !seen.insert(*k) {
+                continue;
             }
-        };
-        if let Some(entry) = self.remapped.get_mut(&keysym) {
-            entry.1 = self.uses;
+            if let Some(entry) = self.remapped.get_mut(k) {
+                entry.1 = self.uses;
+                continue;
+            }
+            if self.find(per, &syms, *k).is_none() {
+                self.remap(per, &syms, *k)?;
+                changed = true;
+            }
         }
+        if changed {
+            self.sync()?;
+            std::thread::sleep(REMAP_SETTLE);
+        }
+        Ok(())
+    }
+
+    /// Presses and releases `keysym` (mapped by [`Screen::prepare`]) with `modifiers` held (and
+    /// Shift when its keycode needs it).
+    fn press_keysym(&mut self, keysym: u32, modifiers: &[u32]) -> Result<(), String> {
+        let (per, syms) = self.mapping()?;
+        let (code, shift) = self
+            .find(per, &syms, keysym)
+            .ok_or_else(|| format!("the keysym {keysym:#x} lost its keycode while typing"))?;
         let mut held = Vec::new();
         for m in modifiers {
-            let (k, _) = self.find(per, &syms, *m).ok_or_else(|| format!("the keymap has no modifier keysym {m:#x}"))?;
+            let (k, _) =
+                self.find(per, &syms, *m).ok_or_else(|| format!("the keymap has no modifier keysym {m:#x}"))?;
             held.push(k);
         }
         if shift && !modifiers.contains(&keys::SHIFT_L) {

@@ -132,6 +132,8 @@ pub struct Display {
     pub server_uid: Option<u32>,
     /// The authority file (for programs the agent starts on the display).
     pub authority: PathBuf,
+    /// The account the desktop's programs run as (the agent's own display only).
+    pub account: Option<Account>,
     /// Shared with the keeper.
     pub state: Arc<Mutex<(DisplayState, Option<String>)>>,
 }
@@ -162,6 +164,7 @@ pub fn existing(number: u32, authority: &Path) -> Result<Display, String> {
         cookie,
         server_uid: None,
         authority: authority.to_path_buf(),
+        account: None,
         state: Arc::new(Mutex::new((DisplayState::Running, None))),
     })
 }
@@ -186,7 +189,9 @@ pub async fn start(geometry: Geometry, account: Account, run_dir: &Path) -> Resu
             .map_err(|e| format!("cannot open {SOCKET_DIR} to all: {e}"))?;
     }
     let number = (1..64)
-        .find(|n| !Path::new(SOCKET_DIR).join(format!("X{n}")).exists() && !Path::new(&format!("/tmp/.X{n}-lock")).exists())
+        .find(|n| {
+            !Path::new(SOCKET_DIR).join(format!("X{n}")).exists() && !Path::new(&format!("/tmp/.X{n}-lock")).exists()
+        })
         .ok_or("no free display number")?;
     let mut data = [0u8; 16];
     rand::RngCore::fill_bytes(&mut rand::rng(), &mut data);
@@ -204,14 +209,21 @@ pub async fn start(geometry: Geometry, account: Account, run_dir: &Path) -> Resu
     f.write_all(&authority_entry(number, &cookie)).map_err(|e| format!("cannot write the authority: {e}"))?;
     drop(f);
     let own = |p: &Path| {
-        nix::unistd::chown(p, Some(nix::unistd::Uid::from_raw(account.uid)), Some(nix::unistd::Gid::from_raw(account.gid)))
+        nix::unistd::chown(
+            p,
+            Some(nix::unistd::Uid::from_raw(account.uid)),
+            Some(nix::unistd::Gid::from_raw(account.gid)),
+        )
     };
-    own(dir).and_then(|_| own(&authority)).map_err(|e| format!("cannot give {} to the desktop account: {e}", dir.display()))?;
+    own(dir)
+        .and_then(|_| own(&authority))
+        .map_err(|e| format!("cannot give {} to the desktop account: {e}", dir.display()))?;
     let display = Display {
         number,
         cookie,
         server_uid: (account.uid != 0).then_some(account.uid),
         authority,
+        account: Some(account.clone()),
         state: Arc::new(Mutex::new((DisplayState::Starting, None))),
     };
     let account = Arc::new(account);
@@ -246,7 +258,9 @@ async fn answers(display: &Display, within: Duration) -> Result<(), String> {
     let mut last = String::new();
     while tokio::time::Instant::now() < until {
         let d = display.clone();
-        match tokio::task::spawn_blocking(move || super::screen::Screen::connect(&d.socket(), &d.cookie, d.server_uid)).await {
+        match tokio::task::spawn_blocking(move || super::screen::Screen::connect(&d.socket(), &d.cookie, d.server_uid))
+            .await
+        {
             Ok(Ok(_)) => return Ok(()),
             Ok(Err(e)) => last = e,
             Err(e) => last = e.to_string(),
@@ -275,39 +289,48 @@ async fn keep(
             "-screen".into(),
             "0".into(),
             format!("{}x{}x{}", g.width, g.height, g.depth),
+            // Only the socket file: no TCP, and no abstract socket (which a sandbox sharing a
+            // network namespace would share).
             "-nolisten".into(),
             "tcp".into(),
+            "-nolisten".into(),
+            "local".into(),
             "-noreset".into(),
             "-auth".into(),
             display.authority.display().to_string(),
         ]);
         let outcome: Result<(), String> = match xvfb.spawn() {
             Err(e) => Err(format!("cannot start Xvfb: {e}")),
-            Ok(mut x) => match answers(&display, Duration::from_secs(15)).await {
-                Err(why) => {
-                    let _ = x.start_kill();
-                    let stderr = tail(x.stderr.take()).await;
-                    Err(format!("{why}; Xvfb said: {stderr}"))
-                }
-                Ok(()) => {
-                    display.set(DisplayState::Running, None);
-                    if let Some(r) = ready.take() {
-                        let _ = r.send(Ok(()));
+            Ok(mut x) => {
+                match answers(&display, Duration::from_secs(15)).await.map_err(|e| (e, drain(x.stderr.take()))) {
+                    Err((why, said)) => {
+                        let _ = x.start_kill();
+                        let _ = x.wait().await;
+                        Err(format!("{why}; Xvfb said: {}", said.last()))
                     }
-                    pause = Duration::from_millis(500);
-                    let mut wm = start_wm(&account, &display);
-                    loop {
-                        tokio::select! {
-                            status = x.wait() => break Err(format!("Xvfb exited ({status:?})")),
-                            status = async { match wm.as_mut() { Some(w) => w.wait().await, None => std::future::pending().await } } => {
-                                tracing::warn!(?status, "the window manager exited; starting it again");
-                                tokio::time::sleep(Duration::from_secs(1)).await;
-                                wm = start_wm(&account, &display);
+                    Ok(()) => {
+                        // Its stderr is read all the time (xkbcomp's warnings, at every keymap
+                        // change): a full pipe would stop the X server.
+                        let said = drain(x.stderr.take());
+                        display.set(DisplayState::Running, None);
+                        if let Some(r) = ready.take() {
+                            let _ = r.send(Ok(()));
+                        }
+                        pause = Duration::from_millis(500);
+                        let mut wm = start_wm(&account, &display);
+                        loop {
+                            tokio::select! {
+                                status = x.wait() => break Err(format!("Xvfb exited ({status:?}): {}", said.last())),
+                                status = async { match wm.as_mut() { Some(w) => w.wait().await, None => std::future::pending().await } } => {
+                                    tracing::warn!(?status, "the window manager exited; starting it again");
+                                    tokio::time::sleep(Duration::from_secs(1)).await;
+                                    wm = start_wm(&account, &display);
+                                }
                             }
                         }
                     }
                 }
-            },
+            }
         };
         if let Err(why) = outcome {
             tracing::warn!(%why, "the display is down; starting it again");
@@ -333,14 +356,35 @@ fn start_wm(account: &Account, display: &Display) -> Option<tokio::process::Chil
     }
 }
 
-async fn tail(stderr: Option<tokio::process::ChildStderr>) -> String {
-    use tokio::io::AsyncReadExt;
-    let Some(mut s) = stderr else { return String::new() };
-    let mut buf = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(1), s.read_to_end(&mut buf)).await;
-    let text = String::from_utf8_lossy(&buf);
-    let lines: Vec<&str> = text.lines().rev().take(5).collect();
-    lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
+/// The last lines a program wrote to its stderr, read as it writes them.
+#[derive(Clone, Default)]
+struct Said(Arc<Mutex<std::collections::VecDeque<String>>>);
+
+impl Said {
+    fn last(&self) -> String {
+        self.0.lock().map(|l| l.iter().cloned().collect::<Vec<_>>().join(" | ")).unwrap_or_default()
+    }
+}
+
+/// Reads `stderr` to its end in a task of its own, keeping its last 5 lines.
+fn drain(stderr: Option<tokio::process::ChildStderr>) -> Said {
+    use tokio::io::AsyncBufReadExt;
+    let said = Said::default();
+    if let Some(s) = stderr {
+        let keep = said.clone();
+        tokio::spawn(async move {
+            let mut lines = tokio::io::BufReader::new(s).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Ok(mut l) = keep.0.lock() {
+                    if l.len() == 5 {
+                        l.pop_front();
+                    }
+                    l.push_back(line.chars().take(300).collect());
+                }
+            }
+        });
+    }
+    said
 }
 
 #[cfg(test)]

@@ -6,6 +6,8 @@ mod auth;
 mod bot_tools;
 mod calls;
 mod computers;
+mod desktop;
+mod desktop_stream;
 mod error;
 mod events;
 mod executions;
@@ -25,6 +27,7 @@ mod tools;
 mod util;
 
 pub use auth::Auth;
+pub use desktop_stream::open_here as open_stream_here;
 pub use error::ApiError;
 pub use limits::Limits;
 pub use limits::run_forget as run_limits_upkeep;
@@ -60,6 +63,9 @@ struct Groups {
     tools: Router<AppState>,
     sessions: Router<AppState>,
     files: Router<AppState>,
+    desktop: Router<AppState>,
+    viewer: Router<AppState>,
+    viewer_socket: Router<AppState>,
     pairing: Router<AppState>,
     link: Router<AppState>,
     streams: Router<AppState>,
@@ -133,13 +139,32 @@ fn groups(seen: &mut dyn FnMut(&[RoutePair])) -> Groups {
         get "/v1/computers/{id}/directory" => files::directory,
     };
     seen(&pairs);
+    let (desktop, pairs) = group! {
+        get "/v1/computers/{id}/desktop" => desktop::status,
+        post "/v1/computers/{id}/desktop/screenshot" => desktop::screenshot,
+        post "/v1/computers/{id}/desktop/actions" => desktop::actions,
+        post "/v1/computers/{id}/desktop/release" => desktop::release,
+        post "/v1/computers/{id}/desktop/stream" => desktop_stream::stream,
+    };
+    seen(&pairs);
+    // A person's stream: the ticket's redemption and noVNC's files, on the link's node (where
+    // the ticket and the cookie are); the WebSocket on any node (it tunnels to the link's node).
+    let (viewer, pairs) = group! {
+        get "/v1/computers/{id}/desktop/view" => desktop_stream::view,
+        get "/v1/computers/{id}/desktop/view/{*file}" => desktop_stream::asset,
+    };
+    seen(&pairs);
+    let (viewer_socket, pairs) = group! {
+        get "/v1/computers/{id}/desktop/websockify" => desktop_stream::websocket,
+    };
+    seen(&pairs);
     let (pairing, pairs) = group! { post "/v1/agent/pair" => agent::pair };
     seen(&pairs);
     let (link, pairs) = group! { get "/v1/agent/link" => agent::link };
     seen(&pairs);
     let (streams, pairs) = group! { get "/v1/events" => events::events };
     seen(&pairs);
-    Groups { control, tools, sessions, files, pairing, link, streams }
+    Groups { control, tools, sessions, files, desktop, viewer, viewer_socket, pairing, link, streams }
 }
 
 /// The API router. Routes come in groups, each with its body limit and deadline
@@ -159,6 +184,12 @@ pub fn router(state: AppState) -> Router {
         .layer(axum::extract::DefaultBodyLimit::disable())
         .layer(from_fn_with_state(state.clone(), forward::to_link_owner))
         .layer(bounded(limits::FILE));
+    // Desktop calls, like sessions: on the link's node, with a session call's bounds.
+    let desktop =
+        g.desktop.layer(from_fn_with_state(state.clone(), forward::to_link_owner)).layer(bounded(limits::SESSION));
+    let viewer =
+        g.viewer.layer(from_fn_with_state(state.clone(), forward::to_link_owner)).layer(bounded(limits::CONTROL));
+    let viewer_socket = g.viewer_socket.layer(bounded(limits::STREAM));
     let pairing =
         g.pairing.layer(from_fn_with_state(state.clone(), limits::per_source)).layer(bounded(limits::PAIRING));
     let link = g.link.layer(from_fn_with_state(state.clone(), limits::per_source)).layer(bounded(limits::STREAM));
@@ -168,6 +199,9 @@ pub fn router(state: AppState) -> Router {
         .merge(tools)
         .merge(sessions)
         .merge(files)
+        .merge(desktop)
+        .merge(viewer)
+        .merge(viewer_socket)
         .merge(pairing)
         .merge(link)
         .merge(streams)

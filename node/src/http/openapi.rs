@@ -12,6 +12,8 @@ use super::agent;
 use super::approvals;
 use super::bot_tools;
 use super::computers;
+use super::desktop;
+use super::desktop_stream;
 use super::events;
 use super::executions;
 use super::files;
@@ -58,6 +60,8 @@ impl Modify for BearerAuth {
         bot_tools::list, bot_tools::call,
         sessions::start, sessions::input, sessions::resize, sessions::stop,
         files::read, files::write, files::remove, files::directory,
+        desktop::status, desktop::screenshot, desktop::actions, desktop::release,
+        desktop_stream::stream, desktop_stream::view, desktop_stream::asset, desktop_stream::websocket,
         agent::pair, agent::link,
         tools::install, tools::list, tools::discover, tools::call, tools::switch, tools::revoke, tools::model_tool,
     ),
@@ -109,7 +113,15 @@ mod tests {
     #[test]
     fn every_operation_but_the_open_ones_needs_the_bearer_token() {
         let doc = serde_json::to_value(ApiDoc::openapi()).expect("the document serializes");
-        let open = ["/v1/health", "/v1/agent/pair", "/v1/agent/link"];
+        // A person's stream: its ticket (single-use), then its cookie, never a bearer token.
+        let open = [
+            "/v1/health",
+            "/v1/agent/pair",
+            "/v1/agent/link",
+            "/v1/computers/{id}/desktop/view",
+            "/v1/computers/{id}/desktop/view/{file}",
+            "/v1/computers/{id}/desktop/websockify",
+        ];
         for (path, item) in doc["paths"].as_object().expect("paths") {
             for (method, op) in item.as_object().expect("a path item") {
                 let bearer = op["security"].as_array().is_some_and(|s| s.iter().any(|r| r.get("bearer").is_some()));

@@ -19,6 +19,7 @@ use computerd_proto::cluster::McpRelay;
 use computerd_proto::cluster::McpRelayReply;
 use computerd_proto::cluster::RouteChunk;
 use computerd_proto::cluster::RouteHead;
+use computerd_proto::cluster::TunnelChunk;
 use computerd_proto::cluster::routing_server::Routing;
 use computerd_proto::cluster::routing_server::RoutingServer;
 use computerd_proto::mcp::McpRequest;
@@ -61,6 +62,40 @@ type ReplyStream = Pin<Box<dyn Stream<Item = Result<RouteChunk, Status>> + Send>
 impl Routing for RouteTarget {
     type ForwardStream = ReplyStream;
     type RelayMcpStream = Pin<Box<dyn Stream<Item = Result<McpRelayReply, Status>> + Send>>;
+    type TunnelStream = Pin<Box<dyn Stream<Item = Result<TunnelChunk, Status>> + Send>>;
+
+    /// A person's desktop stream, opened here for another node that took its WebSocket: the
+    /// first chunk names the Computer and carries the stream's cookie, which is checked here
+    /// (where it was minted), with the caller's rights, before the agent is asked.
+    async fn tunnel(&self, req: Request<Streaming<TunnelChunk>>) -> Result<Response<Self::TunnelStream>, Status> {
+        let Some((_, state)) = self.inner.get().cloned() else {
+            return Err(ErrorKind::Unavailable.status("this node is still starting"));
+        };
+        let mut incoming = req.into_inner();
+        let first =
+            incoming.message().await?.ok_or_else(|| ErrorKind::InvalidRequest.status("a tunnel opens first"))?;
+        let computer = first.computer_id.clone();
+        if state.links.get(&computer).is_none() {
+            return Err(state.owners.not_owner(&computer).await);
+        }
+        let open: serde_json::Value = serde_json::from_str(&first.open_json)
+            .map_err(|e| ErrorKind::InvalidRequest.status(format!("bad tunnel: {e}")))?;
+        let cookie =
+            open["cookie"].as_str().ok_or_else(|| ErrorKind::InvalidRequest.status("a tunnel names its cookie"))?;
+        let (mut to_computer, from_computer) =
+            crate::http::open_stream_here(&state, &computer, cookie).await.map_err(|e| e.into_status())?;
+        tokio::spawn(async move {
+            use futures::SinkExt;
+            while let Some(Ok(chunk)) = incoming.next().await {
+                if to_computer.send(chunk.data).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let out = from_computer
+            .map(move |data| Ok(TunnelChunk { computer_id: String::new(), open_json: String::new(), data }));
+        Ok(Response::new(Box::pin(out)))
+    }
 
     async fn relay_mcp(&self, req: Request<McpRelay>) -> Result<Response<Self::RelayMcpStream>, Status> {
         let Some((_, state)) = self.inner.get().cloned() else {
