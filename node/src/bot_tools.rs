@@ -92,7 +92,7 @@ pub fn find(name: &str) -> Option<&'static BotTool> {
     TOOLS.iter().find(|t| t.name == name)
 }
 
-static TOOLS: [BotTool; 7] = [
+static TOOLS: [BotTool; 9] = [
     BotTool {
         name: "openbot_computers_list",
         description: "Lists the Computers this bot may use, with their state.",
@@ -224,6 +224,49 @@ static TOOLS: [BotTool; 7] = [
                 path: format!("/v1/computers/{id}/sessions/{session}/input"),
                 body: Some(body),
             })
+        },
+    },
+    BotTool {
+        name: "openbot_computer_screenshot",
+        description: "Takes a screenshot of a Computer's desktop (one created with a desktop). Answers the image \
+                      (base64 `data`, `mimeType`) with its width and height.",
+        parameters: || {
+            object(
+                json!({
+                    "computerId": {"type": "string", "description": COMPUTER},
+                    "format": {"type": "string", "enum": ["png", "webp", "jpeg"]},
+                    "scale": {"type": "number", "exclusiveMinimum": 0, "maximum": 1, "description": "Make the image smaller by this factor."},
+                    "region": {"type": "object", "description": "Only this part of the screen: {x, y, width, height}."}
+                }),
+                &["computerId"],
+            )
+        },
+        request: |a, _| {
+            let id = a.id("computerId", "cmp")?;
+            let body = a.pick(&[("format", "format"), ("scale", "scale"), ("region", "region")]);
+            Ok(ApiCall { method: "POST", path: format!("/v1/computers/{id}/desktop/screenshot"), body: Some(body) })
+        },
+    },
+    BotTool {
+        name: "openbot_computer_desktop_actions",
+        description: "Uses a Computer's desktop: sends mouse and keyboard actions in order, then answers a \
+                      screenshot. Actions: {type: move, x, y}, {type: click, x?, y?, button?, count?}, {type: drag, \
+                      from: {x, y}, to: {x, y}}, {type: scroll, x?, y?, dx, dy}, {type: type, text}, {type: key, keys: \
+                      \"ctrl+l\"}, {type: wait, ms}. Fails with InputBusy while a person controls the desktop.",
+        parameters: || {
+            object(
+                json!({
+                    "computerId": {"type": "string", "description": COMPUTER},
+                    "actions": {"type": "array", "items": {"type": "object"}, "maxItems": 64},
+                    "screenshot": {"type": "boolean", "description": "Answer a screenshot after the actions (default true)."}
+                }),
+                &["computerId", "actions"],
+            )
+        },
+        request: |a, _| {
+            let id = a.id("computerId", "cmp")?;
+            let body = a.pick(&[("actions", "actions"), ("screenshot", "screenshot")]);
+            Ok(ApiCall { method: "POST", path: format!("/v1/computers/{id}/desktop/actions"), body: Some(body) })
         },
     },
     BotTool {

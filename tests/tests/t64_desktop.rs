@@ -228,6 +228,21 @@ async fn t10_a_window_typing_clicks_and_the_lease_through_the_api() {
     assert_eq!((s, v["screenshot"]["mimeType"].as_str()), (200, Some("image/webp")), "{v}");
     let (s, d) = c.call(Method::GET, 1, &format!("/v1/computers/{id}/desktop"), &bot_token, None).await;
     assert_eq!((s, d["lease"]["holder"].as_str()), (200, Some(format!("bot:{bot}").as_str())), "{d}");
+    // The same through the bot tools.
+    let args =
+        json!({"name": "openbot_computer_screenshot", "arguments": {"computerId": id, "format": "jpeg", "scale": 0.5}});
+    let (s, v) = c.call(Method::POST, 1, "/v1/tools/call", &bot_token, Some(args)).await;
+    let r = &v["result"];
+    assert_eq!(
+        (s, r["width"].as_u64(), r["mimeType"].as_str()),
+        (200, Some(640), Some("image/jpeg")),
+        "{}",
+        v["status"]
+    );
+    assert!(r["data"].as_str().is_some_and(|d| d.len() > 1000), "the image itself");
+    let args = json!({"name": "openbot_computer_desktop_actions", "arguments": {"computerId": id, "actions": [{"type": "move", "x": 7, "y": 7}], "screenshot": false}});
+    let (s, v) = c.call(Method::POST, 1, "/v1/tools/call", &bot_token, Some(args)).await;
+    assert_eq!((s, v["result"]["results"][0]["ok"].as_bool()), (200, Some(true)), "{v}");
     let (s, v) = c.call(Method::POST, 1, &format!("/v1/computers/{id}/desktop/release"), &bot_token, None).await;
     assert_eq!(s, 200, "{v}");
 

@@ -11,13 +11,15 @@ use reqwest::Method;
 use serde_json::Value;
 use serde_json::json;
 
-const TOOLS: [&str; 7] = [
+const TOOLS: [&str; 9] = [
     "openbot_computers_list",
     "openbot_computers_acquire",
     "openbot_computers_create",
     "openbot_computers_release",
     "openbot_computer_exec",
     "openbot_computer_write_stdin",
+    "openbot_computer_screenshot",
+    "openbot_computer_desktop_actions",
     "computer_mcp",
 ];
 
