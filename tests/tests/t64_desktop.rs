@@ -8,11 +8,13 @@
 //! stream: a ticket is redeemed once for a cookie that loads noVNC's page and opens one
 //! WebSocket; a scripted RFB client gets frames; in `view` mode its keys and clicks reach
 //! nothing; in `control` mode it holds the lease (a bot meets `InputBusy`) and its keys arrive.
+//! Headless Chromium opens a stream URL and its picture shows the desktop through noVNC.
 
 use std::time::Duration;
 
 use computerd_tests::TestCluster;
 use computerd_tests::agent::wait_state;
+use computerd_tests::chromium::Chromium;
 use computerd_tests::docker::Containers;
 use computerd_tests::docker::DESKTOP_IMAGE;
 use computerd_tests::docker::IMAGE;
@@ -282,6 +284,26 @@ async fn t10_a_window_typing_clicks_and_the_lease_through_the_api() {
         "the cookie opened its one stream"
     );
     viewer.close().await;
+
+    // A person's browser: headless Chromium opens the stream URL (the ticket, then noVNC's page
+    // with the cookie, then the WebSocket) and shows the desktop: the probe's green is in the picture.
+    let (s, v) = c
+        .call(Method::POST, 1, &format!("/v1/computers/{id}/desktop/stream"), &c.token, Some(json!({"mode": "view"})))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let url = v["url"].as_str().expect("url").to_string();
+    let mut browser = Chromium::start(1280, 860).await;
+    let green = |png: &[u8]| {
+        image::load_from_memory(png)
+            .map(|i| i.to_rgb8().pixels().filter(|p| p.0 == [0x12, 0xab, 0x34]).count())
+            .unwrap_or(0)
+    };
+    let (png, shown) = browser.shoot_until(&url, Duration::from_secs(30), |png| green(png) > 10_000).await;
+    if let Ok(dir) = std::env::var("COMPUTERD_DOCS_SHOT") {
+        Chromium::save(&png, &std::path::Path::new(&dir).join("novnc-stream.png"));
+    }
+    assert!(shown, "noVNC shows the desktop's window ({} green pixels)", green(&png));
+    drop(browser);
 
     // Control: the person takes the lease; a bot is told who holds it; the person's keys arrive;
     // once the stream closes, the bot acts again.

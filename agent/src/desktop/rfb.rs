@@ -113,10 +113,11 @@ impl ClientStream {
                     3 => Some(10),                     // FramebufferUpdateRequest
                     4 => Some(8),                      // KeyEvent
                     5 => Some(6),                      // PointerEvent
-                    6 => u32_at(4).map(|n| 8 + n),     // ClientCutText
-                    150 => Some(10),                   // EnableContinuousUpdates
-                    248 => at(8).map(|n| 9 + n),       // ClientFence
-                    251 => at(6).map(|n| 8 + 16 * n),  // SetDesktopSize
+                    // ClientCutText; a negative length is the extended clipboard's (its size is -n).
+                    6 => u32_at(4).map(|n| 8 + (n as u32 as i32).unsigned_abs() as usize),
+                    150 => Some(10),                  // EnableContinuousUpdates
+                    248 => at(8).map(|n| 9 + n),      // ClientFence
+                    251 => at(6).map(|n| 8 + 16 * n), // SetDesktopSize
                     255 => match at(1) {
                         // QEMU
                         None => None,
@@ -159,6 +160,7 @@ mod tests {
         stream.extend_from_slice(&[4, 1, 0, 0, 0, 0, 0, 0x61]); // key
         stream.extend_from_slice(&[6, 0, 0, 0, 0, 0, 0, 3, b'a', b'b', b'c']); // clipboard
         stream.extend_from_slice(&[248, 0, 0, 0, 0, 0, 0, 1, 2, 9, 9]); // fence with 2 bytes
+        stream.extend_from_slice(&[6, 0, 0, 0, 0xff, 0xff, 0xff, 0xfc, 1, 2, 3, 4]); // extended clipboard, 4 bytes
         for chunk in [1usize, 3, 7, 64] {
             let mut f = ClientStream::default();
             let mut pieces = Vec::new();
@@ -167,7 +169,7 @@ mod tests {
             }
             let classes: Vec<Class> = pieces.iter().map(|p| p.class).collect();
             use Class::*;
-            assert_eq!(classes, vec![Neutral, Neutral, Neutral, Neutral, Neutral, Input, Input, Input, Neutral]);
+            assert_eq!(classes, vec![Neutral, Neutral, Neutral, Neutral, Neutral, Input, Input, Input, Neutral, Input]);
             let joined: Vec<u8> = pieces.iter().flat_map(|p| p.bytes.clone()).collect();
             assert_eq!(joined, stream, "every byte in order, chunks of {chunk}");
         }

@@ -183,7 +183,10 @@ impl Desktop {
             r = upstream => r,
             r = downstream => r,
         };
-        self.end_person(&open.holder);
+        // A viewer never held the lease (the same person may hold it in another stream).
+        if open.mode == Mode::Control {
+            self.end_person(&open.holder);
+        }
         result
     }
 }
