@@ -40,16 +40,13 @@ pub fn agent_bin() -> PathBuf {
 
 /// Gives a process (an agent, or `computerd dev`, which starts one) a HOME of its own beside
 /// `dir`, so its sessions' login shells read none of the machine user's dotfiles: a `~/.bashrc`
-/// running `pyenv init` blocks for 60 s on a lock that a killed shell left behind. For the same
-/// reason its PATH leaves out pyenv's shims (a shim killed during its rehash leaves that lock
-/// behind too, and every later `python3` waits 60 s on it): sessions get Debian's python3.
+/// running `pyenv init` blocks for 60 s on a lock that a killed shell left behind. (Sessions of
+/// an agent running as root still get root's HOME from its account, so their login shells do
+/// read it: `.ci/run` drops a stale lock before the tests.)
 pub fn own_home(cmd: &mut Command, dir: &std::path::Path) {
     let home = dir.with_extension("home");
     std::fs::create_dir_all(&home).expect("the agent's HOME");
     cmd.env("HOME", home);
-    let path = std::env::var("PATH").unwrap_or_default();
-    let kept: Vec<&str> = path.split(':').filter(|p| !p.contains("/.pyenv/")).collect();
-    cmd.env("PATH", kept.join(":")).env_remove("PYENV_ROOT").env_remove("PYENV_VERSION");
 }
 
 /// A running agent process (killed on drop).
