@@ -16,47 +16,33 @@ pub const IMAGE: &str = "computerd-sandbox:latest";
 
 /// Makes sure the sandbox image exists (builds it once, under a lock shared by test processes).
 pub fn ensure_sandbox_image() {
-    let agent = agent_bin();
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root");
-    let script = root.join("deploy/build-sandbox-image.sh");
-    let cmd = format!(
-        "docker image inspect {IMAGE} >/dev/null 2>&1 || {} --agent {} --tag {IMAGE}",
-        script.display(),
-        agent.display()
-    );
-    let out = Command::new("flock")
-        .args(["/tmp/computerd-sandbox-image.lock", "bash", "-c", &cmd])
-        .output()
-        .expect("run flock");
-    assert!(
-        out.status.success(),
-        "building the sandbox image failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ensure_image(IMAGE, "build-sandbox-image.sh");
 }
 
 /// The image of the tests' sandboxes with a desktop.
 pub const DESKTOP_IMAGE: &str = "computerd-desktop:latest";
 
 /// Makes sure the desktop image exists: `deploy/build-desktop-image.sh` (debootstrap from the
-/// Debian mirror, a few minutes the first time) under the same lock.
+/// Debian mirror, a minute or two the first time), under the same kind of lock.
 pub fn ensure_desktop_image() {
+    ensure_image(DESKTOP_IMAGE, "build-desktop-image.sh");
+}
+
+/// Builds `tag` with `deploy/<script>` and the freshly built agent when no image has that tag.
+fn ensure_image(tag: &str, script: &str) {
     let agent = agent_bin();
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root");
-    let script = root.join("deploy/build-desktop-image.sh");
+    let script = root.join("deploy").join(script);
     let cmd = format!(
-        "docker image inspect {DESKTOP_IMAGE} >/dev/null 2>&1 || {} --agent {} --tag {DESKTOP_IMAGE}",
+        "docker image inspect {tag} >/dev/null 2>&1 || {} --agent {} --tag {tag}",
         script.display(),
         agent.display()
     );
-    let out = Command::new("flock")
-        .args(["/tmp/computerd-desktop-image.lock", "bash", "-c", &cmd])
-        .output()
-        .expect("run flock");
+    let lock = format!("/tmp/computerd-image-{}.lock", tag.replace([':', '/'], "-"));
+    let out = Command::new("flock").args([lock.as_str(), "bash", "-c", &cmd]).output().expect("run flock");
     assert!(
         out.status.success(),
-        "building the desktop image failed: {}{}",
+        "building the image {tag} failed: {}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );

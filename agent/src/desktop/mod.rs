@@ -243,29 +243,33 @@ impl Desktop {
         Ok(())
     }
 
-    /// Takes or renews the lease for the person `holder`: from nobody, from itself, or from a
-    /// non-person once its running call (if any) has ended; never from another person.
-    fn take_person_lease(&self, holder: &str) -> bool {
+    /// Takes or renews the lease for the person `holder` when that needs no wait: from nobody,
+    /// from itself or from an expired holder (`Some(true)`), never from another person
+    /// (`Some(false)`); `None` when a bot or API caller holds it.
+    fn person_lease_at_once(&self, holder: &str) -> Option<bool> {
         let now = Instant::now();
-        let renew = |lease: &mut Option<Lease>| match lease.as_ref() {
-            Some(l) if l.holder != holder && l.until > now && is_person(&l.holder) => false,
+        let Ok(mut lease) = self.inner.lease.lock() else { return Some(false) };
+        match lease.as_ref() {
+            Some(l) if l.holder != holder && l.until > now && is_person(&l.holder) => Some(false),
+            Some(l) if l.holder != holder && l.until > now => None,
             _ => {
                 *lease = Some(Lease { holder: holder.to_string(), until: now + LEASE });
-                true
-            }
-        };
-        {
-            let Ok(mut lease) = self.inner.lease.lock() else { return false };
-            match lease.as_ref() {
-                Some(l) if l.holder == holder => return renew(&mut lease),
-                Some(l) if l.until > now && !is_person(&l.holder) => {}
-                _ => return renew(&mut lease),
+                Some(true)
             }
         }
-        // A bot or API caller holds it: wait for its call on the display to end first.
+    }
+
+    /// Takes the lease for the person `holder` from a bot or API caller, once its running call
+    /// on the display (if any) has ended.
+    fn take_person_lease(&self, holder: &str) -> bool {
         let Ok(_screen) = self.inner.screen.lock() else { return false };
         let Ok(mut lease) = self.inner.lease.lock() else { return false };
-        renew(&mut lease)
+        let now = Instant::now();
+        if lease.as_ref().is_some_and(|l| l.holder != holder && l.until > now && is_person(&l.holder)) {
+            return false;
+        }
+        *lease = Some(Lease { holder: holder.to_string(), until: now + LEASE });
+        true
     }
 
     /// The display's number, size and state, and the lease.

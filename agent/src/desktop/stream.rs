@@ -102,6 +102,11 @@ impl Desktop {
     /// Whether a person's input may pass now: in control mode, the lease is theirs (taken now,
     /// from a bot between two of its calls if need be, never from another person; renewed).
     pub async fn person_input(&self, holder: &str) -> bool {
+        // Every pointer move passes here: only taking the lease from a bot, which waits for its
+        // running call, goes to a blocking thread.
+        if let Some(allowed) = self.person_lease_at_once(holder) {
+            return allowed;
+        }
         let me = self.clone();
         let holder = holder.to_string();
         tokio::task::spawn_blocking(move || me.take_person_lease(&holder)).await.unwrap_or(false)
