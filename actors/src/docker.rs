@@ -407,6 +407,8 @@ impl DockerProvider {
         if let Some(uid) = spec.first_uid {
             env.push(format!("COMPUTER_AGENT_MCP_FIRST_UID={uid}"));
         }
+        // Its ports get public addresses through the agent's link.
+        env.push("COMPUTER_AGENT_PORTS=true".to_string());
         // The agent starts the display and keeps it (the image must have Xvfb).
         if spec.desktop {
             env.push(format!("COMPUTER_AGENT_DESKTOP={DESKTOP_GEOMETRY}"));

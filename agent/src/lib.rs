@@ -25,6 +25,7 @@ pub mod link;
 pub mod mcp;
 pub mod output;
 pub mod pairing;
+pub mod ports;
 pub mod service;
 pub mod sessions;
 pub mod tls;

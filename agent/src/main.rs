@@ -78,6 +78,11 @@ struct Cli {
     /// The X authority file of --desktop-display.
     #[arg(long, env = "COMPUTER_AGENT_DESKTOP_XAUTHORITY")]
     desktop_xauthority: Option<PathBuf>,
+    /// Let the cluster open connections to this machine's ports (`127.0.0.1:<port>`) for their
+    /// public addresses (`PUT …/ports/:port`). The Docker provider sets it for sandboxes; a
+    /// paired machine's ports stay closed unless its owner sets it.
+    #[arg(long, env = "COMPUTER_AGENT_PORTS")]
+    ports: bool,
 }
 
 #[tokio::main]
@@ -205,8 +210,15 @@ async fn main() -> std::process::ExitCode {
         },
         _ => None,
     };
-    let svc =
-        AgentService { sessions, workdir, generation: Arc::new(AtomicU64::new(0)), tools: Some(tools), users, desktop };
+    let svc = AgentService {
+        sessions,
+        workdir,
+        generation: Arc::new(AtomicU64::new(0)),
+        tools: Some(tools),
+        users,
+        desktop,
+        ports: cli.ports,
+    };
     link::run(dial, cred, svc).await;
     std::process::ExitCode::SUCCESS
 }

@@ -56,6 +56,8 @@ pub struct AgentService {
     pub users: Users,
     /// The desktop (`None`: this Computer has none, or its owner did not opt in).
     pub desktop: Option<crate::desktop::Desktop>,
+    /// Tunnels to this machine's ports may be opened (its public port addresses: `--ports`).
+    pub ports: bool,
 }
 
 fn check<T>(g: &AtomicU64, req: &Request<T>) -> Result<(), Status> {
@@ -296,14 +298,32 @@ impl Agent for AgentService {
     ) -> Result<Response<Self::TunnelStream>, Status> {
         use computerd_proto::agent::TunnelData;
         check(&self.generation, &req)?;
-        let Some(desktop) = self.desktop.clone() else {
-            return Err(ErrorKind::ComputerUnsupported.status("this computer has no desktop"));
-        };
         let mut inbound = req.into_inner();
         let first = inbound
             .message()
             .await?
             .ok_or_else(|| ErrorKind::InvalidRequest.status("a tunnel opens with what it opens"))?;
+        let target: serde_json::Value = serde_json::from_str(&first.open_json)
+            .map_err(|e| ErrorKind::InvalidRequest.status(format!("bad tunnel: {e}")))?;
+        if target["target"] == "port" {
+            if !self.ports {
+                return Err(
+                    ErrorKind::ComputerUnsupported.status("this computer's ports are not reachable from outside")
+                );
+            }
+            let port = target["port"].as_u64().and_then(|p| u16::try_from(p).ok()).unwrap_or(0);
+            let sock = crate::ports::connect(port).await.map_err(|(kind, m)| kind.status(m))?;
+            let (tx, rx) = futures::channel::mpsc::channel::<Vec<u8>>(16);
+            let from_node = inbound
+                .take_while(|m| futures::future::ready(m.is_ok()))
+                .filter_map(|m| async move { m.ok().map(|m| m.data).filter(|d| !d.is_empty()) });
+            tokio::spawn(crate::ports::pump(sock, Box::pin(from_node), tx));
+            let out = rx.map(|data| Ok(TunnelData { open_json: String::new(), data }));
+            return Ok(Response::new(Box::pin(out)));
+        }
+        let Some(desktop) = self.desktop.clone() else {
+            return Err(ErrorKind::ComputerUnsupported.status("this computer has no desktop"));
+        };
         let open: crate::desktop::stream::Open = serde_json::from_str(&first.open_json)
             .map_err(|e| ErrorKind::InvalidRequest.status(format!("bad tunnel: {e}")))?;
         let sock = desktop.open_vnc(&open).await.map_err(|(kind, m)| kind.status(m))?;

@@ -71,6 +71,7 @@ pub async fn open_link(ws_url: &str, cred: &Credential) -> Result<JoinHandle<Str
         generation: Arc::new(AtomicU64::new(generation)),
         users: computer_agent::users::Users::new(None).map_err(|e| anyhow!(e))?,
         desktop: None,
+        ports: true,
     };
     let server = computer_agent::link::serve(ws, svc);
     Ok(tokio::spawn(async move {

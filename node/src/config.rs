@@ -105,6 +105,7 @@ impl DevConfig {
             keep_logs: t.keep_logs,
             fake_provider_dir: None,
             novnc_dir: PathBuf::from("/usr/share/novnc"),
+            public_domain: None,
             sandbox_watch_secs: 10.0,
             link_linger_secs: 15.0,
             peer_source_ip: None,
@@ -195,6 +196,11 @@ pub struct ServeConfig {
     /// noVNC's files, served to people's desktop streams (Debian's `novnc` package).
     #[arg(long, env = "COMPUTERD_NOVNC_DIR", default_value = "/usr/share/novnc")]
     pub novnc_dir: PathBuf,
+    /// The wildcard domain of public port addresses (`https://<port>-<label>.DOMAIN/`, its
+    /// certificate held by the load balancer). `localhost[:PORT]` gives plain `http://` addresses
+    /// (for dev). Default: `localhost:<this node's HTTP port>`.
+    #[arg(long, env = "COMPUTERD_PUBLIC_DOMAIN")]
+    pub public_domain: Option<String>,
     /// How often the leader checks that the sandboxes of running and paused Computers still
     /// exist at their provider (seconds).
     #[arg(long, env = "COMPUTERD_SANDBOX_WATCH_SECS", default_value_t = 10.0)]

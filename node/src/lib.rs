@@ -18,8 +18,10 @@ mod limits;
 pub mod link_handshake;
 pub mod owner;
 mod pki;
+pub mod ports;
 mod server;
 pub mod state;
+pub mod tunnel;
 
 pub use dev::dev;
 pub use error::NodeError;

@@ -100,6 +100,9 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), NodeError> {
     let watch_every = positive_secs(cfg.sandbox_watch_secs, "--sandbox-watch-secs")?;
+    let http_port = listeners.http.local_addr().map(|a| a.port()).unwrap_or(80);
+    let public_domain = cfg.public_domain.clone().unwrap_or_else(|| format!("localhost:{http_port}"));
+    let public_domain = crate::ports::PublicDomain::parse(&public_domain).map_err(NodeError::Config)?;
     let linger = positive_secs(cfg.link_linger_secs, "--link-linger-secs")?;
     // 1. The data dir.
     let mut dir = DataDir::open(&cfg.data, cfg.node_id)?;
@@ -204,6 +207,7 @@ pub async fn run(
         limits: app_state_limits.clone(),
         streams: std::sync::Arc::default(),
         novnc_dir: cfg.novnc_dir.clone(),
+        public_domain: std::sync::Arc::new(public_domain),
     };
     // A node cut off from its quorum sheds its agent links, so they move to the majority.
     let shedder = tokio::spawn(computerd_actors::link::run_shedder(

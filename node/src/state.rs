@@ -36,6 +36,8 @@ pub struct AppState {
     pub streams: Arc<crate::desktop_streams::Streams>,
     /// noVNC's files (Debian's `novnc` package: `/usr/share/novnc`).
     pub novnc_dir: std::path::PathBuf,
+    /// Where public port addresses live (`--public-domain`).
+    pub public_domain: Arc<crate::ports::PublicDomain>,
     /// This node's `DIR/join.token` (rewritten when the reusable secret is rotated here).
     pub join_token_file: Option<std::path::PathBuf>,
 }

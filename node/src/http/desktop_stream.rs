@@ -5,8 +5,8 @@
 //! 2. `GET …/desktop/view?ticket=` (routed to the link's node) redeems it once for an HttpOnly
 //!    cookie bound to that one stream (path `/v1/computers/{id}/desktop`) and redirects to noVNC's
 //!    page, `…/desktop/view/vnc.html`, whose assets load with the cookie.
-//! 3. `GET …/desktop/websockify` (the WebSocket, on any node) opens the stream's tunnel: on the
-//!    link's node directly, else through the `Routing.Tunnel` call to it; the link's node checks
+//! 3. `GET …/desktop/websockify` (the WebSocket, on any node) opens the stream's tunnel
+//!    ([`crate::tunnel`]): on the link's node directly, else through `Routing.Tunnel` to it; the link's node checks
 //!    the cookie (once: it opens one stream), the caller's rights again, and asks the agent, which
 //!    filters the viewer's input by mode and lease. No VNC port is open outside the Computer and
 //!    no password travels.
@@ -25,12 +25,9 @@ use axum::http::header;
 use axum::response::IntoResponse;
 use axum::response::Response;
 use computerd_proto::ErrorKind;
-use computerd_proto::agent::TunnelData;
-use computerd_proto::cluster::TunnelChunk;
 use computerd_raft::sm::Source;
 use futures::SinkExt;
 use futures::StreamExt;
-use futures::stream::BoxStream;
 use serde::Deserialize;
 use serde_json::Value;
 use serde_json::json;
@@ -44,10 +41,6 @@ use super::schemas::ErrorBody;
 use super::util::Body;
 use crate::desktop_streams::Grant;
 use crate::desktop_streams::Mode;
-use crate::owner::CallError;
-use crate::owner::CallKind;
-use crate::owner::Miss;
-use crate::owner::Place;
 
 /// The cookie's name.
 pub const COOKIE: &str = "computerd_stream";
@@ -206,78 +199,6 @@ async fn read_asset(dir: &Path, file: &str) -> Result<Vec<u8>, ApiError> {
     tokio::fs::read(&path).await.map_err(|_| missing())
 }
 
-/// Bytes to the Computer's service, and bytes from it.
-pub type Pipe = (futures::channel::mpsc::Sender<Vec<u8>>, BoxStream<'static, Vec<u8>>);
-
-/// Opens the stream of `cookie` on this node (which holds the link): the cookie once, the
-/// caller's rights at a current read, then the agent's tunnel.
-pub async fn open_here(state: &AppState, computer: &str, cookie: &str) -> Result<Pipe, CallError> {
-    let refused = || CallError::new(ErrorKind::Unauthorized, "the stream's cookie is unknown, used or expired");
-    let grant = state.streams.open(computer, cookie).ok_or_else(refused)?;
-    state.cluster.read_barrier().await.map_err(|e| CallError::new(ErrorKind::Unavailable, e.to_string()))?;
-    state
-        .cluster
-        .state()
-        .read(|s| {
-            let caller = s.caller_by_token_id(&grant.token_id)?;
-            match grant.mode {
-                Mode::View => s.visible_computer(&caller, computer).map(|_| ()),
-                Mode::Control => s.check_operate(&caller, computer),
-            }
-        })
-        .map_err(|e| CallError::new(e.error_kind(), e.message))?;
-    let mut agent = state.owners.agent(computer).await?;
-    let open = json!({"target": "vnc", "mode": grant.mode, "holder": grant.holder}).to_string();
-    let (mut tx, rx) = futures::channel::mpsc::channel::<TunnelData>(16);
-    tx.try_send(TunnelData { open_json: open, data: Vec::new() })
-        .map_err(|_| CallError::new(ErrorKind::Internal, "tunnel"))?;
-    let from = agent.tunnel(rx).await.map_err(CallError::from_status)?.into_inner();
-    let (btx, brx) = futures::channel::mpsc::channel::<Vec<u8>>(16);
-    tokio::spawn(brx.map(|data| Ok(TunnelData { open_json: String::new(), data })).forward(tx.sink_map_err(|_| ())));
-    let from =
-        from.take_while(|m| futures::future::ready(m.is_ok())).filter_map(|m| async move { m.ok().map(|m| m.data) });
-    Ok((btx, from.boxed()))
-}
-
-/// Opens the stream wherever the link is: here, or through `Routing.Tunnel` to its node.
-async fn open_anywhere(state: &AppState, computer: &str, cookie: &str) -> Result<Pipe, CallError> {
-    let node = match state.owners.locate(computer).await {
-        Place::Here(_) | Place::Nowhere => return open_here(state, computer, cookie).await,
-        Place::At(n) => n,
-    };
-    let open = json!({"cookie": cookie}).to_string();
-    let sender = std::sync::Arc::new(std::sync::Mutex::new(None));
-    let keep = sender.clone();
-    let reached = state
-        .owners
-        .reach(node, CallKind::Session, |mut client, _left| {
-            let (mut tx, rx) = futures::channel::mpsc::channel::<TunnelChunk>(16);
-            let first = TunnelChunk { computer_id: computer.to_string(), open_json: open.clone(), data: Vec::new() };
-            let _ = tx.try_send(first);
-            if let Ok(mut s) = keep.lock() {
-                *s = Some(tx);
-            }
-            async move { client.tunnel(rx).await }
-        })
-        .await;
-    let from = match reached {
-        Ok(r) => r.value,
-        Err(Miss::Nobody) => return open_here(state, computer, cookie).await,
-        Err(Miss::Failed(e)) => return Err(e),
-    };
-    let tx =
-        sender.lock().ok().and_then(|mut s| s.take()).ok_or_else(|| CallError::new(ErrorKind::Internal, "tunnel"))?;
-    let (btx, brx) = futures::channel::mpsc::channel::<Vec<u8>>(16);
-    let id = computer.to_string();
-    tokio::spawn(
-        brx.map(move |data| Ok(TunnelChunk { computer_id: id.clone(), open_json: String::new(), data }))
-            .forward(tx.sink_map_err(|_| ())),
-    );
-    let from =
-        from.take_while(|m| futures::future::ready(m.is_ok())).filter_map(|m| async move { m.ok().map(|m| m.data) });
-    Ok((btx, from.boxed()))
-}
-
 /// `GET /v1/computers/:id/desktop/websockify`: the stream's WebSocket (binary RFB), on any node.
 #[utoipa::path(get, path = "/v1/computers/{id}/desktop/websockify", operation_id = "desktop_websocket", tag = "desktop", params(("id" = String, Path)), responses((status = 101, description = "The stream (RFB over WebSocket), for the stream's cookie"), (status = 401, body = ErrorBody), (status = 409, description = "`InputBusy`: another person controls the desktop", body = ErrorBody)))]
 pub async fn websocket(
@@ -288,7 +209,10 @@ pub async fn websocket(
 ) -> Result<Response, ApiError> {
     let cookie = cookie_of(&headers)
         .ok_or_else(|| ApiError::new(ErrorKind::Unauthorized, "no stream cookie: open the stream URL first"))?;
-    let (mut to_computer, mut from_computer) = open_anywhere(&state, &id, &cookie).await.map_err(ApiError::from)?;
+    let (mut to_computer, mut from_computer) =
+        crate::tunnel::open_anywhere(&state, &id, &crate::tunnel::Opening::Stream { cookie })
+            .await
+            .map_err(ApiError::from)?;
     Ok(ws.protocols(["binary"]).on_upgrade(move |socket| async move {
         let (mut out, mut inp) = socket.split();
         let up = async move {

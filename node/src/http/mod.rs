@@ -18,6 +18,8 @@ mod health;
 mod identity;
 mod limits;
 mod openapi;
+mod port_proxy;
+mod ports;
 mod providers;
 mod retention;
 mod schemas;
@@ -27,7 +29,6 @@ mod tools;
 mod util;
 
 pub use auth::Auth;
-pub use desktop_stream::open_here as open_stream_here;
 pub use error::ApiError;
 pub use limits::Limits;
 pub use limits::run_forget as run_limits_upkeep;
@@ -66,6 +67,7 @@ struct Groups {
     desktop: Router<AppState>,
     viewer: Router<AppState>,
     viewer_socket: Router<AppState>,
+    ports: Router<AppState>,
     pairing: Router<AppState>,
     link: Router<AppState>,
     streams: Router<AppState>,
@@ -158,13 +160,21 @@ fn groups(seen: &mut dyn FnMut(&[RoutePair])) -> Groups {
         get "/v1/computers/{id}/desktop/websockify" => desktop_stream::websocket,
     };
     seen(&pairs);
+    // Public port addresses: records in the store, on any node.
+    let (ports, pairs) = group! {
+        get "/v1/computers/{id}/ports" => ports::list,
+        put "/v1/computers/{id}/ports/{port}" => ports::put,
+        get "/v1/computers/{id}/ports/{port}" => ports::get,
+        delete "/v1/computers/{id}/ports/{port}" => ports::delete,
+    };
+    seen(&pairs);
     let (pairing, pairs) = group! { post "/v1/agent/pair" => agent::pair };
     seen(&pairs);
     let (link, pairs) = group! { get "/v1/agent/link" => agent::link };
     seen(&pairs);
     let (streams, pairs) = group! { get "/v1/events" => events::events };
     seen(&pairs);
-    Groups { control, tools, sessions, files, desktop, viewer, viewer_socket, pairing, link, streams }
+    Groups { control, tools, sessions, files, desktop, viewer, viewer_socket, ports, pairing, link, streams }
 }
 
 /// The API router. Routes come in groups, each with its body limit and deadline
@@ -190,11 +200,12 @@ pub fn router(state: AppState) -> Router {
     let viewer =
         g.viewer.layer(from_fn_with_state(state.clone(), forward::to_link_owner)).layer(bounded(limits::CONTROL));
     let viewer_socket = g.viewer_socket.layer(bounded(limits::STREAM));
+    let ports = g.ports.layer(bounded(limits::CONTROL));
     let pairing =
         g.pairing.layer(from_fn_with_state(state.clone(), limits::per_source)).layer(bounded(limits::PAIRING));
     let link = g.link.layer(from_fn_with_state(state.clone(), limits::per_source)).layer(bounded(limits::STREAM));
     let streams = g.streams.layer(bounded(limits::STREAM));
-    Router::new()
+    let api = Router::new()
         .merge(control)
         .merge(tools)
         .merge(sessions)
@@ -202,6 +213,7 @@ pub fn router(state: AppState) -> Router {
         .merge(desktop)
         .merge(viewer)
         .merge(viewer_socket)
+        .merge(ports)
         .merge(pairing)
         .merge(link)
         .merge(streams)
@@ -210,5 +222,7 @@ pub fn router(state: AppState) -> Router {
             ApiError::new(computerd_proto::ErrorKind::MethodNotAllowed, "this route does not take that method")
         })
         .layer(axum::middleware::from_fn_with_state(state.clone(), limits::per_token))
-        .with_state(state)
+        .with_state(state.clone());
+    // A request to a public port address (by its `Host`) never reaches the API's routes.
+    Router::new().fallback_service(api).layer(from_fn_with_state(state, port_proxy::by_host))
 }

@@ -20,6 +20,7 @@ use super::files;
 use super::grants;
 use super::health;
 use super::identity;
+use super::ports;
 use super::providers;
 use super::retention;
 use super::sessions;
@@ -62,6 +63,7 @@ impl Modify for BearerAuth {
         files::read, files::write, files::remove, files::directory,
         desktop::status, desktop::screenshot, desktop::actions, desktop::release,
         desktop_stream::stream, desktop_stream::view, desktop_stream::asset, desktop_stream::websocket,
+        ports::put, ports::list, ports::get, ports::delete,
         agent::pair, agent::link,
         tools::install, tools::list, tools::discover, tools::call, tools::switch, tools::revoke, tools::model_tool,
     ),

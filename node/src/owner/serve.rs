@@ -78,12 +78,10 @@ impl Routing for RouteTarget {
         if state.links.get(&computer).is_none() {
             return Err(state.owners.not_owner(&computer).await);
         }
-        let open: serde_json::Value = serde_json::from_str(&first.open_json)
+        let opening: crate::tunnel::Opening = serde_json::from_str(&first.open_json)
             .map_err(|e| ErrorKind::InvalidRequest.status(format!("bad tunnel: {e}")))?;
-        let cookie =
-            open["cookie"].as_str().ok_or_else(|| ErrorKind::InvalidRequest.status("a tunnel names its cookie"))?;
         let (mut to_computer, from_computer) =
-            crate::http::open_stream_here(&state, &computer, cookie).await.map_err(|e| e.into_status())?;
+            crate::tunnel::open_here(&state, &computer, &opening).await.map_err(|e| e.into_status())?;
         tokio::spawn(async move {
             use futures::SinkExt;
             while let Some(Ok(chunk)) = incoming.next().await {

@@ -336,6 +336,7 @@ impl State {
             self.exec_index.decided_approvals.insert((at_ms, id.to_string()));
         }
         match (approve, a.capability, &a.execution_id) {
+            (_, Capability::Expose, _) => self.expose_decided(&a.target, id, approve),
             (true, Capability::Acquire, _) => {
                 if let Some(bot) = &a.requester.bot_id {
                     self.insert_grant(&a.target, bot, &caller.member.id, at_ms);

@@ -239,6 +239,35 @@ pub enum Command {
         /// Bot id.
         bot_id: String,
     },
+    /// Gives a Computer's port a public address (capability `computers.expose`); answers the
+    /// approval id when a decider asks for one (`ports`).
+    ExposePort {
+        /// The token id of the caller.
+        by: String,
+        /// Computer id.
+        computer_id: String,
+        /// The port in the Computer.
+        port: u16,
+        /// `http`.
+        protocol: String,
+        /// The SHA-256 (hex) of the address's label; the label itself is never stored.
+        label_hash: String,
+        /// The id to use if a decider asks for an approval.
+        approval_id: String,
+        /// Unix ms.
+        at_ms: u64,
+    },
+    /// Ends a port's public address (idempotent).
+    UnexposePort {
+        /// The token id of the caller.
+        by: String,
+        /// Computer id.
+        computer_id: String,
+        /// The port.
+        port: u16,
+        /// Unix ms.
+        at_ms: u64,
+    },
     /// A bot asks for the right to use an existing Computer (capability `computers.acquire`).
     Acquire {
         /// The bot token id.
@@ -484,6 +513,8 @@ impl Command {
             Command::PutGrant { .. } => "put_grant",
             Command::DeleteGrant { .. } => "delete_grant",
             Command::Acquire { .. } => "acquire",
+            Command::ExposePort { .. } => "expose_port",
+            Command::UnexposePort { .. } => "unexpose_port",
             Command::DecideApproval { .. } => "decide_approval",
             Command::SetRules { .. } => "set_rules",
             Command::SetRetention { .. } => "set_retention",

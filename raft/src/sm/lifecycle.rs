@@ -430,6 +430,7 @@ impl State {
                 self.remove_grants_on(&computer_id);
                 self.uid_ranges.release(&computer_id);
                 self.drop_computer_bindings(&computer_id);
+                self.ports.remove_computer(&computer_id);
             }
         }
     }

@@ -114,6 +114,9 @@ pub struct State {
     /// rebuilt when a snapshot loads (`computer_index`).
     #[serde(skip)]
     pub computer_index: super::computer_index::ComputerIndex,
+    /// Public port addresses (`ports`): at most `ports::MAX_PORTS` per Computer, gone with it.
+    #[serde(default)]
+    pub ports: super::ports::Ports,
     /// How long finished executions and decided approvals are kept (`retention`).
     #[serde(default)]
     pub retention: super::retention::Retention,
@@ -206,6 +209,9 @@ impl State {
             Command::Acquire { by, computer_id, approval_id, reason, at_ms } => {
                 Some(self.acquire(by, computer_id, approval_id, reason.as_deref(), *at_ms))
             }
+            Command::ExposePort { by, computer_id, port, protocol, label_hash, approval_id, at_ms } => {
+                Some(self.expose_port(by, computer_id, *port, protocol, label_hash, approval_id, *at_ms))
+            }
             Command::RedeemPairing { code, credential_hash, at_ms } => {
                 Some(self.redeem_pairing(code, credential_hash, *at_ms).map(Some))
             }
@@ -257,6 +263,7 @@ impl State {
             }
             Command::SubmitExecution(_)
             | Command::Acquire { .. }
+            | Command::ExposePort { .. }
             | Command::RedeemPairing { .. }
             | Command::PlanPause { .. }
             | Command::BindingReserve { .. }
@@ -264,6 +271,9 @@ impl State {
             | Command::SwitchReserve { .. }
             | Command::LinkUp { .. } => Err(Reject::new(RejectKind::Invalid, "handled in apply")),
             Command::CreateProvider { by, provider } => self.create_provider(by, provider),
+            Command::UnexposePort { by, computer_id, port, at_ms } => {
+                self.unexpose_port(by, computer_id, *port, *at_ms)
+            }
             Command::ClaimExecution { execution_id, claim, node, at_ms } => {
                 self.claim(execution_id, claim, *node, *at_ms)
             }

@@ -1,0 +1,254 @@
+//! Requests to a public port address (`Host: <port>-<label>.<public domain>`), on any node: the
+//! label's hash is looked up in the store; the exposer's rights are checked (a paused Computer
+//! is resumed with them, as a stored execution); then one tunnel through the owner's agent link
+//! to `127.0.0.1:<port>` carries the request as HTTP/1.1: streaming bodies both ways, server-sent
+//! events, and WebSocket (any `Upgrade`) connections. The node holding the link checks the
+//! address again at a current read before it opens the tunnel, so an address ended by `DELETE`
+//! is refused by every node at once. The label never reaches a log.
+
+use std::pin::Pin;
+use std::task::Context;
+use std::task::Poll;
+
+use axum::extract::Request;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::http::HeaderName;
+use axum::http::HeaderValue;
+use axum::http::StatusCode;
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::IntoResponse;
+use axum::response::Response;
+use computerd_proto::ErrorKind;
+use computerd_raft::sm::PortResolved;
+use futures::Stream;
+use futures::stream::BoxStream;
+use hyper_util::rt::TokioIo;
+use tokio::io::AsyncRead;
+use tokio::io::AsyncWrite;
+use tokio::io::ReadBuf;
+
+use super::ApiError;
+use super::AppState;
+use crate::tunnel::Opening;
+
+/// Serves the request when its `Host` is a public port address; any other goes to the API.
+pub async fn by_host(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let host = req.headers().get(header::HOST).and_then(|v| v.to_str().ok()).or_else(|| req.uri().host());
+    let Some((port, label)) = host.and_then(|h| state.public_domain.match_host(h)) else {
+        return next.run(req).await;
+    };
+    match proxy(&state, port, &label, req).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn proxy(state: &AppState, port: u16, label: &str, mut req: Request) -> Result<Response, ApiError> {
+    let hash = computerd_raft::sm::hash_secret(label);
+    let mut resolved = state.cluster.state().read(|s| s.resolve_port(&hash, port));
+    if resolved == PortResolved::Gone {
+        // This replica may not have applied the exposure yet.
+        state.cluster.read_barrier().await?;
+        resolved = state.cluster.state().read(|s| s.resolve_port(&hash, port));
+    }
+    let (exposure, exposer) = match resolved {
+        PortResolved::Open(e, c) => (e, c),
+        PortResolved::AwaitingApproval => return Err(crate::tunnel::awaiting().into()),
+        PortResolved::Gone => return Err(crate::tunnel::no_address().into()),
+    };
+    let computer = exposure.computer_id;
+    // The request is anonymous: a paused Computer resumes with the exposer's rights.
+    super::calls::admit(state, &exposer, &computer, true).await?;
+    let opening = Opening::Port { port, label_hash: hash };
+    let pipe = match crate::tunnel::open_anywhere(state, &computer, &opening).await {
+        // Just resumed, its link came up on another node while this one waited: once more.
+        Err(e) if e.kind == ErrorKind::Unavailable => crate::tunnel::open_anywhere(state, &computer, &opening).await?,
+        other => other?,
+    };
+    let io = TokioIo::new(PipeIo { tx: pipe.0, rx: pipe.1, pending: Vec::new(), at: 0 });
+    let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
+        .handshake::<_, axum::body::Body>(io)
+        .await
+        .map_err(|e| bad_gateway(port, &e))?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.with_upgrades().await {
+            tracing::debug!(error = %e, "a port connection ended");
+        }
+    });
+    let upgrade = wants_upgrade(req.headers());
+    let from_client = upgrade.then(|| hyper::upgrade::on(&mut req));
+    let peer = crate::edge::peer_of(&req).map(|p| p.ip());
+    let (mut parts, body) = req.into_parts();
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_string();
+    parts.uri = path.parse().map_err(|_| ApiError::invalid("bad request target"))?;
+    // The service speaks HTTP/1.1 whatever the client spoke to the node.
+    parts.version = axum::http::Version::HTTP_11;
+    strip_hop_headers(&mut parts.headers, upgrade);
+    if let Some(ip) = peer {
+        let forwarded = match parts.headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+            Some(before) => format!("{before}, {ip}"),
+            None => ip.to_string(),
+        };
+        if let Ok(v) = HeaderValue::from_str(&forwarded) {
+            parts.headers.insert(HeaderName::from_static("x-forwarded-for"), v);
+        }
+    }
+    if !parts.headers.contains_key("x-forwarded-proto") {
+        let proto = if state.public_domain.url(port, "x").starts_with("https") { "https" } else { "http" };
+        parts.headers.insert(HeaderName::from_static("x-forwarded-proto"), HeaderValue::from_static(proto));
+    }
+    state.activity.touch(&computer);
+    let mut resp = sender.send_request(Request::from_parts(parts, body)).await.map_err(|e| bad_gateway(port, &e))?;
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS
+        && let Some(from_client) = from_client
+    {
+        let to_service = hyper::upgrade::on(&mut resp);
+        let (activity, id) = (state.activity.clone(), computer.clone());
+        tokio::spawn(async move {
+            let (Ok(client), Ok(service)) = (from_client.await, to_service.await) else { return };
+            let (mut client, mut service) = (TokioIo::new(client), TokioIo::new(service));
+            // An open connection is work: the Computer is not idle while it lasts.
+            let copy = tokio::io::copy_bidirectional(&mut client, &mut service);
+            tokio::pin!(copy);
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(30));
+            loop {
+                tokio::select! {
+                    _ = &mut copy => break,
+                    _ = tick.tick() => activity.touch(&id),
+                }
+            }
+        });
+    } else {
+        strip_hop_headers(resp.headers_mut(), false);
+    }
+    Ok(resp.map(axum::body::Body::new))
+}
+
+fn bad_gateway(port: u16, e: &hyper::Error) -> ApiError {
+    ApiError::new(
+        ErrorKind::ComputerExecutionFailed,
+        format!("the service on port {port} did not answer over HTTP/1.1: {e}"),
+    )
+}
+
+/// `Connection: upgrade` with an `Upgrade` header.
+fn wants_upgrade(h: &HeaderMap) -> bool {
+    h.contains_key(header::UPGRADE)
+        && h.get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+}
+
+/// Drops the hop-by-hop headers (RFC 9110 §7.6.1), and those `Connection` names; an upgrade
+/// keeps `Connection: upgrade` and `Upgrade`.
+fn strip_hop_headers(h: &mut HeaderMap, upgrade: bool) {
+    let named: Vec<String> = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|t| t.trim().to_ascii_lowercase())
+        .filter(|t| !t.is_empty() && t != "upgrade")
+        .collect();
+    for n in named {
+        h.remove(n.as_str());
+    }
+    for n in [
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+    ] {
+        h.remove(n);
+    }
+    h.remove(header::CONNECTION);
+    if upgrade {
+        h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    } else {
+        h.remove(header::UPGRADE);
+    }
+}
+
+/// A tunnel as a byte stream for hyper.
+struct PipeIo {
+    tx: futures::channel::mpsc::Sender<Vec<u8>>,
+    rx: BoxStream<'static, Vec<u8>>,
+    pending: Vec<u8>,
+    at: usize,
+}
+
+impl AsyncRead for PipeIo {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let me = &mut *self;
+        if me.at >= me.pending.len() {
+            match Pin::new(&mut me.rx).poll_next(cx) {
+                Poll::Ready(Some(data)) => {
+                    me.pending = data;
+                    me.at = 0;
+                }
+                Poll::Ready(None) => return Poll::Ready(Ok(())),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        let n = buf.remaining().min(me.pending.len() - me.at);
+        buf.put_slice(&me.pending[me.at..me.at + n]);
+        me.at += n;
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for PipeIo {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<std::io::Result<usize>> {
+        let closed = || std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the tunnel closed");
+        match self.tx.poll_ready(cx) {
+            Poll::Ready(Ok(())) => {}
+            Poll::Ready(Err(_)) => return Poll::Ready(Err(closed())),
+            Poll::Pending => return Poll::Pending,
+        }
+        // At most 64 KiB per message of the tunnel.
+        let n = data.len().min(64 * 1024);
+        self.tx.start_send(data[..n].to_vec()).map_err(|_| closed())?;
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.tx.close_channel();
+        Poll::Ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_headers_go_and_upgrades_keep_theirs() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, "keep-alive, x-secret, Upgrade".parse().expect("v"));
+        h.insert("x-secret", "1".parse().expect("v"));
+        h.insert("keep-alive", "timeout=5".parse().expect("v"));
+        h.insert(header::UPGRADE, "websocket".parse().expect("v"));
+        h.insert("x-app", "kept".parse().expect("v"));
+        assert!(wants_upgrade(&h));
+        let mut plain = h.clone();
+        strip_hop_headers(&mut plain, false);
+        assert_eq!(plain.len(), 1, "{plain:?}");
+        assert_eq!(plain["x-app"], "kept");
+        strip_hop_headers(&mut h, true);
+        assert_eq!(h[header::CONNECTION], "upgrade");
+        assert_eq!(h[header::UPGRADE], "websocket");
+        assert!(!h.contains_key("x-secret") && !h.contains_key("keep-alive"));
+        assert!(!wants_upgrade(&HeaderMap::new()));
+    }
+}
