@@ -74,7 +74,7 @@ async fn t10_a_sandbox_port_through_any_node_and_the_balancer() {
         )
         .await;
     assert_eq!(s, 200, "{v}");
-    let start = json!({"command": format!("exec python3 server.py {port} 2>server.err"), "yieldTimeMs": 200});
+    let start = json!({"command": format!("exec python3 server.py {port} 2>server.err"), "yieldTimeMs": 300});
     let (s, v) = c.call(Method::POST, 1, &format!("/v1/computers/{id}/sessions"), &c.token, Some(start)).await;
     assert_eq!((s, &v["running"]), (200, &json!(true)), "{v}");
 

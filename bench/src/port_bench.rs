@@ -1,0 +1,167 @@
+//! port-bench: what a public port address costs. A 64 KiB answer of a Python `http.server` in a
+//! real Docker sandbox, fetched through HAProxy two ways, alternating, in the same run:
+//!
+//! - **direct**: HAProxy straight to the sandbox's `127.0.0.1:<port>` (the test sandboxes share
+//!   the host's network), the baseline;
+//! - **proxied**: the same HAProxy config in front of a 3-node cluster, with the address's
+//!   `Host` (`<port>-<label>.localhost`): a node (two times in three one without the link) looks
+//!   the address up, checks the exposer's rights, and tunnels the request through the owner's
+//!   agent link to the port.
+//!
+//! Each client keeps its connection to HAProxy alive. The goal: proxied p50 at most 1.5x direct.
+//!
+//! ```text
+//! cargo build --release -p computerd-node --bin computerd && cargo build --release -p computer-agent &&
+//!   cargo build --release -p computerd-bench --bin port-bench && target/release/port-bench
+//! ```
+//!
+//! `BENCH_SAMPLES` (default 2000; 300 with `BENCH_QUICK=1`) requests of each kind, after 100 of
+//! each not counted; `COMPUTERD_BIN` and `AGENT_BIN` as in the other benches.
+
+use std::time::Duration;
+use std::time::Instant;
+
+use anyhow::Context;
+use anyhow::Result;
+use anyhow::bail;
+use computerd_bench::report::percentile_ms;
+use computerd_bench::settings;
+use computerd_tests::TestCluster;
+use computerd_tests::docker::IMAGE;
+use computerd_tests::lb::Haproxy;
+use serde_json::Value;
+use serde_json::json;
+
+const SERVER: &str = include_str!("../../tests/fixtures/port_server.py");
+
+fn main() -> Result<()> {
+    let computerd = settings::computerd_bin()?;
+    let agent = settings::agent_bin()?;
+    // SAFETY: nothing else runs yet.
+    let rt = unsafe { settings::runtime_for(&computerd)? };
+    rt.block_on(run(agent))
+}
+
+async fn call(c: &TestCluster, method: reqwest::Method, path: &str, body: Option<Value>) -> Result<Value> {
+    let (s, v) = c.call(method, 1, path, &c.token, body).await;
+    if !(200..300).contains(&s) {
+        bail!("{path}: HTTP {s}: {v}");
+    }
+    Ok(v)
+}
+
+async fn run(agent: std::path::PathBuf) -> Result<()> {
+    let samples: usize = std::env::var("BENCH_SAMPLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if settings::quick() { 300 } else { 2000 });
+    computerd_tests::docker::ensure_sandbox_image();
+    let c = TestCluster::start(3).await;
+    let config = json!({
+        "serverUrl": c.url(1, ""),
+        "network": "host",
+        "agentBinary": agent.to_string_lossy(),
+        "templates": {"default": {"image": IMAGE, "cpus": 1.0, "memoryMb": 512, "pids": 256}},
+    });
+    let v = call(
+        &c,
+        reqwest::Method::POST,
+        "/v1/computer-providers",
+        Some(json!({"kind": "docker", "name": "d", "config": config})),
+    )
+    .await?;
+    let provider = v["id"].as_str().context("provider id")?.to_string();
+    let body = json!({"commandKey": "bench", "name": "bench", "source": {"_tag": "Provider", "provider": provider}});
+    let v = call(&c, reqwest::Method::POST, "/v1/computers", Some(body)).await?;
+    let id = v["resource"]["id"].as_str().context("computer id")?.to_string();
+    let result = measure(&c, &id, samples).await;
+    let _ =
+        call(&c, reqwest::Method::DELETE, &format!("/v1/computers/{id}"), Some(json!({"commandKey": "bench-d"}))).await;
+    for container in computerd_tests::docker::containers_of(&id) {
+        let _ = std::process::Command::new("docker").args(["rm", "-f", &container]).output();
+    }
+    result
+}
+
+async fn measure(c: &TestCluster, id: &str, samples: usize) -> Result<()> {
+    computerd_tests::agent::wait_state(c, id, "running").await;
+    let port = computerd_tests::free_port();
+    call(
+        c,
+        reqwest::Method::PUT,
+        &format!("/v1/computers/{id}/files?path=server.py"),
+        Some(json!({"content": SERVER})),
+    )
+    .await?;
+    let start = json!({"command": format!("exec python3 server.py {port}"), "yieldTimeMs": 300});
+    call(c, reqwest::Method::POST, &format!("/v1/computers/{id}/sessions"), Some(start)).await?;
+    let v = call(c, reqwest::Method::PUT, &format!("/v1/computers/{id}/ports/{port}"), Some(json!({}))).await?;
+    let url = v["url"].as_str().context("url")?;
+    let host = url.trim_start_matches("http://").split(':').next().context("host")?.to_string();
+
+    let dir = tempfile::tempdir()?;
+    let (d1, d2) = (dir.path().join("direct"), dir.path().join("nodes"));
+    std::fs::create_dir_all(&d1)?;
+    std::fs::create_dir_all(&d2)?;
+    let direct = Haproxy::start(&d1, &[format!("127.0.0.1:{port}")]).await;
+    let nodes = Haproxy::start(&d2, &c.nodes.values().map(|n| n.http.clone()).collect::<Vec<_>>()).await;
+    let client = || reqwest::Client::builder().pool_max_idle_per_host(1).timeout(Duration::from_secs(30)).build();
+    let (a, b) = (client()?, client()?);
+    let (direct_url, proxied_url) = (direct.url("/big"), nodes.url("/big"));
+    let get = |cl: &reqwest::Client, url: &str, host: Option<&str>| {
+        let mut r = cl.get(url);
+        if let Some(h) = host {
+            r = r.header("host", h);
+        }
+        let sent = r.send();
+        async move {
+            let t = Instant::now();
+            let resp = sent.await?;
+            let status = resp.status();
+            let body = resp.bytes().await?;
+            if status != 200 || body.len() != 64 * 1024 {
+                bail!("HTTP {status}, {} bytes", body.len());
+            }
+            Ok::<_, anyhow::Error>(t.elapsed().as_micros() as u64)
+        }
+    };
+    // The service up, both ways.
+    let until = Instant::now() + Duration::from_secs(30);
+    while get(&b, &proxied_url, Some(&host)).await.is_err() {
+        if Instant::now() > until {
+            bail!("the service did not answer through its address");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (mut d, mut p) = (Vec::with_capacity(samples), Vec::with_capacity(samples));
+    for i in 0..samples + 100 {
+        let x = get(&a, &direct_url, None).await.context("direct")?;
+        let y = get(&b, &proxied_url, Some(&host)).await.context("proxied")?;
+        if i >= 100 {
+            d.push(x);
+            p.push(y);
+        }
+    }
+    d.sort_unstable();
+    p.sort_unstable();
+    println!("port-bench: GET of a 64 KiB answer through HAProxy, {samples} each, alternating");
+    println!("{:<42} {:>9} {:>9}", "", "p50 ms", "p99 ms");
+    println!(
+        "{:<42} {:>9.3} {:>9.3}",
+        "direct (HAProxy -> sandbox port)",
+        percentile_ms(&d, 0.5),
+        percentile_ms(&d, 0.99)
+    );
+    println!(
+        "{:<42} {:>9.3} {:>9.3}",
+        "proxied (HAProxy -> node -> link -> port)",
+        percentile_ms(&p, 0.5),
+        percentile_ms(&p, 0.99)
+    );
+    let ratio = percentile_ms(&p, 0.5) / percentile_ms(&d, 0.5);
+    println!(
+        "proxied/direct p50: {ratio:.2}x (goal <= 1.5x); p99: {:.2}x",
+        percentile_ms(&p, 0.99) / percentile_ms(&d, 0.99)
+    );
+    Ok(())
+}
