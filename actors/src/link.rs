@@ -394,10 +394,31 @@ async fn on_report(a: &LinkArgs, r: &[u8], proposals: &Arc<tokio::sync::Semaphor
         return;
     };
     a.activity.set_busy(&a.computer_id, e.running > 0);
-    if e.session_id.is_empty() {
+    let cmd = if e.lease_report {
+        // The desktop's input lease changed: an event.
+        Command::DesktopLease {
+            computer_id: a.computer_id.clone(),
+            generation: a.generation,
+            holder: Some(e.lease_holder).filter(|h| !h.is_empty()),
+            at_ms: now_ms(),
+        }
+    } else if e.session_id.is_empty() {
         return; // a status report only
-    }
-    let cmd = Command::SessionEnded {
+    } else {
+        session_ended(a, e)
+    };
+    let Ok(permit) = proposals.clone().acquire_owned().await else { return };
+    let (cluster, computer_id) = (a.cluster.clone(), a.computer_id.clone());
+    tokio::spawn(async move {
+        let _permit = permit;
+        if let Err(err) = cluster.propose(Request::new(cmd)).await {
+            tracing::warn!(computer_id = %computer_id, error = %err, "could not record an agent's report");
+        }
+    });
+}
+
+fn session_ended(a: &LinkArgs, e: SessionEnded) -> Command {
+    Command::SessionEnded {
         computer_id: a.computer_id.clone(),
         generation: a.generation,
         session_id: e.session_id,
@@ -405,15 +426,7 @@ async fn on_report(a: &LinkArgs, r: &[u8], proposals: &Arc<tokio::sync::Semaphor
         exit_code: e.exit_code,
         signal: e.signal,
         at_ms: now_ms(),
-    };
-    let Ok(permit) = proposals.clone().acquire_owned().await else { return };
-    let (cluster, computer_id) = (a.cluster.clone(), a.computer_id.clone());
-    tokio::spawn(async move {
-        let _permit = permit;
-        if let Err(err) = cluster.propose(Request::new(cmd)).await {
-            tracing::warn!(computer_id = %computer_id, error = %err, "could not record a session's end");
-        }
-    });
+    }
 }
 
 /// Sheds this node's links while it is out of touch with a quorum (a partition): it cannot

@@ -81,6 +81,15 @@ async fn connect_once(dial: &crate::tls::Dial, cred: &Credential, svc: &AgentSer
     Ok(())
 }
 
+/// The next holder of the desktop's input lease (never, without a desktop).
+async fn next_holder(rx: &mut Option<tokio::sync::watch::Receiver<Option<String>>>) -> Option<String> {
+    let Some(rx) = rx else { return std::future::pending().await };
+    if rx.changed().await.is_err() {
+        return std::future::pending().await;
+    }
+    rx.borrow_and_update().clone()
+}
+
 /// The WebSocket of a link.
 pub type LinkSocket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
@@ -103,6 +112,8 @@ pub async fn serve(ws: LinkSocket, svc: AgentService) -> Result<(), String> {
     let mut running = sessions.running();
     let status = |running: u32| SessionEnded { running, ..Default::default() }.encode_to_vec();
     mux.report(&status(*running.borrow_and_update()));
+    let desktop = svc.desktop.clone();
+    let mut lease = desktop.as_ref().map(|d| d.lease_changes());
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let ended: Result<(), String> = async {
@@ -125,6 +136,7 @@ pub async fn serve(ws: LinkSocket, svc: AgentService) -> Result<(), String> {
                             exit_code: e.exit_code,
                             signal: e.signal,
                             running: *running.borrow(),
+                            ..Default::default()
                         };
                         mux.report(&report.encode_to_vec());
                     }
@@ -135,8 +147,20 @@ pub async fn serve(ws: LinkSocket, svc: AgentService) -> Result<(), String> {
                     }
                     mux.report(&status(*running.borrow_and_update()));
                 }
+                holder = next_holder(&mut lease) => {
+                    let report = SessionEnded {
+                        running: *running.borrow(),
+                        lease_report: true,
+                        lease_holder: holder.unwrap_or_default(),
+                        ..Default::default()
+                    };
+                    mux.report(&report.encode_to_vec());
+                }
                 r = &mut server => return Err(format!("the agent's server stopped: {r:?}")),
                 _ = tick.tick() => {
+                    if let Some(d) = &desktop {
+                        d.expire_lease();
+                    }
                     if mux.last_rx().elapsed() > NODE_SILENCE {
                         return Err(format!("no word from the node for {NODE_SILENCE:?}"));
                     }

@@ -247,6 +247,31 @@ async fn t10_a_window_typing_clicks_and_the_lease_through_the_api() {
     assert_eq!((s, v["result"]["results"][0]["ok"].as_bool()), (200, Some(true)), "{v}");
     let (s, v) = c.call(Method::POST, 1, &format!("/v1/computers/{id}/desktop/release"), &bot_token, None).await;
     assert_eq!(s, 200, "{v}");
+    // Every change of the lease's holder is an event: the member's, released, the bot's,
+    // released.
+    let bot_holder = format!("bot:{bot}");
+    wait_for("the lease's events", Duration::from_secs(20), || {
+        let (c, id, bot_holder) = (&c, id.clone(), bot_holder.clone());
+        async move {
+            let (_, ev) = c.call(Method::GET, 1, "/v1/events?after=0&limit=1000", &c.token, None).await;
+            let holders: Vec<Option<String>> = ev["events"]
+                .as_array()?
+                .iter()
+                .filter(|e| e["type"] == "DesktopLeaseChanged" && e["computerId"] == id.as_str())
+                .map(|e| e["data"]["holder"].as_str().map(String::from))
+                .collect();
+            holders
+                .windows(4)
+                .any(|w| {
+                    w[0].as_deref().is_some_and(|h| h.starts_with("member:"))
+                        && w[1].is_none()
+                        && w[2].as_deref() == Some(bot_holder.as_str())
+                        && w[3].is_none()
+                })
+                .then_some(())
+        }
+    })
+    .await;
 
     // A person's stream. A paired machine or a computer without a desktop has none.
     let (s, v) = c

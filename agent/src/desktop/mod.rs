@@ -95,6 +95,8 @@ struct Inner {
     /// The connection, made on first use and made again after an error.
     screen: Mutex<Option<Screen>>,
     lease: Mutex<Option<Lease>>,
+    /// The lease's holder as last published (its changes are reported to the node as events).
+    holder: tokio::sync::watch::Sender<Option<String>>,
     /// The account x11vnc runs as (the agent's own display only).
     account: Option<crate::users::Account>,
     vnc: tokio::sync::Mutex<stream::Vnc>,
@@ -121,6 +123,7 @@ impl Desktop {
                 scope,
                 screen: Mutex::new(None),
                 lease: Mutex::new(None),
+                holder: tokio::sync::watch::Sender::new(None),
                 account,
                 vnc: tokio::sync::Mutex::new(stream::Vnc::default()),
             }),
@@ -130,6 +133,34 @@ impl Desktop {
     /// What this desktop takes.
     pub fn scope(&self) -> Scope {
         self.inner.scope
+    }
+
+    /// The lease's holder, changing when the lease changes hands, is released or expires (not
+    /// when it is renewed).
+    pub fn lease_changes(&self) -> tokio::sync::watch::Receiver<Option<String>> {
+        self.inner.holder.subscribe()
+    }
+
+    /// Publishes the holder of `lease` (called with the lease's lock held, so in order).
+    fn publish(&self, lease: &Option<Lease>) {
+        let now = lease.as_ref().map(|l| l.holder.clone());
+        self.inner.holder.send_if_modified(|h| {
+            let changed = *h != now;
+            if changed {
+                h.clone_from(&now);
+            }
+            changed
+        });
+    }
+
+    /// Ends an expired lease (the link's timer calls it every second, so its end is reported).
+    pub fn expire_lease(&self) {
+        if let Ok(mut lease) = self.inner.lease.lock()
+            && lease.as_ref().is_some_and(|l| l.until <= Instant::now())
+        {
+            *lease = None;
+            self.publish(&lease);
+        }
     }
 
     /// Serves one call for `caller` (`bot:<id>` or `member:<id>`).
@@ -157,6 +188,7 @@ impl Desktop {
                 _ => false,
             };
             *lease = None;
+            self.publish(&lease);
             return Ok(Answer { json: json!({"released": released}), image: Vec::new() });
         }
         // One call at a time on the display.
@@ -240,6 +272,7 @@ impl Desktop {
             ));
         }
         *lease = Some(Lease { holder: caller.to_string(), until: now + LEASE });
+        self.publish(&lease);
         Ok(())
     }
 
@@ -254,6 +287,7 @@ impl Desktop {
             Some(l) if l.holder != holder && l.until > now => None,
             _ => {
                 *lease = Some(Lease { holder: holder.to_string(), until: now + LEASE });
+                self.publish(&lease);
                 Some(true)
             }
         }
@@ -269,6 +303,7 @@ impl Desktop {
             return false;
         }
         *lease = Some(Lease { holder: holder.to_string(), until: now + LEASE });
+        self.publish(&lease);
         true
     }
 

@@ -118,6 +118,7 @@ impl Desktop {
             && lease.as_ref().is_some_and(|l| l.holder == holder)
         {
             *lease = None;
+            self.publish(&lease);
         }
     }
 

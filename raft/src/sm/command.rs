@@ -268,6 +268,18 @@ pub enum Command {
         /// Unix ms.
         at_ms: u64,
     },
+    /// The desktop's input lease changed hands, was released or expired (an agent's report over
+    /// the link of `generation`): an event.
+    DesktopLease {
+        /// Computer id.
+        computer_id: String,
+        /// The link's generation (a report of an older link is refused).
+        generation: u64,
+        /// The holder now (`bot:…`, `member:…`, `person:…`), or nobody.
+        holder: Option<String>,
+        /// Unix ms.
+        at_ms: u64,
+    },
     /// A bot asks for the right to use an existing Computer (capability `computers.acquire`).
     Acquire {
         /// The bot token id.
@@ -514,6 +526,7 @@ impl Command {
             Command::DeleteGrant { .. } => "delete_grant",
             Command::Acquire { .. } => "acquire",
             Command::ExposePort { .. } => "expose_port",
+            Command::DesktopLease { .. } => "desktop_lease",
             Command::UnexposePort { .. } => "unexpose_port",
             Command::DecideApproval { .. } => "decide_approval",
             Command::SetRules { .. } => "set_rules",

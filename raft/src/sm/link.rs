@@ -49,6 +49,26 @@ impl State {
         Ok(exe.computer_id)
     }
 
+    /// The desktop's input lease changed, as the agent of link `generation` reports: an event
+    /// `DesktopLeaseChanged {"holder"}`. A report of an older link is refused.
+    pub(crate) fn desktop_lease(
+        &mut self,
+        computer_id: &str,
+        generation: u64,
+        holder: Option<&str>,
+        at: u64,
+    ) -> Result<(), Reject> {
+        let c = self.computers.get(computer_id).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such computer"))?;
+        if c.state == ComputerState::Deleted || c.link_generation != generation {
+            return Err(Reject::new(RejectKind::Conflict, "a report of a link that has ended"));
+        }
+        if holder.is_some_and(|h| h.len() > 200) {
+            return Err(Reject::new(RejectKind::Invalid, "a lease holder is at most 200 bytes"));
+        }
+        self.push_event(at, "DesktopLeaseChanged", computer_id, None, serde_json::json!({"holder": holder}));
+        Ok(())
+    }
+
     /// An agent showed its credential on a node: the link gets the next generation.
     pub(crate) fn link_up(
         &mut self,

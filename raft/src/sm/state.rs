@@ -271,6 +271,9 @@ impl State {
             | Command::SwitchReserve { .. }
             | Command::LinkUp { .. } => Err(Reject::new(RejectKind::Invalid, "handled in apply")),
             Command::CreateProvider { by, provider } => self.create_provider(by, provider),
+            Command::DesktopLease { computer_id, generation, holder, at_ms } => {
+                self.desktop_lease(computer_id, *generation, holder.as_deref(), *at_ms)
+            }
             Command::UnexposePort { by, computer_id, port, at_ms } => {
                 self.unexpose_port(by, computer_id, *port, *at_ms)
             }

@@ -478,3 +478,27 @@ fn lists_come_from_the_indexes_a_page_at_a_time_and_grants_follow_the_bot() {
     t.reindex_computers();
     assert_eq!(t.computer_index, s.computer_index);
 }
+
+#[test]
+fn lease_reports_of_the_current_link_are_events_and_older_ones_are_refused() {
+    let mut s = world();
+    created(&mut s);
+    if let Some(c) = s.computers.get_mut("cmp_1") {
+        c.link_generation = 3;
+    }
+    let lease = |generation: u64, holder: Option<&str>| Command::DesktopLease {
+        computer_id: "cmp_1".into(),
+        generation,
+        holder: holder.map(String::from),
+        at_ms: 50,
+    };
+    ok(s.apply(&lease(3, Some("bot:bot_1"))));
+    ok(s.apply(&lease(3, None)));
+    let holders: Vec<_> =
+        s.events.iter().filter(|e| e.kind == "DesktopLeaseChanged").map(|e| e.data["holder"].clone()).collect();
+    assert_eq!(holders, [serde_json::json!("bot:bot_1"), serde_json::Value::Null]);
+    let before = s.clone();
+    assert_eq!(rejected(s.apply(&lease(2, Some("member:mem_o")))).kind, RejectKind::Conflict);
+    assert_eq!(rejected(s.apply(&lease(3, Some(&"x".repeat(201))))).kind, RejectKind::Invalid);
+    assert_eq!(s, before, "refusals change nothing");
+}
