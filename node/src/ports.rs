@@ -138,3 +138,47 @@ mod tests {
         assert_eq!(redact("a-b-c"), "a-b-c");
     }
 }
+
+/// Idle HTTP/1.1 connections to exposed ports (each over its own tunnel), kept by the node that
+/// made them for the next request to the same address: a request then costs no new tunnel.
+/// Every request is still checked first (the address and the exposer's rights, at this node's
+/// replica); an address that ends leaves its connections to expire unused.
+#[derive(Default)]
+pub struct PortPool {
+    idle: std::sync::Mutex<std::collections::HashMap<String, Vec<(Sender, std::time::Instant)>>>,
+}
+
+/// A connection's sending half.
+pub type Sender = hyper::client::conn::http1::SendRequest<axum::body::Body>;
+
+/// How long a connection may wait unused.
+const POOL_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
+/// Idle connections kept per address, and in all.
+const POOL_PER_ADDRESS: usize = 8;
+const POOL_TOTAL: usize = 1024;
+
+impl PortPool {
+    /// An idle, open connection to the address with this label hash, if one is ready.
+    pub fn take(&self, label_hash: &str) -> Option<Sender> {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let list = idle.get_mut(label_hash)?;
+        let now = std::time::Instant::now();
+        list.retain(|(s, at)| !s.is_closed() && now.duration_since(*at) < POOL_IDLE);
+        let found = list.iter().position(|(s, _)| s.is_ready()).map(|i| list.swap_remove(i).0);
+        if list.is_empty() {
+            idle.remove(label_hash);
+        }
+        found
+    }
+
+    /// Keeps a connection whose answer is under way: it is taken again once that answer was
+    /// read to its end (it is ready then).
+    pub fn put(&self, label_hash: &str, sender: Sender) {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let total: usize = idle.values().map(Vec::len).sum();
+        let list = idle.entry(label_hash.to_string()).or_default();
+        if list.len() < POOL_PER_ADDRESS && total < POOL_TOTAL {
+            list.push((sender, std::time::Instant::now()));
+        }
+    }
+}

@@ -208,6 +208,7 @@ pub async fn run(
         streams: std::sync::Arc::default(),
         novnc_dir: cfg.novnc_dir.clone(),
         public_domain: std::sync::Arc::new(public_domain),
+        port_pool: std::sync::Arc::default(),
     };
     // A node cut off from its quorum sheds its agent links, so they move to the majority.
     let shedder = tokio::spawn(computerd_actors::link::run_shedder(

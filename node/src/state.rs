@@ -38,6 +38,8 @@ pub struct AppState {
     pub novnc_dir: std::path::PathBuf,
     /// Where public port addresses live (`--public-domain`).
     pub public_domain: Arc<crate::ports::PublicDomain>,
+    /// Idle connections to exposed ports, for the next request to the same address.
+    pub port_pool: Arc<crate::ports::PortPool>,
     /// This node's `DIR/join.token` (rewritten when the reusable secret is rotated here).
     pub join_token_file: Option<std::path::PathBuf>,
 }

@@ -61,22 +61,6 @@ async fn proxy(state: &AppState, port: u16, label: &str, mut req: Request) -> Re
     let computer = exposure.computer_id;
     // The request is anonymous: a paused Computer resumes with the exposer's rights.
     super::calls::admit(state, &exposer, &computer, true).await?;
-    let opening = Opening::Port { port, label_hash: hash };
-    let pipe = match crate::tunnel::open_anywhere(state, &computer, &opening).await {
-        // Just resumed, its link came up on another node while this one waited: once more.
-        Err(e) if e.kind == ErrorKind::Unavailable => crate::tunnel::open_anywhere(state, &computer, &opening).await?,
-        other => other?,
-    };
-    let io = TokioIo::new(PipeIo { tx: pipe.0, rx: pipe.1, pending: Vec::new(), at: 0 });
-    let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
-        .handshake::<_, axum::body::Body>(io)
-        .await
-        .map_err(|e| bad_gateway(port, &e))?;
-    tokio::spawn(async move {
-        if let Err(e) = conn.with_upgrades().await {
-            tracing::debug!(error = %e, "a port connection ended");
-        }
-    });
     let upgrade = wants_upgrade(req.headers());
     let from_client = upgrade.then(|| hyper::upgrade::on(&mut req));
     let peer = crate::edge::peer_of(&req).map(|p| p.ip());
@@ -100,7 +84,27 @@ async fn proxy(state: &AppState, port: u16, label: &str, mut req: Request) -> Re
         parts.headers.insert(HeaderName::from_static("x-forwarded-proto"), HeaderValue::from_static(proto));
     }
     state.activity.touch(&computer);
-    let mut resp = sender.send_request(Request::from_parts(parts, body)).await.map_err(|e| bad_gateway(port, &e))?;
+    // A kept connection if one is ready (a request it could not take, the service having
+    // closed it, goes on a new one); else a new tunnel.
+    let pooled = if upgrade { None } else { state.port_pool.take(&hash) };
+    let reused = pooled.is_some();
+    let mut sender = match pooled {
+        Some(s) => s,
+        None => connect(state, &computer, port, &hash).await?,
+    };
+    let mut resp = match sender.try_send_request(Request::from_parts(parts, body)).await {
+        Ok(r) => r,
+        Err(mut e) => match e.take_message() {
+            Some(req) if reused => {
+                sender = connect(state, &computer, port, &hash).await?;
+                sender.send_request(req).await.map_err(|e| bad_gateway(port, &e))?
+            }
+            _ => return Err(bad_gateway(port, &e.into_error())),
+        },
+    };
+    if !upgrade {
+        state.port_pool.put(&hash, sender);
+    }
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS
         && let Some(from_client) = from_client
     {
@@ -124,6 +128,32 @@ async fn proxy(state: &AppState, port: u16, label: &str, mut req: Request) -> Re
         strip_hop_headers(resp.headers_mut(), false);
     }
     Ok(resp.map(axum::body::Body::new))
+}
+
+/// A new connection to the port: a tunnel (here or through the link's node), HTTP/1.1 over it.
+async fn connect(
+    state: &AppState,
+    computer: &str,
+    port: u16,
+    hash: &str,
+) -> Result<crate::ports::Sender, ApiError> {
+    let opening = Opening::Port { port, label_hash: hash.to_string() };
+    let pipe = match crate::tunnel::open_anywhere(state, computer, &opening).await {
+        // Just resumed, its link came up on another node while this one waited: once more.
+        Err(e) if e.kind == ErrorKind::Unavailable => crate::tunnel::open_anywhere(state, computer, &opening).await?,
+        other => other?,
+    };
+    let io = TokioIo::new(PipeIo { tx: pipe.0, rx: pipe.1, pending: Vec::new(), at: 0 });
+    let (sender, conn) = hyper::client::conn::http1::Builder::new()
+        .handshake::<_, axum::body::Body>(io)
+        .await
+        .map_err(|e| bad_gateway(port, &e))?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.with_upgrades().await {
+            tracing::debug!(error = %e, "a port connection ended");
+        }
+    });
+    Ok(sender)
 }
 
 fn bad_gateway(port: u16, e: &hyper::Error) -> ApiError {

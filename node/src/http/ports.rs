@@ -128,5 +128,8 @@ pub async fn delete(
     let port = port_of(&port)?;
     propose(&state, Command::UnexposePort { by: caller.token.id.clone(), computer_id: id, port, at_ms: now_ms() })
         .await?;
+    // Ended at once: every node has applied it before the answer (each node checks an address
+    // at its own replica, request by request).
+    state.owners.catch_up_all(std::time::Duration::from_secs(2)).await;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -280,6 +280,23 @@ impl Owners {
         Err(Miss::Nobody)
     }
 
+    /// Waits (at most `within`) until every member node has applied what is committed now: a
+    /// read barrier here and on each other node (`Routing.CatchUp`). A node that does not answer
+    /// in time is left out (one that cannot reach the leader cannot confirm anything either);
+    /// answers how many did.
+    pub async fn catch_up_all(&self, within: Duration) -> usize {
+        let me = self.cluster.id();
+        let others = self.cluster.view().members.into_iter().filter(|m| m.id != me).map(|m| m.addr.grpc);
+        let calls = others.filter_map(|addr| self.cluster.channels().channel(&addr).ok()).map(|ch| async move {
+            let mut client = RoutingClient::new(ch);
+            let call = client.catch_up(computerd_proto::cluster::Empty {});
+            matches!(tokio::time::timeout(within, call).await, Ok(Ok(_)))
+        });
+        let here = async { tokio::time::timeout(within, self.cluster.read_barrier()).await.is_ok_and(|r| r.is_ok()) };
+        let (here, there) = tokio::join!(here, futures::future::join_all(calls));
+        usize::from(here) + there.into_iter().filter(|ok| *ok).count()
+    }
+
     /// A client of the Computer's agent over its link on this node. A Computer whose agent is
     /// expected (starting, or running: just resumed, or its agent between two connections) is
     /// waited for up to [`LINK_WAIT`].

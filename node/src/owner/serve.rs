@@ -64,6 +64,17 @@ impl Routing for RouteTarget {
     type RelayMcpStream = Pin<Box<dyn Stream<Item = Result<McpRelayReply, Status>> + Send>>;
     type TunnelStream = Pin<Box<dyn Stream<Item = Result<TunnelChunk, Status>> + Send>>;
 
+    async fn catch_up(
+        &self,
+        _req: Request<computerd_proto::cluster::Empty>,
+    ) -> Result<Response<computerd_proto::cluster::Empty>, Status> {
+        let Some((_, state)) = self.inner.get().cloned() else {
+            return Err(ErrorKind::Unavailable.status("this node is still starting"));
+        };
+        state.cluster.read_barrier().await.map_err(|e| ErrorKind::Unavailable.status(e.to_string()))?;
+        Ok(Response::new(computerd_proto::cluster::Empty {}))
+    }
+
     /// A person's desktop stream, opened here for another node that took its WebSocket: the
     /// first chunk names the Computer and carries the stream's cookie, which is checked here
     /// (where it was minted), with the caller's rights, before the agent is asked.
