@@ -105,6 +105,8 @@ pub async fn serve(ws: LinkSocket, svc: AgentService) -> Result<(), String> {
     let mut mux = Mux::new(computerd_proto::ws_adapter!(ws, Message), Role::Server);
     let (epochs, incoming) = futures::channel::mpsc::unbounded::<EpochIo>();
     let server = tonic::transport::Server::builder()
+        .initial_stream_window_size(computerd_proto::channel::STREAM_WINDOW)
+        .initial_connection_window_size(computerd_proto::channel::CONNECTION_WINDOW)
         .add_service(AgentServer::new(svc.clone()).max_decoding_message_size(8 << 20))
         .serve_with_incoming(incoming.map(Ok::<_, std::io::Error>));
     let mut server = std::pin::pin!(server);

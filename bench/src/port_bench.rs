@@ -133,31 +133,38 @@ async fn measure(c: &TestCluster, id: &str, samples: usize) -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let (mut d, mut p) = (Vec::with_capacity(samples), Vec::with_capacity(samples));
+    // Where the time goes (shown, not the goal): straight to the node holding the link, and to
+    // one that does not (no balancer in front).
+    let (_, cv) = c.call(reqwest::Method::GET, 1, &format!("/v1/computers/{id}"), &c.token, None).await;
+    let owner = cv["linkNode"].as_u64().context("linkNode")?;
+    let other = c.nodes.keys().copied().find(|n| *n != owner).context("another node")?;
+    let owner_url = format!("http://{}/big", c.nodes[&owner].http);
+    let other_url = format!("http://{}/big", c.nodes[&other].http);
+    let (oc, xc) = (client()?, client()?);
+    let (mut d, mut p, mut o, mut x) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for i in 0..samples + 100 {
-        let x = get(&a, &direct_url, None).await.context("direct")?;
-        let y = get(&b, &proxied_url, Some(&host)).await.context("proxied")?;
+        let t1 = get(&a, &direct_url, None).await.context("direct")?;
+        let t2 = get(&b, &proxied_url, Some(&host)).await.context("proxied")?;
+        let t3 = get(&oc, &owner_url, Some(&host)).await.context("owner node")?;
+        let t4 = get(&xc, &other_url, Some(&host)).await.context("other node")?;
         if i >= 100 {
-            d.push(x);
-            p.push(y);
+            d.push(t1);
+            p.push(t2);
+            o.push(t3);
+            x.push(t4);
         }
     }
-    d.sort_unstable();
-    p.sort_unstable();
-    println!("port-bench: GET of a 64 KiB answer through HAProxy, {samples} each, alternating");
-    println!("{:<42} {:>9} {:>9}", "", "p50 ms", "p99 ms");
-    println!(
-        "{:<42} {:>9.3} {:>9.3}",
-        "direct (HAProxy -> sandbox port)",
-        percentile_ms(&d, 0.5),
-        percentile_ms(&d, 0.99)
-    );
-    println!(
-        "{:<42} {:>9.3} {:>9.3}",
-        "proxied (HAProxy -> node -> link -> port)",
-        percentile_ms(&p, 0.5),
-        percentile_ms(&p, 0.99)
-    );
+    for v in [&mut d, &mut p, &mut o, &mut x] {
+        v.sort_unstable();
+    }
+    println!("port-bench: GET of a 64 KiB answer, {samples} each, in turn");
+    println!("{:<46} {:>9} {:>9}", "", "p50 ms", "p99 ms");
+    let row =
+        |name: &str, v: &[u64]| println!("{name:<46} {:>9.3} {:>9.3}", percentile_ms(v, 0.5), percentile_ms(v, 0.99));
+    row("direct (HAProxy -> sandbox port)", &d);
+    row("proxied (HAProxy -> node -> link -> port)", &p);
+    row("  no balancer: the node holding the link", &o);
+    row("  no balancer: a node without the link", &x);
     let ratio = percentile_ms(&p, 0.5) / percentile_ms(&d, 0.5);
     println!(
         "proxied/direct p50: {ratio:.2}x (goal <= 1.5x); p99: {:.2}x",

@@ -141,6 +141,8 @@ pub async fn run(
             computerd_raft::tls::incoming(listeners.grpc, pki.clone()).map_err(|e| NodeError::Config(e.to_string()))?;
         tokio::spawn(
             tonic::transport::Server::builder()
+                .initial_stream_window_size(computerd_raft::STREAM_WINDOW)
+                .initial_connection_window_size(computerd_raft::CONNECTION_WINDOW)
                 .layer(computerd_raft::tls::RequireNode)
                 .add_service(Service::server(cluster.clone(), pki.clone()))
                 .add_service(route_target.clone().server())

@@ -39,9 +39,19 @@ impl LinkChannel {
     }
 }
 
+/// The HTTP/2 receive window of a stream over a link (and of every gRPC stream between nodes):
+/// larger than HTTP/2's default 64 KiB, so a 64 KiB answer passes without a window update.
+pub const STREAM_WINDOW: u32 = 1 << 20;
+/// The HTTP/2 receive window of a whole connection.
+pub const CONNECTION_WINDOW: u32 = 4 << 20;
+
 /// Opens HTTP/2 over an epoch as its client.
 pub async fn open(io: EpochIo) -> Result<(LinkChannel, Connection), hyper::Error> {
-    let (send, conn) = http2::Builder::new(TokioExecutor::new()).handshake(TokioIo::new(io)).await?;
+    let (send, conn) = http2::Builder::new(TokioExecutor::new())
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .handshake(TokioIo::new(io))
+        .await?;
     Ok((LinkChannel { send }, conn))
 }
 

@@ -11,6 +11,11 @@
 #![warn(missing_docs)]
 
 pub mod cluster;
+
+/// The HTTP/2 receive windows of node-to-node gRPC (the same as an agent link's).
+pub use computerd_proto::channel::CONNECTION_WINDOW;
+pub use computerd_proto::channel::STREAM_WINDOW;
+
 pub mod engine;
 pub mod network;
 pub mod service;

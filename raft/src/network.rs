@@ -86,7 +86,11 @@ fn endpoint(addr: &str) -> Result<Endpoint, tonic::transport::Error> {
     Ok(Endpoint::from_shared(format!("http://{addr}"))?
         .connect_timeout(Duration::from_secs(1))
         .http2_keep_alive_interval(Duration::from_secs(5))
-        .keep_alive_timeout(Duration::from_secs(5)))
+        .keep_alive_timeout(Duration::from_secs(5))
+        // Streams carry bulk data (snapshots, file calls, tunnels): HTTP/2's default window
+        // (64 KiB) would stop a 64 KiB answer for a window update on every hop.
+        .initial_stream_window_size(crate::STREAM_WINDOW)
+        .initial_connection_window_size(crate::CONNECTION_WINDOW))
 }
 
 /// A channel to `addr` that is not kept: an enrolling node's one call, with its own TLS config.

@@ -131,12 +131,7 @@ async fn proxy(state: &AppState, port: u16, label: &str, mut req: Request) -> Re
 }
 
 /// A new connection to the port: a tunnel (here or through the link's node), HTTP/1.1 over it.
-async fn connect(
-    state: &AppState,
-    computer: &str,
-    port: u16,
-    hash: &str,
-) -> Result<crate::ports::Sender, ApiError> {
+async fn connect(state: &AppState, computer: &str, port: u16, hash: &str) -> Result<crate::ports::Sender, ApiError> {
     let opening = Opening::Port { port, label_hash: hash.to_string() };
     let pipe = match crate::tunnel::open_anywhere(state, computer, &opening).await {
         // Just resumed, its link came up on another node while this one waited: once more.
