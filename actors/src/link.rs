@@ -394,7 +394,13 @@ async fn on_report(a: &LinkArgs, r: &[u8], proposals: &Arc<tokio::sync::Semaphor
         return;
     };
     a.activity.set_busy(&a.computer_id, e.running > 0);
-    let cmd = if e.lease_report {
+    let cmd = if !e.desktop_json.is_empty() {
+        let Ok(desktop) = serde_json::from_str(&e.desktop_json) else {
+            tracing::warn!(computer_id = %a.computer_id, "a malformed desktop report from the agent");
+            return;
+        };
+        Command::DesktopStatus { computer_id: a.computer_id.clone(), generation: a.generation, desktop }
+    } else if e.lease_report {
         // The desktop's input lease changed: an event.
         Command::DesktopLease {
             computer_id: a.computer_id.clone(),

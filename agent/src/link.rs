@@ -116,6 +116,7 @@ pub async fn serve(ws: LinkSocket, svc: AgentService) -> Result<(), String> {
     mux.report(&status(*running.borrow_and_update()));
     let desktop = svc.desktop.clone();
     let mut lease = desktop.as_ref().map(|d| d.lease_changes());
+    let mut reported_desktop = String::new();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let ended: Result<(), String> = async {
@@ -162,6 +163,17 @@ pub async fn serve(ws: LinkSocket, svc: AgentService) -> Result<(), String> {
                 _ = tick.tick() => {
                     if let Some(d) = &desktop {
                         d.expire_lease();
+                        // The desktop as the Computer's record shows it, when it changed.
+                        let brief = d.brief().to_string();
+                        if brief != reported_desktop {
+                            let report = SessionEnded {
+                                running: *running.borrow(),
+                                desktop_json: brief.clone(),
+                                ..Default::default()
+                            };
+                            mux.report(&report.encode_to_vec());
+                            reported_desktop = brief;
+                        }
                     }
                     if mux.last_rx().elapsed() > NODE_SILENCE {
                         return Err(format!("no word from the node for {NODE_SILENCE:?}"));

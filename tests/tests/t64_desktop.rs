@@ -105,6 +105,14 @@ async fn t10_a_window_typing_clicks_and_the_lease_through_the_api() {
     assert_eq!(s, 200, "{d}");
     assert_eq!(d["state"], "running", "{d}");
     let display = d["display"].as_str().expect("display").to_string();
+    // The Computer shows its desktop as the agent reports it; one without a desktop shows null.
+    wait_for("the desktop in the computer's record", Duration::from_secs(20), || async {
+        let (_, v) = c.call(Method::GET, 1, &format!("/v1/computers/{id}"), &c.token, None).await;
+        (v["desktop"]["display"] == display.as_str() && v["desktop"]["state"] == "running").then_some(())
+    })
+    .await;
+    let (_, v) = c.call(Method::GET, 1, &format!("/v1/computers/{plain}"), &c.token, None).await;
+    assert_eq!(v["desktop"], Value::Null, "{v}");
 
     // A session as `user` reads no cookie and reaches no display.
     let v = session(&c, &id, "cat /run/computerd-desktop/Xauthority 2>&1; echo rc=$?", "user", 10_000).await;

@@ -174,12 +174,20 @@ async fn t10_a_sandbox_port_through_any_node_and_the_balancer() {
     let (s, b) = get(&c, &other_addr, &format!("{port}-{label}.example.com"), "/v1/health").await;
     assert_eq!(s, 200, "another name is the API's: {}", String::from_utf8_lossy(&b));
 
-    // DELETE ends it on every node at once.
+    // DELETE ends it on every node at once, and the WebSocket open through it.
+    let mut req = format!("ws://{}/ws", lb.addr).into_client_request().expect("ws request");
+    req.headers_mut().insert("host", host.parse().expect("host"));
+    let tcp = tokio::net::TcpStream::connect(&lb.addr).await.expect("connect");
+    let (mut open_ws, _) = tokio_tungstenite::client_async(req, tcp).await.expect("websocket");
+    open_ws.send(Message::text("before")).await.expect("send");
+    assert_eq!(echo(open_ws.next().await), Message::text("before"));
     let (s, v) = c.call(Method::DELETE, 3, &format!("/v1/computers/{id}/ports/{port}"), &c.token, None).await;
     assert_eq!(s, 204, "{v}");
     for n in c.nodes.values() {
         assert_eq!(get(&c, &n.http, &host, "/hello").await.0, 404, "node {} after DELETE", n.id);
     }
+    let after = tokio::time::timeout(Duration::from_secs(10), open_ws.next()).await.expect("the socket ends in time");
+    assert!(!matches!(after, Some(Ok(Message::Text(_) | Message::Binary(_)))), "{after:?}");
 
     // A new address; the Computer paused; a request to it resumes the Computer.
     let url = put_port(&c, &id, port).await["url"].as_str().expect("url").to_string();

@@ -97,6 +97,8 @@ struct Inner {
     lease: Mutex<Option<Lease>>,
     /// The lease's holder as last published (its changes are reported to the node as events).
     holder: tokio::sync::watch::Sender<Option<String>>,
+    /// The screen's size as last seen.
+    size: Mutex<Option<(u64, u64)>>,
     /// The account x11vnc runs as (the agent's own display only).
     account: Option<crate::users::Account>,
     vnc: tokio::sync::Mutex<stream::Vnc>,
@@ -124,6 +126,7 @@ impl Desktop {
                 screen: Mutex::new(None),
                 lease: Mutex::new(None),
                 holder: tokio::sync::watch::Sender::new(None),
+                size: Mutex::new(None),
                 account,
                 vnc: tokio::sync::Mutex::new(stream::Vnc::default()),
             }),
@@ -305,6 +308,18 @@ impl Desktop {
         *lease = Some(Lease { holder: holder.to_string(), until: now + LEASE });
         self.publish(&lease);
         true
+    }
+
+    /// What the Computer's record shows of the desktop: `{"display", "width", "height", "state"}`.
+    /// The size is the last one seen (the connection is busy during a call).
+    pub fn brief(&self) -> Value {
+        let s = self.status();
+        let mut known = self.inner.size.lock().unwrap_or_else(|p| p.into_inner());
+        if let (Some(w), Some(h)) = (s["width"].as_u64(), s["height"].as_u64()) {
+            *known = Some((w, h));
+        }
+        let (w, h) = known.map_or((Value::Null, Value::Null), |(w, h)| (json!(w), json!(h)));
+        json!({"display": s["display"], "width": w, "height": h, "state": s["state"]})
     }
 
     /// The display's number, size and state, and the lease.

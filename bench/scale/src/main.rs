@@ -134,6 +134,7 @@ impl World {
             agent_credential: None,
             link_generation: 0,
             link_node: None,
+            desktop_view: None,
         });
         Command::SubmitExecution(Box::new(Submit {
             by: OWNER.into(),

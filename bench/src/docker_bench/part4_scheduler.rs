@@ -97,6 +97,7 @@ fn planned_state(n: usize, base: u64) -> State {
             agent_credential: None,
             link_generation: 1,
             link_node: Some(1),
+            desktop_view: None,
         };
         let last_work = deadline - PAUSE_AFTER_SECS * 1000;
         s.computers.insert(id.clone(), c);

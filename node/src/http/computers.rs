@@ -49,7 +49,13 @@ pub fn computer_view(s: &computerd_raft::sm::State, c: &Computer) -> Value {
         "name": c.name,
         "state": c.state,
         "source": c.source,
-        "desktop": c.desktop,
+        // The desktop: null without one; its display, size and state as its agent reported them
+        // (`starting` until it has).
+        "desktop": match &c.desktop_view {
+            Some(d) => json!(d),
+            None if c.desktop => json!({"display": null, "width": null, "height": null, "state": "starting"}),
+            None => Value::Null,
+        },
         "pauseAfter": c.pause_after,
         "shared": c.shared,
         "owner": c.owner,
@@ -243,6 +249,7 @@ pub async fn create(
         agent_credential: None,
         link_generation: 0,
         link_node: None,
+        desktop_view: None,
     };
     let mut exe = new_execution(&b.command_key, body_hash(&normalized), ExecutionKind::Create, &computer.id, now);
     // An own machine pairs with a code shown to its creator; a sandbox whose provider starts our

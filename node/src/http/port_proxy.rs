@@ -110,6 +110,7 @@ async fn proxy(state: &AppState, port: u16, label: &str, mut req: Request) -> Re
     {
         let to_service = hyper::upgrade::on(&mut resp);
         let (activity, id) = (state.activity.clone(), computer.clone());
+        let ended = ended(state, &hash, port);
         tokio::spawn(async move {
             let (Ok(client), Ok(service)) = (from_client.await, to_service.await) else { return };
             let (mut client, mut service) = (TokioIo::new(client), TokioIo::new(service));
@@ -117,17 +118,45 @@ async fn proxy(state: &AppState, port: u16, label: &str, mut req: Request) -> Re
             let copy = tokio::io::copy_bidirectional(&mut client, &mut service);
             tokio::pin!(copy);
             let mut tick = tokio::time::interval(std::time::Duration::from_secs(30));
+            tokio::pin!(ended);
             loop {
                 tokio::select! {
                     _ = &mut copy => break,
+                    // The address ended: the connection ends with it (both sides dropped).
+                    _ = &mut ended => break,
                     _ = tick.tick() => activity.touch(&id),
                 }
             }
         });
-    } else {
-        strip_hop_headers(resp.headers_mut(), false);
+        return Ok(resp.map(axum::body::Body::new));
     }
-    Ok(resp.map(axum::body::Body::new))
+    strip_hop_headers(resp.headers_mut(), false);
+    if resp.headers().contains_key(header::CONTENT_LENGTH) {
+        return Ok(resp.map(axum::body::Body::new));
+    }
+    // A streamed answer (server-sent events, chunked) ends when its address does.
+    use futures::StreamExt;
+    use http_body_util::BodyExt;
+    let ended = ended(state, &hash, port);
+    Ok(resp.map(|b| axum::body::Body::from_stream(b.into_data_stream().take_until(ended))))
+}
+
+/// Resolves once the address no longer serves at this node's replica: ended, its Computer
+/// deleted, or its exposer's right gone.
+fn ended(state: &AppState, hash: &str, port: u16) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let reader = state.cluster.state().clone();
+    let hash = hash.to_string();
+    async move {
+        let mut applied = reader.subscribe();
+        loop {
+            if !matches!(reader.read(|s| s.resolve_port(&hash, port)), PortResolved::Open(..)) {
+                return;
+            }
+            if applied.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    }
 }
 
 /// A new connection to the port: a tunnel (here or through the link's node), HTTP/1.1 over it.

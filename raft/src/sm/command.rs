@@ -280,6 +280,15 @@ pub enum Command {
         /// Unix ms.
         at_ms: u64,
     },
+    /// The desktop as the agent of link `generation` reports it (display, size, state).
+    DesktopStatus {
+        /// Computer id.
+        computer_id: String,
+        /// The link's generation (a report of an older link is refused).
+        generation: u64,
+        /// What the agent reported.
+        desktop: super::model::DesktopView,
+    },
     /// A bot asks for the right to use an existing Computer (capability `computers.acquire`).
     Acquire {
         /// The bot token id.
@@ -527,6 +536,7 @@ impl Command {
             Command::Acquire { .. } => "acquire",
             Command::ExposePort { .. } => "expose_port",
             Command::DesktopLease { .. } => "desktop_lease",
+            Command::DesktopStatus { .. } => "desktop_status",
             Command::UnexposePort { .. } => "unexpose_port",
             Command::DecideApproval { .. } => "decide_approval",
             Command::SetRules { .. } => "set_rules",

@@ -69,6 +69,30 @@ impl State {
         Ok(())
     }
 
+    /// The desktop as the agent of link `generation` reports it, kept in the Computer.
+    pub(crate) fn desktop_status(
+        &mut self,
+        computer_id: &str,
+        generation: u64,
+        desktop: &super::model::DesktopView,
+    ) -> Result<(), Reject> {
+        let ok = desktop.display.len() <= 16
+            && desktop.display.starts_with(':')
+            && matches!(desktop.state.as_str(), "starting" | "running" | "failed")
+            && desktop.width.is_none_or(|w| (1..=16384).contains(&w))
+            && desktop.height.is_none_or(|h| (1..=16384).contains(&h));
+        if !ok {
+            return Err(Reject::new(RejectKind::Invalid, "not a desktop report"));
+        }
+        let c =
+            self.computers.get_mut(computer_id).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such computer"))?;
+        if c.state == ComputerState::Deleted || c.link_generation != generation {
+            return Err(Reject::new(RejectKind::Conflict, "a report of a link that has ended"));
+        }
+        c.desktop_view = Some(desktop.clone());
+        Ok(())
+    }
+
     /// An agent showed its credential on a node: the link gets the next generation.
     pub(crate) fn link_up(
         &mut self,

@@ -109,6 +109,24 @@ pub struct Computer {
     /// The node holding the current link, if linked.
     #[serde(default)]
     pub link_node: Option<u64>,
+    /// Its desktop as its agent last reported it (a sandbox's own, or a paired machine's that
+    /// its owner opted in).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub desktop_view: Option<DesktopView>,
+}
+
+/// A Computer's desktop as its agent reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DesktopView {
+    /// `:N`.
+    pub display: String,
+    /// Pixels, once the agent has reached the display.
+    pub width: Option<u32>,
+    /// Pixels.
+    pub height: Option<u32>,
+    /// `starting`, `running` or `failed`.
+    pub state: String,
 }
 
 /// The lifecycle commands.

@@ -260,6 +260,7 @@ mod tests {
             agent_credential: None,
             link_generation: 0,
             link_node: None,
+            desktop_view: None,
         }
     }
 

@@ -271,6 +271,9 @@ impl State {
             | Command::SwitchReserve { .. }
             | Command::LinkUp { .. } => Err(Reject::new(RejectKind::Invalid, "handled in apply")),
             Command::CreateProvider { by, provider } => self.create_provider(by, provider),
+            Command::DesktopStatus { computer_id, generation, desktop } => {
+                self.desktop_status(computer_id, *generation, desktop)
+            }
             Command::DesktopLease { computer_id, generation, holder, at_ms } => {
                 self.desktop_lease(computer_id, *generation, holder.as_deref(), *at_ms)
             }

@@ -60,6 +60,7 @@ fn submit(by: &str, kind: ExecutionKind, computer: &str, key: &str, body: &str) 
         agent_credential: None,
         link_generation: 0,
         link_node: None,
+        desktop_view: None,
     });
     Command::SubmitExecution(Box::new(Submit {
         by: by.into(),
@@ -501,4 +502,36 @@ fn lease_reports_of_the_current_link_are_events_and_older_ones_are_refused() {
     assert_eq!(rejected(s.apply(&lease(2, Some("member:mem_o")))).kind, RejectKind::Conflict);
     assert_eq!(rejected(s.apply(&lease(3, Some(&"x".repeat(201))))).kind, RejectKind::Invalid);
     assert_eq!(s, before, "refusals change nothing");
+}
+
+#[test]
+fn desktop_reports_of_the_current_link_are_kept_and_bad_ones_change_nothing() {
+    use crate::sm::model::DesktopView;
+    let mut s = world();
+    created(&mut s);
+    if let Some(c) = s.computers.get_mut("cmp_1") {
+        c.link_generation = 2;
+    }
+    let view = |display: &str, width: Option<u32>, state: &str| DesktopView {
+        display: display.into(),
+        width,
+        height: width.map(|w| w / 2),
+        state: state.into(),
+    };
+    let report = |generation: u64, desktop: DesktopView| Command::DesktopStatus {
+        computer_id: "cmp_1".into(),
+        generation,
+        desktop,
+    };
+    ok(s.apply(&report(2, view(":99", Some(1280), "running"))));
+    assert_eq!(s.computers["cmp_1"].desktop_view, Some(view(":99", Some(1280), "running")));
+    let before = s.clone();
+    assert_eq!(rejected(s.apply(&report(1, view(":99", None, "failed")))).kind, RejectKind::Conflict);
+    for bad in [view("99", None, "running"), view(":99", None, "dancing"), view(":99", Some(0), "running")] {
+        assert_eq!(rejected(s.apply(&report(2, bad))).kind, RejectKind::Invalid);
+    }
+    assert_eq!(s, before);
+    // The record keeps it across a snapshot.
+    let json = serde_json::to_string(&s.computers["cmp_1"]).expect("json");
+    assert!(json.contains("\"desktop_view\"") || json.contains("\"desktopView\""), "{json}");
 }

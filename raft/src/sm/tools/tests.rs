@@ -32,6 +32,7 @@ fn computer(id: &str) -> Computer {
         agent_credential: None,
         link_generation: 1,
         link_node: Some(1),
+        desktop_view: None,
     }
 }
 
