@@ -131,6 +131,9 @@ async fn proxy(state: &AppState, port: u16, label: &str, mut req: Request) -> Re
         return Ok(resp.map(axum::body::Body::new));
     }
     strip_hop_headers(resp.headers_mut(), false);
+    // Our side of the connection is HTTP/1.1 whatever the service answered with (Python's
+    // http.server says HTTP/1.0).
+    *resp.version_mut() = axum::http::Version::HTTP_11;
     if resp.headers().contains_key(header::CONTENT_LENGTH) {
         return Ok(resp.map(axum::body::Body::new));
     }
