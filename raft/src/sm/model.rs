@@ -385,3 +385,76 @@ pub struct Approval {
     /// Unix ms.
     pub created_at: u64,
 }
+
+/// One exposed port.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Exposure {
+    /// The Computer.
+    pub computer_id: String,
+    /// The port inside it (`127.0.0.1:<port>`).
+    pub port: u16,
+    /// `http` (HTTP/1.1, streaming bodies, server-sent events, WebSocket upgrades).
+    pub protocol: String,
+    /// The SHA-256 (hex) of the address's label.
+    pub label_hash: String,
+    /// The token that exposed it: its rights are checked again at every request, and a paused
+    /// Computer is resumed with them.
+    pub token_id: String,
+    /// The member behind that token.
+    pub member_id: String,
+    /// The bot, when a bot exposed it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bot_id: Option<String>,
+    /// The approval it waits for (`computers.expose` asked): it answers nothing until approved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_id: Option<String>,
+    /// Unix ms.
+    pub created_at: u64,
+}
+
+/// The exposures (`ports`) by label hash, and each Computer's ports: derived from the records,
+/// never serialized, rebuilt when a snapshot loads ([`Ports::reindex`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ports {
+    /// Exposure by label hash: a request's address is found in one lookup.
+    pub by_label: BTreeMap<String, Exposure>,
+    /// Computer id → port → label hash.
+    #[serde(skip)]
+    pub by_computer: BTreeMap<String, BTreeMap<u16, String>>,
+}
+
+impl Ports {
+    /// Rebuilds each Computer's ports from the exposures.
+    pub fn reindex(&mut self) {
+        let mut by_computer: BTreeMap<String, BTreeMap<u16, String>> = BTreeMap::new();
+        for (hash, e) in &self.by_label {
+            by_computer.entry(e.computer_id.clone()).or_default().insert(e.port, hash.clone());
+        }
+        self.by_computer = by_computer;
+    }
+
+    /// The exposures of one Computer, by port.
+    pub fn of(&self, computer_id: &str) -> Vec<&Exposure> {
+        self.by_computer
+            .get(computer_id)
+            .map(|m| m.values().filter_map(|h| self.by_label.get(h)).collect())
+            .unwrap_or_default()
+    }
+
+    pub(crate) fn remove(&mut self, computer_id: &str, port: u16) -> Option<Exposure> {
+        let ports = self.by_computer.get_mut(computer_id)?;
+        let hash = ports.remove(&port)?;
+        if ports.is_empty() {
+            self.by_computer.remove(computer_id);
+        }
+        self.by_label.remove(&hash)
+    }
+
+    /// Removes every exposure of a Computer (it was deleted).
+    pub(crate) fn remove_computer(&mut self, computer_id: &str) {
+        for hash in self.by_computer.remove(computer_id).unwrap_or_default().into_values() {
+            self.by_label.remove(&hash);
+        }
+    }
+}

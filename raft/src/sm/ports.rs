@@ -6,14 +6,10 @@
 //! approval, in which case the exposure is recorded but answers nothing until a member approves.
 //! Bounded: at most [`MAX_PORTS`] exposures per Computer; a deleted Computer's go with it.
 
-use std::collections::BTreeMap;
-
-use serde::Deserialize;
-use serde::Serialize;
-
 use super::model::Capability;
 use super::model::ComputerState;
 use super::model::Effect;
+use super::model::Exposure;
 use super::model::Source;
 use super::response::Reject;
 use super::response::RejectKind;
@@ -22,68 +18,6 @@ use super::state::State;
 
 /// Exposures one Computer may have.
 pub const MAX_PORTS: usize = 32;
-
-/// One exposed port.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Exposure {
-    /// The Computer.
-    pub computer_id: String,
-    /// The port inside it (`127.0.0.1:<port>`).
-    pub port: u16,
-    /// `http` (HTTP/1.1, streaming bodies, server-sent events, WebSocket upgrades).
-    pub protocol: String,
-    /// The SHA-256 (hex) of the address's label.
-    pub label_hash: String,
-    /// The token that exposed it: its rights are checked again at every request, and a paused
-    /// Computer is resumed with them.
-    pub token_id: String,
-    /// The member behind that token.
-    pub member_id: String,
-    /// The bot, when a bot exposed it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bot_id: Option<String>,
-    /// The approval it waits for (`computers.expose` asked): it answers nothing until approved.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub approval_id: Option<String>,
-    /// Unix ms.
-    pub created_at: u64,
-}
-
-/// The exposures: by label hash, and each Computer's ports.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Ports {
-    /// Exposure by label hash: a request's address is found in one lookup.
-    pub by_label: BTreeMap<String, Exposure>,
-    /// Computer id → port → label hash.
-    pub by_computer: BTreeMap<String, BTreeMap<u16, String>>,
-}
-
-impl Ports {
-    /// The exposures of one Computer, by port.
-    pub fn of(&self, computer_id: &str) -> Vec<&Exposure> {
-        self.by_computer
-            .get(computer_id)
-            .map(|m| m.values().filter_map(|h| self.by_label.get(h)).collect())
-            .unwrap_or_default()
-    }
-
-    fn remove(&mut self, computer_id: &str, port: u16) -> Option<Exposure> {
-        let ports = self.by_computer.get_mut(computer_id)?;
-        let hash = ports.remove(&port)?;
-        if ports.is_empty() {
-            self.by_computer.remove(computer_id);
-        }
-        self.by_label.remove(&hash)
-    }
-
-    /// Removes every exposure of a Computer (it was deleted).
-    pub(crate) fn remove_computer(&mut self, computer_id: &str) {
-        for hash in self.by_computer.remove(computer_id).unwrap_or_default().into_values() {
-            self.by_label.remove(&hash);
-        }
-    }
-}
 
 /// How a request's address stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -220,9 +154,7 @@ mod tests {
     use super::*;
     use crate::sm::Command;
     use crate::sm::Response;
-    use crate::sm::identity::Bot;
     use crate::sm::identity::Member;
-    use crate::sm::identity::Organization;
     use crate::sm::identity::Principal;
     use crate::sm::identity::Role;
     use crate::sm::lifecycle::Outcome;
@@ -230,13 +162,11 @@ mod tests {
     use crate::sm::model::Computer;
     use crate::sm::model::Execution;
     use crate::sm::model::ExecutionKind;
-    use crate::sm::model::Provider;
-    use crate::sm::model::ProviderKind;
+    use crate::sm::testing::OWNER;
     use crate::sm::testing::ok;
     use crate::sm::testing::rejected;
     use crate::sm::testing::token;
 
-    const OWNER: &str = "tok_owner";
     const OTHER: &str = "tok_other";
     const BOT: &str = "tok_bot";
 
@@ -245,23 +175,7 @@ mod tests {
     }
 
     fn computer(id: &str, source: Source) -> Computer {
-        Computer {
-            id: id.into(),
-            name: "c".into(),
-            owner: "mem_o".into(),
-            shared: false,
-            source,
-            desktop: false,
-            pause_after: None,
-            state: ComputerState::Starting,
-            sandbox: None,
-            active_execution: None,
-            created_at: 1,
-            agent_credential: None,
-            link_generation: 0,
-            link_node: None,
-            desktop_view: None,
-        }
+        crate::sm::testing::computer(id, "mem_o", source)
     }
 
     fn lifecycle(s: &mut State, kind: ExecutionKind, key: &str, c: Option<Computer>) {
@@ -283,32 +197,10 @@ mod tests {
 
     /// An owner with a running provider Computer `cmp_1`, a granted bot, another member.
     fn world() -> State {
-        let mut s = State::default();
-        let owner = Member { id: "mem_o".into(), name: "o".into(), email: None, role: Role::Owner, created_at: 1 };
-        ok(s.apply(&Command::Bootstrap {
-            cluster_id: "c".into(),
-            org: Organization { id: "org".into(), name: "o".into(), created_at: 1 },
-            owner,
-            token: token(OWNER, Principal::Member("mem_o".into())),
-            join_secret_hash: None,
-        }));
+        let mut s = crate::sm::testing::world();
         let other = Member { id: "mem_x".into(), name: "x".into(), email: None, role: Role::Member, created_at: 1 };
         ok(s.apply(&Command::CreateMember { by: OWNER.into(), member: other }));
         ok(s.apply(&Command::CreateToken { by: OWNER.into(), token: token(OTHER, Principal::Member("mem_x".into())) }));
-        let provider = Provider {
-            id: "cpp_1".into(),
-            kind: ProviderKind::Fake,
-            name: "p".into(),
-            config: Default::default(),
-            secrets: Default::default(),
-            created_by: "mem_o".into(),
-            created_at: 1,
-        };
-        ok(s.apply(&Command::CreateProvider { by: OWNER.into(), provider }));
-        let bot =
-            Bot { id: "bot_1".into(), name: "b".into(), member_id: "mem_o".into(), created_at: 1, archived_at: None };
-        ok(s.apply(&Command::CreateBot { by: OWNER.into(), bot }));
-        ok(s.apply(&Command::CreateToken { by: OWNER.into(), token: token(BOT, Principal::Bot("bot_1".into())) }));
         let source = Source::Provider { provider: "cpp_1".into(), template: None };
         lifecycle(&mut s, ExecutionKind::Create, "k1", Some(computer("cmp_1", source)));
         ok(s.apply(&Command::PutGrant {
@@ -417,5 +309,17 @@ mod tests {
         }));
         assert_eq!(s.resolve_port(&hash(2), 8001), Resolved::Gone);
         assert!(s.ports.of("cmp_1").iter().all(|e| e.port != 8001));
+    }
+
+    #[test]
+    fn each_computers_ports_are_rebuilt_from_the_exposures() {
+        let mut s = world();
+        ok(s.apply(&expose(OWNER, "cmp_1", 8000, "http", &hash(1), "a")));
+        ok(s.apply(&expose(OWNER, "cmp_1", 9000, "http", &hash(2), "a")));
+        let json = serde_json::to_string(&s.ports).expect("json");
+        let mut back: crate::sm::model::Ports = serde_json::from_str(&json).expect("back");
+        assert!(back.by_computer.is_empty(), "derived, not serialized");
+        back.reindex();
+        assert_eq!(back, s.ports);
     }
 }

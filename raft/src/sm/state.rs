@@ -116,7 +116,7 @@ pub struct State {
     pub computer_index: super::computer_index::ComputerIndex,
     /// Public port addresses (`ports`): at most `ports::MAX_PORTS` per Computer, gone with it.
     #[serde(default)]
-    pub ports: super::ports::Ports,
+    pub ports: super::model::Ports,
     /// How long finished executions and decided approvals are kept (`retention`).
     #[serde(default)]
     pub retention: super::retention::Retention,

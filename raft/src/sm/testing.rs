@@ -36,3 +36,62 @@ pub fn rejected(r: Response) -> Reject {
         other => panic!("expected a rejection, got {other:?}"),
     }
 }
+
+/// The owner's token id in [`world`].
+pub const OWNER: &str = "tok_owner";
+
+/// A bootstrapped state: the owner `mem_o` (token [`OWNER`]), the fake provider `cpp_1`, and the
+/// owner's bot `bot_1` with the token `tok_bot`.
+pub fn world() -> super::State {
+    use super::Command;
+    use super::identity::Bot;
+    use super::identity::Member;
+    use super::identity::Organization;
+    use super::identity::Role;
+    use super::model::Provider;
+    use super::model::ProviderKind;
+    let mut s = super::State::default();
+    let owner = Member { id: "mem_o".into(), name: "o".into(), email: None, role: Role::Owner, created_at: 1 };
+    ok(s.apply(&Command::Bootstrap {
+        cluster_id: "c".into(),
+        org: Organization { id: "org".into(), name: "o".into(), created_at: 1 },
+        owner,
+        token: token(OWNER, Principal::Member("mem_o".into())),
+        join_secret_hash: None,
+    }));
+    let provider = Provider {
+        id: "cpp_1".into(),
+        kind: ProviderKind::Fake,
+        name: "p".into(),
+        config: Default::default(),
+        secrets: Default::default(),
+        created_by: "mem_o".into(),
+        created_at: 1,
+    };
+    ok(s.apply(&Command::CreateProvider { by: OWNER.into(), provider }));
+    let bot = Bot { id: "bot_1".into(), name: "b".into(), member_id: "mem_o".into(), created_at: 1, archived_at: None };
+    ok(s.apply(&Command::CreateBot { by: OWNER.into(), bot }));
+    ok(s.apply(&Command::CreateToken { by: OWNER.into(), token: token("tok_bot", Principal::Bot("bot_1".into())) }));
+    s
+}
+
+/// A new Computer record of `owner` (starting, no desktop, never pausing by itself).
+pub fn computer(id: &str, owner: &str, source: super::model::Source) -> super::model::Computer {
+    super::model::Computer {
+        id: id.into(),
+        name: "c".into(),
+        owner: owner.into(),
+        shared: false,
+        source,
+        desktop: false,
+        pause_after: None,
+        state: super::model::ComputerState::Starting,
+        sandbox: None,
+        active_execution: None,
+        created_at: 1,
+        agent_credential: None,
+        link_generation: 0,
+        link_node: None,
+        desktop_view: None,
+    }
+}

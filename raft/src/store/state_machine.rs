@@ -169,6 +169,7 @@ fn decode_payload(bytes: &[u8]) -> io::Result<SnapshotFile> {
     file.applied.state.reindex_tools();
     file.applied.state.reindex_executions();
     file.applied.state.reindex_computers();
+    file.applied.state.ports.reindex();
     if file.format != SNAPSHOT_FORMAT {
         return Err(io::Error::new(io::ErrorKind::InvalidData, format!("unknown snapshot format {}", file.format)));
     }

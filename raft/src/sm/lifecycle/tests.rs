@@ -2,65 +2,23 @@
 
 use super::*;
 use crate::sm::Command;
-use crate::sm::identity::Bot;
 use crate::sm::identity::Member;
-use crate::sm::identity::Organization;
 use crate::sm::identity::Principal;
-use crate::sm::model::Provider;
-use crate::sm::model::ProviderKind;
+use crate::sm::testing::OWNER;
+use crate::sm::testing::computer as computer_record;
 use crate::sm::testing::ok;
 use crate::sm::testing::rejected;
 use crate::sm::testing::token;
+use crate::sm::testing::world;
 use crate::sm::usage::UsageSpan;
-
-const OWNER: &str = "tok_owner";
-
-fn world() -> State {
-    let mut s = State::default();
-    let owner = Member { id: "mem_o".into(), name: "o".into(), email: None, role: Role::Owner, created_at: 1 };
-    ok(s.apply(&Command::Bootstrap {
-        cluster_id: "c".into(),
-        org: Organization { id: "org".into(), name: "o".into(), created_at: 1 },
-        owner,
-        token: token(OWNER, Principal::Member("mem_o".into())),
-        join_secret_hash: None,
-    }));
-    let provider = Provider {
-        id: "cpp_1".into(),
-        kind: ProviderKind::Fake,
-        name: "p".into(),
-        config: Default::default(),
-        secrets: Default::default(),
-        created_by: "mem_o".into(),
-        created_at: 1,
-    };
-    ok(s.apply(&Command::CreateProvider { by: OWNER.into(), provider }));
-    let bot = Bot { id: "bot_1".into(), name: "b".into(), member_id: "mem_o".into(), created_at: 1, archived_at: None };
-    ok(s.apply(&Command::CreateBot { by: OWNER.into(), bot }));
-    ok(s.apply(&Command::CreateToken { by: OWNER.into(), token: token("tok_bot", Principal::Bot("bot_1".into())) }));
-    s
-}
 
 fn submit(by: &str, kind: ExecutionKind, computer: &str, key: &str, body: &str) -> Command {
     let n = format!("{key}-{body}-{by}");
     let exe = Execution::pending(&format!("exe_{n}"), key, body, kind, computer, 1);
     let owner = if by == OWNER || by.starts_with("tok_bot") { "mem_o" } else { "mem_x" };
     let c = (kind == ExecutionKind::Create).then(|| Computer {
-        id: computer.into(),
-        name: "c".into(),
-        owner: owner.into(),
-        shared: false,
-        source: Source::Provider { provider: "cpp_1".into(), template: None },
-        desktop: false,
         pause_after: Some(600),
-        state: ComputerState::Starting,
-        sandbox: None,
-        active_execution: None,
-        created_at: 1,
-        agent_credential: None,
-        link_generation: 0,
-        link_node: None,
-        desktop_view: None,
+        ..computer_record(computer, owner, Source::Provider { provider: "cpp_1".into(), template: None })
     });
     Command::SubmitExecution(Box::new(Submit {
         by: by.into(),
