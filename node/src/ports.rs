@@ -1,7 +1,7 @@
 //! Public port addresses: `<port>-<label>.<public domain>`, where the label (128 random bits,
 //! hex) is the bearer capability that lets anyone with the address reach the port. The store
 //! keeps only its SHA-256; the label is shown once, in the answer to `PUT …/ports/:port`, and is
-//! never logged.
+//! never logged (nothing logs a request's `Host`).
 //!
 //! In production the public domain is a wildcard name served by the load balancer (which holds
 //! its certificate), so addresses are `https://`. A domain that is `localhost` (or under it) is
@@ -37,6 +37,11 @@ impl PublicDomain {
         }
         let scheme = if host == "localhost" || host.ends_with(".localhost") { "http" } else { "https" };
         Ok(Self { host, port, scheme })
+    }
+
+    /// `https`, or `http` under `localhost`.
+    pub fn scheme(&self) -> &'static str {
+        self.scheme
     }
 
     /// The address of `port` with `label`.
@@ -79,22 +84,6 @@ fn is_label(s: &str) -> bool {
     s.len() == LABEL_LEN && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
-/// A URL or host with any label in it replaced by `…` (for logs).
-pub fn redact(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut rest = s;
-    while let Some(i) = rest.find('-') {
-        out.push_str(&rest[..=i]);
-        rest = &rest[i + 1..];
-        if rest.len() >= LABEL_LEN && is_label(&rest[..LABEL_LEN]) {
-            out.push('…');
-            rest = &rest[LABEL_LEN..];
-        }
-    }
-    out.push_str(rest);
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,14 +118,6 @@ mod tests {
             assert!(PublicDomain::parse(bad).is_err(), "{bad}");
         }
     }
-
-    #[test]
-    fn labels_are_redacted() {
-        let label = new_label();
-        let url = format!("https://8000-{label}.example.com/");
-        assert_eq!(redact(&url), "https://8000-….example.com/");
-        assert_eq!(redact("a-b-c"), "a-b-c");
-    }
 }
 
 /// Idle HTTP/1.1 connections to exposed ports (each over its own tunnel), kept by the node that
@@ -145,7 +126,14 @@ mod tests {
 /// replica); an address that ends leaves its connections to expire unused.
 #[derive(Default)]
 pub struct PortPool {
-    idle: std::sync::Mutex<std::collections::HashMap<String, Vec<(Sender, std::time::Instant)>>>,
+    idle: std::sync::Mutex<Idle>,
+}
+
+#[derive(Default)]
+struct Idle {
+    by_address: std::collections::HashMap<String, Vec<(Sender, std::time::Instant)>>,
+    /// How many connections `by_address` holds in all.
+    total: usize,
 }
 
 /// A connection's sending half.
@@ -161,12 +149,14 @@ impl PortPool {
     /// An idle, open connection to the address with this label hash, if one is ready.
     pub fn take(&self, label_hash: &str) -> Option<Sender> {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        let list = idle.get_mut(label_hash)?;
-        let now = std::time::Instant::now();
+        let idle = &mut *idle;
+        let list = idle.by_address.get_mut(label_hash)?;
+        let (before, now) = (list.len(), std::time::Instant::now());
         list.retain(|(s, at)| !s.is_closed() && now.duration_since(*at) < POOL_IDLE);
         let found = list.iter().position(|(s, _)| s.is_ready()).map(|i| list.swap_remove(i).0);
+        idle.total -= before - list.len();
         if list.is_empty() {
-            idle.remove(label_hash);
+            idle.by_address.remove(label_hash);
         }
         found
     }
@@ -175,10 +165,13 @@ impl PortPool {
     /// read to its end (it is ready then).
     pub fn put(&self, label_hash: &str, sender: Sender) {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        let total: usize = idle.values().map(Vec::len).sum();
-        let list = idle.entry(label_hash.to_string()).or_default();
-        if list.len() < POOL_PER_ADDRESS && total < POOL_TOTAL {
+        if idle.total >= POOL_TOTAL {
+            return;
+        }
+        let list = idle.by_address.entry(label_hash.to_string()).or_default();
+        if list.len() < POOL_PER_ADDRESS {
             list.push((sender, std::time::Instant::now()));
+            idle.total += 1;
         }
     }
 }

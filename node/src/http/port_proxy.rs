@@ -80,8 +80,8 @@ async fn proxy(state: &AppState, port: u16, label: &str, mut req: Request) -> Re
         }
     }
     if !parts.headers.contains_key("x-forwarded-proto") {
-        let proto = if state.public_domain.url(port, "x").starts_with("https") { "https" } else { "http" };
-        parts.headers.insert(HeaderName::from_static("x-forwarded-proto"), HeaderValue::from_static(proto));
+        let proto = HeaderValue::from_static(state.public_domain.scheme());
+        parts.headers.insert(HeaderName::from_static("x-forwarded-proto"), proto);
     }
     state.activity.touch(&computer);
     // A kept connection if one is ready (a request it could not take, the service having
