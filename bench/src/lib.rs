@@ -4,7 +4,8 @@
 //! summaries and other report helpers ([`report`]), calls on a node with the owner token
 //! ([`api`]), for store-bench's reference, etcd clusters with peer and client TLS ([`etcd`]),
 //! their throwaway CA ([`certs`]) and HTTPS client ([`https`]), and for agent-bench, a
-//! minimal agent link client and a plain WebSocket baseline ([`link_client`]).
+//! minimal agent link client and a plain WebSocket baseline ([`link_client`]); for port-bench
+//! and stream-bench, one Docker sandbox on a test cluster ([`sandbox`]).
 
 pub mod api;
 pub mod base64;
@@ -13,5 +14,6 @@ pub mod etcd;
 pub mod https;
 pub mod link_client;
 pub mod report;
+pub mod sandbox;
 pub mod settings;
 pub mod workload;

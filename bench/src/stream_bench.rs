@@ -25,27 +25,16 @@ use std::time::Instant;
 use anyhow::Context;
 use anyhow::Result;
 use anyhow::bail;
+use computerd_bench::sandbox;
+use computerd_bench::sandbox::call;
 use computerd_bench::settings;
 use computerd_tests::TestCluster;
 use computerd_tests::docker::DESKTOP_IMAGE;
 use computerd_tests::rfb::Viewer;
-use serde_json::Value;
 use serde_json::json;
 
 fn main() -> Result<()> {
-    let computerd = settings::computerd_bin()?;
-    let agent = settings::agent_bin()?;
-    // SAFETY: nothing else runs yet.
-    let rt = unsafe { settings::runtime_for(&computerd)? };
-    rt.block_on(run(agent))
-}
-
-async fn call(c: &TestCluster, method: reqwest::Method, path: &str, body: Option<Value>) -> Result<Value> {
-    let (s, v) = c.call(method, 1, path, &c.token, body).await;
-    if !(200..300).contains(&s) {
-        bail!("{path}: HTTP {s}: {v}");
-    }
-    Ok(v)
+    sandbox::main(run)
 }
 
 async fn run(agent: std::path::PathBuf) -> Result<()> {
@@ -55,24 +44,9 @@ async fn run(agent: std::path::PathBuf) -> Result<()> {
         .unwrap_or(if settings::quick() { 20 } else { 60 });
     computerd_tests::docker::ensure_desktop_image();
     let c = TestCluster::start(1).await;
-    let config = json!({
-        "serverUrl": c.url(1, ""),
-        "network": "host",
-        "agentBinary": agent.to_string_lossy(),
-        "templates": {"default": {"image": DESKTOP_IMAGE, "cpus": 1.0, "memoryMb": 1024, "pids": 512}},
-    });
-    let body = json!({"kind": "docker", "name": "d", "config": config});
-    let v = call(&c, reqwest::Method::POST, "/v1/computer-providers", Some(body)).await?;
-    let provider = v["id"].as_str().context("provider id")?.to_string();
-    let body = json!({"commandKey": "bench", "name": "bench", "desktop": true, "source": {"_tag": "Provider", "provider": provider}});
-    let v = call(&c, reqwest::Method::POST, "/v1/computers", Some(body)).await?;
-    let id = v["resource"]["id"].as_str().context("computer id")?.to_string();
+    let id = sandbox::create(&c, &agent, DESKTOP_IMAGE, 1024, true).await?;
     let result = measure(&c, &id, frames).await;
-    let _ =
-        call(&c, reqwest::Method::DELETE, &format!("/v1/computers/{id}"), Some(json!({"commandKey": "bench-d"}))).await;
-    for container in computerd_tests::docker::containers_of(&id) {
-        let _ = std::process::Command::new("docker").args(["rm", "-f", &container]).output();
-    }
+    sandbox::remove(&c, &id).await;
     result
 }
 
