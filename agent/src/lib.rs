@@ -10,6 +10,8 @@
 //!   and running a call's file work on a thread holding only its account's rights.
 //! - [`desktop`]: the display the agent owns (or a paired machine's, opted in): screenshots
 //!   and input actions, one caller at a time.
+//! - [`browser`]: Chromium over CDP on a pipe: browser sessions, snapshots with self-checking
+//!   refs, element tools, uploads checked before they reach the page.
 //! - [`files`]: file and directory calls.
 //! - [`layout`]: the owners and modes of the agent's state dir and of the workspace.
 //! - [`service`]: the gRPC service, refusing any link generation but the current one.
@@ -18,6 +20,7 @@
 
 #![warn(missing_docs)]
 
+pub mod browser;
 pub mod desktop;
 pub mod files;
 pub mod layout;

@@ -83,6 +83,11 @@ struct Cli {
     /// paired machine's ports stay closed unless its owner sets it.
     #[arg(long, env = "COMPUTER_AGENT_PORTS")]
     ports: bool,
+    /// Offer a browser: Chromium at this path, run as the desktop's account and driven over a
+    /// CDP pipe (its profiles under /var/lib/computerd-browser). Needs --desktop for takeover
+    /// mode. The Docker provider sets it for a Computer created with a desktop.
+    #[arg(long, env = "COMPUTER_AGENT_BROWSER")]
+    browser: Option<PathBuf>,
 }
 
 #[tokio::main]
@@ -210,6 +215,24 @@ async fn main() -> std::process::ExitCode {
         },
         _ => None,
     };
+    let browser = match &cli.browser {
+        Some(chromium) if desktop.as_ref().is_some_and(|d| d.scope() == Scope::Full) || cli.desktop.is_none() => {
+            match xserver::desktop_account() {
+                Ok(account) => Some(computer_agent::browser::Browser::new(
+                    chromium.clone(),
+                    account,
+                    PathBuf::from(computer_agent::browser::ROOT),
+                    workdir.clone(),
+                    desktop.clone().filter(|d| d.scope() == Scope::Full),
+                )),
+                Err(why) => {
+                    eprintln!("computer-agent: no account for the browser: {why}");
+                    return std::process::ExitCode::from(2);
+                }
+            }
+        }
+        _ => None,
+    };
     let svc = AgentService {
         sessions,
         workdir,
@@ -218,6 +241,7 @@ async fn main() -> std::process::ExitCode {
         users,
         desktop,
         ports: cli.ports,
+        browser,
     };
     link::run(dial, cred, svc).await;
     std::process::ExitCode::SUCCESS

@@ -58,6 +58,8 @@ pub struct AgentService {
     pub desktop: Option<crate::desktop::Desktop>,
     /// Tunnels to this machine's ports may be opened (its public port addresses: `--ports`).
     pub ports: bool,
+    /// The browser (`None`: this Computer has none: `--browser`).
+    pub browser: Option<crate::browser::Browser>,
 }
 
 fn check<T>(g: &AtomicU64, req: &Request<T>) -> Result<(), Status> {
@@ -286,6 +288,26 @@ impl Agent for AgentService {
             return Err(ErrorKind::InvalidRequest.status("a desktop call names its caller"));
         }
         let answer = desktop.call(op, call.caller).await.map_err(|e| e.kind.status(e.message))?;
+        let json = serde_json::to_string(&answer.json).map_err(|e| ErrorKind::Internal.status(e.to_string()))?;
+        Ok(Response::new(computerd_proto::agent::DesktopReply { json, image: answer.image }))
+    }
+
+    async fn browser(
+        &self,
+        req: Request<computerd_proto::agent::DesktopCall>,
+    ) -> Result<Response<computerd_proto::agent::DesktopReply>, Status> {
+        check(&self.generation, &req)?;
+        let Some(browser) = &self.browser else {
+            return Err(ErrorKind::ComputerUnsupported
+                .status("this computer has no browser (create it with \"desktop\": true)"));
+        };
+        let call = req.into_inner();
+        let op: computerd_proto::browser::BrowserOp = serde_json::from_str(&call.json)
+            .map_err(|e| ErrorKind::InvalidRequest.status(format!("bad browser request: {e}")))?;
+        if call.caller.is_empty() {
+            return Err(ErrorKind::InvalidRequest.status("a browser call names its caller"));
+        }
+        let answer = browser.call(op, &call.caller).await.map_err(|e| e.kind.status(e.message))?;
         let json = serde_json::to_string(&answer.json).map_err(|e| ErrorKind::Internal.status(e.to_string()))?;
         Ok(Response::new(computerd_proto::agent::DesktopReply { json, image: answer.image }))
     }

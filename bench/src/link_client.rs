@@ -65,6 +65,7 @@ pub async fn open_link(ws_url: &str, cred: &Credential) -> Result<JoinHandle<Str
     let v: serde_json::Value = serde_json::from_str(&welcome).context("the welcome is not JSON")?;
     let generation = v["generation"].as_u64().ok_or_else(|| anyhow!("refused: {}", v["error"]))?;
     let svc = AgentService {
+        browser: None,
         sessions: Sessions::default(),
         tools: None,
         workdir: PathBuf::from("/"),

@@ -47,6 +47,9 @@ pub enum ErrorKind {
     /// Someone else holds the Computer's input lease (a person in `control` mode, or another
     /// caller's desktop actions): the error names the holder.
     InputBusy,
+    /// A browser ref no longer names the element it was taken from (the page navigated, the
+    /// element was removed or re-rendered, or a newer snapshot replaced it): take a new snapshot.
+    StaleRef,
 }
 
 impl ErrorKind {
@@ -73,6 +76,7 @@ impl ErrorKind {
             Self::NotOwner => "not_owner",
             Self::Expired => "expired",
             Self::InputBusy => "InputBusy",
+            Self::StaleRef => "StaleRef",
         }
     }
 
@@ -99,6 +103,7 @@ impl ErrorKind {
             "not_owner" => Self::NotOwner,
             "expired" => Self::Expired,
             "InputBusy" => Self::InputBusy,
+            "StaleRef" => Self::StaleRef,
             _ => return None,
         })
     }
@@ -126,6 +131,7 @@ impl ErrorKind {
             Self::NotOwner => 503,
             Self::Expired => 410,
             Self::InputBusy => 409,
+            Self::StaleRef => 409,
         }
     }
 
@@ -152,6 +158,7 @@ impl ErrorKind {
             Self::NotOwner => tonic::Code::FailedPrecondition,
             Self::Expired => tonic::Code::NotFound,
             Self::InputBusy => tonic::Code::Aborted,
+            Self::StaleRef => tonic::Code::FailedPrecondition,
         }
     }
 
@@ -206,6 +213,7 @@ mod tests {
             ErrorKind::NotOwner,
             ErrorKind::Expired,
             ErrorKind::InputBusy,
+            ErrorKind::StaleRef,
         ];
         for k in all {
             assert_eq!(ErrorKind::parse(k.as_str()), Some(k));

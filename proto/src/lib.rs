@@ -3,6 +3,7 @@
 
 #![warn(missing_docs)]
 
+pub mod browser;
 pub mod channel;
 pub mod deadline;
 pub mod desktop;

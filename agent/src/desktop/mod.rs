@@ -260,8 +260,14 @@ impl Desktop {
         result
     }
 
+    /// The display and authority file a program shown on this desktop needs (`DISPLAY`,
+    /// `XAUTHORITY`); the file is readable by the desktop's account only.
+    pub fn display_env(&self) -> (String, std::path::PathBuf) {
+        (format!(":{}", self.inner.display.number), self.inner.display.authority.clone())
+    }
+
     /// Takes (or renews) the input lease for `caller`, or says who holds it.
-    fn take_lease(&self, caller: &str) -> Result<(), DesktopError> {
+    pub fn take_lease(&self, caller: &str) -> Result<(), DesktopError> {
         let mut lease = self.inner.lease.lock().map_err(|_| DesktopError::x("lease lock poisoned"))?;
         let now = Instant::now();
         if let Some(l) = lease.as_ref()

@@ -1,0 +1,451 @@
+//! The browser of a Computer, owned by the agent: Chromium from the image, driven over CDP on a
+//! pipe ([`cdp`]), one process per browser session.
+//!
+//! - A session has an id (`b-` and 16 random hex digits, never reused) and a mode: `automation`
+//!   (headless) or `takeover` (headed on the Computer's desktop, so a person watching the stream
+//!   sees it and can take control). A tool naming a session that is gone fails `NotFound`; a
+//!   new, empty browser is never taken for it.
+//! - Its profile (`<root>/profiles/<name>`) is a directory in the Computer, the desktop account's,
+//!   0700: it survives a pause and the session, and no session as `user` reads its cookies. No
+//!   tool returns a cookie.
+//! - Chromium runs as the desktop's account with `--no-sandbox`. Its own sandbox needs user
+//!   namespaces (or a set-uid helper), which the sandbox container's seccomp profile and dropped
+//!   capabilities forbid; granting them to the container would weaken the boundary every session
+//!   relies on. So the boundary is the container plus the account: the browser runs as neither
+//!   root nor `user`, its profile and uploads are its own, and CDP is a pipe only the agent holds.
+//! - In takeover mode the acting tools take the Computer's input lease in the caller's name, so
+//!   a person controlling the desktop blocks them (`InputBusy`). A headless browser is not on the
+//!   display the lease guards, so its tools do not take it.
+//! - Calls on one session are served one at a time.
+
+pub mod cdp;
+pub mod page;
+pub mod upload;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use computerd_proto::ErrorKind;
+use computerd_proto::browser::BrowserOp;
+use computerd_proto::browser::Mode;
+use computerd_proto::browser::OpenRequest;
+use serde_json::Value;
+use serde_json::json;
+
+use crate::desktop::Desktop;
+use crate::users::Account;
+use cdp::Cdp;
+
+/// The browser's directory in the Computer (profiles, staged uploads, its home).
+pub const ROOT: &str = "/var/lib/computerd-browser";
+/// At most this many sessions at once.
+pub const MAX_SESSIONS: usize = 4;
+/// Staged uploads of one session take at most this much.
+pub const MAX_STAGED: u64 = 256 * 1024 * 1024;
+/// How long a CDP command may take (beyond a tool's own waits).
+pub const COMMAND: Duration = Duration::from_secs(10);
+
+/// A failed browser call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BrowserError {
+    /// The API's kind.
+    pub kind: ErrorKind,
+    /// What went wrong.
+    pub message: String,
+}
+
+impl BrowserError {
+    /// An error of `kind`.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self { kind, message: message.into() }
+    }
+    /// A refused request.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::InvalidRequest, message)
+    }
+    /// A stale ref.
+    pub fn stale(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::StaleRef, format!("{}; take a new snapshot", message.into()))
+    }
+}
+
+impl From<cdp::CdpError> for BrowserError {
+    fn from(e: cdp::CdpError) -> Self {
+        match e {
+            cdp::CdpError::Closed => {
+                BrowserError::new(ErrorKind::Unavailable, "the browser has stopped; open a new session")
+            }
+            cdp::CdpError::Timeout => BrowserError::new(ErrorKind::DeadlineExceeded, e.to_string()),
+            cdp::CdpError::Protocol(_) => BrowserError::new(ErrorKind::ComputerExecutionFailed, e.to_string()),
+        }
+    }
+}
+
+/// An answer: JSON and, for a screenshot, the image.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    /// The JSON.
+    pub json: Value,
+    /// The image (empty without one).
+    pub image: Vec<u8>,
+}
+
+/// One browser process and what the agent knows of its tabs.
+pub struct Session {
+    /// `b-…`.
+    pub id: String,
+    /// Headless or on the desktop.
+    pub mode: Mode,
+    /// Its profile's name.
+    pub profile: String,
+    /// The connection.
+    pub cdp: Cdp,
+    child: tokio::sync::Mutex<tokio::process::Child>,
+    /// The tabs attached so far, and their refs; held for a whole call (one call at a time).
+    pub tabs: tokio::sync::Mutex<page::Tabs>,
+    /// Where its uploads are copied.
+    pub stage_dir: PathBuf,
+}
+
+/// The browser of this Computer; clones share it.
+#[derive(Clone)]
+pub struct Browser {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    chromium: PathBuf,
+    account: Account,
+    root: PathBuf,
+    /// Uploads are taken from under this directory only (the workspace).
+    uploads_from: PathBuf,
+    desktop: Option<Desktop>,
+    sessions: std::sync::Mutex<HashMap<String, Arc<Session>>>,
+    /// Opening is one at a time (a profile is used by one session).
+    opening: tokio::sync::Mutex<()>,
+}
+
+impl Browser {
+    /// A browser running `chromium` as `account`, keeping its files under `root`, uploading
+    /// files from under `uploads_from` (the workspace) only; `desktop` is the display a takeover
+    /// session shows on (and whose input lease it takes).
+    pub fn new(
+        chromium: PathBuf,
+        account: Account,
+        root: PathBuf,
+        uploads_from: PathBuf,
+        desktop: Option<Desktop>,
+    ) -> Browser {
+        Browser {
+            inner: Arc::new(Inner {
+                chromium,
+                account,
+                root,
+                uploads_from,
+                desktop,
+                sessions: std::sync::Mutex::new(HashMap::new()),
+                opening: tokio::sync::Mutex::new(()),
+            }),
+        }
+    }
+
+    /// Serves one call for `caller` (`bot:<id>` or `member:<id>`).
+    pub async fn call(&self, op: BrowserOp, caller: &str) -> Result<Answer, BrowserError> {
+        op.check().map_err(BrowserError::invalid)?;
+        match op {
+            BrowserOp::Open(req) => self.open(req).await.map(|json| Answer { json, image: Vec::new() }),
+            BrowserOp::List => Ok(Answer { json: self.list().await, image: Vec::new() }),
+            BrowserOp::Close(req) => self.close(&req.session).await.map(|json| Answer { json, image: Vec::new() }),
+            op => {
+                let name = op.session().unwrap_or_default().to_string();
+                let session = self.session(&name)?;
+                if session.mode == Mode::Takeover && page::acts(&op) {
+                    match &self.inner.desktop {
+                        Some(d) => d.take_lease(caller).map_err(|e| BrowserError::new(e.kind, e.message))?,
+                        None => {
+                            return Err(BrowserError::new(
+                                ErrorKind::ComputerUnsupported,
+                                "this computer has no desktop",
+                            ));
+                        }
+                    }
+                }
+                let mut tabs = session.tabs.lock().await;
+                let answer = page::serve(&session, &mut tabs, op, self.owner(), &self.inner.uploads_from).await;
+                if session.mode == Mode::Takeover
+                    && let Some(d) = &self.inner.desktop
+                {
+                    // Renewed after the call too, like the desktop's own actions.
+                    let _ = d.take_lease(caller);
+                }
+                answer
+            }
+        }
+    }
+
+    fn owner(&self) -> Option<(u32, u32)> {
+        nix::unistd::geteuid().is_root().then_some((self.inner.account.uid, self.inner.account.gid))
+    }
+
+    fn session(&self, id: &str) -> Result<Arc<Session>, BrowserError> {
+        let s = self.inner.sessions.lock().map_err(|_| BrowserError::invalid("sessions lock poisoned"))?;
+        let session = s.get(id).cloned().ok_or_else(|| {
+            BrowserError::new(
+                ErrorKind::NotFound,
+                format!("no browser session {id} (it ended, or the agent restarted); open a new one"),
+            )
+        })?;
+        if !session.cdp.is_open() {
+            return Err(BrowserError::new(
+                ErrorKind::Unavailable,
+                format!("the browser of session {id} has stopped; close it and open a new one"),
+            ));
+        }
+        Ok(session)
+    }
+
+    /// The sessions and their tabs.
+    async fn list(&self) -> Value {
+        let sessions: Vec<Arc<Session>> = match self.inner.sessions.lock() {
+            Ok(s) => s.values().cloned().collect(),
+            Err(_) => Vec::new(),
+        };
+        let mut out = Vec::new();
+        for s in sessions {
+            let tabs = if s.cdp.is_open() { page::tab_list(&s.cdp).await.unwrap_or_default() } else { Vec::new() };
+            out.push(json!({"session": s.id, "mode": s.mode, "profile": s.profile, "running": s.cdp.is_open(), "tabs": tabs}));
+        }
+        json!({"sessions": out})
+    }
+
+    async fn close(&self, id: &str) -> Result<Value, BrowserError> {
+        let session = {
+            let mut s = self.inner.sessions.lock().map_err(|_| BrowserError::invalid("sessions lock poisoned"))?;
+            s.remove(id).ok_or_else(|| BrowserError::new(ErrorKind::NotFound, format!("no browser session {id}")))?
+        };
+        if session.cdp.is_open() {
+            let _ = session.cdp.call(None, "Browser.close", json!({}), Duration::from_secs(3)).await;
+        }
+        let mut child = session.child.lock().await;
+        if tokio::time::timeout(Duration::from_secs(3), child.wait()).await.is_err() {
+            let _ = child.kill().await;
+        }
+        let _ = std::fs::remove_dir_all(&session.stage_dir);
+        Ok(json!({"session": id, "closed": true}))
+    }
+
+    async fn open(&self, req: OpenRequest) -> Result<Value, BrowserError> {
+        let _one = self.inner.opening.lock().await;
+        let profile = req.profile.clone().unwrap_or_else(|| "default".into());
+        {
+            let s = self.inner.sessions.lock().map_err(|_| BrowserError::invalid("sessions lock poisoned"))?;
+            if s.len() >= MAX_SESSIONS {
+                return Err(BrowserError::new(
+                    ErrorKind::Conflict,
+                    format!("{MAX_SESSIONS} browser sessions are open; close one first"),
+                ));
+            }
+            if let Some(other) = s.values().find(|o| o.profile == profile && o.cdp.is_open()) {
+                return Err(BrowserError::new(
+                    ErrorKind::Conflict,
+                    format!("profile {profile} is in use by session {}", other.id),
+                ));
+            }
+        }
+        if req.mode == Mode::Takeover && self.inner.desktop.is_none() {
+            return Err(BrowserError::new(
+                ErrorKind::ComputerUnsupported,
+                "takeover needs the Computer's desktop; this one has none",
+            ));
+        }
+        let id = format!("b-{}", hex::encode(rand::random::<[u8; 8]>()));
+        let dirs = self.dirs(&profile, &id).map_err(|e| BrowserError::new(ErrorKind::ComputerExecutionFailed, e))?;
+        let (cdp, child) = self.launch(req.mode, &dirs).await?;
+        let session = Arc::new(Session {
+            id: id.clone(),
+            mode: req.mode,
+            profile: profile.clone(),
+            cdp,
+            child: tokio::sync::Mutex::new(child),
+            tabs: tokio::sync::Mutex::new(page::Tabs::default()),
+            stage_dir: dirs.stage,
+        });
+        let first = {
+            let mut tabs = session.tabs.lock().await;
+            page::first_tab(&session, &mut tabs, req.url.as_deref()).await
+        };
+        let first = match first {
+            Ok(v) => v,
+            Err(e) => {
+                let mut child = session.child.lock().await;
+                let _ = child.kill().await;
+                return Err(e);
+            }
+        };
+        self.inner
+            .sessions
+            .lock()
+            .map_err(|_| BrowserError::invalid("sessions lock poisoned"))?
+            .insert(id.clone(), session);
+        tracing::info!(session = %id, mode = ?req.mode, profile = %profile, "a browser session started");
+        Ok(json!({"session": id, "mode": req.mode, "profile": profile, "tabs": [first]}))
+    }
+
+    /// Makes (or keeps) the browser's directories: its home, the profile, this session's
+    /// staging directory; all the account's, 0700.
+    fn dirs(&self, profile: &str, id: &str) -> Result<Dirs, String> {
+        let root = &self.inner.root;
+        let dirs = Dirs {
+            home: root.join("home"),
+            profile: root.join("profiles").join(profile),
+            stage: root.join("uploads").join(id),
+        };
+        for d in [root.as_path(), &root.join("profiles"), &root.join("uploads"), &dirs.home, &dirs.profile, &dirs.stage]
+        {
+            private_dir(d, self.owner())?;
+        }
+        no_preconnect(&dirs.profile, self.owner())?;
+        // A lock left by a browser that died with an earlier agent (none of ours uses it now).
+        for f in ["SingletonLock", "SingletonSocket", "SingletonCookie"] {
+            let _ = std::fs::remove_file(dirs.profile.join(f));
+        }
+        Ok(dirs)
+    }
+
+    async fn launch(&self, mode: Mode, dirs: &Dirs) -> Result<(Cdp, tokio::process::Child), BrowserError> {
+        let fail = |m: String| BrowserError::new(ErrorKind::ComputerExecutionFailed, m);
+        let pipes = cdp::pipes().map_err(|e| fail(format!("cannot make the browser's pipes: {e}")))?;
+        let mut c = tokio::process::Command::new(&self.inner.chromium);
+        if self.owner().is_some() {
+            c.uid(self.inner.account.uid).gid(self.inner.account.gid);
+        }
+        c.env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .env("HOME", &dirs.home)
+            .env("LANG", "C.UTF-8")
+            .current_dir(&dirs.home)
+            .args(flags(mode, &dirs.profile))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        if mode == Mode::Takeover {
+            let Some(d) = &self.inner.desktop else {
+                return Err(BrowserError::new(ErrorKind::ComputerUnsupported, "takeover needs the Computer's desktop"));
+            };
+            let (display, authority) = d.display_env();
+            c.env("DISPLAY", display).env("XAUTHORITY", authority);
+        }
+        let (child_in, child_out) = cdp::raw(&pipes);
+        // SAFETY: place_child_fds only calls fcntl and dup2, both async-signal-safe.
+        unsafe {
+            c.pre_exec(move || cdp::place_child_fds(child_in, child_out));
+        }
+        let mut child = c.spawn().map_err(|e| fail(format!("cannot start {}: {e}", self.inner.chromium.display())))?;
+        drop(pipes.child_in);
+        drop(pipes.child_out);
+        if let Some(err) = child.stderr.take() {
+            tokio::spawn(drain(err));
+        }
+        let cdp = Cdp::serve(pipes.to_browser, pipes.from_browser);
+        match cdp.call(None, "Browser.getVersion", json!({}), Duration::from_secs(30)).await {
+            Ok(_) => Ok((cdp, child)),
+            Err(e) => {
+                let _ = child.kill().await;
+                Err(fail(format!("the browser did not start: {e}")))
+            }
+        }
+    }
+}
+
+struct Dirs {
+    home: PathBuf,
+    profile: PathBuf,
+    stage: PathBuf,
+}
+
+/// Chromium's command line.
+fn flags(mode: Mode, profile: &Path) -> Vec<String> {
+    let mut f: Vec<String> = [
+        "--remote-debugging-pipe",
+        "--no-sandbox",
+        "--no-first-run",
+        "--no-default-browser-check",
+        "--no-startup-window",
+        "--disable-dev-shm-usage",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-default-apps",
+        "--disable-extensions",
+        "--disable-breakpad",
+        "--disable-features=Translate,MediaRouter,OptimizationHints,AutofillServerCommunication",
+        "--password-store=basic",
+        "--use-mock-keychain",
+        "--mute-audio",
+        "--lang=en-US",
+        "--window-position=0,0",
+        "--window-size=1280,800",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    f.push(format!("--user-data-dir={}", profile.display()));
+    if mode == Mode::Automation {
+        f.push("--headless=new".into());
+        f.push("--disable-gpu".into());
+        f.push("--hide-scrollbars".into());
+    }
+    f
+}
+
+/// Turns off Chromium's preconnects in the profile's preferences (`net.network_prediction_options`
+/// = 2, "never"). A request sent on a preconnected socket counts as sent on a reused one, and
+/// Chromium sends such a request again, a POST included, when the server closes it without an
+/// answer: an upload whose answer was lost would be made twice by the browser itself, below any
+/// action record. Without preconnects (and with a server that does not keep connections alive)
+/// a lost answer stays lost.
+fn no_preconnect(profile: &Path, owner: Option<(u32, u32)>) -> Result<(), String> {
+    let dir = profile.join("Default");
+    private_dir(&dir, owner)?;
+    let path = dir.join("Preferences");
+    let mut prefs: Value =
+        std::fs::read(&path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_else(|| json!({}));
+    if !prefs.is_object() {
+        prefs = json!({});
+    }
+    if !prefs["net"].is_object() {
+        prefs["net"] = json!({});
+    }
+    prefs["net"]["network_prediction_options"] = json!(2);
+    let bytes = serde_json::to_vec(&prefs).map_err(|e| e.to_string())?;
+    std::fs::write(&path, bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::chown(&path, Some(uid), Some(gid)).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn private_dir(d: &Path, owner: Option<(u32, u32)>) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(d).map_err(|e| format!("cannot make {}: {e}", d.display()))?;
+    std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700)).map_err(|e| format!("{}: {e}", d.display()))?;
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::chown(d, Some(uid), Some(gid)).map_err(|e| format!("{}: {e}", d.display()))?;
+    }
+    Ok(())
+}
+
+/// Logs the browser's last words (its stderr is noisy; only lines that say something failed).
+async fn drain(err: tokio::process::ChildStderr) {
+    use tokio::io::AsyncBufReadExt;
+    let mut lines = tokio::io::BufReader::new(err).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        if line.contains("ERROR") || line.contains("FATAL") {
+            tracing::debug!(line = %line.chars().take(300).collect::<String>(), "chromium");
+        }
+    }
+}

@@ -1,0 +1,1117 @@
+//! The tools on a tab: navigate, snapshot, the element tools, screenshots, session status.
+//!
+//! **Refs.** A snapshot numbers the elements it lists (`e41`, `e42`, …) from a counter of the
+//! session that never goes back, so a ref is never reused for another element. A ref is bound to
+//! its snapshot (the tab's latest), the document (the main frame's loader id) and the element
+//! (its backend node id, role and accessible name). Before anything is sent for a ref, it is
+//! checked: still in the tab's latest snapshot, the same document, the node still attached, and
+//! the same role and name. Otherwise the tool fails `StaleRef`, and nothing reaches the page.
+//!
+//! **Outcomes.** A click, a submit or a key may start a navigation. After sending it the tool
+//! watches for one (briefly); if one starts, it waits for its load. A load that fails (the
+//! answer was lost: `net::ERR_EMPTY_RESPONSE`, a reset) or does not end in time leaves the
+//! outcome `unknown`: the request may have had its effect. The node turns that into the action
+//! record's state.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use base64::Engine;
+use computerd_proto::ErrorKind;
+use computerd_proto::browser;
+use computerd_proto::browser::BrowserOp;
+use serde_json::Value;
+use serde_json::json;
+use tokio::sync::broadcast;
+use tokio::time::Instant;
+
+use super::Answer;
+use super::BrowserError;
+use super::COMMAND;
+use super::Session;
+use super::cdp::Cdp;
+use super::cdp::Event;
+
+/// How long after an action a navigation it started must have begun to be waited for.
+const NAVIGATION_START: Duration = Duration::from_millis(500);
+/// A screenshot is at most this many bytes.
+const MAX_IMAGE: usize = 16 * 1024 * 1024;
+/// A full-page screenshot is at most this many CSS pixels high.
+const MAX_PAGE_HEIGHT: f64 = 16_384.0;
+/// An element's name is cut to this many characters in a snapshot.
+const MAX_NAME: usize = 200;
+
+/// What the agent knows of a session's tabs.
+#[derive(Default)]
+pub struct Tabs {
+    attached: HashMap<String, Tab>,
+    /// The session's ref counter.
+    next_ref: u32,
+}
+
+struct Tab {
+    /// The flat CDP session of the tab.
+    cdp_session: String,
+    /// The main frame's id.
+    frame: String,
+    /// The latest snapshot's refs.
+    refs: HashMap<u32, RefInfo>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct RefInfo {
+    backend: i64,
+    loader: String,
+    role: String,
+    name: String,
+    /// A file input listed although the accessibility tree hides it.
+    file_input: bool,
+}
+
+/// Whether a tool acts on the page (and, in takeover mode, takes the input lease).
+pub fn acts(op: &BrowserOp) -> bool {
+    matches!(
+        op,
+        BrowserOp::Navigate(_)
+            | BrowserOp::Click(_)
+            | BrowserOp::Hover(_)
+            | BrowserOp::Type(_)
+            | BrowserOp::Press(_)
+            | BrowserOp::Select(_)
+            | BrowserOp::Upload(_)
+    )
+}
+
+fn failed(m: impl Into<String>) -> BrowserError {
+    BrowserError::new(ErrorKind::ComputerExecutionFailed, m)
+}
+
+async fn call(cdp: &Cdp, session: &str, method: &str, params: Value) -> Result<Value, BrowserError> {
+    Ok(cdp.call(Some(session), method, params, COMMAND).await?)
+}
+
+/// The page tabs of the browser: `[{"tab", "url", "title"}]`.
+pub async fn tab_list(cdp: &Cdp) -> Result<Vec<Value>, BrowserError> {
+    let t = cdp.call(None, "Target.getTargets", json!({}), COMMAND).await?;
+    Ok(t["targetInfos"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|i| i["type"] == "page")
+                .map(|i| json!({"tab": i["targetId"], "url": i["url"], "title": i["title"]}))
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+/// The session's first tab (made when the browser opened none), loading `url` when given.
+pub async fn first_tab(session: &Session, tabs: &mut Tabs, url: Option<&str>) -> Result<Value, BrowserError> {
+    let pages = tab_list(&session.cdp).await?;
+    let target = match pages.first().and_then(|p| p["tab"].as_str()) {
+        Some(t) => t.to_string(),
+        None => {
+            let made = session.cdp.call(None, "Target.createTarget", json!({"url": "about:blank"}), COMMAND).await?;
+            made["targetId"].as_str().ok_or_else(|| failed("the browser made no tab"))?.to_string()
+        }
+    };
+    attach(&session.cdp, tabs, &target).await?;
+    match url {
+        Some(u) => navigate(session, tabs, &target, u, browser::DEFAULT_WAIT_MS).await,
+        None => Ok(json!({"tab": target, "url": "about:blank", "title": ""})),
+    }
+}
+
+async fn attach<'a>(cdp: &Cdp, tabs: &'a mut Tabs, target: &str) -> Result<&'a mut Tab, BrowserError> {
+    if !tabs.attached.contains_key(target) {
+        let a = cdp.call(None, "Target.attachToTarget", json!({"targetId": target, "flatten": true}), COMMAND).await?;
+        let s = a["sessionId"].as_str().ok_or_else(|| failed("the browser gave no session for the tab"))?.to_string();
+        for m in ["Page.enable", "Network.enable", "DOM.enable", "Accessibility.enable"] {
+            call(cdp, &s, m, json!({})).await?;
+        }
+        call(cdp, &s, "Page.setLifecycleEventsEnabled", json!({"enabled": true})).await?;
+        let tree = call(cdp, &s, "Page.getFrameTree", json!({})).await?;
+        let frame = tree["frameTree"]["frame"]["id"].as_str().unwrap_or(target).to_string();
+        tabs.attached.insert(target.to_string(), Tab { cdp_session: s, frame, refs: HashMap::new() });
+    }
+    tabs.attached.get_mut(target).ok_or_else(|| failed("the tab vanished"))
+}
+
+/// The tab a tool names, or the only one.
+async fn pick_tab(cdp: &Cdp, tab: Option<&str>) -> Result<String, BrowserError> {
+    let pages = tab_list(cdp).await?;
+    let ids: Vec<&str> = pages.iter().filter_map(|p| p["tab"].as_str()).collect();
+    match tab {
+        Some(t) if ids.contains(&t) => Ok(t.to_string()),
+        Some(t) => {
+            Err(BrowserError::new(ErrorKind::NotFound, format!("no tab {t} in this session (its tabs: {ids:?})")))
+        }
+        None if ids.len() == 1 => Ok(ids[0].to_string()),
+        None if ids.is_empty() => Err(BrowserError::new(ErrorKind::NotFound, "this session has no tab open")),
+        None => Err(BrowserError::invalid(format!("this session has {} tabs: name one (`tab`): {ids:?}", ids.len()))),
+    }
+}
+
+/// Serves a tool on its tab.
+pub async fn serve(
+    session: &Session,
+    tabs: &mut Tabs,
+    op: BrowserOp,
+    owner: Option<(u32, u32)>,
+    uploads_from: &std::path::Path,
+) -> Result<Answer, BrowserError> {
+    let cdp = &session.cdp;
+    let tab_name = match &op {
+        BrowserOp::Navigate(r) => r.tab.clone(),
+        BrowserOp::Snapshot(r) => r.tab.clone(),
+        BrowserOp::Click(r) | BrowserOp::Hover(r) => r.tab.clone(),
+        BrowserOp::Type(r) => r.tab.clone(),
+        BrowserOp::Press(r) => r.tab.clone(),
+        BrowserOp::Select(r) => r.tab.clone(),
+        BrowserOp::Upload(r) => r.tab.clone(),
+        BrowserOp::Screenshot(r) => r.tab.clone(),
+        BrowserOp::SessionStatus(r) => r.tab.clone(),
+        BrowserOp::Open(_) | BrowserOp::Close(_) | BrowserOp::List => return Err(failed("not a tab tool")),
+    };
+    let target = pick_tab(cdp, tab_name.as_deref()).await?;
+    attach(cdp, tabs, &target).await?;
+    let plain = |json: Value| Answer { json, image: Vec::new() };
+    match op {
+        BrowserOp::Navigate(r) => {
+            navigate(session, tabs, &target, &r.url, r.timeout_ms.unwrap_or(browser::DEFAULT_WAIT_MS)).await.map(plain)
+        }
+        BrowserOp::Snapshot(r) => snapshot(cdp, tabs, &target, &r).await.map(plain),
+        BrowserOp::Click(r) => {
+            let (tab, next) = tab_of(tabs, &target)?;
+            let _ = next;
+            let (info, obj) = check_ref(cdp, tab, &r.r#ref).await?;
+            let (x, y) = point_of(cdp, tab, &info, &obj).await?;
+            let s = tab.cdp_session.clone();
+            let frame = tab.frame.clone();
+            let mut events = cdp.subscribe();
+            mouse(cdp, &s, x, y, true).await?;
+            let outcome = settle(&mut events, &s, &frame, r.timeout_ms).await;
+            Ok(plain(json!({"tab": target, "ref": r.r#ref, "point": {"x": x, "y": y}, "outcome": outcome})))
+        }
+        BrowserOp::Hover(r) => {
+            let (tab, _) = tab_of(tabs, &target)?;
+            let (info, obj) = check_ref(cdp, tab, &r.r#ref).await?;
+            let (x, y) = point_of(cdp, tab, &info, &obj).await?;
+            mouse(cdp, &tab.cdp_session, x, y, false).await?;
+            Ok(plain(json!({"tab": target, "ref": r.r#ref, "point": {"x": x, "y": y}})))
+        }
+        BrowserOp::Type(r) => {
+            let (tab, _) = tab_of(tabs, &target)?;
+            let (_, obj) = check_ref(cdp, tab, &r.r#ref).await?;
+            let s = tab.cdp_session.clone();
+            let frame = tab.frame.clone();
+            let editable = function(cdp, &s, &obj, EDITABLE, json!([])).await?;
+            if editable != Value::Bool(true) {
+                return Err(BrowserError::invalid(format!("{} is not a text field", r.r#ref)));
+            }
+            let mut events = cdp.subscribe();
+            call(cdp, &s, "Input.insertText", json!({"text": r.text})).await?;
+            let outcome = if r.submit {
+                key(cdp, &s, &parse_keys("Enter").map_err(BrowserError::invalid)?).await?;
+                settle(&mut events, &s, &frame, r.timeout_ms).await
+            } else {
+                json!({"state": "done", "navigated": false})
+            };
+            Ok(plain(json!({"tab": target, "ref": r.r#ref, "typed": r.text.chars().count(), "outcome": outcome})))
+        }
+        BrowserOp::Press(r) => {
+            let keys = parse_keys(&r.keys).map_err(BrowserError::invalid)?;
+            let (tab, _) = tab_of(tabs, &target)?;
+            let s = tab.cdp_session.clone();
+            let frame = tab.frame.clone();
+            let mut events = cdp.subscribe();
+            key(cdp, &s, &keys).await?;
+            let outcome = settle(&mut events, &s, &frame, r.timeout_ms).await;
+            Ok(plain(json!({"tab": target, "keys": r.keys, "outcome": outcome})))
+        }
+        BrowserOp::Select(r) => {
+            let (tab, _) = tab_of(tabs, &target)?;
+            let (_, obj) = check_ref(cdp, tab, &r.r#ref).await?;
+            let got = function(cdp, &tab.cdp_session, &obj, SELECT, json!([{"value": r.values}])).await?;
+            if let Some(e) = got["error"].as_str() {
+                return Err(BrowserError::invalid(format!("{}: {e}", r.r#ref)));
+            }
+            Ok(plain(json!({"tab": target, "ref": r.r#ref, "selected": got["selected"], "outcome": {"state": "done"}})))
+        }
+        BrowserOp::Upload(r) => upload(session, tabs, &target, &r, owner, uploads_from).await.map(plain),
+        BrowserOp::Screenshot(r) => screenshot(cdp, tabs, &target, &r).await,
+        BrowserOp::SessionStatus(r) => session_status(session, &r).await.map(plain),
+        BrowserOp::Open(_) | BrowserOp::Close(_) | BrowserOp::List => Err(failed("not a tab tool")),
+    }
+}
+
+fn tab_of<'a>(tabs: &'a mut Tabs, target: &str) -> Result<(&'a mut Tab, &'a mut u32), BrowserError> {
+    let Tabs { attached, next_ref } = tabs;
+    let tab = attached.get_mut(target).ok_or_else(|| failed("the tab is not attached"))?;
+    Ok((tab, next_ref))
+}
+
+/// The main frame's current loader (document) id.
+async fn loader_of(cdp: &Cdp, session: &str) -> Result<String, BrowserError> {
+    let tree = call(cdp, session, "Page.getFrameTree", json!({})).await?;
+    Ok(tree["frameTree"]["frame"]["loaderId"].as_str().unwrap_or_default().to_string())
+}
+
+/// Runs `f` (a function declaration) on the object, with `args`; answers its value.
+async fn function(cdp: &Cdp, session: &str, object: &str, f: &str, args: Value) -> Result<Value, BrowserError> {
+    let r = call(
+        cdp,
+        session,
+        "Runtime.callFunctionOn",
+        json!({"objectId": object, "functionDeclaration": f, "arguments": args, "returnByValue": true, "awaitPromise": false}),
+    )
+    .await?;
+    if let Some(e) = r.get("exceptionDetails") {
+        return Err(failed(format!("the page's script failed: {}", e["text"].as_str().unwrap_or("an exception"))));
+    }
+    Ok(r["result"]["value"].clone())
+}
+
+const CONNECTED: &str = "function() { return this.isConnected; }";
+const EDITABLE: &str = "function() { const t = this.tagName; const ok = this.isContentEditable || ((t === 'INPUT' && !['file','checkbox','radio','submit','button','image','reset','hidden','range','color'].includes(this.type)) || t === 'TEXTAREA') && !this.readOnly && !this.disabled; if (!ok) return false; this.focus(); if (typeof this.select === 'function') { this.select(); } else { const r = document.createRange(); r.selectNodeContents(this); const s = getSelection(); s.removeAllRanges(); s.addRange(r); } return true; }";
+const SELECT: &str = "function(values) { if (this.tagName !== 'SELECT') return {error: 'not a select'}; if (this.disabled) return {error: 'disabled'}; const opts = Array.from(this.options); const missing = values.filter(v => !opts.some(o => o.value === v || o.label === v)); if (missing.length) return {error: 'no option ' + JSON.stringify(missing)}; if (!this.multiple && values.length > 1) return {error: 'a single select takes one value'}; for (const o of opts) o.selected = values.some(v => o.value === v || o.label === v); this.dispatchEvent(new Event('input', {bubbles: true})); this.dispatchEvent(new Event('change', {bubbles: true})); return {selected: opts.filter(o => o.selected).map(o => o.value)}; }";
+const FILE_INPUT: &str = "function() { return (this.tagName === 'INPUT' && this.type === 'file') ? {multiple: this.multiple, disabled: this.disabled} : null; }";
+const FILES: &str = "function() { return Array.from(this.files || []).map(f => ({name: f.name, size: f.size})); }";
+const COVERS: &str = "function(h) { return this === h || this.contains(h) || !!(this.labels && Array.from(this.labels).some(l => l === h || l.contains(h))); }";
+const LABEL: &str = "function() { const l = this.labels && this.labels[0]; return ((l && l.innerText) || this.getAttribute('aria-label') || this.name || '').trim(); }";
+
+/// Checks a ref against the live page; answers what it names and the element's object id.
+async fn check_ref(cdp: &Cdp, tab: &Tab, r: &str) -> Result<(RefInfo, String), BrowserError> {
+    let n: u32 = r
+        .strip_prefix('e')
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| BrowserError::invalid(format!("{r:?} is not a ref")))?;
+    let info = tab
+        .refs
+        .get(&n)
+        .cloned()
+        .ok_or_else(|| BrowserError::stale(format!("{r} is not in this tab's latest snapshot")))?;
+    let s = &tab.cdp_session;
+    if loader_of(cdp, s).await? != info.loader {
+        return Err(BrowserError::stale(format!("the page has navigated since the snapshot that gave {r}")));
+    }
+    let resolved = cdp.call(Some(s), "DOM.resolveNode", json!({"backendNodeId": info.backend}), COMMAND).await;
+    let obj = match resolved.as_ref().ok().and_then(|v| v["object"]["objectId"].as_str()) {
+        Some(o) => o.to_string(),
+        None => return Err(BrowserError::stale(format!("the element of {r} is gone"))),
+    };
+    if function(cdp, s, &obj, CONNECTED, json!([])).await? != Value::Bool(true) {
+        return Err(BrowserError::stale(format!("the element of {r} was removed or replaced")));
+    }
+    if !info.file_input {
+        let now = call(
+            cdp,
+            s,
+            "Accessibility.getPartialAXTree",
+            json!({"backendNodeId": info.backend, "fetchRelatives": false}),
+        )
+        .await?;
+        let node = now["nodes"].as_array().and_then(|a| a.iter().find(|n| n["backendDOMNodeId"] == info.backend));
+        let (role, name) = node.map(|n| (text_of(&n["role"]), cut(&text_of(&n["name"])))).unwrap_or_default();
+        if role != info.role || name != info.name {
+            return Err(BrowserError::stale(format!(
+                "the element of {r} changed (it was {} {:?}, it is {role} {name:?})",
+                info.role, info.name
+            )));
+        }
+    }
+    Ok((info, obj))
+}
+
+/// The point to click: the element's centre once scrolled into view, checked to be the
+/// element (or inside it, or its label) and not something covering it.
+async fn point_of(cdp: &Cdp, tab: &Tab, info: &RefInfo, obj: &str) -> Result<(f64, f64), BrowserError> {
+    let s = &tab.cdp_session;
+    let _ = cdp.call(Some(s), "DOM.scrollIntoViewIfNeeded", json!({"backendNodeId": info.backend}), COMMAND).await;
+    let quads = cdp
+        .call(Some(s), "DOM.getContentQuads", json!({"backendNodeId": info.backend}), COMMAND)
+        .await
+        .map_err(|_| BrowserError::invalid("the element is not visible (it has no box)"))?;
+    let q = quads["quads"]
+        .as_array()
+        .and_then(|a| a.first())
+        .and_then(|q| q.as_array())
+        .filter(|q| q.len() == 8)
+        .ok_or_else(|| BrowserError::invalid("the element is not visible (it has no box)"))?;
+    let v: Vec<f64> = q.iter().map(|n| n.as_f64().unwrap_or(0.0)).collect();
+    let x = ((v[0] + v[2] + v[4] + v[6]) / 4.0).round();
+    let y = ((v[1] + v[3] + v[5] + v[7]) / 4.0).round();
+    let hit = call(
+        cdp,
+        s,
+        "DOM.getNodeForLocation",
+        json!({"x": x as i64, "y": y as i64, "includeUserAgentShadowDOM": true}),
+    )
+    .await?;
+    let hit_obj = match hit["backendNodeId"].as_i64() {
+        Some(b) => call(cdp, s, "DOM.resolveNode", json!({"backendNodeId": b})).await?["object"]["objectId"]
+            .as_str()
+            .map(String::from),
+        None => None,
+    };
+    let Some(hit_obj) = hit_obj else { return Err(BrowserError::invalid("nothing is at the element's centre")) };
+    if function(cdp, s, obj, COVERS, json!([{"objectId": hit_obj}])).await? != Value::Bool(true) {
+        return Err(BrowserError::invalid(format!("another element covers the element at ({x}, {y})")));
+    }
+    Ok((x, y))
+}
+
+async fn mouse(cdp: &Cdp, s: &str, x: f64, y: f64, click: bool) -> Result<(), BrowserError> {
+    call(cdp, s, "Input.dispatchMouseEvent", json!({"type": "mouseMoved", "x": x, "y": y})).await?;
+    if click {
+        for t in ["mousePressed", "mouseReleased"] {
+            let buttons = if t == "mousePressed" { 1 } else { 0 };
+            call(
+                cdp,
+                s,
+                "Input.dispatchMouseEvent",
+                json!({"type": t, "x": x, "y": y, "button": "left", "buttons": buttons, "clickCount": 1}),
+            )
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+/// One key with its modifiers, as CDP takes it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyPress {
+    key: String,
+    code: String,
+    vk: u32,
+    text: String,
+    modifiers: u32,
+}
+
+/// Parses `Enter`, `ctrl+l`, `shift+Tab`, `a`.
+pub fn parse_keys(keys: &str) -> Result<KeyPress, String> {
+    let parts: Vec<&str> = keys.split('+').map(str::trim).collect();
+    let (last, mods) = parts.split_last().ok_or("no key")?;
+    let mut modifiers = 0;
+    for m in mods {
+        modifiers |= match m.to_ascii_lowercase().as_str() {
+            "alt" | "option" => 1,
+            "ctrl" | "control" => 2,
+            "meta" | "cmd" | "command" | "super" => 4,
+            "shift" => 8,
+            other => return Err(format!("{other:?} is not a modifier (ctrl, shift, alt, meta)")),
+        };
+    }
+    let named = |key: &str, code: &str, vk: u32, text: &str| (key.to_string(), code.to_string(), vk, text.to_string());
+    let (key, code, vk, mut text) = match last.to_ascii_lowercase().as_str() {
+        "enter" | "return" => named("Enter", "Enter", 13, "\r"),
+        "tab" => named("Tab", "Tab", 9, ""),
+        "escape" | "esc" => named("Escape", "Escape", 27, ""),
+        "backspace" => named("Backspace", "Backspace", 8, ""),
+        "delete" => named("Delete", "Delete", 46, ""),
+        "space" => named(" ", "Space", 32, " "),
+        "arrowup" | "up" => named("ArrowUp", "ArrowUp", 38, ""),
+        "arrowdown" | "down" => named("ArrowDown", "ArrowDown", 40, ""),
+        "arrowleft" | "left" => named("ArrowLeft", "ArrowLeft", 37, ""),
+        "arrowright" | "right" => named("ArrowRight", "ArrowRight", 39, ""),
+        "home" => named("Home", "Home", 36, ""),
+        "end" => named("End", "End", 35, ""),
+        "pageup" => named("PageUp", "PageUp", 33, ""),
+        "pagedown" => named("PageDown", "PageDown", 34, ""),
+        f if f.len() >= 2 && f.starts_with('f') && f[1..].parse::<u32>().is_ok_and(|n| (1..=12).contains(&n)) => {
+            let n: u32 = f[1..].parse().unwrap_or(1);
+            named(&format!("F{n}"), &format!("F{n}"), 111 + n, "")
+        }
+        _ => {
+            let mut chars = last.chars();
+            let (Some(c), None) = (chars.next(), chars.next()) else {
+                return Err(format!("{last:?} is not a key (Enter, Tab, ArrowUp, a, …)"));
+            };
+            let c = if modifiers & 8 != 0 { c.to_ascii_uppercase() } else { c };
+            let up = c.to_ascii_uppercase();
+            let (code, vk) = if c.is_ascii_alphabetic() {
+                (format!("Key{up}"), up as u32)
+            } else if c.is_ascii_digit() {
+                (format!("Digit{c}"), c as u32)
+            } else {
+                (String::new(), 0)
+            };
+            (c.to_string(), code, vk, c.to_string())
+        }
+    };
+    if modifiers & (1 | 2 | 4) != 0 {
+        text.clear();
+    }
+    Ok(KeyPress { key, code, vk, text, modifiers })
+}
+
+async fn key(cdp: &Cdp, s: &str, k: &KeyPress) -> Result<(), BrowserError> {
+    let down = if k.text.is_empty() { "rawKeyDown" } else { "keyDown" };
+    let mut ev =
+        json!({"type": down, "key": k.key, "code": k.code, "windowsVirtualKeyCode": k.vk, "modifiers": k.modifiers});
+    if !k.text.is_empty() {
+        ev["text"] = json!(k.text);
+    }
+    call(cdp, s, "Input.dispatchKeyEvent", ev).await?;
+    call(
+        cdp,
+        s,
+        "Input.dispatchKeyEvent",
+        json!({"type": "keyUp", "key": k.key, "code": k.code, "windowsVirtualKeyCode": k.vk, "modifiers": k.modifiers}),
+    )
+    .await?;
+    Ok(())
+}
+
+/// What became of a navigation: loaded (with its status), failed, or not seen to end.
+#[derive(Debug, Default)]
+struct Load {
+    loaded: bool,
+    status: Option<u64>,
+    failed: Option<String>,
+}
+
+/// Follows the main frame's navigation through the tab's events.
+struct Watch<'a> {
+    s: &'a str,
+    frame: &'a str,
+    /// The document followed (the next one when `None`).
+    loader: Option<String>,
+    /// Its document requests (a redirect makes several).
+    documents: Vec<String>,
+    /// A navigation has begun.
+    started: bool,
+    load: Load,
+}
+
+impl<'a> Watch<'a> {
+    fn new(s: &'a str, frame: &'a str, loader: Option<String>) -> Self {
+        Watch { s, frame, loader, documents: Vec::new(), started: false, load: Load::default() }
+    }
+
+    /// Takes in one event; answers whether the load has ended (loaded or failed).
+    fn feed(&mut self, ev: &Event) -> bool {
+        if ev.session != self.s {
+            return false;
+        }
+        let p = &ev.params;
+        let ours = p["frameId"] == self.frame;
+        match ev.method.as_str() {
+            "Page.frameRequestedNavigation" | "Page.frameStartedLoading" | "Page.frameStartedNavigating" if ours => {
+                self.started = true;
+            }
+            "Network.requestWillBeSent" if ours && p["type"] == "Document" => {
+                self.started = true;
+                if self.loader.is_none() {
+                    self.loader = p["loaderId"].as_str().map(String::from);
+                }
+                if let Some(id) = p["requestId"].as_str() {
+                    self.documents.push(id.to_string());
+                }
+            }
+            "Network.responseReceived"
+                if p["type"] == "Document" && self.loader.as_deref() == p["loaderId"].as_str() =>
+            {
+                self.load.status = p["response"]["status"].as_u64();
+            }
+            "Network.loadingFailed"
+                if p["requestId"].as_str().is_some_and(|r| self.documents.iter().any(|d| d == r))
+                    && p["canceled"] != Value::Bool(true) =>
+            {
+                self.load.failed = Some(p["errorText"].as_str().unwrap_or("the load failed").to_string());
+                return true;
+            }
+            "Page.frameNavigated" if p["frame"]["id"] == self.frame && self.loader.is_none() => {
+                self.loader = p["frame"]["loaderId"].as_str().map(String::from);
+            }
+            "Page.lifecycleEvent"
+                if ours
+                    && p["name"] == "load"
+                    && self.loader.is_some()
+                    && self.loader.as_deref() == p["loaderId"].as_str() =>
+            {
+                self.load.loaded = true;
+                return true;
+            }
+            _ => {}
+        }
+        false
+    }
+}
+
+/// The next event, or why there is none (`Err(None)`: the time is up).
+async fn next_event(events: &mut broadcast::Receiver<Event>, until: Instant) -> Result<Event, Option<String>> {
+    match tokio::time::timeout_at(until, events.recv()).await {
+        Ok(Ok(ev)) => Ok(ev),
+        Ok(Err(broadcast::error::RecvError::Lagged(_))) => Err(Some("too many page events to follow".into())),
+        Ok(Err(broadcast::error::RecvError::Closed)) => Err(Some("the browser stopped".into())),
+        Err(_) => Err(None),
+    }
+}
+
+/// Feeds `watch` until the load ends or `until`.
+async fn wait_load(events: &mut broadcast::Receiver<Event>, watch: &mut Watch<'_>, until: Instant) {
+    loop {
+        match next_event(events, until).await {
+            Ok(ev) => {
+                if watch.feed(&ev) {
+                    return;
+                }
+            }
+            Err(Some(why)) => {
+                watch.load.failed = Some(why);
+                return;
+            }
+            Err(None) => return,
+        }
+    }
+}
+
+/// After an action: whether it started a navigation, and how that ended. `unknown` when the
+/// load failed or did not end in time (the request may have had its effect).
+async fn settle(events: &mut broadcast::Receiver<Event>, s: &str, frame: &str, timeout_ms: Option<u64>) -> Value {
+    let mut watch = Watch::new(s, frame, None);
+    let start = Instant::now() + NAVIGATION_START;
+    while !watch.started {
+        match next_event(events, start).await {
+            Ok(ev) => {
+                if watch.feed(&ev) {
+                    break;
+                }
+            }
+            Err(Some(why)) => return json!({"state": "unknown", "navigated": null, "error": why}),
+            Err(None) => return json!({"state": "done", "navigated": false}),
+        }
+    }
+    if !watch.load.loaded && watch.load.failed.is_none() {
+        let until = Instant::now() + Duration::from_millis(timeout_ms.unwrap_or(browser::DEFAULT_WAIT_MS));
+        wait_load(events, &mut watch, until).await;
+    }
+    match (watch.load.loaded, watch.load.failed) {
+        (_, Some(e)) => {
+            json!({"state": "unknown", "navigated": true, "error": format!("the page's answer was lost: {e}")})
+        }
+        (true, None) => json!({"state": "done", "navigated": true, "status": watch.load.status}),
+        (false, None) => {
+            json!({"state": "unknown", "navigated": true, "error": "the page did not finish loading in time"})
+        }
+    }
+}
+
+/// Loads `url` in the tab and waits for its load.
+async fn navigate(
+    session: &Session,
+    tabs: &mut Tabs,
+    target: &str,
+    url: &str,
+    timeout_ms: u64,
+) -> Result<Value, BrowserError> {
+    browser::check_url(url).map_err(BrowserError::invalid)?;
+    let cdp = &session.cdp;
+    let tab = attach(cdp, tabs, target).await?;
+    let s = tab.cdp_session.clone();
+    let frame = tab.frame.clone();
+    let mut events = cdp.subscribe();
+    let nav = call(cdp, &s, "Page.navigate", json!({"url": url})).await?;
+    let mut answer = json!({"tab": target});
+    if let Some(e) = nav["errorText"].as_str().filter(|e| !e.is_empty()) {
+        answer["error"] = json!(e);
+        answer["loaded"] = json!(false);
+    } else if let Some(loader) = nav["loaderId"].as_str() {
+        let mut watch = Watch::new(&s, &frame, Some(loader.to_string()));
+        wait_load(&mut events, &mut watch, Instant::now() + Duration::from_millis(timeout_ms)).await;
+        let load = watch.load;
+        answer["loaded"] = json!(load.loaded);
+        answer["status"] = json!(load.status);
+        if let Some(e) = load.failed {
+            answer["error"] = json!(e);
+        }
+    } else {
+        // The same document (a fragment): nothing loads.
+        answer["loaded"] = json!(true);
+    }
+    let info = cdp.call(None, "Target.getTargetInfo", json!({"targetId": target}), COMMAND).await?;
+    answer["url"] = info["targetInfo"]["url"].clone();
+    answer["title"] = info["targetInfo"]["title"].clone();
+    Ok(answer)
+}
+
+fn text_of(v: &Value) -> String {
+    match &v["value"] {
+        Value::String(s) => s.clone(),
+        Value::Null => String::new(),
+        other => other.to_string(),
+    }
+}
+
+fn cut(s: &str) -> String {
+    let s = s.trim();
+    if s.chars().count() <= MAX_NAME {
+        s.to_string()
+    } else {
+        format!("{}…", s.chars().take(MAX_NAME).collect::<String>())
+    }
+}
+
+/// One listed element, before its ref is bound.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Listed {
+    /// Its depth in the listing.
+    pub depth: usize,
+    /// Role.
+    pub role: String,
+    /// Accessible name.
+    pub name: String,
+    /// Value, when it has one.
+    pub value: String,
+    /// States (`focused`, `checked`, `level=2`, …).
+    pub states: Vec<String>,
+    /// Its backend node (None: text, no ref).
+    pub backend: Option<i64>,
+}
+
+/// The elements of an accessibility tree (CDP's `getFullAXTree` nodes) worth listing, in
+/// document order: ignored and structural nodes are skipped (their children kept), text is kept
+/// where its parent does not already say it. At most `max`; answers whether it stopped early.
+pub fn listing(nodes: &[Value], root_backend: Option<i64>, max: usize) -> (Vec<Listed>, bool) {
+    let by_id: HashMap<&str, &Value> = nodes.iter().filter_map(|n| n["nodeId"].as_str().map(|id| (id, n))).collect();
+    let root = match root_backend {
+        Some(b) => nodes.iter().find(|n| n["backendDOMNodeId"] == b),
+        None => nodes.iter().find(|n| n.get("parentId").is_none()).or(nodes.first()),
+    };
+    let mut out = Vec::new();
+    let mut truncated = false;
+    // Depth-first, with an explicit stack: (node, depth, the nearest listed ancestor's name).
+    let mut stack: Vec<(&Value, usize, String)> = root.map(|r| vec![(r, 0, String::new())]).unwrap_or_default();
+    while let Some((n, depth, parent_name)) = stack.pop() {
+        if out.len() >= max {
+            truncated = true;
+            break;
+        }
+        let role = text_of(&n["role"]);
+        let name = cut(&text_of(&n["name"]));
+        let ignored = n["ignored"] == Value::Bool(true);
+        let structural = matches!(
+            role.as_str(),
+            "none" | "presentation" | "InlineTextBox" | "LineBreak" | "RootWebArea" | "WebArea"
+        ) || (role == "generic" && name.is_empty());
+        let (child_depth, child_parent) = if ignored || structural {
+            (depth, parent_name.clone())
+        } else if role == "StaticText" {
+            if !name.is_empty() && !parent_name.contains(&name) {
+                out.push(Listed {
+                    depth,
+                    role: "text".into(),
+                    name: name.clone(),
+                    value: String::new(),
+                    states: Vec::new(),
+                    backend: None,
+                });
+            }
+            (depth, parent_name.clone())
+        } else {
+            let mut states = Vec::new();
+            for p in n["properties"].as_array().into_iter().flatten() {
+                let pn = p["name"].as_str().unwrap_or_default();
+                let pv = &p["value"]["value"];
+                match pn {
+                    "focused" | "disabled" | "selected" | "expanded" | "required" | "pressed" | "readonly"
+                    | "multiselectable"
+                        if pv == &Value::Bool(true) =>
+                    {
+                        states.push(pn.to_string())
+                    }
+                    "checked" if pv == "true" || pv == &Value::Bool(true) => states.push("checked".into()),
+                    "checked" if pv == "mixed" => states.push("checked=mixed".into()),
+                    "level" if pv.is_number() => states.push(format!("level={pv}")),
+                    _ => {}
+                }
+            }
+            out.push(Listed {
+                depth,
+                role: role.clone(),
+                name: name.clone(),
+                value: cut(&text_of(&n["value"])),
+                states,
+                backend: n["backendDOMNodeId"].as_i64(),
+            });
+            (depth + 1, name)
+        };
+        if let Some(children) = n["childIds"].as_array() {
+            for c in children.iter().rev() {
+                if let Some(child) = c.as_str().and_then(|c| by_id.get(c)) {
+                    stack.push((child, child_depth, child_parent.clone()));
+                }
+            }
+        }
+    }
+    (out, truncated)
+}
+
+/// A listed element as a line: `- button "Sign in" [focused] [ref=e12]`.
+fn line(l: &Listed, r: Option<u32>) -> String {
+    let mut s = format!("{}- {}", "  ".repeat(l.depth), l.role);
+    if !l.name.is_empty() {
+        s.push_str(&format!(" {:?}", l.name));
+    }
+    if !l.value.is_empty() {
+        s.push_str(&format!(": {:?}", l.value));
+    }
+    for st in &l.states {
+        s.push_str(&format!(" [{st}]"));
+    }
+    if let Some(r) = r {
+        s.push_str(&format!(" [ref=e{r}]"));
+    }
+    s
+}
+
+async fn snapshot(
+    cdp: &Cdp,
+    tabs: &mut Tabs,
+    target: &str,
+    r: &browser::SnapshotRequest,
+) -> Result<Value, BrowserError> {
+    let (tab, next_ref) = tab_of(tabs, target)?;
+    let s = tab.cdp_session.clone();
+    let root_backend = match &r.root {
+        Some(root) => Some(check_ref(cdp, tab, root).await?.0.backend),
+        None => None,
+    };
+    let loader = loader_of(cdp, &s).await?;
+    let tree = call(cdp, &s, "Accessibility.getFullAXTree", json!({})).await?;
+    let nodes = tree["nodes"].as_array().cloned().unwrap_or_default();
+    let max = r.max_elements.unwrap_or(browser::MAX_ELEMENTS);
+    let (listed, truncated) = listing(&nodes, root_backend, max);
+    let mut refs = HashMap::new();
+    let mut text = String::new();
+    let mut elements = Vec::new();
+    let json_too = r.format.as_deref() == Some("json");
+    let mut listed_backends = std::collections::HashSet::new();
+    for l in &listed {
+        let rn = l.backend.map(|b| {
+            *next_ref += 1;
+            refs.insert(
+                *next_ref,
+                RefInfo {
+                    backend: b,
+                    loader: loader.clone(),
+                    role: l.role.clone(),
+                    name: l.name.clone(),
+                    file_input: false,
+                },
+            );
+            listed_backends.insert(b);
+            *next_ref
+        });
+        text.push_str(&line(l, rn));
+        text.push('\n');
+        if json_too {
+            elements.push(json!({"ref": rn.map(|n| format!("e{n}")), "role": l.role, "name": l.name, "value": l.value, "states": l.states, "depth": l.depth}));
+        }
+    }
+    // File inputs the tree hides (`display: none` behind a label) are listed by their label.
+    if root_backend.is_none() {
+        let doc = call(cdp, &s, "DOM.getDocument", json!({"depth": 0})).await?;
+        let root_id = doc["root"]["nodeId"].as_i64().unwrap_or(0);
+        let found =
+            call(cdp, &s, "DOM.querySelectorAll", json!({"nodeId": root_id, "selector": "input[type=file]"})).await?;
+        for id in found["nodeIds"].as_array().into_iter().flatten().take(32) {
+            let d = call(cdp, &s, "DOM.describeNode", json!({"nodeId": id})).await?;
+            let Some(b) = d["node"]["backendNodeId"].as_i64() else { continue };
+            if listed_backends.contains(&b) {
+                continue;
+            }
+            let obj = call(cdp, &s, "DOM.resolveNode", json!({"backendNodeId": b})).await?;
+            let Some(obj) = obj["object"]["objectId"].as_str() else { continue };
+            let label = function(cdp, &s, obj, LABEL, json!([])).await?.as_str().map(cut).unwrap_or_default();
+            *next_ref += 1;
+            let n = *next_ref;
+            refs.insert(
+                n,
+                RefInfo {
+                    backend: b,
+                    loader: loader.clone(),
+                    role: "file input".into(),
+                    name: label.clone(),
+                    file_input: true,
+                },
+            );
+            let l = Listed {
+                depth: 0,
+                role: "file input".into(),
+                name: label.clone(),
+                value: String::new(),
+                states: vec!["hidden".into()],
+                backend: Some(b),
+            };
+            text.push_str(&line(&l, Some(n)));
+            text.push('\n');
+            if json_too {
+                elements.push(json!({"ref": format!("e{n}"), "role": "file input", "name": label, "value": "", "states": ["hidden"], "depth": 0}));
+            }
+        }
+    }
+    let count = refs.len();
+    tab.refs = refs;
+    let info = cdp.call(None, "Target.getTargetInfo", json!({"targetId": target}), COMMAND).await?;
+    let mut answer = json!({
+        "tab": target,
+        "url": info["targetInfo"]["url"],
+        "title": info["targetInfo"]["title"],
+        "refs": count,
+        "truncated": truncated,
+        "text": text,
+    });
+    if json_too {
+        answer["elements"] = Value::Array(elements);
+    }
+    Ok(answer)
+}
+
+async fn upload(
+    session: &Session,
+    tabs: &mut Tabs,
+    target: &str,
+    r: &browser::UploadRequest,
+    owner: Option<(u32, u32)>,
+    uploads_from: &std::path::Path,
+) -> Result<Value, BrowserError> {
+    let cdp = &session.cdp;
+    let (tab, _) = tab_of(tabs, target)?;
+    let s = tab.cdp_session.clone();
+    let (info, obj) = check_ref(cdp, tab, &r.r#ref).await?;
+    let kind = function(cdp, &s, &obj, FILE_INPUT, json!([])).await?;
+    if kind.is_null() {
+        return Err(BrowserError::invalid(format!("{} is not a file input", r.r#ref)));
+    }
+    if kind["disabled"] == Value::Bool(true) {
+        return Err(BrowserError::invalid(format!("{} is disabled", r.r#ref)));
+    }
+    if r.paths.len() > 1 && kind["multiple"] != Value::Bool(true) {
+        return Err(BrowserError::invalid(format!("{} takes one file", r.r#ref)));
+    }
+    let used: u64 = dir_size(&session.stage_dir);
+    let (paths, stage, from) = (r.paths.clone(), session.stage_dir.clone(), uploads_from.to_path_buf());
+    let staged = tokio::task::spawn_blocking(move || {
+        super::upload::stage(&paths, &from, &stage, owner, browser::MAX_UPLOAD_BYTES)
+    })
+    .await
+    .map_err(|e| failed(e.to_string()))?
+    .map_err(BrowserError::invalid)?;
+    if used + staged.iter().map(|f| f.size).sum::<u64>() > super::MAX_STAGED {
+        for f in &staged {
+            let _ = f.copy.parent().map(std::fs::remove_dir_all);
+        }
+        return Err(BrowserError::new(
+            ErrorKind::TooLarge,
+            "this session's uploads are over 256 MiB; close it and open a new one",
+        ));
+    }
+    let files: Vec<String> = staged.iter().map(|f| f.copy.display().to_string()).collect();
+    call(cdp, &s, "DOM.setFileInputFiles", json!({"files": files, "backendNodeId": info.backend})).await?;
+    let back = function(cdp, &s, &obj, FILES, json!([])).await?;
+    let want: Vec<Value> = staged.iter().map(|f| json!({"name": f.name, "size": f.size})).collect();
+    let accepted = back.as_array() == Some(&want);
+    Ok(json!({
+        "tab": target,
+        "ref": r.r#ref,
+        "accepted": accepted,
+        "readBack": back,
+        "files": staged.iter().map(|f| json!({"path": f.source, "name": f.name, "size": f.size, "sha256": f.sha256, "artifact": null})).collect::<Vec<_>>(),
+        "outcome": {"state": if accepted { "done" } else { "failed" }},
+    }))
+}
+
+fn dir_size(d: &std::path::Path) -> u64 {
+    let mut total = 0;
+    let mut stack = vec![d.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        for e in std::fs::read_dir(&p).into_iter().flatten().flatten() {
+            match e.metadata() {
+                Ok(m) if m.is_dir() => stack.push(e.path()),
+                Ok(m) => total += m.len(),
+                Err(_) => {}
+            }
+        }
+    }
+    total
+}
+
+async fn screenshot(
+    cdp: &Cdp,
+    tabs: &mut Tabs,
+    target: &str,
+    r: &browser::ShotRequest,
+) -> Result<Answer, BrowserError> {
+    let (tab, _) = tab_of(tabs, target)?;
+    let s = tab.cdp_session.clone();
+    let format = r.format.clone().unwrap_or_else(|| "png".into());
+    let mut params = json!({"format": format, "fromSurface": true});
+    if let Some(q) = r.quality {
+        params["quality"] = json!(q);
+    }
+    let metrics = call(cdp, &s, "Page.getLayoutMetrics", json!({})).await?;
+    let vp = &metrics["cssVisualViewport"];
+    let (mut w, mut h) = (vp["clientWidth"].as_f64().unwrap_or(0.0), vp["clientHeight"].as_f64().unwrap_or(0.0));
+    if r.full_page {
+        let c = &metrics["cssContentSize"];
+        w = c["width"].as_f64().unwrap_or(w).ceil();
+        h = c["height"].as_f64().unwrap_or(h).ceil().min(MAX_PAGE_HEIGHT);
+        params["clip"] = json!({"x": 0, "y": 0, "width": w, "height": h, "scale": 1});
+        params["captureBeyondViewport"] = json!(true);
+    } else if let Some(re) = &r.r#ref {
+        let (info, _) = check_ref(cdp, tab, re).await?;
+        let _ = cdp.call(Some(&s), "DOM.scrollIntoViewIfNeeded", json!({"backendNodeId": info.backend}), COMMAND).await;
+        let m = call(cdp, &s, "Page.getLayoutMetrics", json!({})).await?;
+        let box_ = call(cdp, &s, "DOM.getBoxModel", json!({"backendNodeId": info.backend}))
+            .await
+            .map_err(|_| BrowserError::invalid("the element is not visible (it has no box)"))?;
+        let q: Vec<f64> = box_["model"]["border"].as_array().into_iter().flatten().filter_map(Value::as_f64).collect();
+        if q.len() != 8 {
+            return Err(BrowserError::invalid("the element is not visible (it has no box)"));
+        }
+        let xs = [q[0], q[2], q[4], q[6]];
+        let ys = [q[1], q[3], q[5], q[7]];
+        let (x0, x1) = (xs.iter().cloned().fold(f64::MAX, f64::min), xs.iter().cloned().fold(f64::MIN, f64::max));
+        let (y0, y1) = (ys.iter().cloned().fold(f64::MAX, f64::min), ys.iter().cloned().fold(f64::MIN, f64::max));
+        w = (x1 - x0).ceil().max(1.0);
+        h = (y1 - y0).ceil().clamp(1.0, MAX_PAGE_HEIGHT);
+        let (px, py) = (
+            m["cssVisualViewport"]["pageX"].as_f64().unwrap_or(0.0),
+            m["cssVisualViewport"]["pageY"].as_f64().unwrap_or(0.0),
+        );
+        params["clip"] = json!({"x": x0 + px, "y": y0 + py, "width": w, "height": h, "scale": 1});
+    }
+    let shot = call(cdp, &s, "Page.captureScreenshot", params).await?;
+    let data = shot["data"].as_str().ok_or_else(|| failed("the browser sent no image"))?;
+    if data.len() / 4 * 3 > MAX_IMAGE {
+        return Err(BrowserError::new(
+            ErrorKind::TooLarge,
+            "the screenshot is over 16 MiB; take a part of the page (ref) or a JPEG",
+        ));
+    }
+    let image = base64::engine::general_purpose::STANDARD
+        .decode(data)
+        .map_err(|e| failed(format!("the browser's image is not base64: {e}")))?;
+    let mime = if format == "jpeg" { "image/jpeg" } else { "image/png" };
+    Ok(Answer {
+        json: json!({"tab": target, "width": w.round() as u64, "height": h.round() as u64, "format": format, "mimeType": mime, "size": image.len()}),
+        image,
+    })
+}
+
+/// Signed in, as the probes show it, on a scratch tab of the same profile (the session's tabs
+/// and their refs are left alone). Cookie values are never read out: only how many exist.
+async fn session_status(session: &Session, r: &browser::StatusRequest) -> Result<Value, BrowserError> {
+    let cdp = &session.cdp;
+    let timeout = r.timeout_ms.unwrap_or(browser::DEFAULT_WAIT_MS);
+    let made =
+        cdp.call(None, "Target.createTarget", json!({"url": "about:blank", "background": true}), COMMAND).await?;
+    let target = made["targetId"].as_str().ok_or_else(|| failed("the browser made no tab"))?.to_string();
+    let mut scratch = Tabs::default();
+    let result = async {
+        attach(cdp, &mut scratch, &target).await?;
+        let s = scratch.attached.get(&target).map(|t| t.cdp_session.clone()).unwrap_or_default();
+        let cookies = call(cdp, &s, "Network.getCookies", json!({"urls": [format!("{}/", r.origin)]})).await?;
+        let cookie_count = cookies["cookies"].as_array().map_or(0, Vec::len);
+        let page = r.probes.page.clone().unwrap_or_else(|| format!("{}/", r.origin));
+        let at_page = navigate(session, &mut scratch, &target, &page, timeout).await?;
+        let probe = json!({"selector": r.probes.signed_in_selector, "text": r.probes.signed_in_text});
+        let expr = format!(
+            "(p => {{ const el = p.selector ? document.querySelector(p.selector) : null; const body = (document.body && document.body.innerText) || ''; const found = p.selector ? !!el : body.includes(p.text); const shown = el ? el.innerText : body; return {{found, shown: shown.slice(0, 4096)}}; }})({probe})"
+        );
+        let got = call(cdp, &s, "Runtime.evaluate", json!({"expression": expr, "returnByValue": true})).await?;
+        let found = got["result"]["value"]["found"] == Value::Bool(true);
+        let shown = got["result"]["value"]["shown"].as_str().unwrap_or_default().to_string();
+        let signed_in = found && cookie_count > 0;
+        let account_matches = r.probes.account.as_ref().map(|a| signed_in && shown.contains(a.as_str()));
+        let project = match &r.probes.project_url {
+            Some(u) => {
+                let at = navigate(session, &mut scratch, &target, u, timeout).await?;
+                let ok = at["loaded"] == Value::Bool(true)
+                    && at["status"].as_u64().is_some_and(|c| (200..300).contains(&c))
+                    && same_page(at["url"].as_str().unwrap_or_default(), u);
+                Some((ok, at))
+            }
+            None => None,
+        };
+        Ok::<Value, BrowserError>(json!({
+            "signedIn": signed_in,
+            "accountMatches": account_matches,
+            "projectAccessible": project.as_ref().map(|p| p.0),
+            "cookies": cookie_count,
+            "page": {"url": at_page["url"], "status": at_page["status"]},
+            "project": project.map(|p| json!({"url": p.1["url"], "status": p.1["status"]})),
+        }))
+    }
+    .await;
+    let _ = cdp.call(None, "Target.closeTarget", json!({"targetId": target}), COMMAND).await;
+    result
+}
+
+/// Whether a load ended on the page asked for (the fragment aside), not redirected elsewhere.
+fn same_page(got: &str, want: &str) -> bool {
+    let strip = |u: &str| u.split('#').next().unwrap_or("").trim_end_matches('/').to_string();
+    strip(got) == strip(want)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(id: &str, parent: Option<&str>, role: &str, name: &str, backend: i64, children: &[&str]) -> Value {
+        let mut n = json!({"nodeId": id, "role": {"value": role}, "name": {"value": name}, "backendDOMNodeId": backend, "childIds": children, "ignored": false});
+        if let Some(p) = parent {
+            n["parentId"] = json!(p);
+        }
+        n
+    }
+
+    #[test]
+    fn a_listing_skips_structure_and_repeated_text() {
+        let mut heading = node("3", Some("2"), "heading", "Projects", 12, &["4"]);
+        heading["properties"] = json!([{"name": "level", "value": {"type": "integer", "value": 1}}]);
+        let nodes = vec![
+            node("1", None, "RootWebArea", "Projects", 10, &["2"]),
+            node("2", Some("1"), "generic", "", 11, &["3", "5", "7"]),
+            heading,
+            node("4", Some("3"), "StaticText", "Projects", 13, &[]),
+            node("5", Some("2"), "link", "Project A", 14, &["6"]),
+            node("6", Some("5"), "StaticText", "Project A", 15, &[]),
+            node("7", Some("2"), "StaticText", "Pick one", 16, &[]),
+        ];
+        let (l, truncated) = listing(&nodes, None, 100);
+        assert!(!truncated);
+        let lines: Vec<String> = l.iter().map(|x| line(x, x.backend.map(|b| b as u32))).collect();
+        assert_eq!(
+            lines,
+            vec![
+                "- heading \"Projects\" [level=1] [ref=e12]".to_string(),
+                "- link \"Project A\" [ref=e14]".to_string(),
+                "- text \"Pick one\"".to_string(),
+            ]
+        );
+        let (l, truncated) = listing(&nodes, None, 1);
+        assert_eq!((l.len(), truncated), (1, true));
+        let (l, _) = listing(&nodes, Some(14), 100);
+        assert_eq!(l.iter().map(|x| x.name.as_str()).collect::<Vec<_>>(), vec!["Project A"], "a subtree");
+    }
+
+    #[test]
+    fn keys_parse() {
+        let k = parse_keys("ctrl+l").expect("ctrl+l");
+        assert_eq!((k.key.as_str(), k.code.as_str(), k.vk, k.modifiers, k.text.as_str()), ("l", "KeyL", 76, 2, ""));
+        let k = parse_keys("Enter").expect("Enter");
+        assert_eq!((k.key.as_str(), k.text.as_str()), ("Enter", "\r"));
+        assert_eq!(parse_keys("shift+a").expect("A").text, "A");
+        assert!(parse_keys("hyper+a").is_err());
+        assert!(parse_keys("ab").is_err());
+        assert_eq!(parse_keys("F5").expect("F5").vk, 116);
+    }
+
+    #[test]
+    fn a_redirect_is_not_the_page() {
+        assert!(same_page("http://s/projects/b/documents", "http://s/projects/b/documents#x"));
+        assert!(!same_page("http://s/login?next=/projects/b/documents", "http://s/projects/b/documents"));
+    }
+}
