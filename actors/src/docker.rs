@@ -62,6 +62,8 @@ pub const DEFAULT_IMAGE: &str = "computerd-sandbox:latest";
 /// The image used for a Computer created with a desktop when no template names one
 /// (`deploy/build-desktop-image.sh`: Xvfb, a window manager, x11vnc, Chromium).
 pub const DESKTOP_IMAGE: &str = "computerd-desktop:latest";
+/// Chromium in the desktop image (the agent's browser).
+pub const CHROMIUM: &str = "/usr/bin/chromium";
 /// The size of a sandbox's desktop.
 pub const DESKTOP_GEOMETRY: &str = "1280x800x24";
 /// Where the agent keeps its credential inside a sandbox.
@@ -412,6 +414,8 @@ impl DockerProvider {
         // The agent starts the display and keeps it (the image must have Xvfb).
         if spec.desktop {
             env.push(format!("COMPUTER_AGENT_DESKTOP={DESKTOP_GEOMETRY}"));
+            // And a browser: the desktop image's Chromium, over a CDP pipe.
+            env.push(format!("COMPUTER_AGENT_BROWSER={CHROMIUM}"));
         }
         let labels = HashMap::from([
             (LABEL_COMPUTER.to_string(), spec.computer_id.clone()),

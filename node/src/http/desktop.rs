@@ -47,7 +47,7 @@ pub fn actor_of(c: &Caller) -> String {
 }
 
 /// A Computer created without a desktop has none (a paired machine's agent decides itself).
-fn check_has_desktop(state: &AppState, caller: &Caller, id: &str) -> Result<(), ApiError> {
+pub(super) fn check_has_desktop(state: &AppState, caller: &Caller, id: &str) -> Result<(), ApiError> {
     state.cluster.state().read(|s| {
         let c = s.visible_computer(caller, id)?;
         if matches!(c.source, Source::Provider { .. }) && !c.desktop {
@@ -81,13 +81,13 @@ async fn run(
     Ok((value, reply.image))
 }
 
-fn with_image(mut shot: Value, image: &[u8]) -> Value {
+pub(super) fn with_image(mut shot: Value, image: &[u8]) -> Value {
     shot["data"] = Value::String(base64::engine::general_purpose::STANDARD.encode(image));
     shot
 }
 
 /// Whether the caller asked for the bytes of the image (an `Accept` naming only image types).
-fn wants_bytes(headers: &HeaderMap) -> bool {
+pub(super) fn wants_bytes(headers: &HeaderMap) -> bool {
     let Some(accept) = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()) else { return false };
     let types: Vec<&str> = accept.split(',').map(|t| t.split(';').next().unwrap_or("").trim()).collect();
     !types.is_empty() && types.iter().all(|t| t.starts_with("image/"))

@@ -4,6 +4,7 @@ mod agent;
 mod approvals;
 mod auth;
 mod bot_tools;
+mod browser;
 mod calls;
 mod computers;
 mod desktop;
@@ -65,6 +66,7 @@ struct Groups {
     sessions: Router<AppState>,
     files: Router<AppState>,
     desktop: Router<AppState>,
+    browser: Router<AppState>,
     viewer: Router<AppState>,
     viewer_socket: Router<AppState>,
     ports: Router<AppState>,
@@ -114,6 +116,8 @@ fn groups(seen: &mut dyn FnMut(&[RoutePair])) -> Groups {
         get "/v1/retention" => retention::get,
         put "/v1/retention" => retention::put,
         get "/v1/tools" => bot_tools::list,
+        get "/v1/computers/{id}/browser/actions/{action}" => browser::action,
+        post "/v1/computers/{id}/browser/actions/{action}/decision" => browser::decide,
     };
     seen(&pairs);
     let (tools, pairs) = group! {
@@ -149,6 +153,22 @@ fn groups(seen: &mut dyn FnMut(&[RoutePair])) -> Groups {
         post "/v1/computers/{id}/desktop/stream" => desktop_stream::stream,
     };
     seen(&pairs);
+    let (browser, pairs) = group! {
+        post "/v1/computers/{id}/browser/sessions" => browser::open,
+        get "/v1/computers/{id}/browser/sessions" => browser::list,
+        delete "/v1/computers/{id}/browser/sessions/{session}" => browser::close,
+        post "/v1/computers/{id}/browser/navigate" => browser::navigate,
+        post "/v1/computers/{id}/browser/snapshot" => browser::snapshot,
+        post "/v1/computers/{id}/browser/click" => browser::click,
+        post "/v1/computers/{id}/browser/hover" => browser::hover,
+        post "/v1/computers/{id}/browser/type" => browser::type_text,
+        post "/v1/computers/{id}/browser/press" => browser::press,
+        post "/v1/computers/{id}/browser/select" => browser::select,
+        post "/v1/computers/{id}/browser/upload" => browser::upload,
+        post "/v1/computers/{id}/browser/screenshot" => browser::screenshot,
+        post "/v1/computers/{id}/browser/session_status" => browser::session_status,
+    };
+    seen(&pairs);
     // A person's stream: the ticket's redemption and noVNC's files, on the link's node (where
     // the ticket and the cookie are); the WebSocket on any node (it tunnels to the link's node).
     let (viewer, pairs) = group! {
@@ -174,7 +194,7 @@ fn groups(seen: &mut dyn FnMut(&[RoutePair])) -> Groups {
     seen(&pairs);
     let (streams, pairs) = group! { get "/v1/events" => events::events };
     seen(&pairs);
-    Groups { control, tools, sessions, files, desktop, viewer, viewer_socket, ports, pairing, link, streams }
+    Groups { control, tools, sessions, files, desktop, browser, viewer, viewer_socket, ports, pairing, link, streams }
 }
 
 /// The API router. Routes come in groups, each with its body limit and deadline
@@ -197,6 +217,9 @@ pub fn router(state: AppState) -> Router {
     // Desktop calls, like sessions: on the link's node, with a session call's bounds.
     let desktop =
         g.desktop.layer(from_fn_with_state(state.clone(), forward::to_link_owner)).layer(bounded(limits::SESSION));
+    // Browser tools: on the link's node; a tool waits for a page up to 60 s (`timeoutMs`).
+    let browser =
+        g.browser.layer(from_fn_with_state(state.clone(), forward::to_link_owner)).layer(bounded(limits::TOOL));
     let viewer =
         g.viewer.layer(from_fn_with_state(state.clone(), forward::to_link_owner)).layer(bounded(limits::CONTROL));
     let viewer_socket = g.viewer_socket.layer(bounded(limits::STREAM));
@@ -211,6 +234,7 @@ pub fn router(state: AppState) -> Router {
         .merge(sessions)
         .merge(files)
         .merge(desktop)
+        .merge(browser)
         .merge(viewer)
         .merge(viewer_socket)
         .merge(ports)

@@ -11,6 +11,7 @@ use utoipa::openapi::security::SecurityScheme;
 use super::agent;
 use super::approvals;
 use super::bot_tools;
+use super::browser;
 use super::computers;
 use super::desktop;
 use super::desktop_stream;
@@ -62,6 +63,9 @@ impl Modify for BearerAuth {
         sessions::start, sessions::input, sessions::resize, sessions::stop,
         files::read, files::write, files::remove, files::directory,
         desktop::status, desktop::screenshot, desktop::actions, desktop::release,
+        browser::open, browser::list, browser::close, browser::navigate, browser::snapshot, browser::click,
+        browser::hover, browser::type_text, browser::press, browser::select, browser::upload, browser::screenshot,
+        browser::session_status, browser::action, browser::decide,
         desktop_stream::stream, desktop_stream::view, desktop_stream::asset, desktop_stream::websocket,
         ports::put, ports::list, ports::get, ports::delete,
         agent::pair, agent::link,

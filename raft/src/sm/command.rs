@@ -280,6 +280,61 @@ pub enum Command {
         /// Unix ms.
         at_ms: u64,
     },
+    /// Records a browser action as prepared (or takes a prepared one for a new attempt); answers
+    /// `new` or the state of a record past prepared (`actions`).
+    ActionPrepare {
+        /// The token id of the caller.
+        by: String,
+        /// The record (its claim is this attempt's).
+        action: super::actions::BrowserAction,
+    },
+    /// Marks a prepared action dispatching, before it is sent.
+    ActionDispatch {
+        /// The record's key.
+        key: String,
+        /// The attempt's claim.
+        claim: String,
+        /// Unix ms.
+        at_ms: u64,
+    },
+    /// A dispatched action that the agent refused before anything reached the page: back to
+    /// prepared, so a new attempt may send it.
+    ActionRelease {
+        /// The record's key.
+        key: String,
+        /// The attempt's claim.
+        claim: String,
+        /// Why it was refused.
+        error: String,
+    },
+    /// How a dispatched action ended.
+    ActionFinish {
+        /// The record's key.
+        key: String,
+        /// The attempt's claim.
+        claim: String,
+        /// `done`, `failed` or `unknown`.
+        state: super::actions::ActionState,
+        /// The tool's answer.
+        #[serde(default)]
+        result: Option<serde_json::Value>,
+        /// Why it failed or is unknown.
+        #[serde(default)]
+        error: Option<String>,
+        /// Unix ms.
+        at_ms: u64,
+    },
+    /// A person decides an unknown action.
+    ActionDecide {
+        /// The token id of the caller.
+        by: String,
+        /// The record's key.
+        key: String,
+        /// Done (else failed).
+        done: bool,
+        /// Unix ms.
+        at_ms: u64,
+    },
     /// The desktop as the agent of link `generation` reports it (display, size, state).
     DesktopStatus {
         /// Computer id.
@@ -537,6 +592,11 @@ impl Command {
             Command::ExposePort { .. } => "expose_port",
             Command::DesktopLease { .. } => "desktop_lease",
             Command::DesktopStatus { .. } => "desktop_status",
+            Command::ActionPrepare { .. } => "action_prepare",
+            Command::ActionDispatch { .. } => "action_dispatch",
+            Command::ActionFinish { .. } => "action_finish",
+            Command::ActionRelease { .. } => "action_release",
+            Command::ActionDecide { .. } => "action_decide",
             Command::UnexposePort { .. } => "unexpose_port",
             Command::DecideApproval { .. } => "decide_approval",
             Command::SetRules { .. } => "set_rules",

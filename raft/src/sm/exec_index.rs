@@ -41,6 +41,10 @@ pub struct ExecIndex {
     pub operations: BTreeSet<(u64, String)>,
     /// (reserved at, journal key) of version switches that carry their time (`retention`).
     pub switches: BTreeSet<(u64, String)>,
+    /// computer id -> how many of its browser actions are unsettled (`actions`).
+    pub open_actions: BTreeMap<String, usize>,
+    /// (settled at, key) of settled browser actions, oldest first (`actions`).
+    pub settled_actions: BTreeSet<(u64, String)>,
 }
 
 /// When a succeeded or failed execution finished (an unknown outcome has not finished).
@@ -99,6 +103,14 @@ impl State {
         }
         for (key, op) in &self.operations {
             index.operations.insert((op.started_at, key.clone()));
+        }
+        for (key, a) in &self.browser_actions {
+            match a.settled_at {
+                Some(at) if a.state.settled() => {
+                    index.settled_actions.insert((at, key.clone()));
+                }
+                _ => *index.open_actions.entry(a.computer_id.clone()).or_default() += 1,
+            }
         }
         for a in self.approvals.values().filter(|a| a.state != "pending") {
             index.decided_approvals.insert((a.decided_at.unwrap_or(a.created_at), a.id.clone()));

@@ -6,6 +6,7 @@
 //! Rights are re-checked here, at the point of commit, against the state as it is then.
 
 mod access;
+mod actions;
 mod command;
 mod computer_index;
 mod events;
@@ -30,6 +31,10 @@ mod usage;
 pub use access::Decided;
 pub use access::decide;
 pub use access::default_rules;
+pub use actions::ActionState;
+pub use actions::BrowserAction;
+pub use actions::action_key;
+pub use actions::state_name as action_state_name;
 pub use command::Command;
 pub use command::REQUEST_VERSION;
 pub use command::Request;

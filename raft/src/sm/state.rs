@@ -120,6 +120,9 @@ pub struct State {
     /// How long finished executions and decided approvals are kept (`retention`).
     #[serde(default)]
     pub retention: super::retention::Retention,
+    /// Browser action records by `computer\ncaller\nactionId` (`actions`).
+    #[serde(default)]
+    pub browser_actions: BTreeMap<String, super::actions::BrowserAction>,
 }
 
 /// An authenticated caller: a live token and what it speaks for.
@@ -221,6 +224,7 @@ impl State {
             Command::BindingReserve { by, binding } => Some(self.binding_reserve(by, binding).map(Some)),
             Command::OperationBegin { by, operation } => Some(self.operation_begin(by, operation).map(Some)),
             Command::SwitchReserve { by, switch } => Some(self.switch_reserve(by, switch).map(Some)),
+            Command::ActionPrepare { by, action } => Some(self.action_prepare(by, action).map(Some)),
             Command::LinkUp { computer_id, credential_hash, node_id, at_ms } => {
                 Some(self.link_up(computer_id, credential_hash, *node_id, *at_ms).map(|g| Some(g.to_string())))
             }
@@ -269,7 +273,14 @@ impl State {
             | Command::BindingReserve { .. }
             | Command::OperationBegin { .. }
             | Command::SwitchReserve { .. }
+            | Command::ActionPrepare { .. }
             | Command::LinkUp { .. } => Err(Reject::new(RejectKind::Invalid, "handled in apply")),
+            Command::ActionDispatch { key, claim, at_ms } => self.action_dispatch(key, claim, *at_ms),
+            Command::ActionFinish { key, claim, state, result, error, at_ms } => {
+                self.action_finish(key, claim, *state, result.as_ref(), error.as_deref(), *at_ms)
+            }
+            Command::ActionRelease { key, claim, error } => self.action_release(key, claim, error),
+            Command::ActionDecide { by, key, done, at_ms } => self.action_decide(by, key, *done, *at_ms),
             Command::CreateProvider { by, provider } => self.create_provider(by, provider),
             Command::DesktopStatus { computer_id, generation, desktop } => {
                 self.desktop_status(computer_id, *generation, desktop)

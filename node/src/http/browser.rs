@@ -1,0 +1,458 @@
+//! The browser of a Computer: `…/browser/sessions` (open, list, close) and one route per tool
+//! (`…/browser/navigate`, `snapshot`, `click`, `hover`, `type`, `press`, `select`, `upload`,
+//! `screenshot`, `session_status`), served by the agent over CDP (`computer_agent::browser`),
+//! on the node holding the Computer's link like session and file calls; and the action records,
+//! `GET …/browser/actions/:actionId` and `POST …/browser/actions/:actionId/decision`.
+//!
+//! **Action records.** A `click`, `type`, `press`, `select` or `upload` carrying an `actionId`
+//! is recorded in the store (`computerd_raft::sm::actions`): `prepared`, then `dispatching`
+//! (written before the call leaves), then `done`, `failed` or `unknown`. The same id answers the
+//! record and is never sent again, whatever became of the first attempt: a timeout never turns
+//! into a second click. A refusal that the agent makes before anything reaches the page (a
+//! stale ref, the input lease, a bad path) returns the record to `prepared`, so the caller may
+//! try again with a fresh ref.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::Path;
+use axum::extract::Query;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::response::Response;
+use computerd_proto::ErrorKind;
+use computerd_proto::agent::DesktopCall;
+use computerd_proto::browser::BrowserOp;
+use computerd_proto::browser::NavigateRequest;
+use computerd_proto::browser::OpenRequest;
+use computerd_proto::browser::PressRequest;
+use computerd_proto::browser::RefRequest;
+use computerd_proto::browser::SelectRequest;
+use computerd_proto::browser::ShotRequest;
+use computerd_proto::browser::SnapshotRequest;
+use computerd_proto::browser::StatusRequest;
+use computerd_proto::browser::TabRequest;
+use computerd_proto::browser::TypeRequest;
+use computerd_proto::browser::UploadRequest;
+use computerd_raft::sm::ActionState;
+use computerd_raft::sm::BrowserAction;
+use computerd_raft::sm::Caller;
+use computerd_raft::sm::Command;
+use computerd_raft::sm::action_key;
+use computerd_raft::sm::action_state_name;
+use serde::Deserialize;
+use serde_json::Value;
+use serde_json::json;
+
+use super::ApiError;
+use super::AppState;
+use super::Auth;
+use super::calls::agent_for;
+use super::desktop::actor_of;
+use super::desktop::check_has_desktop;
+use super::desktop::wants_bytes;
+use super::desktop::with_image;
+#[allow(unused_imports)]
+use super::schemas::ErrorBody;
+use super::util::Body;
+use super::util::propose;
+use crate::ids::now_ms;
+use crate::owner::CallError;
+
+/// A record left `dispatching` this long (its node died mid-call) is taken to be `unknown`.
+const STALE_DISPATCH: Duration = Duration::from_secs(120);
+
+/// Kinds the agent answers before anything reaches the page: the record goes back to
+/// `prepared`. Anything else after the dispatch mark (a lost link, a deadline, a browser that
+/// stopped mid-call) leaves the outcome unknown.
+fn refused_before_sending(kind: ErrorKind) -> bool {
+    matches!(
+        kind,
+        ErrorKind::StaleRef
+            | ErrorKind::InputBusy
+            | ErrorKind::InvalidRequest
+            | ErrorKind::NotFound
+            | ErrorKind::ComputerUnsupported
+            | ErrorKind::TooLarge
+            | ErrorKind::Conflict
+    )
+}
+
+/// Sends `op` to the agent; answers its JSON and image.
+async fn send(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    op: &BrowserOp,
+    write: bool,
+) -> Result<(Value, Vec<u8>), ApiError> {
+    let json = serde_json::to_string(op).map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?;
+    let mut agent = agent_for(state, caller, id, write).await?;
+    let reply = agent
+        .browser(DesktopCall { json, caller: actor_of(caller) })
+        .await
+        .map_err(|s| ApiError::from(CallError::from_status(s)))?
+        .into_inner();
+    let value: Value = serde_json::from_str(&reply.json)
+        .map_err(|_| ApiError::new(ErrorKind::ComputerExecutionFailed, "the agent's browser answer is not JSON"))?;
+    Ok((value, reply.image))
+}
+
+/// A record as the API shows it.
+fn view(a: &BrowserAction) -> Value {
+    json!({
+        "actionId": a.action_id,
+        "computerId": a.computer_id,
+        "tool": a.tool,
+        "state": action_state_name(a.state),
+        "runId": a.run_id,
+        "intent": a.intent,
+        "evidence": a.evidence,
+        "request": a.request,
+        "result": a.result,
+        "error": a.error,
+        "by": {"memberId": a.member_id, "botId": a.bot_id},
+        "createdAt": a.created_at,
+        "dispatchedAt": a.dispatched_at,
+        "settledAt": a.settled_at,
+        "decidedBy": a.decided_by,
+    })
+}
+
+fn record(state: &AppState, key: &str) -> Option<BrowserAction> {
+    state.cluster.state().read(|s| s.browser_actions.get(key).cloned())
+}
+
+/// Serves one tool: through an action record when it carries an `actionId`.
+async fn tool(state: &AppState, auth: Auth, id: &str, op: BrowserOp) -> Result<(Value, Vec<u8>), ApiError> {
+    op.check().map_err(ApiError::invalid)?;
+    let write = !matches!(
+        op,
+        BrowserOp::Snapshot(_) | BrowserOp::Screenshot(_) | BrowserOp::List | BrowserOp::SessionStatus(_)
+    );
+    let caller = if write { auth.for_write(state).await? } else { auth.current(state).await? };
+    check_has_desktop(state, &caller, id)?;
+    let meta = op.action().filter(|m| m.action_id.is_some());
+    let Some(meta) = meta else { return send(state, &caller, id, &op, write).await };
+    let action_id = meta.action_id.clone().unwrap_or_default();
+    // Reach the agent first: a Computer that cannot be reached refuses before any record.
+    agent_for(state, &caller, id, write).await?;
+    let claim = crate::ids::new_id("clm");
+    let mut request = serde_json::to_value(&op).map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?;
+    let request = request.get_mut("args").map(Value::take).unwrap_or(Value::Null);
+    let action = BrowserAction {
+        action_id,
+        computer_id: id.to_string(),
+        member_id: caller.member.id.clone(),
+        bot_id: caller.bot.as_ref().map(|b| b.id.clone()),
+        tool: op.name().to_string(),
+        request,
+        run_id: meta.run_id.clone(),
+        intent: meta.intent.clone(),
+        evidence: meta.evidence.clone(),
+        state: ActionState::Prepared,
+        claim: claim.clone(),
+        created_at: now_ms(),
+        dispatched_at: None,
+        settled_at: None,
+        result: None,
+        error: None,
+        decided_by: None,
+    };
+    let key = action.key();
+    let prepared = propose(state, Command::ActionPrepare { by: caller.token.id.clone(), action }).await?;
+    let replay = |state: &AppState| -> Result<(Value, Vec<u8>), ApiError> {
+        let a = record(state, &key).ok_or_else(|| ApiError::new(ErrorKind::NotFound, "the action record is gone"))?;
+        Ok((json!({"action": view(&a), "replayed": true}), Vec::new()))
+    };
+    if prepared.as_deref() != Some("new") {
+        resolve_stale(state, &key).await;
+        return replay(state);
+    }
+    if propose(state, Command::ActionDispatch { key: key.clone(), claim: claim.clone(), at_ms: now_ms() })
+        .await
+        .is_err()
+    {
+        // Another attempt took it between the two: answer the record, send nothing.
+        return replay(state);
+    }
+    let sent = send(state, &caller, id, &op, write).await;
+    let (finish, answer) = match sent {
+        Ok((json, image)) => {
+            let outcome = match json["outcome"]["state"].as_str() {
+                Some("unknown") => ActionState::Unknown,
+                Some("failed") => ActionState::Failed,
+                _ => ActionState::Done,
+            };
+            let error = json["outcome"]["error"].as_str().map(String::from);
+            ((outcome, Some(json.clone()), error), Ok((json, image)))
+        }
+        Err(e) if refused_before_sending(e.kind) => {
+            // Nothing reached the page: the record goes back to prepared.
+            let _ = propose(
+                state,
+                Command::ActionRelease { key: key.clone(), claim: claim.clone(), error: e.message.clone() },
+            )
+            .await;
+            return Err(e);
+        }
+        Err(e) => ((ActionState::Unknown, None, Some(e.message.clone())), Err(e)),
+    };
+    let (outcome, result, error) = finish;
+    let finished = Command::ActionFinish { key: key.clone(), claim, state: outcome, result, error, at_ms: now_ms() };
+    if let Err(e) = propose(state, finished).await {
+        tracing::warn!(error = %e.message, "an action's outcome could not be recorded; it stays dispatching until it is read");
+    }
+    let a = record(state, &key);
+    match answer {
+        Ok((mut json, image)) => {
+            json["action"] = a.as_ref().map(view).unwrap_or(Value::Null);
+            Ok((json, image))
+        }
+        Err(mut e) => {
+            e.message = format!(
+                "{} (the action {} is {})",
+                e.message,
+                meta.action_id.unwrap_or_default(),
+                a.map(|a| action_state_name(a.state)).unwrap_or("unknown")
+            );
+            Err(e)
+        }
+    }
+}
+
+/// A record left `dispatching` past [`STALE_DISPATCH`] (its node died mid-call) becomes `unknown`.
+async fn resolve_stale(state: &AppState, key: &str) {
+    let Some(a) = record(state, key) else { return };
+    let stale = a.state == ActionState::Dispatching
+        && a.dispatched_at.is_some_and(|at| now_ms().saturating_sub(at) > STALE_DISPATCH.as_millis() as u64);
+    if stale {
+        let cmd = Command::ActionFinish {
+            key: key.to_string(),
+            claim: a.claim,
+            state: ActionState::Unknown,
+            result: None,
+            error: Some("the node sending it stopped before it answered".into()),
+            at_ms: now_ms(),
+        };
+        let _ = propose(state, cmd).await;
+    }
+}
+
+fn answer(headers: &HeaderMap, (json, image): (Value, Vec<u8>)) -> Response {
+    if image.is_empty() {
+        return Json(json).into_response();
+    }
+    if wants_bytes(headers) {
+        let mime = json["mimeType"].as_str().unwrap_or("image/png").to_string();
+        let dim = |k: &str| json[k].as_u64().unwrap_or(0).to_string();
+        let (w, h) = (dim("width"), dim("height"));
+        return (
+            [
+                (header::CONTENT_TYPE, mime),
+                (header::HeaderName::from_static("x-width"), w),
+                (header::HeaderName::from_static("x-height"), h),
+            ],
+            image,
+        )
+            .into_response();
+    }
+    Json(with_image(json, &image)).into_response()
+}
+
+/// `POST /v1/computers/:id/browser/sessions`
+#[utoipa::path(post, path = "/v1/computers/{id}/browser/sessions", operation_id = "browser_open", tag = "browser", params(("id" = String, Path)), request_body(content = Object, description = "`{\"mode\"?: \"automation\"|\"takeover\", \"profile\"?: name, \"url\"?}`: a browser (headless, or headed on the desktop) with its profile"), responses((status = 200, description = "`{\"session\", \"mode\", \"profile\", \"tabs\": [{tab, url, title}]}`", body = Object), (status = 409, description = "`conflict`: the profile is in use, or 4 sessions are open", body = ErrorBody), (status = 422, description = "`ComputerUnsupported`: no browser", body = ErrorBody)), security(("bearer" = [])))]
+pub async fn open(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path(id): Path<String>,
+    body: Body<OpenRequest>,
+) -> Result<Response, ApiError> {
+    let Json(req) = body.map_err(|e| ApiError::invalid(e.body_text()))?;
+    Ok(Json(tool(&state, auth, &id, BrowserOp::Open(req)).await?.0).into_response())
+}
+
+/// `GET /v1/computers/:id/browser/sessions`
+#[utoipa::path(get, path = "/v1/computers/{id}/browser/sessions", operation_id = "browser_sessions", tag = "browser", params(("id" = String, Path)), responses((status = 200, description = "`{\"sessions\": [{session, mode, profile, running, tabs}]}`", body = Object)), security(("bearer" = [])))]
+pub async fn list(State(state): State<AppState>, auth: Auth, Path(id): Path<String>) -> Result<Response, ApiError> {
+    Ok(Json(tool(&state, auth, &id, BrowserOp::List).await?.0).into_response())
+}
+
+/// `DELETE /v1/computers/:id/browser/sessions/:session`
+#[utoipa::path(delete, path = "/v1/computers/{id}/browser/sessions/{session}", operation_id = "browser_close", tag = "browser", params(("id" = String, Path), ("session" = String, Path)), responses((status = 200, description = "`{\"session\", \"closed\": true}`", body = Object), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+pub async fn close(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path((id, session)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let op = BrowserOp::Close(TabRequest { session, tab: None });
+    Ok(Json(tool(&state, auth, &id, op).await?.0).into_response())
+}
+
+macro_rules! tool_route {
+    ($name:ident, $path:literal, $op_id:literal, $req:ty, $variant:ident, $desc:literal, $answer:literal) => {
+        #[doc = concat!("`POST ", $path, "`")]
+        #[utoipa::path(post, path = $path, operation_id = $op_id, tag = "browser", params(("id" = String, Path)), request_body(content = Object, description = $desc), responses((status = 200, description = $answer, body = Object), (status = 400, body = ErrorBody), (status = 404, description = "`not_found`: no such session or tab", body = ErrorBody), (status = 409, description = "`StaleRef`: take a new snapshot; `InputBusy`: a person holds the input lease", body = ErrorBody), (status = 422, description = "`ComputerUnsupported`: no browser", body = ErrorBody)), security(("bearer" = [])))]
+        pub async fn $name(State(state): State<AppState>, auth: Auth, Path(id): Path<String>, headers: HeaderMap, body: Body<$req>) -> Result<Response, ApiError> {
+            let Json(req) = body.map_err(|e| ApiError::invalid(e.body_text()))?;
+            Ok(answer(&headers, tool(&state, auth, &id, BrowserOp::$variant(req)).await?))
+        }
+    };
+}
+
+tool_route!(
+    navigate,
+    "/v1/computers/{id}/browser/navigate",
+    "browser_navigate",
+    NavigateRequest,
+    Navigate,
+    "`{\"session\", \"tab\"?, \"url\", \"timeoutMs\"?}` (http, https, about:blank)",
+    "`{\"tab\", \"url\", \"title\", \"status\", \"loaded\", \"error\"?}`"
+);
+tool_route!(
+    snapshot,
+    "/v1/computers/{id}/browser/snapshot",
+    "browser_snapshot",
+    SnapshotRequest,
+    Snapshot,
+    "`{\"session\", \"tab\"?, \"maxElements\"?, \"root\"?: ref, \"format\"?: \"text\"|\"json\"}`",
+    "`{\"tab\", \"url\", \"title\", \"refs\", \"truncated\", \"text\", \"elements\"?}`: each element's role, name, value, states and ref (`e12`), bound to this snapshot and document"
+);
+tool_route!(
+    click,
+    "/v1/computers/{id}/browser/click",
+    "browser_click",
+    RefRequest,
+    Click,
+    "`{\"session\", \"tab\"?, \"ref\", \"timeoutMs\"?, \"actionId\"?, …}`",
+    "`{\"tab\", \"ref\", \"point\", \"outcome\": {state: done|unknown, navigated, status?, error?}, \"action\"?}`, or `{\"action\", \"replayed\": true}` for an actionId already sent"
+);
+tool_route!(
+    hover,
+    "/v1/computers/{id}/browser/hover",
+    "browser_hover",
+    RefRequest,
+    Hover,
+    "`{\"session\", \"tab\"?, \"ref\"}`",
+    "`{\"tab\", \"ref\", \"point\"}`"
+);
+tool_route!(
+    type_text,
+    "/v1/computers/{id}/browser/type",
+    "browser_type",
+    TypeRequest,
+    Type,
+    "`{\"session\", \"tab\"?, \"ref\", \"text\", \"submit\"?, \"actionId\"?, …}`: replaces the field's text",
+    "`{\"tab\", \"ref\", \"typed\", \"outcome\", \"action\"?}`"
+);
+tool_route!(
+    press,
+    "/v1/computers/{id}/browser/press",
+    "browser_press",
+    PressRequest,
+    Press,
+    "`{\"session\", \"tab\"?, \"keys\": \"Enter\"|\"ctrl+l\"|…, \"actionId\"?, …}`",
+    "`{\"tab\", \"keys\", \"outcome\", \"action\"?}`"
+);
+tool_route!(
+    select,
+    "/v1/computers/{id}/browser/select",
+    "browser_select",
+    SelectRequest,
+    Select,
+    "`{\"session\", \"tab\"?, \"ref\", \"values\": [value or label], \"actionId\"?, …}`",
+    "`{\"tab\", \"ref\", \"selected\", \"action\"?}`"
+);
+tool_route!(
+    upload,
+    "/v1/computers/{id}/browser/upload",
+    "browser_upload",
+    UploadRequest,
+    Upload,
+    "`{\"session\", \"tab\"?, \"ref\", \"paths\": [absolute, under /workspace], \"actionId\"?, …}`: regular, non-empty files of at most 16 MiB, checked and hashed by the agent before the browser sees them",
+    "`{\"accepted\", \"readBack\": [{name, size}], \"files\": [{path, name, size, sha256, artifact}], \"action\"?}`"
+);
+tool_route!(
+    screenshot,
+    "/v1/computers/{id}/browser/screenshot",
+    "browser_screenshot",
+    ShotRequest,
+    Screenshot,
+    "`{\"session\", \"tab\"?, \"fullPage\"?, \"ref\"?, \"format\"?: \"png\"|\"jpeg\", \"quality\"?}`",
+    "`{\"width\", \"height\", \"format\", \"mimeType\", \"size\", \"data\"}` (base64), or the image's bytes with `Accept: image/*`"
+);
+tool_route!(
+    session_status,
+    "/v1/computers/{id}/browser/session_status",
+    "browser_session_status",
+    StatusRequest,
+    SessionStatus,
+    "`{\"session\", \"origin\", \"probes\": {\"page\"?, \"signedInSelector\"?|\"signedInText\"?, \"account\"?, \"projectUrl\"?}}`",
+    "`{\"signedIn\", \"accountMatches\", \"projectAccessible\", \"cookies\": n}` (cookie values are never read out)"
+);
+
+/// Whose action a member reads or decides (`?bot=` for one of their bots').
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Whose {
+    bot: Option<String>,
+}
+
+fn key_for(caller: &Caller, id: &str, action_id: &str, whose: &Whose) -> String {
+    match (&caller.bot, &whose.bot) {
+        (Some(b), _) => action_key(id, &caller.member.id, Some(&b.id), action_id),
+        (None, Some(bot)) => action_key(id, &caller.member.id, Some(bot), action_id),
+        (None, None) => action_key(id, &caller.member.id, None, action_id),
+    }
+}
+
+/// `GET /v1/computers/:id/browser/actions/:actionId`
+#[utoipa::path(get, path = "/v1/computers/{id}/browser/actions/{action}", operation_id = "browser_action", tag = "browser", params(("id" = String, Path), ("action" = String, Path), ("bot" = Option<String>, Query, description = "a member reading one of their bots' actions")), responses((status = 200, description = "The record: `{\"actionId\", \"tool\", \"state\": prepared|dispatching|done|failed|unknown, \"intent\", \"evidence\", \"request\", \"result\", \"error\", …}`", body = Object), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+pub async fn action(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path((id, action_id)): Path<(String, String)>,
+    Query(whose): Query<Whose>,
+) -> Result<Json<Value>, ApiError> {
+    let caller = auth.current(&state).await?;
+    state.cluster.state().read(|s| s.visible_computer(&caller, &id).map(|_| ()))?;
+    let key = key_for(&caller, &id, &action_id, &whose);
+    resolve_stale(&state, &key).await;
+    let a = record(&state, &key).ok_or_else(|| ApiError::new(ErrorKind::NotFound, "no such action"))?;
+    Ok(Json(view(&a)))
+}
+
+/// `POST …/actions/:actionId/decision` body.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DecisionIn {
+    /// `done` or `failed`.
+    outcome: String,
+    /// The bot whose action it is (a member deciding one of their bots').
+    #[serde(default)]
+    bot: Option<String>,
+}
+
+/// `POST /v1/computers/:id/browser/actions/:actionId/decision`
+#[utoipa::path(post, path = "/v1/computers/{id}/browser/actions/{action}/decision", operation_id = "browser_action_decide", tag = "browser", params(("id" = String, Path), ("action" = String, Path)), request_body = DecisionIn, responses((status = 200, description = "The record, settled", body = Object), (status = 403, description = "a bot decides nothing", body = ErrorBody), (status = 409, description = "the action is not unknown", body = ErrorBody)), security(("bearer" = [])))]
+pub async fn decide(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path((id, action_id)): Path<(String, String)>,
+    body: Body<DecisionIn>,
+) -> Result<Json<Value>, ApiError> {
+    let caller = auth.for_write(&state).await?;
+    let Json(d) = body.map_err(|e| ApiError::invalid(e.body_text()))?;
+    let done = match d.outcome.as_str() {
+        "done" => true,
+        "failed" => false,
+        _ => return Err(ApiError::invalid("outcome is \"done\" or \"failed\"")),
+    };
+    let key = key_for(&caller, &id, &action_id, &Whose { bot: d.bot });
+    propose(&state, Command::ActionDecide { by: caller.token.id.clone(), key: key.clone(), done, at_ms: now_ms() })
+        .await?;
+    let a = record(&state, &key).ok_or_else(|| ApiError::new(ErrorKind::NotFound, "no such action"))?;
+    Ok(Json(view(&a)))
+}

@@ -1,0 +1,377 @@
+//! Action records of browser tools that may change something outside the Computer (a click, a
+//! submit, an upload), keyed by the caller's `actionId` (SPEC §7, seed 004).
+//!
+//! `prepared` (recorded, nothing sent) → `dispatching` (written before the CDP call) → `done`,
+//! `failed`, or `unknown` (the answer was lost or did not come in time: the action may have had
+//! its effect). Only a `prepared` record is dispatched, and only once: the dispatch mark moves
+//! it under the claim of one attempt, so a retry with the same id, or two at once, answer the
+//! record and never send again. A tool refused before anything was sent (a stale ref, the input
+//! lease) leaves it `prepared`, so the caller may try again with a fresh ref. A person decides an
+//! `unknown` record as for executions.
+//!
+//! Bounded: at most [`MAX_OPEN_PER_COMPUTER`] unsettled records per Computer; settled ones are
+//! kept [`RETENTION_MS`] after they settled, then compacted a few per applied entry (the
+//! time-ordered index in `exec_index`, rebuilt when a snapshot loads). Unsettled ones stay until
+//! settled.
+
+use serde::Deserialize;
+use serde::Serialize;
+use serde_json::Value;
+
+use super::response::Reject;
+use super::response::RejectKind;
+use super::state::State;
+
+/// Settled records are kept this long (30 days).
+pub const RETENTION_MS: u64 = 30 * 24 * 3600 * 1000;
+/// Unsettled records one Computer may have.
+pub const MAX_OPEN_PER_COMPUTER: usize = 1024;
+/// A stored result is at most this large (JSON bytes); a larger one is cut to its outcome.
+pub const MAX_RESULT: usize = 16 * 1024;
+
+/// Where an action stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActionState {
+    /// Recorded; nothing sent.
+    Prepared,
+    /// Being sent (the mark is written before the CDP call).
+    Dispatching,
+    /// It happened.
+    Done,
+    /// It was sent and failed.
+    Failed,
+    /// It was sent; its answer was lost or late: it may have happened.
+    Unknown,
+}
+
+impl ActionState {
+    /// Settled: it will not change any more.
+    pub fn settled(self) -> bool {
+        matches!(self, Self::Done | Self::Failed)
+    }
+}
+
+/// One action record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BrowserAction {
+    /// The caller's id.
+    pub action_id: String,
+    /// Computer id.
+    pub computer_id: String,
+    /// The member who acts (or whose bot does).
+    pub member_id: String,
+    /// The bot, when a bot acts.
+    #[serde(default)]
+    pub bot_id: Option<String>,
+    /// `click`, `type`, `press`, `select`, `upload`.
+    pub tool: String,
+    /// The tool's request (the attempt last prepared).
+    pub request: Value,
+    /// The run it belongs to.
+    #[serde(default)]
+    pub run_id: Option<String>,
+    /// What it is meant to do.
+    #[serde(default)]
+    pub intent: Option<String>,
+    /// What the caller knew (kept with an unknown record too).
+    #[serde(default)]
+    pub evidence: Option<Value>,
+    /// Where it stands.
+    pub state: ActionState,
+    /// The attempt that may move it (fences out any other).
+    pub claim: String,
+    /// Unix ms.
+    pub created_at: u64,
+    /// When it was marked dispatching.
+    #[serde(default)]
+    pub dispatched_at: Option<u64>,
+    /// When it settled (done or failed).
+    #[serde(default)]
+    pub settled_at: Option<u64>,
+    /// The tool's answer (bounded).
+    #[serde(default)]
+    pub result: Option<Value>,
+    /// Why it failed, or why its outcome is unknown.
+    #[serde(default)]
+    pub error: Option<String>,
+    /// The member who decided an unknown outcome.
+    #[serde(default)]
+    pub decided_by: Option<String>,
+}
+
+/// The key of a record: the Computer, who acts, and the action id (one caller's id never
+/// reaches another's record).
+pub fn action_key(computer_id: &str, member_id: &str, bot_id: Option<&str>, action_id: &str) -> String {
+    format!(
+        "{computer_id}\n{}\n{action_id}",
+        bot_id.map_or_else(|| format!("member:{member_id}"), |b| format!("bot:{b}"))
+    )
+}
+
+impl BrowserAction {
+    /// Its key.
+    pub fn key(&self) -> String {
+        action_key(&self.computer_id, &self.member_id, self.bot_id.as_deref(), &self.action_id)
+    }
+}
+
+impl State {
+    /// Records an action as `prepared` (or takes a `prepared` one for a new attempt, nothing
+    /// having been sent). Answers `"new"`, or the state of a record past `prepared` (which the
+    /// caller answers without sending anything).
+    pub(crate) fn action_prepare(&mut self, by: &str, action: &BrowserAction) -> Result<String, Reject> {
+        let caller = self.caller_by_token_id(by)?;
+        self.check_operate(&caller, &action.computer_id)?;
+        if caller.member.id != action.member_id || caller.bot.as_ref().map(|b| &b.id) != action.bot_id.as_ref() {
+            return Err(Reject::new(RejectKind::Forbidden, "an action is recorded in its caller's name"));
+        }
+        let key = action.key();
+        if let Some(seen) = self.browser_actions.get_mut(&key) {
+            if seen.tool != action.tool {
+                return Err(Reject::new(
+                    RejectKind::IdempotencyKeyReused,
+                    format!("this actionId was used for {}, not {}", seen.tool, action.tool),
+                ));
+            }
+            if seen.state != ActionState::Prepared {
+                return Ok(state_name(seen.state).into());
+            }
+            seen.request = action.request.clone();
+            seen.claim = action.claim.clone();
+            seen.run_id = action.run_id.clone();
+            seen.intent = action.intent.clone();
+            seen.evidence = action.evidence.clone();
+            return Ok("new".into());
+        }
+        let open = self.exec_index.open_actions.get(&action.computer_id).copied().unwrap_or(0);
+        if open >= MAX_OPEN_PER_COMPUTER {
+            return Err(Reject::new(
+                RejectKind::Conflict,
+                format!("this computer has {MAX_OPEN_PER_COMPUTER} unsettled actions: decide the unknown ones first"),
+            ));
+        }
+        let mut a = action.clone();
+        a.state = ActionState::Prepared;
+        a.dispatched_at = None;
+        a.settled_at = None;
+        a.result = None;
+        a.error = None;
+        a.decided_by = None;
+        *self.exec_index.open_actions.entry(a.computer_id.clone()).or_default() += 1;
+        self.browser_actions.insert(key, a);
+        Ok("new".into())
+    }
+
+    /// Marks a `prepared` record `dispatching` for the attempt holding `claim`.
+    pub(crate) fn action_dispatch(&mut self, key: &str, claim: &str, at_ms: u64) -> Result<(), Reject> {
+        let a = self.browser_actions.get_mut(key).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such action"))?;
+        if a.state != ActionState::Prepared || a.claim != claim {
+            return Err(Reject::new(RejectKind::Conflict, "another attempt holds this action, or it was sent already"));
+        }
+        a.state = ActionState::Dispatching;
+        a.dispatched_at = Some(at_ms);
+        Ok(())
+    }
+
+    /// Returns a dispatched action to `prepared`: the agent refused it before anything reached
+    /// the page.
+    pub(crate) fn action_release(&mut self, key: &str, claim: &str, error: &str) -> Result<(), Reject> {
+        let a = self.browser_actions.get_mut(key).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such action"))?;
+        if a.state != ActionState::Dispatching || a.claim != claim {
+            return Err(Reject::new(RejectKind::Conflict, "this attempt does not hold the action"));
+        }
+        a.state = ActionState::Prepared;
+        a.dispatched_at = None;
+        a.error = Some(error.chars().take(1024).collect());
+        Ok(())
+    }
+
+    /// Records how a dispatched action ended (`done`, `failed`, `unknown`) for the attempt
+    /// holding `claim`.
+    pub(crate) fn action_finish(
+        &mut self,
+        key: &str,
+        claim: &str,
+        state: ActionState,
+        result: Option<&Value>,
+        error: Option<&str>,
+        at_ms: u64,
+    ) -> Result<(), Reject> {
+        if !matches!(state, ActionState::Done | ActionState::Failed | ActionState::Unknown) {
+            return Err(Reject::new(RejectKind::Invalid, "an action finishes done, failed or unknown"));
+        }
+        let a = self.browser_actions.get_mut(key).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such action"))?;
+        if a.state != ActionState::Dispatching || a.claim != claim {
+            return Err(Reject::new(RejectKind::Conflict, "this attempt does not hold the action"));
+        }
+        a.state = state;
+        a.result = result.filter(|r| r.to_string().len() <= MAX_RESULT).cloned();
+        a.error = error.map(|e| e.chars().take(1024).collect());
+        if state.settled() {
+            a.settled_at = Some(at_ms);
+            self.settle_index(key, at_ms);
+        }
+        Ok(())
+    }
+
+    /// A member settles an `unknown` action (or one left `dispatching` by a node that died) as
+    /// `done` or `failed`.
+    pub(crate) fn action_decide(&mut self, by: &str, key: &str, done: bool, at_ms: u64) -> Result<(), Reject> {
+        let caller = self.caller_by_token_id(by)?;
+        if caller.bot.is_some() {
+            return Err(Reject::new(RejectKind::Forbidden, "a person decides an unknown action, not a bot"));
+        }
+        let computer_id = self
+            .browser_actions
+            .get(key)
+            .map(|a| a.computer_id.clone())
+            .ok_or_else(|| Reject::new(RejectKind::NotFound, "no such action"))?;
+        self.check_operate(&caller, &computer_id)?;
+        let a = self.browser_actions.get_mut(key).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such action"))?;
+        if !matches!(a.state, ActionState::Unknown | ActionState::Dispatching) {
+            return Err(Reject::new(
+                RejectKind::Conflict,
+                format!("the action is {}: only an unknown one is decided", state_name(a.state)),
+            ));
+        }
+        a.state = if done { ActionState::Done } else { ActionState::Failed };
+        a.decided_by = Some(caller.member.id.clone());
+        a.settled_at = Some(at_ms);
+        self.settle_index(key, at_ms);
+        Ok(())
+    }
+
+    fn settle_index(&mut self, key: &str, at_ms: u64) {
+        if let Some(computer) = key.split('\n').next()
+            && let Some(n) = self.exec_index.open_actions.get_mut(computer)
+        {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.exec_index.open_actions.remove(computer);
+            }
+        }
+        self.exec_index.settled_actions.insert((at_ms, key.to_string()));
+    }
+
+    /// Forgets a settled record (retention).
+    pub(crate) fn compact_action(&mut self, at: u64, key: &str) {
+        self.exec_index.settled_actions.remove(&(at, key.to_string()));
+        self.browser_actions.remove(key);
+    }
+}
+
+/// A state's name in the API.
+pub fn state_name(s: ActionState) -> &'static str {
+    match s {
+        ActionState::Prepared => "prepared",
+        ActionState::Dispatching => "dispatching",
+        ActionState::Done => "done",
+        ActionState::Failed => "failed",
+        ActionState::Unknown => "unknown",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sm::Command;
+    use crate::sm::Response;
+    use crate::sm::testing::OWNER;
+    use crate::sm::testing::computer;
+    use crate::sm::testing::world;
+
+    fn action(computer_id: &str, claim: &str) -> BrowserAction {
+        BrowserAction {
+            action_id: "upload-1".into(),
+            computer_id: computer_id.into(),
+            member_id: "mem_o".into(),
+            bot_id: None,
+            tool: "click".into(),
+            request: serde_json::json!({"ref": "e3"}),
+            run_id: None,
+            intent: Some("upload report.pdf to project B".into()),
+            evidence: Some(serde_json::json!({"fileSha": "ab"})),
+            state: ActionState::Prepared,
+            claim: claim.into(),
+            created_at: 10,
+            dispatched_at: None,
+            settled_at: None,
+            result: None,
+            error: None,
+            decided_by: None,
+        }
+    }
+
+    #[test]
+    fn an_action_is_dispatched_once_and_an_unknown_one_waits_for_a_person() {
+        let mut s = world();
+        let c = "cmp_1".to_string();
+        s.computers.insert(c.clone(), computer(&c, "mem_o", crate::sm::model::Source::Paired));
+        let a = action(&c, "k1");
+        let key = a.key();
+        assert_eq!(
+            s.apply(&Command::ActionPrepare { by: OWNER.into(), action: a.clone() }),
+            Response::Id("new".into())
+        );
+        // A second attempt while nothing was sent takes the record over; the first is fenced.
+        let mut again = a.clone();
+        again.claim = "k2".into();
+        assert_eq!(s.apply(&Command::ActionPrepare { by: OWNER.into(), action: again }), Response::Id("new".into()));
+        assert!(matches!(
+            s.apply(&Command::ActionDispatch { key: key.clone(), claim: "k1".into(), at_ms: 20 }),
+            Response::Rejected(_)
+        ));
+        assert_eq!(s.apply(&Command::ActionDispatch { key: key.clone(), claim: "k2".into(), at_ms: 20 }), Response::Ok);
+        // Once sent, a retry answers the record and sends nothing.
+        let mut retry = a.clone();
+        retry.claim = "k3".into();
+        assert_eq!(
+            s.apply(&Command::ActionPrepare { by: OWNER.into(), action: retry.clone() }),
+            Response::Id("dispatching".into())
+        );
+        assert!(matches!(
+            s.apply(&Command::ActionDispatch { key: key.clone(), claim: "k3".into(), at_ms: 21 }),
+            Response::Rejected(_)
+        ));
+        let lost = Command::ActionFinish {
+            key: key.clone(),
+            claim: "k2".into(),
+            state: ActionState::Unknown,
+            result: None,
+            error: Some("lost".into()),
+            at_ms: 30,
+        };
+        assert_eq!(s.apply(&lost), Response::Ok);
+        assert_eq!(
+            s.apply(&Command::ActionPrepare { by: OWNER.into(), action: retry }),
+            Response::Id("unknown".into())
+        );
+        assert_eq!(
+            s.browser_actions[&key].evidence,
+            Some(serde_json::json!({"fileSha": "ab"})),
+            "an unknown record keeps its evidence"
+        );
+        assert_eq!(s.exec_index.open_actions.get(&c), Some(&1));
+        // Another tool under the same id is refused.
+        let mut other = a.clone();
+        other.tool = "upload".into();
+        assert!(
+            matches!(s.apply(&Command::ActionPrepare { by: OWNER.into(), action: other }), Response::Rejected(r) if r.kind == RejectKind::IdempotencyKeyReused)
+        );
+        assert_eq!(
+            s.apply(&Command::ActionDecide { by: OWNER.into(), key: key.clone(), done: true, at_ms: 40 }),
+            Response::Ok
+        );
+        assert_eq!(s.browser_actions[&key].state, ActionState::Done);
+        assert!(s.exec_index.open_actions.get(&c).is_none());
+        assert!(matches!(
+            s.apply(&Command::ActionDecide { by: OWNER.into(), key: key.clone(), done: false, at_ms: 41 }),
+            Response::Rejected(_)
+        ));
+        // Settled records go after the retention.
+        s.compact_action(40, &key);
+        assert!(!s.browser_actions.contains_key(&key));
+    }
+}
