@@ -10,6 +10,8 @@
 
 use std::time::Duration;
 
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
 use computerd_tests::TestCluster;
 use computerd_tests::agent::wait_state;
 use computerd_tests::docker::Containers;
@@ -120,7 +122,12 @@ async fn t10_a_bot_uploads_a_report_through_the_browser() {
     assert_eq!(opened["tabs"][0]["title"], "Sign in", "{opened}");
     let snap = api.tool(b, "snapshot", json!({"session": sid, "format": "json"})).await;
     api.tool(b, "type", json!({"session": sid, "ref": find(&snap, "textbox", "Username"), "text": "alice"})).await;
-    api.tool(b, "type", json!({"session": sid, "ref": find(&snap, "textbox", "Password"), "text": "wonderland"})).await;
+    api.tool(
+        b,
+        "type",
+        json!({"session": sid, "ref": find(&snap, "textbox", "Password"), "text": "wonderland", "actionId": "pw-1"}),
+    )
+    .await;
     let sign_in = find(&snap, "button", "Sign in");
     let clicked = api
         .tool(b, "click", json!({"session": sid, "ref": sign_in, "actionId": "login-1", "intent": "sign in as alice"}))
@@ -200,6 +207,29 @@ async fn t10_a_bot_uploads_a_report_through_the_browser() {
     assert_eq!(s, 200);
     let o = v["output"].as_str().unwrap_or_default();
     assert!(o.contains("Permission denied") && o.contains("rc=2"), "{o}");
+    if let Ok(dir) = std::env::var("COMPUTERD_DOCS_SHOT") {
+        let (s, v) = api.post(b, "browser/screenshot", json!({"session": sid})).await;
+        assert_eq!(s, 200, "{v}");
+        let png = STANDARD.decode(v["data"].as_str().unwrap_or_default()).expect("base64");
+        std::fs::write(std::path::Path::new(&dir).join("browser-documents.png"), png).expect("write the shot");
+    }
+    // A pause keeps the browser and its profile: still signed in after the resume.
+    let (s, v) = c
+        .call(Method::POST, 1, &format!("/v1/computers/{id}/pause"), &c.token, Some(json!({"commandKey": "p1"})))
+        .await;
+    assert_eq!(s, 202, "{v}");
+    wait_state(&c, &id, "paused").await;
+    let (s, v) = c
+        .call(Method::POST, 1, &format!("/v1/computers/{id}/resume"), &c.token, Some(json!({"commandKey": "r1"})))
+        .await;
+    assert_eq!(s, 202, "{v}");
+    wait_state(&c, &id, "running").await;
+    let st = api.tool(b, "session_status", json!({"session": sid, "origin": site, "probes": probes})).await;
+    assert_eq!(st["signedIn"].as_bool(), Some(true), "after a pause: {st}");
+    // The typed password is not in the action records.
+    let (_, rec) = c.call(Method::GET, 1, &format!("/v1/computers/{id}/browser/actions/pw-1"), b, None).await;
+    assert_eq!(rec["state"], "done", "{rec}");
+    assert!(!rec.to_string().contains("wonderland"), "{rec}");
     let (s, _) = c.call(Method::DELETE, 1, &format!("/v1/computers/{id}/browser/sessions/{sid}"), b, None).await;
     assert_eq!(s, 200);
 
@@ -242,4 +272,9 @@ async fn t10_a_bot_uploads_a_report_through_the_browser() {
     })
     .await;
     assert_eq!(clicked["outcome"]["state"], "done", "{clicked}");
+    if let Ok(dir) = std::env::var("COMPUTERD_DOCS_SHOT") {
+        let shot = api.post(&c.token, "desktop/screenshot", json!({"format": "png"})).await.1;
+        let png = STANDARD.decode(shot["data"].as_str().unwrap_or_default()).expect("base64");
+        std::fs::write(std::path::Path::new(&dir).join("browser-takeover-desktop.png"), png).expect("write the shot");
+    }
 }

@@ -10,6 +10,7 @@
 
 use std::io::Read;
 use std::io::Write;
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -42,9 +43,10 @@ pub fn stage(
     max: u64,
 ) -> Result<Vec<Staged>, String> {
     let root = root.canonicalize().map_err(|e| format!("{} cannot be resolved: {e}", root.display()))?;
+    let reader = std::fs::metadata(&root).map_err(|e| format!("{}: {e}", root.display()))?.uid();
     let mut opened = Vec::with_capacity(paths.len());
     for p in paths {
-        opened.push(open_checked(p, &root, max)?);
+        opened.push(open_checked(p, &root, reader, max)?);
     }
     let dir = stage_dir.join(hex::encode(rand::random::<[u8; 8]>()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
@@ -94,9 +96,11 @@ pub fn stage(
 }
 
 /// Opens `p` when it is an absolute path of a regular, non-empty file of at most `max` bytes
-/// under `root` (already canonical), symlinks resolved. Answers the path, the file's name and
-/// the open file.
-fn open_checked(p: &str, root: &Path, max: u64) -> Result<(String, String, std::fs::File), String> {
+/// under `root` (already canonical), symlinks resolved, that the workspace's owner (`reader`)
+/// may read: the agent reads as root, so a hard link to a file only root reads (where the
+/// kernel allows one) would otherwise leave through the page. Answers the path, the file's name
+/// and the open file.
+fn open_checked(p: &str, root: &Path, reader: u32, max: u64) -> Result<(String, String, std::fs::File), String> {
     let path = Path::new(p);
     if !path.is_absolute() {
         return Err(format!("{p}: a path must be absolute (under {})", root.display()));
@@ -125,6 +129,10 @@ fn open_checked(p: &str, root: &Path, max: u64) -> Result<(String, String, std::
     }
     if meta.len() > max {
         return Err(format!("{p}: {} bytes, over the {max}-byte limit", meta.len()));
+    }
+    let readable = (meta.uid() == reader && meta.mode() & 0o400 != 0) || meta.mode() & 0o004 != 0;
+    if !readable {
+        return Err(format!("{p}: not readable by the workspace's owner"));
     }
     let name = real
         .file_name()
@@ -164,6 +172,10 @@ mod tests {
         );
         // Nothing was copied for the refusals.
         assert!(!stage_dir.exists() || std::fs::read_dir(&stage_dir).expect("dir").next().is_none());
+        std::fs::write(root.join("private"), b"root only").expect("write");
+        std::fs::set_permissions(root.join("private"), std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        std::os::unix::fs::chown(root.join("private"), Some(4242), None).expect("chown (the tests run as root)");
+        assert!(err(root.join("private")).contains("not readable"), "a file its owner cannot read");
         let ok = s(root.join("sub/link-in")).expect("a symlink inside is fine");
         assert_eq!(ok[0].name, "report.pdf");
         assert_eq!(ok[0].size, 14);

@@ -141,7 +141,12 @@ async fn tool(state: &AppState, auth: Auth, id: &str, op: BrowserOp) -> Result<(
     agent_for(state, &caller, id, write).await?;
     let claim = crate::ids::new_id("clm");
     let mut request = serde_json::to_value(&op).map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?;
-    let request = request.get_mut("args").map(Value::take).unwrap_or(Value::Null);
+    let mut request = request.get_mut("args").map(Value::take).unwrap_or(Value::Null);
+    // Typed text may be a password: the record keeps its length, never the text.
+    if let Some(text) = request.get_mut("text") {
+        let n = text.as_str().map_or(0, |t| t.chars().count());
+        *text = json!(format!("({n} characters, not kept)"));
+    }
     let action = BrowserAction {
         action_id,
         computer_id: id.to_string(),
