@@ -116,6 +116,11 @@ impl DataDir {
         Ok(Self { root: root.to_path_buf(), node })
     }
 
+    /// Where this node's blob store keeps blob bytes.
+    pub fn blobs_dir(&self) -> PathBuf {
+        self.root.join("blobs")
+    }
+
     /// Where the Raft store lives.
     pub fn store_dir(&self) -> PathBuf {
         self.root.join("store")

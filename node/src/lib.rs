@@ -4,6 +4,7 @@
 
 #![warn(missing_docs)]
 
+pub mod blobs;
 pub mod bot_tools;
 pub mod config;
 pub mod datadir;

@@ -196,7 +196,34 @@ pub async fn run(
         cfg.token_per_sec,
         cfg.trusted_proxies.clone(),
     ));
+    let local_blobs = std::sync::Arc::new(
+        crate::blobs::LocalBlobs::new(dir.blobs_dir())
+            .map_err(|e| NodeError::Config(format!("the blob store: {e}")))?,
+    );
+    // Bytes of blobs the store no longer names (past their retention) are deleted.
+    let blob_gc = {
+        let (blobs, cluster, mut stop) = (local_blobs.clone(), cluster.clone(), stop_rx.clone());
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_secs(600));
+            loop {
+                tokio::select! {
+                    _ = every.tick() => {}
+                    _ = stop.wait_for(|s| *s) => return,
+                }
+                let (b, c) = (blobs.clone(), cluster.clone());
+                let removed = tokio::task::spawn_blocking(move || {
+                    b.collect(Duration::from_secs(3600), |id| c.state().read(|s| s.blobs.contains_key(id)))
+                })
+                .await
+                .unwrap_or(0);
+                if removed > 0 {
+                    tracing::info!(removed, "blob bytes past their retention deleted");
+                }
+            }
+        })
+    };
     let app_state = crate::state::AppState {
+        blobs: local_blobs.clone(),
         cluster: cluster.clone(),
         fake_providers: cfg.fake_provider_dir.is_some(),
         links,
@@ -256,6 +283,7 @@ pub async fn run(
     let _ = driver.await;
     let _ = liveness.await;
     let _ = shedder.await;
+    let _ = blob_gc.await;
     let _ = reporter.await;
     let _ = scheduler.await;
     let _ = watch.await;

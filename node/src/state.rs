@@ -40,6 +40,8 @@ pub struct AppState {
     pub public_domain: Arc<crate::ports::PublicDomain>,
     /// Idle connections to exposed ports, for the next request to the same address.
     pub port_pool: Arc<crate::ports::PortPool>,
+    /// Where blob bytes are kept (this node's disk).
+    pub blobs: Arc<dyn crate::blobs::BlobStore>,
     /// This node's `DIR/join.token` (rewritten when the reusable secret is rotated here).
     pub join_token_file: Option<std::path::PathBuf>,
 }

@@ -50,6 +50,9 @@ pub enum ErrorKind {
     /// A browser ref no longer names the element it was taken from (the page navigated, the
     /// element was removed or re-rendered, or a newer snapshot replaced it): take a new snapshot.
     StaleRef,
+    /// An upload's bytes do not hash to (or are not as long as) what the caller declared:
+    /// nothing was stored.
+    DigestMismatch,
 }
 
 impl ErrorKind {
@@ -77,6 +80,7 @@ impl ErrorKind {
             Self::Expired => "expired",
             Self::InputBusy => "InputBusy",
             Self::StaleRef => "StaleRef",
+            Self::DigestMismatch => "DigestMismatch",
         }
     }
 
@@ -104,6 +108,7 @@ impl ErrorKind {
             "expired" => Self::Expired,
             "InputBusy" => Self::InputBusy,
             "StaleRef" => Self::StaleRef,
+            "DigestMismatch" => Self::DigestMismatch,
             _ => return None,
         })
     }
@@ -132,6 +137,7 @@ impl ErrorKind {
             Self::Expired => 410,
             Self::InputBusy => 409,
             Self::StaleRef => 409,
+            Self::DigestMismatch => 422,
         }
     }
 
@@ -159,6 +165,7 @@ impl ErrorKind {
             Self::Expired => tonic::Code::NotFound,
             Self::InputBusy => tonic::Code::Aborted,
             Self::StaleRef => tonic::Code::FailedPrecondition,
+            Self::DigestMismatch => tonic::Code::DataLoss,
         }
     }
 
@@ -214,6 +221,7 @@ mod tests {
             ErrorKind::Expired,
             ErrorKind::InputBusy,
             ErrorKind::StaleRef,
+            ErrorKind::DigestMismatch,
         ];
         for k in all {
             assert_eq!(ErrorKind::parse(k.as_str()), Some(k));

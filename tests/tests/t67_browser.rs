@@ -162,6 +162,12 @@ async fn t10_a_bot_uploads_a_report_through_the_browser() {
     assert_eq!(up["accepted"], true, "{up}");
     assert_eq!(up["readBack"], json!([{"name": "report.pdf", "size": REPORT.len()}]));
     let sha = up["files"][0]["sha256"].as_str().expect("sha").to_string();
+    if let Ok(dir) = std::env::var("COMPUTERD_DOCS_SHOT") {
+        let (s, v) = api.post(b, "browser/screenshot", json!({"session": sid})).await;
+        assert_eq!(s, 200, "{v}");
+        let png = STANDARD.decode(v["data"].as_str().unwrap_or_default()).expect("base64");
+        std::fs::write(std::path::Path::new(&dir).join("browser-file-set.png"), png).expect("write the shot");
+    }
 
     // The answer to the submit is lost: unknown; a retry sends nothing; the site counted one.
     api.put_file("site/control.json", r#"{"mode": "lose"}"#).await;
@@ -211,7 +217,7 @@ async fn t10_a_bot_uploads_a_report_through_the_browser() {
         let (s, v) = api.post(b, "browser/screenshot", json!({"session": sid})).await;
         assert_eq!(s, 200, "{v}");
         let png = STANDARD.decode(v["data"].as_str().unwrap_or_default()).expect("base64");
-        std::fs::write(std::path::Path::new(&dir).join("browser-documents.png"), png).expect("write the shot");
+        std::fs::write(std::path::Path::new(&dir).join("browser-lost-answer.png"), png).expect("write the shot");
     }
     // A pause keeps the browser and its profile: still signed in after the resume.
     let (s, v) = c

@@ -88,6 +88,9 @@ pub const SESSION: RouteLimits = RouteLimits { body: 1 << 20, deadline: Some(Cal
 /// File calls: up to 16 MiB of content (base64 in JSON is a third more), streamed.
 pub const FILE: RouteLimits =
     RouteLimits { body: super::files::MAX_FILE * 4 / 3 + (64 << 10), deadline: Some(CallKind::File.deadline()) };
+/// Blobs: up to 1 GiB streamed in or out, 10 minutes at most.
+pub const BLOB: RouteLimits =
+    RouteLimits { body: crate::blobs::MAX_BLOB as usize, deadline: Some(Duration::from_secs(600)) };
 /// Tool calls (install, discover, call, switch, revoke): arguments up to 1 MiB.
 pub const TOOL: RouteLimits = RouteLimits { body: 1 << 20, deadline: Some(CallKind::Tool.deadline()) };
 /// Pairing, unauthenticated: a code is a few bytes.

@@ -3,6 +3,7 @@
 mod agent;
 mod approvals;
 mod auth;
+mod blobs;
 mod bot_tools;
 mod browser;
 mod calls;
@@ -67,6 +68,7 @@ struct Groups {
     files: Router<AppState>,
     desktop: Router<AppState>,
     browser: Router<AppState>,
+    blobs: Router<AppState>,
     viewer: Router<AppState>,
     viewer_socket: Router<AppState>,
     ports: Router<AppState>,
@@ -116,6 +118,9 @@ fn groups(seen: &mut dyn FnMut(&[RoutePair])) -> Groups {
         get "/v1/retention" => retention::get,
         put "/v1/retention" => retention::put,
         get "/v1/tools" => bot_tools::list,
+        get "/v1/blob-limits" => blobs::limits,
+        put "/v1/blob-limits" => blobs::set_limits,
+        get "/api/blobs/{id}/info" => blobs::info,
         get "/v1/computers/{id}/browser/actions/{action}" => browser::action,
         post "/v1/computers/{id}/browser/actions/{action}/decision" => browser::decide,
     };
@@ -169,6 +174,12 @@ fn groups(seen: &mut dyn FnMut(&[RoutePair])) -> Groups {
         post "/v1/computers/{id}/browser/session_status" => browser::session_status,
     };
     seen(&pairs);
+    // Blobs: the raw bytes stream in and out (their own bound, not axum's default).
+    let (blobs, pairs) = group! {
+        post "/api/blobs" => blobs::put,
+        get "/api/blobs/{id}" => blobs::get,
+    };
+    seen(&pairs);
     // A person's stream: the ticket's redemption and noVNC's files, on the link's node (where
     // the ticket and the cookie are); the WebSocket on any node (it tunnels to the link's node).
     let (viewer, pairs) = group! {
@@ -194,7 +205,21 @@ fn groups(seen: &mut dyn FnMut(&[RoutePair])) -> Groups {
     seen(&pairs);
     let (streams, pairs) = group! { get "/v1/events" => events::events };
     seen(&pairs);
-    Groups { control, tools, sessions, files, desktop, browser, viewer, viewer_socket, ports, pairing, link, streams }
+    Groups {
+        control,
+        tools,
+        sessions,
+        files,
+        desktop,
+        browser,
+        blobs,
+        viewer,
+        viewer_socket,
+        ports,
+        pairing,
+        link,
+        streams,
+    }
 }
 
 /// The API router. Routes come in groups, each with its body limit and deadline
@@ -220,6 +245,7 @@ pub fn router(state: AppState) -> Router {
     // Browser tools: on the link's node; a tool waits for a page up to 60 s (`timeoutMs`).
     let browser =
         g.browser.layer(from_fn_with_state(state.clone(), forward::to_link_owner)).layer(bounded(limits::TOOL));
+    let blobs = g.blobs.layer(axum::extract::DefaultBodyLimit::disable()).layer(bounded(limits::BLOB));
     let viewer =
         g.viewer.layer(from_fn_with_state(state.clone(), forward::to_link_owner)).layer(bounded(limits::CONTROL));
     let viewer_socket = g.viewer_socket.layer(bounded(limits::STREAM));
@@ -235,6 +261,7 @@ pub fn router(state: AppState) -> Router {
         .merge(files)
         .merge(desktop)
         .merge(browser)
+        .merge(blobs)
         .merge(viewer)
         .merge(viewer_socket)
         .merge(ports)

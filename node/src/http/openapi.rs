@@ -10,6 +10,7 @@ use utoipa::openapi::security::SecurityScheme;
 
 use super::agent;
 use super::approvals;
+use super::blobs;
 use super::bot_tools;
 use super::browser;
 use super::computers;
@@ -63,6 +64,7 @@ impl Modify for BearerAuth {
         sessions::start, sessions::input, sessions::resize, sessions::stop,
         files::read, files::write, files::remove, files::directory,
         desktop::status, desktop::screenshot, desktop::actions, desktop::release,
+        blobs::put, blobs::get, blobs::info, blobs::limits, blobs::set_limits,
         browser::open, browser::list, browser::close, browser::navigate, browser::snapshot, browser::click,
         browser::hover, browser::type_text, browser::press, browser::select, browser::upload, browser::screenshot,
         browser::session_status, browser::action, browser::decide,

@@ -324,6 +324,20 @@ pub enum Command {
         /// Unix ms.
         at_ms: u64,
     },
+    /// Records an uploaded blob (its bytes are in the blob stores of `blob.nodes`).
+    BlobPut {
+        /// The token id of the caller.
+        by: String,
+        /// The record.
+        blob: super::blobs::Blob,
+    },
+    /// Sets the blob quota and retention (owner or admin).
+    SetBlobLimits {
+        /// The token id of the caller.
+        by: String,
+        /// The limits.
+        limits: super::blobs::BlobLimits,
+    },
     /// A person decides an unknown action.
     ActionDecide {
         /// The token id of the caller.
@@ -596,6 +610,8 @@ impl Command {
             Command::ActionDispatch { .. } => "action_dispatch",
             Command::ActionFinish { .. } => "action_finish",
             Command::ActionRelease { .. } => "action_release",
+            Command::BlobPut { .. } => "blob_put",
+            Command::SetBlobLimits { .. } => "set_blob_limits",
             Command::ActionDecide { .. } => "action_decide",
             Command::UnexposePort { .. } => "unexpose_port",
             Command::DecideApproval { .. } => "decide_approval",

@@ -45,6 +45,10 @@ pub struct ExecIndex {
     pub open_actions: BTreeMap<String, usize>,
     /// (settled at, key) of settled browser actions, oldest first (`actions`).
     pub settled_actions: BTreeSet<(u64, String)>,
+    /// member id -> bytes of their blobs (`blobs`).
+    pub blob_bytes: BTreeMap<String, u64>,
+    /// (last referenced at, id) of blobs, oldest first (`blobs`).
+    pub blob_expiry: BTreeSet<(u64, String)>,
 }
 
 /// When a succeeded or failed execution finished (an unknown outcome has not finished).
@@ -111,6 +115,10 @@ impl State {
                 }
                 _ => *index.open_actions.entry(a.computer_id.clone()).or_default() += 1,
             }
+        }
+        for b in self.blobs.values() {
+            *index.blob_bytes.entry(b.member_id.clone()).or_default() += b.size;
+            index.blob_expiry.insert((b.last_ref_at, b.id.clone()));
         }
         for a in self.approvals.values().filter(|a| a.state != "pending") {
             index.decided_approvals.insert((a.decided_at.unwrap_or(a.created_at), a.id.clone()));

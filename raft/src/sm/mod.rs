@@ -7,6 +7,7 @@
 
 mod access;
 mod actions;
+mod blobs;
 mod command;
 mod computer_index;
 mod events;
@@ -35,6 +36,8 @@ pub use actions::ActionState;
 pub use actions::BrowserAction;
 pub use actions::action_key;
 pub use actions::state_name as action_state_name;
+pub use blobs::Blob;
+pub use blobs::BlobLimits;
 pub use command::Command;
 pub use command::REQUEST_VERSION;
 pub use command::Request;

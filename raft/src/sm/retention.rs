@@ -93,6 +93,10 @@ impl State {
         for (_, id) in due(&self.exec_index.decided_approvals, horizon, |_| true) {
             self.remove_approval(&id);
         }
+        let blobs_horizon = self.clock.saturating_sub(self.blob_limits.retention());
+        for (at, id) in due(&self.exec_index.blob_expiry, blobs_horizon, |_| true) {
+            self.compact_blob(at, &id);
+        }
         let actions_horizon = self.clock.saturating_sub(super::actions::RETENTION_MS);
         for (at, key) in due(&self.exec_index.settled_actions, actions_horizon, |_| true) {
             self.compact_action(at, &key);

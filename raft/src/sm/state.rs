@@ -123,6 +123,12 @@ pub struct State {
     /// Browser action records by `computer\ncaller\nactionId` (`actions`).
     #[serde(default)]
     pub browser_actions: BTreeMap<String, super::actions::BrowserAction>,
+    /// Blob records by id (`blobs`): the bytes are in the nodes' blob stores.
+    #[serde(default)]
+    pub blobs: BTreeMap<String, super::blobs::Blob>,
+    /// The blob quota and retention (`blobs`).
+    #[serde(default)]
+    pub blob_limits: super::blobs::BlobLimits,
 }
 
 /// An authenticated caller: a live token and what it speaks for.
@@ -279,6 +285,8 @@ impl State {
             Command::ActionFinish { key, claim, state, result, error, at_ms } => {
                 self.action_finish(key, claim, *state, result.as_ref(), error.as_deref(), *at_ms)
             }
+            Command::BlobPut { by, blob } => self.blob_put(by, blob),
+            Command::SetBlobLimits { by, limits } => self.set_blob_limits(by, limits),
             Command::ActionRelease { key, claim, error } => self.action_release(key, claim, error),
             Command::ActionDecide { by, key, done, at_ms } => self.action_decide(by, key, *done, *at_ms),
             Command::CreateProvider { by, provider } => self.create_provider(by, provider),

@@ -1,0 +1,222 @@
+//! A node's blob store: the bytes of blobs, behind one interface ([`BlobStore`]); their records
+//! are in the replicated store (`computerd_raft::sm::Blob`), never their bytes.
+//!
+//! [`LocalBlobs`] keeps them on this node's disk (`DIR/blobs/<id>`): an upload streams into a
+//! temporary file while its SHA-256 and length are computed, and only a match is fsynced and
+//! renamed into place; a mismatch removes the file and stores nothing. A blob whose record the
+//! store no longer has (past its retention) is deleted by [`LocalBlobs::collect`], which leaves
+//! files younger than an hour alone (an upload in progress, a blob not yet recorded).
+//!
+//! Not yet: an S3-compatible store for clusters (`object_store`), and, without one, writing each
+//! blob to a second node before answering. Until then a blob lives on the node that took it, and
+//! its record names that node.
+
+use std::path::Path;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use futures::Stream;
+use futures::StreamExt;
+use sha2::Digest;
+use tokio::io::AsyncWriteExt;
+
+/// A blob is at most this large.
+pub const MAX_BLOB: u64 = 1 << 30;
+
+/// Why an upload was not stored.
+#[derive(Debug)]
+pub enum PutError {
+    /// The bytes are not what was declared.
+    Mismatch(String),
+    /// Over [`MAX_BLOB`].
+    TooLarge,
+    /// The body stopped (the client went away).
+    Body(String),
+    /// The disk failed.
+    Io(String),
+}
+
+/// What an upload stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stored {
+    /// Bytes.
+    pub size: u64,
+    /// SHA-256, hex.
+    pub sha256: String,
+}
+
+/// Where blob bytes are kept.
+pub trait BlobStore: Send + Sync {
+    /// Streams `body` in as blob `id`, checking it hashes to `sha256` (and, when given, is
+    /// `size` bytes long) as it arrives; stores nothing unless it does.
+    fn put<'a>(
+        &'a self,
+        id: &'a str,
+        sha256: &'a str,
+        size: Option<u64>,
+        body: std::pin::Pin<Box<dyn Stream<Item = Result<bytes::Bytes, String>> + Send + 'a>>,
+    ) -> futures::future::BoxFuture<'a, Result<Stored, PutError>>;
+    /// The bytes of blob `id`, as a file to stream.
+    fn open<'a>(&'a self, id: &'a str) -> futures::future::BoxFuture<'a, std::io::Result<tokio::fs::File>>;
+    /// Removes blob `id` (after a failed record).
+    fn remove<'a>(&'a self, id: &'a str) -> futures::future::BoxFuture<'a, ()>;
+}
+
+/// Blobs on this node's disk.
+pub struct LocalBlobs {
+    dir: PathBuf,
+}
+
+impl LocalBlobs {
+    /// Blobs under `dir` (made 0700 when missing).
+    pub fn new(dir: PathBuf) -> std::io::Result<LocalBlobs> {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::create_dir_all(&dir)?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+        Ok(LocalBlobs { dir })
+    }
+
+    fn path(&self, id: &str) -> Option<PathBuf> {
+        crate::ids::is_id(id, "blb").then(|| self.dir.join(id))
+    }
+
+    /// Deletes the files older than `min_age` that are temporary or a blob `keep` does not
+    /// name (a blob just stored is not recorded yet: the age spares it).
+    pub fn collect(&self, min_age: Duration, keep: impl Fn(&str) -> bool) -> usize {
+        let mut removed = 0;
+        for e in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            let age = e.metadata().and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok()).unwrap_or_default();
+            let drop = age >= min_age && (name.starts_with(".tmp-") || !keep(&name));
+            if drop && std::fs::remove_file(e.path()).is_ok() {
+                removed += 1;
+            }
+        }
+        removed
+    }
+}
+
+async fn write_checked(
+    tmp: &Path,
+    sha256: &str,
+    size: Option<u64>,
+    mut body: std::pin::Pin<Box<dyn Stream<Item = Result<bytes::Bytes, String>> + Send + '_>>,
+) -> Result<Stored, PutError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let std_file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(tmp)
+        .map_err(|e| PutError::Io(e.to_string()))?;
+    let mut f = tokio::fs::File::from_std(std_file);
+    let mut hash = sha2::Sha256::new();
+    let mut n = 0u64;
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(PutError::Body)?;
+        n += chunk.len() as u64;
+        if n > MAX_BLOB {
+            return Err(PutError::TooLarge);
+        }
+        if size.is_some_and(|s| n > s) {
+            return Err(PutError::Mismatch(format!(
+                "the body is longer than the declared {} bytes",
+                size.unwrap_or(0)
+            )));
+        }
+        hash.update(&chunk);
+        f.write_all(&chunk).await.map_err(|e| PutError::Io(e.to_string()))?;
+    }
+    if let Some(s) = size
+        && s != n
+    {
+        return Err(PutError::Mismatch(format!("the body is {n} bytes, not the declared {s}")));
+    }
+    let got = hex::encode(hash.finalize());
+    if !got.eq_ignore_ascii_case(sha256) {
+        return Err(PutError::Mismatch(format!("the body's SHA-256 is {got}, not {sha256}")));
+    }
+    f.sync_all().await.map_err(|e| PutError::Io(e.to_string()))?;
+    Ok(Stored { size: n, sha256: got })
+}
+
+impl BlobStore for LocalBlobs {
+    fn put<'a>(
+        &'a self,
+        id: &'a str,
+        sha256: &'a str,
+        size: Option<u64>,
+        body: std::pin::Pin<Box<dyn Stream<Item = Result<bytes::Bytes, String>> + Send + 'a>>,
+    ) -> futures::future::BoxFuture<'a, Result<Stored, PutError>> {
+        Box::pin(async move {
+            let path = self.path(id).ok_or_else(|| PutError::Io("not a blob id".into()))?;
+            let tmp = self.dir.join(format!(".tmp-{id}"));
+            let stored = write_checked(&tmp, sha256, size, body).await;
+            match stored {
+                Ok(s) => {
+                    tokio::fs::rename(&tmp, &path).await.map_err(|e| PutError::Io(e.to_string()))?;
+                    if let Ok(d) = tokio::fs::File::open(&self.dir).await {
+                        let _ = d.sync_all().await;
+                    }
+                    Ok(s)
+                }
+                Err(e) => {
+                    let _ = tokio::fs::remove_file(&tmp).await;
+                    Err(e)
+                }
+            }
+        })
+    }
+
+    fn open<'a>(&'a self, id: &'a str) -> futures::future::BoxFuture<'a, std::io::Result<tokio::fs::File>> {
+        Box::pin(async move {
+            let path =
+                self.path(id).ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "not a blob id"))?;
+            tokio::fs::File::open(path).await
+        })
+    }
+
+    fn remove<'a>(&'a self, id: &'a str) -> futures::future::BoxFuture<'a, ()> {
+        Box::pin(async move {
+            if let Some(p) = self.path(id) {
+                let _ = tokio::fs::remove_file(p).await;
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(
+        parts: Vec<&'static [u8]>,
+    ) -> std::pin::Pin<Box<dyn Stream<Item = Result<bytes::Bytes, String>> + Send + 'static>> {
+        Box::pin(futures::stream::iter(parts.into_iter().map(|p| Ok(bytes::Bytes::from_static(p)))))
+    }
+
+    #[tokio::test]
+    async fn only_the_declared_bytes_are_stored() {
+        let t = tempfile::tempdir().expect("tmp");
+        let store = LocalBlobs::new(t.path().join("blobs")).expect("store");
+        let sha = hex::encode(sha2::Sha256::digest(b"hello world"));
+        let ok = store.put("blb_a", &sha, Some(11), body(vec![b"hello ", b"world"])).await.expect("stored");
+        assert_eq!(ok, Stored { size: 11, sha256: sha.clone() });
+        let mut f = store.open("blb_a").await.expect("open");
+        let mut back = Vec::new();
+        tokio::io::AsyncReadExt::read_to_end(&mut f, &mut back).await.expect("read");
+        assert_eq!(back, b"hello world");
+        for (bad, size) in
+            [(vec![b"hello" as &[u8]], None), (vec![b"hello world!"], None), (vec![b"hello world"], Some(12))]
+        {
+            let r = store.put("blb_b", &sha, size, body(bad)).await;
+            assert!(matches!(r, Err(PutError::Mismatch(_))), "{r:?}");
+        }
+        assert!(store.open("blb_b").await.is_err(), "a mismatch stores nothing");
+        assert_eq!(std::fs::read_dir(t.path().join("blobs")).expect("dir").count(), 1, "no temporary file is left");
+        assert_eq!(store.collect(Duration::from_secs(3600), |id| id != "blb_a"), 0, "too young");
+        assert_eq!(store.collect(Duration::ZERO, |id| id != "blb_a"), 1);
+        assert!(store.open("blb_a").await.is_err());
+        assert!(store.open("../etc").await.is_err(), "not an id");
+    }
+}
