@@ -120,7 +120,7 @@ fn reply(id: &str, r: Reply) -> SessionReply {
 }
 
 fn info(e: files::Entry) -> FileInfo {
-    FileInfo { name: e.name, kind: e.kind.into(), size: e.size, mode: e.mode, mtime: e.mtime }
+    FileInfo { name: e.name, kind: e.kind.into(), size: e.size, mode: e.mode, mtime: e.mtime, sha256: String::new() }
 }
 
 type ChunkStream = Pin<Box<dyn Stream<Item = Result<FileChunk, Status>> + Send>>;
@@ -220,6 +220,8 @@ impl Agent for AgentService {
         if total > files::MAX_FILE {
             return Err(file_status(FileError::TooLarge));
         }
+        let mut hash = <sha2::Sha256 as sha2::Digest>::new();
+        sha2::Digest::update(&mut hash, &first.data);
         f.write_all(&first.data).await.map_err(|e| file_status(e.into()))?;
         while let Some(chunk) = stream.next().await {
             let chunk = chunk?;
@@ -227,9 +229,21 @@ impl Agent for AgentService {
             if total > files::MAX_FILE {
                 return Err(file_status(FileError::TooLarge));
             }
+            sha2::Digest::update(&mut hash, &chunk.data);
             f.write_all(&chunk.data).await.map_err(|e| file_status(e.into()))?;
         }
         f.flush().await.map_err(|e| file_status(e.into()))?;
+        let sha256 = hex::encode(sha2::Digest::finalize(hash));
+        // A copy that must arrive exactly: checked before it is put in place (the guard removes
+        // the temporary file).
+        if first.expect_size.is_some_and(|n| n != total) {
+            return Err(ErrorKind::DigestMismatch
+                .status(format!("{total} bytes arrived, not {}", first.expect_size.unwrap_or(0))));
+        }
+        if !first.expect_sha256.is_empty() && !first.expect_sha256.eq_ignore_ascii_case(&sha256) {
+            return Err(ErrorKind::DigestMismatch
+                .status(format!("what arrived hashes to {sha256}, not {}", first.expect_sha256)));
+        }
         let f = f.into_std().await;
         let temp = tmp.path().to_path_buf();
         let (placed, entry) = users::run_as(&account, move || files::finish_write(&f, mode, &temp, &path))
@@ -238,7 +252,9 @@ impl Agent for AgentService {
         if placed {
             tmp.placed();
         }
-        Ok(Response::new(info(entry.map_err(file_status)?)))
+        let mut answer = info(entry.map_err(file_status)?);
+        answer.sha256 = sha256;
+        Ok(Response::new(answer))
     }
 
     async fn remove_file(&self, req: Request<FilePath>) -> Result<Response<Nothing>, Status> {

@@ -47,12 +47,13 @@ pub struct Stored {
 
 /// Where blob bytes are kept.
 pub trait BlobStore: Send + Sync {
-    /// Streams `body` in as blob `id`, checking it hashes to `sha256` (and, when given, is
-    /// `size` bytes long) as it arrives; stores nothing unless it does.
+    /// Streams `body` in as blob `id`, checking it hashes to `sha256` (when given: an upload
+    /// declares it; a copy out of a Computer learns it) and is `size` bytes long (when given) as
+    /// it arrives; stores nothing unless it does.
     fn put<'a>(
         &'a self,
         id: &'a str,
-        sha256: &'a str,
+        sha256: Option<&'a str>,
         size: Option<u64>,
         body: std::pin::Pin<Box<dyn Stream<Item = Result<bytes::Bytes, String>> + Send + 'a>>,
     ) -> futures::future::BoxFuture<'a, Result<Stored, PutError>>;
@@ -98,7 +99,7 @@ impl LocalBlobs {
 
 async fn write_checked(
     tmp: &Path,
-    sha256: &str,
+    sha256: Option<&str>,
     size: Option<u64>,
     mut body: std::pin::Pin<Box<dyn Stream<Item = Result<bytes::Bytes, String>> + Send + '_>>,
 ) -> Result<Stored, PutError> {
@@ -133,8 +134,10 @@ async fn write_checked(
         return Err(PutError::Mismatch(format!("the body is {n} bytes, not the declared {s}")));
     }
     let got = hex::encode(hash.finalize());
-    if !got.eq_ignore_ascii_case(sha256) {
-        return Err(PutError::Mismatch(format!("the body's SHA-256 is {got}, not {sha256}")));
+    if let Some(want) = sha256
+        && !got.eq_ignore_ascii_case(want)
+    {
+        return Err(PutError::Mismatch(format!("the body's SHA-256 is {got}, not {want}")));
     }
     f.sync_all().await.map_err(|e| PutError::Io(e.to_string()))?;
     Ok(Stored { size: n, sha256: got })
@@ -144,7 +147,7 @@ impl BlobStore for LocalBlobs {
     fn put<'a>(
         &'a self,
         id: &'a str,
-        sha256: &'a str,
+        sha256: Option<&'a str>,
         size: Option<u64>,
         body: std::pin::Pin<Box<dyn Stream<Item = Result<bytes::Bytes, String>> + Send + 'a>>,
     ) -> futures::future::BoxFuture<'a, Result<Stored, PutError>> {
@@ -200,7 +203,7 @@ mod tests {
         let t = tempfile::tempdir().expect("tmp");
         let store = LocalBlobs::new(t.path().join("blobs")).expect("store");
         let sha = hex::encode(sha2::Sha256::digest(b"hello world"));
-        let ok = store.put("blb_a", &sha, Some(11), body(vec![b"hello ", b"world"])).await.expect("stored");
+        let ok = store.put("blb_a", Some(&sha), Some(11), body(vec![b"hello ", b"world"])).await.expect("stored");
         assert_eq!(ok, Stored { size: 11, sha256: sha.clone() });
         let mut f = store.open("blb_a").await.expect("open");
         let mut back = Vec::new();
@@ -209,7 +212,7 @@ mod tests {
         for (bad, size) in
             [(vec![b"hello" as &[u8]], None), (vec![b"hello world!"], None), (vec![b"hello world"], Some(12))]
         {
-            let r = store.put("blb_b", &sha, size, body(bad)).await;
+            let r = store.put("blb_b", Some(&sha), size, body(bad)).await;
             assert!(matches!(r, Err(PutError::Mismatch(_))), "{r:?}");
         }
         assert!(store.open("blb_b").await.is_err(), "a mismatch stores nothing");

@@ -92,3 +92,65 @@ async fn t10_blobs_are_checked_as_they_stream() {
     let (s, v) = c.call(Method::PUT, 1, "/v1/blob-limits", &bot_token, Some(json!({"quotaBytes": 1}))).await;
     assert_eq!(s, 403, "a bot sets no limits: {v}");
 }
+
+/// Copies between blobs and a paired machine: into it, checked by the agent (an artifact with
+/// the agent's size and digest), and out of it as a new blob of the same bytes.
+#[tokio::test]
+async fn t20_copies_into_and_out_of_a_computer() {
+    use computerd_tests::agent::AgentProc;
+    use computerd_tests::agent::paired_computer;
+    use computerd_tests::agent::wait_state;
+    let c = TestCluster::start(1).await;
+    let (id, code) = paired_computer(&c, "copies").await;
+    let state = c.dir.path().join("agent-copies");
+    let _agent = AgentProc::spawn(&c.url(1, ""), &state, Some(&code), &c.dir.path().join("agent-copies.log"));
+    wait_state(&c, &id, "running").await;
+    let report: Vec<u8> = (0..120_000u32).map(|i| (i * 7 % 256) as u8).collect();
+    let (s, v) = upload(&c, &c.token, &format!("sha={}&name=report.pdf", sha(&report)), report.clone()).await;
+    assert_eq!(s, 200, "{v}");
+    let blob = v["blobId"].as_str().expect("blob").to_string();
+    let to = json!({"blobId": blob, "path": ".agent-turn/run_1/inbox/report.pdf"});
+    let (s, art) = c.call(Method::POST, 1, &format!("/v1/computers/{id}/copy-to-box"), &c.token, Some(to)).await;
+    assert_eq!(s, 200, "{art}");
+    assert_eq!((art["size"].as_u64(), art["sha256"].as_str()), (Some(120_000), Some(sha(&report).as_str())), "{art}");
+    assert!(art["artifactId"].as_str().is_some_and(|a| a.starts_with("art_")), "{art}");
+    let (s, f) = c
+        .call(
+            Method::GET,
+            1,
+            &format!("/v1/computers/{id}/files?path=.agent-turn/run_1/inbox/report.pdf&encoding=base64"),
+            &c.token,
+            None,
+        )
+        .await;
+    assert_eq!((s, f["size"].as_u64()), (200, Some(120_000)), "{f}");
+    let (s, v) = c
+        .call(
+            Method::POST,
+            1,
+            &format!("/v1/computers/{id}/copy-to-box"),
+            &c.token,
+            Some(json!({"blobId": "blb_nope", "path": "x"})),
+        )
+        .await;
+    assert_eq!(s, 404, "{v}");
+    let from = json!({"path": ".agent-turn/run_1/inbox/report.pdf", "mimeType": "application/pdf"});
+    let (s, back) = c.call(Method::POST, 1, &format!("/v1/computers/{id}/copy-from-box"), &c.token, Some(from)).await;
+    assert_eq!(s, 200, "{back}");
+    assert_eq!(
+        (back["sha256"].as_str(), back["name"].as_str()),
+        (Some(sha(&report).as_str()), Some("report.pdf")),
+        "{back}"
+    );
+    assert_ne!(back["blobId"], blob.as_str(), "a new blob");
+    let (s, v) = c
+        .call(
+            Method::POST,
+            1,
+            &format!("/v1/computers/{id}/copy-from-box"),
+            &c.token,
+            Some(json!({"path": "missing.pdf"})),
+        )
+        .await;
+    assert_eq!(s, 404, "{v}");
+}

@@ -119,7 +119,7 @@ pub async fn put(
     }
     let id = new_id("blb");
     let stream = body.into_data_stream().map(|c| c.map_err(|e| e.to_string()));
-    let stored = match state.blobs.put(&id, &sha, size, Box::pin(stream)).await {
+    let stored = match state.blobs.put(&id, Some(&sha), size, Box::pin(stream)).await {
         Ok(s) => s,
         Err(PutError::Mismatch(why)) => {
             return Err(ApiError::new(ErrorKind::DigestMismatch, format!("{why}; nothing was stored")));

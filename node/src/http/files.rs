@@ -276,7 +276,13 @@ fn file_path(path: &str, who: RunAs) -> FilePath {
 
 /// The first chunk of a write: it names the path and who writes it.
 fn first_chunk(path: &str, who: &RunAs, data: Vec<u8>) -> FileChunk {
-    FileChunk { path: path.to_string(), data, user: who.user.clone(), root_allowed: who.root_allowed }
+    FileChunk {
+        path: path.to_string(),
+        data,
+        user: who.user.clone(),
+        root_allowed: who.root_allowed,
+        ..Default::default()
+    }
 }
 
 /// The caller's error for an agent's answer (the owner path's one mapping).

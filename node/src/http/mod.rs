@@ -8,6 +8,7 @@ mod bot_tools;
 mod browser;
 mod calls;
 mod computers;
+mod copies;
 mod desktop;
 mod desktop_stream;
 mod error;
@@ -148,6 +149,8 @@ fn groups(seen: &mut dyn FnMut(&[RoutePair])) -> Groups {
         put "/v1/computers/{id}/files" => files::write,
         delete "/v1/computers/{id}/files" => files::remove,
         get "/v1/computers/{id}/directory" => files::directory,
+        post "/v1/computers/{id}/copy-to-box" => copies::to_box,
+        post "/v1/computers/{id}/copy-from-box" => copies::from_box,
     };
     seen(&pairs);
     let (desktop, pairs) = group! {

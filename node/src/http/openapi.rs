@@ -14,6 +14,7 @@ use super::blobs;
 use super::bot_tools;
 use super::browser;
 use super::computers;
+use super::copies;
 use super::desktop;
 use super::desktop_stream;
 use super::events;
@@ -64,6 +65,7 @@ impl Modify for BearerAuth {
         sessions::start, sessions::input, sessions::resize, sessions::stop,
         files::read, files::write, files::remove, files::directory,
         desktop::status, desktop::screenshot, desktop::actions, desktop::release,
+        copies::to_box, copies::from_box,
         blobs::put, blobs::get, blobs::info, blobs::limits, blobs::set_limits,
         browser::open, browser::list, browser::close, browser::navigate, browser::snapshot, browser::click,
         browser::hover, browser::type_text, browser::press, browser::select, browser::upload, browser::screenshot,

@@ -72,7 +72,69 @@ pub struct Blob {
     pub nodes: Vec<u64>,
 }
 
+/// A file put in a Computer by a checked copy (`copy-to-box`): later steps name it, not its
+/// path. Kept as long as blobs are (after its copy).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Artifact {
+    /// `art_…`.
+    pub id: String,
+    /// The Computer.
+    pub computer_id: String,
+    /// Where it is in the Computer.
+    pub path: String,
+    /// Bytes, as the agent counted them.
+    pub size: u64,
+    /// SHA-256 (hex), as the agent computed it.
+    pub sha256: String,
+    /// The blob it was copied from.
+    pub blob_id: String,
+    /// Who copied it.
+    pub member_id: String,
+    /// The bot that copied it.
+    #[serde(default)]
+    pub bot_id: Option<String>,
+    /// Unix ms.
+    pub created_at: u64,
+}
+
 impl State {
+    /// Records a checked copy into a Computer (idempotent by id); the blob counts as referenced
+    /// now.
+    pub(crate) fn artifact_put(&mut self, by: &str, a: &Artifact) -> Result<(), Reject> {
+        let caller = self.caller_by_token_id(by)?;
+        self.check_operate(&caller, &a.computer_id)?;
+        if let Some(seen) = self.artifacts.get(&a.id) {
+            return if seen == a {
+                Ok(())
+            } else {
+                Err(Reject::new(RejectKind::Conflict, "that artifact id is taken"))
+            };
+        }
+        let blob =
+            self.blobs.get(&a.blob_id).cloned().ok_or_else(|| Reject::new(RejectKind::NotFound, "no such blob"))?;
+        if blob.sha256 != a.sha256 || blob.size != a.size {
+            return Err(Reject::new(RejectKind::Conflict, "the copy is not the blob"));
+        }
+        // The blob's retention counts from its latest reference.
+        if a.created_at > blob.last_ref_at {
+            self.exec_index.blob_expiry.remove(&(blob.last_ref_at, blob.id.clone()));
+            self.exec_index.blob_expiry.insert((a.created_at, blob.id.clone()));
+            if let Some(b) = self.blobs.get_mut(&a.blob_id) {
+                b.last_ref_at = a.created_at;
+            }
+        }
+        self.exec_index.artifact_expiry.insert((a.created_at, a.id.clone()));
+        self.artifacts.insert(a.id.clone(), a.clone());
+        Ok(())
+    }
+
+    /// Forgets an artifact past the blob retention.
+    pub(crate) fn compact_artifact(&mut self, at: u64, id: &str) {
+        self.exec_index.artifact_expiry.remove(&(at, id.to_string()));
+        self.artifacts.remove(id);
+    }
+
     /// Records an uploaded blob (idempotent by id, with the same record).
     pub(crate) fn blob_put(&mut self, by: &str, blob: &Blob) -> Result<(), Reject> {
         let caller = self.caller_by_token_id(by)?;

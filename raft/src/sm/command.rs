@@ -331,6 +331,13 @@ pub enum Command {
         /// The record.
         blob: super::blobs::Blob,
     },
+    /// Records a checked copy of a blob into a Computer.
+    ArtifactPut {
+        /// The token id of the caller.
+        by: String,
+        /// The record.
+        artifact: super::blobs::Artifact,
+    },
     /// Sets the blob quota and retention (owner or admin).
     SetBlobLimits {
         /// The token id of the caller.
@@ -611,6 +618,7 @@ impl Command {
             Command::ActionFinish { .. } => "action_finish",
             Command::ActionRelease { .. } => "action_release",
             Command::BlobPut { .. } => "blob_put",
+            Command::ArtifactPut { .. } => "artifact_put",
             Command::SetBlobLimits { .. } => "set_blob_limits",
             Command::ActionDecide { .. } => "action_decide",
             Command::UnexposePort { .. } => "unexpose_port",

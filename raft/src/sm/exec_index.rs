@@ -49,6 +49,8 @@ pub struct ExecIndex {
     pub blob_bytes: BTreeMap<String, u64>,
     /// (last referenced at, id) of blobs, oldest first (`blobs`).
     pub blob_expiry: BTreeSet<(u64, String)>,
+    /// (copied at, id) of artifacts, oldest first (`blobs`).
+    pub artifact_expiry: BTreeSet<(u64, String)>,
 }
 
 /// When a succeeded or failed execution finished (an unknown outcome has not finished).
@@ -115,6 +117,9 @@ impl State {
                 }
                 _ => *index.open_actions.entry(a.computer_id.clone()).or_default() += 1,
             }
+        }
+        for a in self.artifacts.values() {
+            index.artifact_expiry.insert((a.created_at, a.id.clone()));
         }
         for b in self.blobs.values() {
             *index.blob_bytes.entry(b.member_id.clone()).or_default() += b.size;

@@ -36,6 +36,7 @@ pub use actions::ActionState;
 pub use actions::BrowserAction;
 pub use actions::action_key;
 pub use actions::state_name as action_state_name;
+pub use blobs::Artifact;
 pub use blobs::Blob;
 pub use blobs::BlobLimits;
 pub use command::Command;

@@ -97,6 +97,9 @@ impl State {
         for (at, id) in due(&self.exec_index.blob_expiry, blobs_horizon, |_| true) {
             self.compact_blob(at, &id);
         }
+        for (at, id) in due(&self.exec_index.artifact_expiry, blobs_horizon, |_| true) {
+            self.compact_artifact(at, &id);
+        }
         let actions_horizon = self.clock.saturating_sub(super::actions::RETENTION_MS);
         for (at, key) in due(&self.exec_index.settled_actions, actions_horizon, |_| true) {
             self.compact_action(at, &key);

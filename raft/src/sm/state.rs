@@ -126,6 +126,9 @@ pub struct State {
     /// Blob records by id (`blobs`): the bytes are in the nodes' blob stores.
     #[serde(default)]
     pub blobs: BTreeMap<String, super::blobs::Blob>,
+    /// Checked copies into Computers by id (`blobs`).
+    #[serde(default)]
+    pub artifacts: BTreeMap<String, super::blobs::Artifact>,
     /// The blob quota and retention (`blobs`).
     #[serde(default)]
     pub blob_limits: super::blobs::BlobLimits,
@@ -286,6 +289,7 @@ impl State {
                 self.action_finish(key, claim, *state, result.as_ref(), error.as_deref(), *at_ms)
             }
             Command::BlobPut { by, blob } => self.blob_put(by, blob),
+            Command::ArtifactPut { by, artifact } => self.artifact_put(by, artifact),
             Command::SetBlobLimits { by, limits } => self.set_blob_limits(by, limits),
             Command::ActionRelease { key, claim, error } => self.action_release(key, claim, error),
             Command::ActionDecide { by, key, done, at_ms } => self.action_decide(by, key, *done, *at_ms),
