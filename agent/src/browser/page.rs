@@ -779,9 +779,10 @@ async fn snapshot(
     };
     let loader = loader_of(cdp, &s).await?;
     let tree = call(cdp, &s, "Accessibility.getFullAXTree", json!({})).await?;
-    let nodes = tree["nodes"].as_array().cloned().unwrap_or_default();
     let max = r.max_elements.unwrap_or(browser::MAX_ELEMENTS);
-    let (listed, truncated) = listing(&nodes, root_backend, max);
+    let (listed, truncated) = listing(tree["nodes"].as_array().map_or(&[], Vec::as_slice), root_backend, max);
+    // A large page's tree is megabytes of JSON values: freed off this call's path.
+    tokio::task::spawn_blocking(move || drop(tree));
     let mut refs = HashMap::new();
     let mut text = String::new();
     let mut elements = Vec::new();
