@@ -367,8 +367,8 @@ struct Dirs {
     stage: PathBuf,
 }
 
-/// Chromium's command line.
-fn flags(mode: Mode, profile: &Path) -> Vec<String> {
+/// Chromium's command line (the benchmark's baseline browser uses it too).
+pub fn flags(mode: Mode, profile: &Path) -> Vec<String> {
     let mut f: Vec<String> = [
         "--remote-debugging-pipe",
         "--no-sandbox",
