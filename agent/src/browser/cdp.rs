@@ -155,7 +155,7 @@ fn read_loop(r: std::fs::File, waiters: &Waiters, events: &broadcast::Sender<Eve
             break;
         }
         buf.pop();
-        let Ok(msg) = serde_json::from_slice::<Value>(&buf) else {
+        let Ok(mut msg) = serde_json::from_slice::<Value>(&buf) else {
             tracing::warn!("the browser sent a message that is not JSON");
             continue;
         };
@@ -164,16 +164,18 @@ fn read_loop(r: std::fs::File, waiters: &Waiters, events: &broadcast::Sender<Eve
                 Some(e) => Err(CdpError::Protocol(
                     e.get("message").and_then(Value::as_str).unwrap_or("unknown error").to_string(),
                 )),
-                None => Ok(msg.get("result").cloned().unwrap_or(Value::Null)),
+                // Taken out, not cloned: a large answer (an accessibility tree) is megabytes.
+                None => Ok(msg.get_mut("result").map(Value::take).unwrap_or(Value::Null)),
             };
             let waiter = waiters.lock().ok().and_then(|mut w| w.as_mut().and_then(|w| w.remove(&id)));
             if let Some(tx) = waiter {
                 let _ = tx.send(answer);
             }
         } else if let Some(method) = msg.get("method").and_then(Value::as_str) {
+            let method = method.to_string();
             let _ = events.send(Event {
-                method: method.to_string(),
-                params: msg.get("params").cloned().unwrap_or(Value::Null),
+                method,
+                params: msg.get_mut("params").map(Value::take).unwrap_or(Value::Null),
                 session: msg.get("sessionId").and_then(Value::as_str).unwrap_or("").to_string(),
             });
         }
