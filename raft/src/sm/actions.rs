@@ -14,10 +14,10 @@
 //! time-ordered index in `exec_index`, rebuilt when a snapshot loads). Unsettled ones stay until
 //! settled.
 
-use serde::Deserialize;
-use serde::Serialize;
 use serde_json::Value;
 
+use super::model::ActionState;
+use super::model::BrowserAction;
 use super::response::Reject;
 use super::response::RejectKind;
 use super::state::State;
@@ -28,94 +28,6 @@ pub const RETENTION_MS: u64 = 30 * 24 * 3600 * 1000;
 pub const MAX_OPEN_PER_COMPUTER: usize = 1024;
 /// A stored result is at most this large (JSON bytes); a larger one is cut to its outcome.
 pub const MAX_RESULT: usize = 16 * 1024;
-
-/// Where an action stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ActionState {
-    /// Recorded; nothing sent.
-    Prepared,
-    /// Being sent (the mark is written before the CDP call).
-    Dispatching,
-    /// It happened.
-    Done,
-    /// It was sent and failed.
-    Failed,
-    /// It was sent; its answer was lost or late: it may have happened.
-    Unknown,
-}
-
-impl ActionState {
-    /// Settled: it will not change any more.
-    pub fn settled(self) -> bool {
-        matches!(self, Self::Done | Self::Failed)
-    }
-}
-
-/// One action record.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct BrowserAction {
-    /// The caller's id.
-    pub action_id: String,
-    /// Computer id.
-    pub computer_id: String,
-    /// The member who acts (or whose bot does).
-    pub member_id: String,
-    /// The bot, when a bot acts.
-    #[serde(default)]
-    pub bot_id: Option<String>,
-    /// `click`, `type`, `press`, `select`, `upload`.
-    pub tool: String,
-    /// The tool's request (the attempt last prepared).
-    pub request: Value,
-    /// The run it belongs to.
-    #[serde(default)]
-    pub run_id: Option<String>,
-    /// What it is meant to do.
-    #[serde(default)]
-    pub intent: Option<String>,
-    /// What the caller knew (kept with an unknown record too).
-    #[serde(default)]
-    pub evidence: Option<Value>,
-    /// Where it stands.
-    pub state: ActionState,
-    /// The attempt that may move it (fences out any other).
-    pub claim: String,
-    /// Unix ms.
-    pub created_at: u64,
-    /// When it was marked dispatching.
-    #[serde(default)]
-    pub dispatched_at: Option<u64>,
-    /// When it settled (done or failed).
-    #[serde(default)]
-    pub settled_at: Option<u64>,
-    /// The tool's answer (bounded).
-    #[serde(default)]
-    pub result: Option<Value>,
-    /// Why it failed, or why its outcome is unknown.
-    #[serde(default)]
-    pub error: Option<String>,
-    /// The member who decided an unknown outcome.
-    #[serde(default)]
-    pub decided_by: Option<String>,
-}
-
-/// The key of a record: the Computer, who acts, and the action id (one caller's id never
-/// reaches another's record).
-pub fn action_key(computer_id: &str, member_id: &str, bot_id: Option<&str>, action_id: &str) -> String {
-    format!(
-        "{computer_id}\n{}\n{action_id}",
-        bot_id.map_or_else(|| format!("member:{member_id}"), |b| format!("bot:{b}"))
-    )
-}
-
-impl BrowserAction {
-    /// Its key.
-    pub fn key(&self) -> String {
-        action_key(&self.computer_id, &self.member_id, self.bot_id.as_deref(), &self.action_id)
-    }
-}
 
 impl State {
     /// Records an action as `prepared` (or takes a `prepared` one for a new attempt, nothing

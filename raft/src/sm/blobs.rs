@@ -9,94 +9,12 @@
 //! compacted a few per applied entry through a time-ordered index (`exec_index`, rebuilt when a
 //! snapshot loads). Nodes delete the bytes of blobs the store no longer names.
 
-use serde::Deserialize;
-use serde::Serialize;
-
+use super::model::Artifact;
+use super::model::Blob;
+use super::model::BlobLimits;
 use super::response::Reject;
 use super::response::RejectKind;
 use super::state::State;
-
-/// The default retention after the last reference: 30 days.
-pub const DEFAULT_BLOB_RETENTION_MS: u64 = 30 * 24 * 3600 * 1000;
-/// The default quota of one member: 10 GiB.
-pub const DEFAULT_BLOB_QUOTA: u64 = 10 << 30;
-
-/// The organization's blob limits.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct BlobLimits {
-    /// How long a blob is kept after its last reference, ms (`None`: 30 days).
-    #[serde(default)]
-    pub retention_ms: Option<u64>,
-    /// How many bytes of blobs one member (with their bots) may hold (`None`: 10 GiB).
-    #[serde(default)]
-    pub quota_bytes: Option<u64>,
-}
-
-impl BlobLimits {
-    /// The retention in force.
-    pub fn retention(&self) -> u64 {
-        self.retention_ms.unwrap_or(DEFAULT_BLOB_RETENTION_MS)
-    }
-    /// The quota in force.
-    pub fn quota(&self) -> u64 {
-        self.quota_bytes.unwrap_or(DEFAULT_BLOB_QUOTA)
-    }
-}
-
-/// One blob's record.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Blob {
-    /// `blb_…`.
-    pub id: String,
-    /// The member who uploaded it (or whose bot did): their quota counts it.
-    pub member_id: String,
-    /// The bot that uploaded it.
-    #[serde(default)]
-    pub bot_id: Option<String>,
-    /// Its file name.
-    pub name: String,
-    /// Its media type.
-    pub mime_type: String,
-    /// Bytes.
-    pub size: u64,
-    /// SHA-256, hex.
-    pub sha256: String,
-    /// Unix ms.
-    pub created_at: u64,
-    /// When it was last referenced (its retention counts from here).
-    pub last_ref_at: u64,
-    /// The nodes whose blob stores hold its bytes (empty: a shared store, such as S3).
-    #[serde(default)]
-    pub nodes: Vec<u64>,
-}
-
-/// A file put in a Computer by a checked copy (`copy-to-box`): later steps name it, not its
-/// path. Kept as long as blobs are (after its copy).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Artifact {
-    /// `art_…`.
-    pub id: String,
-    /// The Computer.
-    pub computer_id: String,
-    /// Where it is in the Computer.
-    pub path: String,
-    /// Bytes, as the agent counted them.
-    pub size: u64,
-    /// SHA-256 (hex), as the agent computed it.
-    pub sha256: String,
-    /// The blob it was copied from.
-    pub blob_id: String,
-    /// Who copied it.
-    pub member_id: String,
-    /// The bot that copied it.
-    #[serde(default)]
-    pub bot_id: Option<String>,
-    /// Unix ms.
-    pub created_at: u64,
-}
 
 impl State {
     /// Records a checked copy into a Computer (idempotent by id); the blob counts as referenced

@@ -286,7 +286,7 @@ pub enum Command {
         /// The token id of the caller.
         by: String,
         /// The record (its claim is this attempt's).
-        action: super::actions::BrowserAction,
+        action: super::model::BrowserAction,
     },
     /// Marks a prepared action dispatching, before it is sent.
     ActionDispatch {
@@ -314,7 +314,7 @@ pub enum Command {
         /// The attempt's claim.
         claim: String,
         /// `done`, `failed` or `unknown`.
-        state: super::actions::ActionState,
+        state: super::model::ActionState,
         /// The tool's answer.
         #[serde(default)]
         result: Option<serde_json::Value>,
@@ -329,21 +329,21 @@ pub enum Command {
         /// The token id of the caller.
         by: String,
         /// The record.
-        blob: super::blobs::Blob,
+        blob: super::model::Blob,
     },
     /// Records a checked copy of a blob into a Computer.
     ArtifactPut {
         /// The token id of the caller.
         by: String,
         /// The record.
-        artifact: super::blobs::Artifact,
+        artifact: super::model::Artifact,
     },
     /// Sets the blob quota and retention (owner or admin).
     SetBlobLimits {
         /// The token id of the caller.
         by: String,
         /// The limits.
-        limits: super::blobs::BlobLimits,
+        limits: super::model::BlobLimits,
     },
     /// A person decides an unknown action.
     ActionDecide {

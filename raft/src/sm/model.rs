@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 use serde::Serialize;
+use serde_json::Value;
 
 /// The kinds of sandbox provider.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -457,4 +458,178 @@ impl Ports {
             self.by_label.remove(&hash);
         }
     }
+}
+
+// Browser action records (`actions`).
+
+/// Where an action stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActionState {
+    /// Recorded; nothing sent.
+    Prepared,
+    /// Being sent (the mark is written before the CDP call).
+    Dispatching,
+    /// It happened.
+    Done,
+    /// It was sent and failed.
+    Failed,
+    /// It was sent; its answer was lost or late: it may have happened.
+    Unknown,
+}
+
+impl ActionState {
+    /// Settled: it will not change any more.
+    pub fn settled(self) -> bool {
+        matches!(self, Self::Done | Self::Failed)
+    }
+}
+
+/// One action record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BrowserAction {
+    /// The caller's id.
+    pub action_id: String,
+    /// Computer id.
+    pub computer_id: String,
+    /// The member who acts (or whose bot does).
+    pub member_id: String,
+    /// The bot, when a bot acts.
+    #[serde(default)]
+    pub bot_id: Option<String>,
+    /// `click`, `type`, `press`, `select`, `upload`.
+    pub tool: String,
+    /// The tool's request (the attempt last prepared).
+    pub request: Value,
+    /// The run it belongs to.
+    #[serde(default)]
+    pub run_id: Option<String>,
+    /// What it is meant to do.
+    #[serde(default)]
+    pub intent: Option<String>,
+    /// What the caller knew (kept with an unknown record too).
+    #[serde(default)]
+    pub evidence: Option<Value>,
+    /// Where it stands.
+    pub state: ActionState,
+    /// The attempt that may move it (fences out any other).
+    pub claim: String,
+    /// Unix ms.
+    pub created_at: u64,
+    /// When it was marked dispatching.
+    #[serde(default)]
+    pub dispatched_at: Option<u64>,
+    /// When it settled (done or failed).
+    #[serde(default)]
+    pub settled_at: Option<u64>,
+    /// The tool's answer (bounded).
+    #[serde(default)]
+    pub result: Option<Value>,
+    /// Why it failed, or why its outcome is unknown.
+    #[serde(default)]
+    pub error: Option<String>,
+    /// The member who decided an unknown outcome.
+    #[serde(default)]
+    pub decided_by: Option<String>,
+}
+
+/// The key of a record: the Computer, who acts, and the action id (one caller's id never
+/// reaches another's record).
+pub fn action_key(computer_id: &str, member_id: &str, bot_id: Option<&str>, action_id: &str) -> String {
+    format!(
+        "{computer_id}\n{}\n{action_id}",
+        bot_id.map_or_else(|| format!("member:{member_id}"), |b| format!("bot:{b}"))
+    )
+}
+
+impl BrowserAction {
+    /// Its key.
+    pub fn key(&self) -> String {
+        action_key(&self.computer_id, &self.member_id, self.bot_id.as_deref(), &self.action_id)
+    }
+}
+
+// Blobs and artifacts (`blobs`).
+
+/// The default retention after the last reference: 30 days.
+pub const DEFAULT_BLOB_RETENTION_MS: u64 = 30 * 24 * 3600 * 1000;
+/// The default quota of one member: 10 GiB.
+pub const DEFAULT_BLOB_QUOTA: u64 = 10 << 30;
+
+/// The organization's blob limits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BlobLimits {
+    /// How long a blob is kept after its last reference, ms (`None`: 30 days).
+    #[serde(default)]
+    pub retention_ms: Option<u64>,
+    /// How many bytes of blobs one member (with their bots) may hold (`None`: 10 GiB).
+    #[serde(default)]
+    pub quota_bytes: Option<u64>,
+}
+
+impl BlobLimits {
+    /// The retention in force.
+    pub fn retention(&self) -> u64 {
+        self.retention_ms.unwrap_or(DEFAULT_BLOB_RETENTION_MS)
+    }
+    /// The quota in force.
+    pub fn quota(&self) -> u64 {
+        self.quota_bytes.unwrap_or(DEFAULT_BLOB_QUOTA)
+    }
+}
+
+/// One blob's record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Blob {
+    /// `blb_…`.
+    pub id: String,
+    /// The member who uploaded it (or whose bot did): their quota counts it.
+    pub member_id: String,
+    /// The bot that uploaded it.
+    #[serde(default)]
+    pub bot_id: Option<String>,
+    /// Its file name.
+    pub name: String,
+    /// Its media type.
+    pub mime_type: String,
+    /// Bytes.
+    pub size: u64,
+    /// SHA-256, hex.
+    pub sha256: String,
+    /// Unix ms.
+    pub created_at: u64,
+    /// When it was last referenced (its retention counts from here).
+    pub last_ref_at: u64,
+    /// The nodes whose blob stores hold its bytes (empty: a shared store, such as S3).
+    #[serde(default)]
+    pub nodes: Vec<u64>,
+}
+
+/// A file put in a Computer by a checked copy (`copy-to-box`): later steps name it, not its
+/// path. Kept as long as blobs are (after its copy).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Artifact {
+    /// `art_…`.
+    pub id: String,
+    /// The Computer.
+    pub computer_id: String,
+    /// Where it is in the Computer.
+    pub path: String,
+    /// Bytes, as the agent counted them.
+    pub size: u64,
+    /// SHA-256 (hex), as the agent computed it.
+    pub sha256: String,
+    /// The blob it was copied from.
+    pub blob_id: String,
+    /// Who copied it.
+    pub member_id: String,
+    /// The bot that copied it.
+    #[serde(default)]
+    pub bot_id: Option<String>,
+    /// Unix ms.
+    pub created_at: u64,
 }

@@ -122,16 +122,16 @@ pub struct State {
     pub retention: super::retention::Retention,
     /// Browser action records by `computer\ncaller\nactionId` (`actions`).
     #[serde(default)]
-    pub browser_actions: BTreeMap<String, super::actions::BrowserAction>,
+    pub browser_actions: BTreeMap<String, super::model::BrowserAction>,
     /// Blob records by id (`blobs`): the bytes are in the nodes' blob stores.
     #[serde(default)]
-    pub blobs: BTreeMap<String, super::blobs::Blob>,
+    pub blobs: BTreeMap<String, super::model::Blob>,
     /// Checked copies into Computers by id (`blobs`).
     #[serde(default)]
-    pub artifacts: BTreeMap<String, super::blobs::Artifact>,
+    pub artifacts: BTreeMap<String, super::model::Artifact>,
     /// The blob quota and retention (`blobs`).
     #[serde(default)]
-    pub blob_limits: super::blobs::BlobLimits,
+    pub blob_limits: super::model::BlobLimits,
 }
 
 /// An authenticated caller: a live token and what it speaks for.
