@@ -10,7 +10,7 @@
 //! `unknown` record as for executions.
 //!
 //! Bounded: at most [`MAX_OPEN_PER_COMPUTER`] unsettled records per Computer; settled ones are
-//! kept [`RETENTION_MS`] after they settled, then compacted a few per applied entry (the
+//! kept `retention::ACTION_RETENTION_MS` (30 days) after they settled, then compacted a few per applied entry (the
 //! time-ordered index in `exec_index`, rebuilt when a snapshot loads). Unsettled ones stay until
 //! settled.
 
@@ -22,8 +22,6 @@ use super::response::Reject;
 use super::response::RejectKind;
 use super::state::State;
 
-/// Settled records are kept this long (30 days).
-pub const RETENTION_MS: u64 = 30 * 24 * 3600 * 1000;
 /// Unsettled records one Computer may have.
 pub const MAX_OPEN_PER_COMPUTER: usize = 1024;
 /// A stored result is at most this large (JSON bytes); a larger one is cut to its outcome.

@@ -34,6 +34,8 @@ use super::state::State;
 
 /// The retention of finished executions and decided approvals when none is set: 7 days.
 pub const DEFAULT_RETENTION_MS: u64 = 7 * 24 * 3600 * 1000;
+/// Settled browser action records are kept this long (30 days; `actions`).
+pub const ACTION_RETENTION_MS: u64 = 30 * 24 * 3600 * 1000;
 /// The shortest retention that may be set: one hour.
 pub const MIN_RETENTION_MS: u64 = 3600 * 1000;
 /// The longest retention that may be set: 400 days.
@@ -100,7 +102,7 @@ impl State {
         for (at, id) in due(&self.exec_index.artifact_expiry, blobs_horizon, |_| true) {
             self.compact_artifact(at, &id);
         }
-        let actions_horizon = self.clock.saturating_sub(super::actions::RETENTION_MS);
+        let actions_horizon = self.clock.saturating_sub(ACTION_RETENTION_MS);
         for (at, key) in due(&self.exec_index.settled_actions, actions_horizon, |_| true) {
             self.compact_action(at, &key);
         }
