@@ -39,14 +39,53 @@ pub fn agent_bin() -> PathBuf {
 }
 
 /// Gives a process (an agent, or `computerd dev`, which starts one) a HOME of its own beside
-/// `dir`, so its sessions' login shells read none of the machine user's dotfiles: a `~/.bashrc`
-/// running `pyenv init` blocks for 60 s on a lock that a killed shell left behind. (Sessions of
-/// an agent running as root still get root's HOME from its account, so their login shells do
-/// read it: `.ci/run` drops a stale lock before the tests.)
+/// `dir`, so its sessions' login shells read none of the machine user's dotfiles.
+///
+/// Sessions of an agent running as root still get root's HOME from its account, so their login
+/// shells do read it. On this machine kind root's `~/.bashrc` runs `pyenv init`, whose rehash
+/// takes a lock file; a shell killed mid-way (tests kill sessions) leaves it behind, and every
+/// later root login shell then waits 60 s on it and writes an error into its output. So while
+/// a test runs, a sweeper removes a lock that no running `pyenv-rehash` holds (`.ci/run` also
+/// drops one before the tests).
 pub fn own_home(cmd: &mut Command, dir: &std::path::Path) {
     let home = dir.with_extension("home");
     std::fs::create_dir_all(&home).expect("the agent's HOME");
     cmd.env("HOME", home);
+    sweep_stale_pyenv_lock();
+}
+
+/// Starts (once per test process) the sweeper of a stale pyenv rehash lock, see [`own_home`].
+fn sweep_stale_pyenv_lock() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let Some(root) = std::env::var_os("PYENV_ROOT")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".pyenv")))
+        else {
+            return;
+        };
+        let lock = root.join("shims").join(".pyenv-shim");
+        if !root.exists() {
+            return;
+        }
+        let _ = std::thread::Builder::new().name("pyenv-lock-sweeper".into()).spawn(move || {
+            loop {
+                if lock.exists() && !rehash_running() {
+                    let _ = std::fs::remove_file(&lock);
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        });
+    });
+}
+
+/// Whether any process on the machine is running `pyenv-rehash` (the lock's only holder).
+fn rehash_running() -> bool {
+    let Ok(procs) = std::fs::read_dir("/proc") else { return true };
+    procs.filter_map(Result::ok).any(|p| {
+        std::fs::read(p.path().join("cmdline"))
+            .is_ok_and(|c| c.windows(b"pyenv-rehash".len()).any(|w| w == b"pyenv-rehash"))
+    })
 }
 
 /// A running agent process (killed on drop).
