@@ -70,6 +70,9 @@ impl State {
         a.error = None;
         a.decided_by = None;
         *self.exec_index.open_actions.entry(a.computer_id.clone()).or_default() += 1;
+        if let Some(run) = &a.run_id {
+            self.note_run_action(run, &key);
+        }
         self.browser_actions.insert(key, a);
         Ok("new".into())
     }
@@ -168,7 +171,11 @@ impl State {
     /// Forgets a settled record (retention).
     pub(crate) fn compact_action(&mut self, at: u64, key: &str) {
         self.exec_index.settled_actions.remove(&(at, key.to_string()));
-        self.browser_actions.remove(key);
+        if let Some(a) = self.browser_actions.remove(key)
+            && let Some(keys) = a.run_id.and_then(|r| self.runs.index.actions.get_mut(&r))
+        {
+            keys.remove(key);
+        }
     }
 }
 

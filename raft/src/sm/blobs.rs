@@ -34,17 +34,20 @@ impl State {
         if blob.sha256 != a.sha256 || blob.size != a.size {
             return Err(Reject::new(RejectKind::Conflict, "the copy is not the blob"));
         }
-        // The blob's retention counts from its latest reference.
-        if a.created_at > blob.last_ref_at {
-            self.exec_index.blob_expiry.remove(&(blob.last_ref_at, blob.id.clone()));
-            self.exec_index.blob_expiry.insert((a.created_at, blob.id.clone()));
-            if let Some(b) = self.blobs.get_mut(&a.blob_id) {
-                b.last_ref_at = a.created_at;
-            }
-        }
+        self.touch_blob(&blob.id, a.created_at);
         self.exec_index.artifact_expiry.insert((a.created_at, a.id.clone()));
         self.artifacts.insert(a.id.clone(), a.clone());
         Ok(())
+    }
+
+    /// A blob's retention counts from its latest reference (a copy, a turn): `at` refreshes it.
+    pub(crate) fn touch_blob(&mut self, id: &str, at: u64) {
+        let Some(b) = self.blobs.get_mut(id) else { return };
+        if at > b.last_ref_at {
+            self.exec_index.blob_expiry.remove(&(b.last_ref_at, b.id.clone()));
+            self.exec_index.blob_expiry.insert((at, b.id.clone()));
+            b.last_ref_at = at;
+        }
     }
 
     /// Forgets an artifact past the blob retention.

@@ -338,6 +338,84 @@ pub enum Command {
         /// The record.
         artifact: super::model::Artifact,
     },
+    /// Starts a turn: a queued run (idempotent on the caller's `client_turn_id`).
+    RunStart {
+        /// The token id of the caller.
+        by: String,
+        /// The run as asked (state, times and events are set by the store).
+        run: super::run_model::Run,
+    },
+    /// A bot's runtime claims its oldest queued run, leased.
+    RunClaim {
+        /// The token id of the caller.
+        by: String,
+        /// The bot whose runs it takes.
+        bot_id: String,
+        /// The attempt's claim.
+        claim: String,
+        /// The lease, ms.
+        lease_ms: u64,
+    },
+    /// Renews a run's lease.
+    RunRenew {
+        /// The token id of the caller.
+        by: String,
+        /// The run.
+        run_id: String,
+        /// The attempt's claim.
+        claim: String,
+        /// The lease from now, ms.
+        lease_ms: u64,
+    },
+    /// A runtime's event (`partial`, `activity`).
+    RunEvent {
+        /// The token id of the caller.
+        by: String,
+        /// The run.
+        run_id: String,
+        /// The attempt's claim.
+        claim: String,
+        /// Its kind.
+        kind: String,
+        /// Its data.
+        data: serde_json::Value,
+    },
+    /// A runtime ends its run.
+    RunFinish {
+        /// The token id of the caller.
+        by: String,
+        /// The run.
+        run_id: String,
+        /// The attempt's claim.
+        claim: String,
+        /// Succeeded (else failed).
+        succeeded: bool,
+        /// The result.
+        #[serde(default)]
+        result: Option<serde_json::Value>,
+        /// Why it failed.
+        #[serde(default)]
+        error: Option<String>,
+    },
+    /// A member cancels a run.
+    RunCancel {
+        /// The token id of the caller.
+        by: String,
+        /// The run.
+        run_id: String,
+    },
+    /// A person decides a run that needs it.
+    RunDecide {
+        /// The token id of the caller.
+        by: String,
+        /// The run.
+        run_id: String,
+        /// Back to the queue (else failed).
+        requeue: bool,
+    },
+    /// Moves the cluster's clock (its stamp) so lapsed leases expire when nothing else is
+    /// applied.
+    RunsTick,
     /// Sets the blob quota and retention (owner or admin).
     SetBlobLimits {
         /// The token id of the caller.
@@ -620,6 +698,14 @@ impl Command {
             Command::BlobPut { .. } => "blob_put",
             Command::ArtifactPut { .. } => "artifact_put",
             Command::SetBlobLimits { .. } => "set_blob_limits",
+            Command::RunStart { .. } => "run_start",
+            Command::RunClaim { .. } => "run_claim",
+            Command::RunRenew { .. } => "run_renew",
+            Command::RunEvent { .. } => "run_event",
+            Command::RunFinish { .. } => "run_finish",
+            Command::RunCancel { .. } => "run_cancel",
+            Command::RunDecide { .. } => "run_decide",
+            Command::RunsTick => "runs_tick",
             Command::ActionDecide { .. } => "action_decide",
             Command::UnexposePort { .. } => "unexpose_port",
             Command::DecideApproval { .. } => "decide_approval",

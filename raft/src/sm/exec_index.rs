@@ -110,7 +110,11 @@ impl State {
         for (key, op) in &self.operations {
             index.operations.insert((op.started_at, key.clone()));
         }
+        self.runs.reindex();
         for (key, a) in &self.browser_actions {
+            if let Some(run) = a.run_id.as_ref().filter(|r| self.runs.runs.contains_key(*r)) {
+                self.runs.index.actions.entry(run.clone()).or_default().insert(key.clone());
+            }
             match a.settled_at {
                 Some(at) if a.state.settled() => {
                     index.settled_actions.insert((at, key.clone()));

@@ -22,6 +22,8 @@ mod plan;
 mod ports;
 mod response;
 pub(crate) mod retention;
+mod run_model;
+mod runs;
 mod state;
 #[cfg(test)]
 mod testing;
@@ -71,6 +73,7 @@ pub use retention::DEFAULT_RETENTION_MS;
 pub use retention::MAX_RETENTION_MS;
 pub use retention::MIN_RETENTION_MS;
 pub use retention::Retention;
+pub use run_model::*;
 pub use state::Caller;
 pub use state::State;
 pub use tools::BindingIndex;

@@ -36,6 +36,8 @@ use super::state::State;
 pub const DEFAULT_RETENTION_MS: u64 = 7 * 24 * 3600 * 1000;
 /// Settled browser action records are kept this long (30 days; `actions`).
 pub const ACTION_RETENTION_MS: u64 = 30 * 24 * 3600 * 1000;
+/// Finished runs, with their events and turn ids, are kept this long (30 days; `runs`).
+pub const RUN_RETENTION_MS: u64 = 30 * 24 * 3600 * 1000;
 /// The shortest retention that may be set: one hour.
 pub const MIN_RETENTION_MS: u64 = 3600 * 1000;
 /// The longest retention that may be set: 400 days.
@@ -105,6 +107,10 @@ impl State {
         let actions_horizon = self.clock.saturating_sub(ACTION_RETENTION_MS);
         for (at, key) in due(&self.exec_index.settled_actions, actions_horizon, |_| true) {
             self.compact_action(at, &key);
+        }
+        let runs_horizon = self.clock.saturating_sub(RUN_RETENTION_MS);
+        for (_, id) in due(&self.runs.index.finished, runs_horizon, |_| true) {
+            self.compact_run(&id);
         }
     }
 

@@ -132,6 +132,9 @@ pub struct State {
     /// The blob quota and retention (`blobs`).
     #[serde(default)]
     pub blob_limits: super::model::BlobLimits,
+    /// Turns' runs and their events (`runs`).
+    #[serde(default)]
+    pub runs: super::run_model::RunBook,
 }
 
 /// An authenticated caller: a live token and what it speaks for.
@@ -209,6 +212,7 @@ impl State {
         }
         let response = self.apply(req.command());
         self.compact_expired();
+        self.expire_leases();
         response
     }
 
@@ -234,6 +238,11 @@ impl State {
             Command::OperationBegin { by, operation } => Some(self.operation_begin(by, operation).map(Some)),
             Command::SwitchReserve { by, switch } => Some(self.switch_reserve(by, switch).map(Some)),
             Command::ActionPrepare { by, action } => Some(self.action_prepare(by, action).map(Some)),
+            Command::RunStart { by, run } => Some(self.run_start(by, run).map(Some)),
+            Command::RunClaim { by, bot_id, claim, lease_ms } => Some(self.run_claim(by, bot_id, claim, *lease_ms)),
+            Command::RunEvent { by, run_id, claim, kind, data } => {
+                Some(self.run_event(by, run_id, claim, kind, data).map(Some))
+            }
             Command::LinkUp { computer_id, credential_hash, node_id, at_ms } => {
                 Some(self.link_up(computer_id, credential_hash, *node_id, *at_ms).map(|g| Some(g.to_string())))
             }
@@ -283,12 +292,22 @@ impl State {
             | Command::OperationBegin { .. }
             | Command::SwitchReserve { .. }
             | Command::ActionPrepare { .. }
+            | Command::RunStart { .. }
+            | Command::RunClaim { .. }
+            | Command::RunEvent { .. }
             | Command::LinkUp { .. } => Err(Reject::new(RejectKind::Invalid, "handled in apply")),
             Command::ActionDispatch { key, claim, at_ms } => self.action_dispatch(key, claim, *at_ms),
             Command::ActionFinish { key, claim, state, result, error, at_ms } => {
                 self.action_finish(key, claim, *state, result.as_ref(), error.as_deref(), *at_ms)
             }
             Command::BlobPut { by, blob } => self.blob_put(by, blob),
+            Command::RunRenew { by, run_id, claim, lease_ms } => self.run_renew(by, run_id, claim, *lease_ms),
+            Command::RunFinish { by, run_id, claim, succeeded, result, error } => {
+                self.run_finish(by, run_id, claim, *succeeded, result.as_ref(), error.as_deref())
+            }
+            Command::RunCancel { by, run_id } => self.run_cancel(by, run_id),
+            Command::RunDecide { by, run_id, requeue } => self.run_decide(by, run_id, *requeue),
+            Command::RunsTick => Ok(()),
             Command::ArtifactPut { by, artifact } => self.artifact_put(by, artifact),
             Command::SetBlobLimits { by, limits } => self.set_blob_limits(by, limits),
             Command::ActionRelease { key, claim, error } => self.action_release(key, claim, error),
