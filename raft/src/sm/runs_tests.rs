@@ -164,13 +164,15 @@ fn a_lost_runtime_with_a_dispatching_action_needs_a_decision() {
     ok(at(&mut s, 7_000, Command::RunsTick));
     let r = &s.runs.runs["run_1"];
     assert_eq!(r.state, RunState::NeedsDecision);
-    assert_eq!(r.undecided_actions, [key.clone()]);
+    assert_eq!(r.undecided_actions, std::slice::from_ref(&key));
     assert_eq!(claim(&mut s, 7_100, "c2", 5_000), None, "never claimed again blindly");
     let requeue = Command::RunDecide { by: OWNER.into(), run_id: "run_1".into(), requeue: true };
     assert_eq!(rejected(at(&mut s, 7_200, requeue.clone())).kind, RejectKind::Conflict, "decide the action first");
     let by_bot = Command::RunDecide { by: "tok_bot".into(), run_id: "run_1".into(), requeue: false };
     assert_eq!(rejected(at(&mut s, 7_200, by_bot)).kind, RejectKind::Forbidden);
-    s.browser_actions.get_mut(&key).map(|a| a.state = ActionState::Done);
+    if let Some(a) = s.browser_actions.get_mut(&key) {
+        a.state = ActionState::Done;
+    }
     ok(at(&mut s, 7_300, requeue));
     assert_eq!(s.runs.runs["run_1"].state, RunState::Queued);
 }
