@@ -222,6 +222,29 @@ pub async fn run(
             }
         })
     };
+    // Lapsed run leases expire when an entry moves the cluster's clock past them: the leader
+    // proposes a tick when one is due (an idle cluster applies nothing else).
+    let lease_ticks = {
+        let (cluster, mut stop) = (cluster.clone(), stop_rx.clone());
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_millis(500));
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = every.tick() => {}
+                    _ = stop.wait_for(|s| *s) => return,
+                }
+                let leader = cluster.view().leader_id == Some(cluster.id());
+                let due = cluster.state().read(|s| s.runs.next_expiry()).is_some_and(|at| at <= crate::ids::now_ms());
+                if leader && due {
+                    let tick = computerd_raft::sm::Request::new(computerd_raft::sm::Command::RunsTick);
+                    if let Err(e) = cluster.propose(tick).await {
+                        tracing::debug!(error = %e, "the run lease tick was not applied");
+                    }
+                }
+            }
+        })
+    };
     let app_state = crate::state::AppState {
         blobs: local_blobs.clone(),
         cluster: cluster.clone(),
@@ -284,6 +307,7 @@ pub async fn run(
     let _ = liveness.await;
     let _ = shedder.await;
     let _ = blob_gc.await;
+    let _ = lease_ticks.await;
     let _ = reporter.await;
     let _ = scheduler.await;
     let _ = watch.await;

@@ -25,6 +25,7 @@ mod port_proxy;
 mod ports;
 mod providers;
 mod retention;
+mod runs;
 mod schemas;
 mod sessions;
 mod tool_drain;
@@ -122,6 +123,14 @@ fn groups(seen: &mut dyn FnMut(&[RoutePair])) -> Groups {
         get "/v1/blob-limits" => blobs::limits,
         put "/v1/blob-limits" => blobs::set_limits,
         get "/api/blobs/{id}/info" => blobs::info,
+        post "/api/turn" => runs::turn,
+        post "/api/runs/claim" => runs::claim,
+        get "/api/runs/{id}" => runs::get,
+        post "/api/runs/{id}/lease" => runs::renew,
+        post "/api/runs/{id}/events" => runs::post_event,
+        post "/api/runs/{id}/finish" => runs::finish,
+        post "/api/runs/{id}/cancel" => runs::cancel,
+        post "/api/runs/{id}/decision" => runs::decide,
         get "/v1/computers/{id}/browser/actions/{action}" => browser::action,
         post "/v1/computers/{id}/browser/actions/{action}/decision" => browser::decide,
     };
@@ -206,7 +215,10 @@ fn groups(seen: &mut dyn FnMut(&[RoutePair])) -> Groups {
     seen(&pairs);
     let (link, pairs) = group! { get "/v1/agent/link" => agent::link };
     seen(&pairs);
-    let (streams, pairs) = group! { get "/v1/events" => events::events };
+    let (streams, pairs) = group! {
+        get "/v1/events" => events::events,
+        get "/api/runs/{id}/events" => runs::events,
+    };
     seen(&pairs);
     Groups {
         control,

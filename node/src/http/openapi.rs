@@ -26,6 +26,7 @@ use super::identity;
 use super::ports;
 use super::providers;
 use super::retention;
+use super::runs;
 use super::sessions;
 use super::tools;
 
@@ -67,6 +68,7 @@ impl Modify for BearerAuth {
         desktop::status, desktop::screenshot, desktop::actions, desktop::release,
         copies::to_box, copies::from_box,
         blobs::put, blobs::get, blobs::info, blobs::limits, blobs::set_limits,
+        runs::turn, runs::claim, runs::get, runs::renew, runs::post_event, runs::finish, runs::cancel, runs::decide, runs::events,
         browser::open, browser::list, browser::close, browser::navigate, browser::snapshot, browser::click,
         browser::hover, browser::type_text, browser::press, browser::select, browser::upload, browser::screenshot,
         browser::session_status, browser::action, browser::decide,

@@ -113,10 +113,16 @@ impl State {
         }
     }
 
-    /// May `caller` read blob `b`: its uploader, or the member behind the bot that uploaded it.
+    /// May `caller` read blob `b`: its uploader, the member behind the bot that uploaded it, or
+    /// a bot working a run the blob is attached to.
     pub fn may_read_blob(&self, caller: &super::state::Caller, b: &Blob) -> bool {
         match &caller.bot {
-            Some(bot) => b.bot_id.as_deref() == Some(bot.id.as_str()),
+            Some(bot) => {
+                b.bot_id.as_deref() == Some(bot.id.as_str())
+                    || self.runs.index.attached.get(&b.id).is_some_and(|runs| {
+                        runs.range((bot.id.clone(), String::new())..).next().is_some_and(|(by, _)| *by == bot.id)
+                    })
+            }
             None => caller.member.id == b.member_id,
         }
     }

@@ -223,11 +223,16 @@ pub struct RunIndex {
     pub open: BTreeMap<String, usize>,
     /// run id -> keys of its browser action records.
     pub actions: BTreeMap<String, BTreeSet<String>>,
+    /// blob id -> (bot id, run id) of the runs it is attached to (the bot may read it).
+    pub attached: BTreeMap<String, BTreeSet<(String, String)>>,
 }
 
 impl RunIndex {
     /// Adds `r` as it is now.
     pub fn add(&mut self, r: &Run) {
+        for a in &r.attachments {
+            self.attached.entry(a.blob_id.clone()).or_default().insert((r.bot_id.clone(), r.id.clone()));
+        }
         match r.state {
             RunState::Queued => {
                 self.queued.entry(r.bot_id.clone()).or_default().insert((r.created_at, r.id.clone()));
@@ -248,6 +253,14 @@ impl RunIndex {
 
     /// Removes `r` as it was.
     pub fn remove(&mut self, r: &Run) {
+        for a in &r.attachments {
+            if let Some(runs) = self.attached.get_mut(&a.blob_id) {
+                runs.remove(&(r.bot_id.clone(), r.id.clone()));
+                if runs.is_empty() {
+                    self.attached.remove(&a.blob_id);
+                }
+            }
+        }
         if let Some(q) = self.queued.get_mut(&r.bot_id) {
             q.remove(&(r.created_at, r.id.clone()));
             if q.is_empty() {

@@ -265,6 +265,9 @@ impl State {
         let caller = self.caller_by_token_id(by)?;
         caller.check_writable()?;
         let r = self.runs.runs.get(id).filter(|r| self.may_see_run(&caller, r)).ok_or_else(not_found)?;
+        if caller.bot.is_some() {
+            return Err(Reject::new(RejectKind::Forbidden, "a person cancels a run; its runtime ends it as failed"));
+        }
         if r.state.finished() {
             return Err(Reject::new(RejectKind::Conflict, format!("the run is {} already", r.state.name())));
         }

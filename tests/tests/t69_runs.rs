@@ -1,0 +1,229 @@
+//! Turns and runs through a real 3-node cluster: a member uploads a blob and starts a turn
+//! (idempotent on `clientTurnId`); a bot runtime claims the run on another node, reads the
+//! attached blob, posts partials and ends it; the member follows the run's SSE, drops it
+//! midway and resumes on another node with `Last-Event-ID`, getting every event exactly once.
+//! A lease that lapses puts the run back in the queue and fences out its old attempt; bad input
+//! is refused with its kind and changes nothing.
+
+use std::time::Duration;
+
+use computerd_tests::TestCluster;
+use computerd_tests::wait_for;
+use reqwest::Method;
+use serde_json::Value;
+use serde_json::json;
+use sha2::Digest;
+
+/// A server-sent event stream read by hand (`id`, `event`, `data` blocks).
+struct Sse {
+    resp: reqwest::Response,
+    buf: String,
+}
+
+impl Sse {
+    async fn open(url: &str, token: &str, last: Option<u64>) -> Sse {
+        let mut req = reqwest::Client::new().get(url).bearer_auth(token).header("accept", "text/event-stream");
+        if let Some(id) = last {
+            req = req.header("last-event-id", id.to_string());
+        }
+        let resp = req.send().await.expect("sse");
+        assert_eq!(resp.status().as_u16(), 200);
+        Sse { resp, buf: String::new() }
+    }
+
+    /// The next event (`seq`, kind, data), or `None` when the stream ended.
+    async fn next(&mut self) -> Option<(u64, String, Value)> {
+        loop {
+            if let Some(end) = self.buf.find("\n\n") {
+                let block: String = self.buf.drain(..end + 2).collect();
+                let (mut id, mut kind, mut data) = (None, String::new(), String::new());
+                for line in block.lines() {
+                    if let Some(v) = line.strip_prefix("id:") {
+                        id = v.trim().parse::<u64>().ok();
+                    } else if let Some(v) = line.strip_prefix("event:") {
+                        kind = v.trim().to_string();
+                    } else if let Some(v) = line.strip_prefix("data:") {
+                        data.push_str(v.trim_start());
+                    }
+                }
+                if let Some(id) = id {
+                    return Some((id, kind, serde_json::from_str(&data).expect("data is JSON")));
+                }
+                continue; // a keep-alive comment
+            }
+            let chunk = tokio::time::timeout(Duration::from_secs(30), self.resp.chunk()).await.expect("an event");
+            let chunk = chunk.ok()??;
+            self.buf.push_str(std::str::from_utf8(&chunk).expect("utf-8"));
+        }
+    }
+}
+
+async fn post(c: &TestCluster, node: u64, path: &str, token: &str, body: Value) -> (u16, Value) {
+    c.call(Method::POST, node, path, token, Some(body)).await
+}
+
+#[tokio::test]
+async fn t10_a_turn_runs_once_and_its_events_resume_on_any_node() {
+    let c = TestCluster::start(3).await;
+    let (s, bot) = post(&c, 1, "/v1/bots", &c.token, json!({"name": "runner"})).await;
+    assert_eq!(s, 201, "{bot}");
+    let bot = bot["id"].as_str().expect("bot").to_string();
+    let bot_token = c.mint(json!({"botId": bot})).await;
+
+    // The member's file, as a blob.
+    let report: Vec<u8> = (0..120_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let sha = hex::encode(sha2::Sha256::digest(&report));
+    let r = reqwest::Client::new()
+        .post(c.url(1, &format!("/api/blobs?sha={sha}&name=report.pdf&mimeType=application/pdf")))
+        .bearer_auth(&c.token)
+        .body(report.clone())
+        .send()
+        .await
+        .expect("upload");
+    assert_eq!(r.status().as_u16(), 200);
+    let blob: Value = r.json().await.expect("blob");
+    let blob_id = blob["blobId"].as_str().expect("blobId").to_string();
+
+    // A turn, idempotent on its clientTurnId, on another node.
+    let turn = json!({
+        "text": "upload report.pdf to project B and give me the link",
+        "clientTurnId": "turn-1",
+        "botId": bot,
+        "attachments": [{"name": "report.pdf", "mimeType": "application/pdf", "size": report.len(), "blobId": blob_id}],
+    });
+    let (s, run) = post(&c, 2, "/api/turn", &c.token, turn.clone()).await;
+    assert_eq!((s, run["state"].as_str()), (201, Some("queued")), "{run}");
+    let run_id = run["runId"].as_str().expect("runId").to_string();
+    let (s, again) = post(&c, 3, "/api/turn", &c.token, turn.clone()).await;
+    assert_eq!((s, again["runId"].as_str()), (200, Some(run_id.as_str())), "the same turn: {again}");
+    let mut other = turn.clone();
+    other["text"] = json!("something else");
+    let (s, v) = post(&c, 1, "/api/turn", &c.token, other).await;
+    assert_eq!((s, v["error"]["kind"].as_str()), (422, Some("IdempotencyKeyReused")), "{v}");
+
+    // The member follows the run from its start, on node 3.
+    let events = c.url(3, &format!("/api/runs/{run_id}/events"));
+    let mut sse = Sse::open(&events, &c.token, None).await;
+
+    // The runtime claims it on node 3, and reads the attached blob (its member's) on node 1.
+    let (s, claimed) = post(&c, 3, "/api/runs/claim", &bot_token, json!({"waitMs": 10_000})).await;
+    assert_eq!((s, claimed["run"]["runId"].as_str()), (200, Some(run_id.as_str())), "{claimed}");
+    assert_eq!(claimed["run"]["state"], "running");
+    let claim = claimed["claim"].as_str().expect("claim").to_string();
+    let r = reqwest::Client::new()
+        .get(c.url(1, &format!("/api/blobs/{blob_id}")))
+        .bearer_auth(&bot_token)
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(r.status().as_u16(), 200, "the bot reads a blob attached to its run");
+    assert_eq!(r.bytes().await.expect("bytes").to_vec(), report);
+
+    // Partials through every node; the member reads up to the second one, then drops.
+    for (i, node) in [1u64, 2, 3].into_iter().enumerate() {
+        let body = json!({"claim": claim, "kind": "partial", "data": format!("step {i}")});
+        let (s, v) = post(&c, node, &format!("/api/runs/{run_id}/events"), &bot_token, body).await;
+        assert_eq!(s, 201, "{v}");
+    }
+    let mut seen = Vec::new();
+    while let Some((seq, kind, data)) = sse.next().await {
+        seen.push((seq, kind.clone()));
+        if kind == "partial" && data["partial"] == "step 1" {
+            break;
+        }
+    }
+    drop(sse);
+    assert_eq!(
+        seen,
+        [(1, "state".into()), (2, "state".into()), (3, "partial".into()), (4, "partial".into())],
+        "queued, running, two partials"
+    );
+    let last = seen.last().map(|(seq, _)| *seq);
+    let body = json!({"claim": claim, "kind": "activity", "data": {"tool": "browser.upload"}});
+    assert_eq!(post(&c, 2, &format!("/api/runs/{run_id}/events"), &bot_token, body).await.0, 201);
+    let result = json!({"documentId": 7, "url": "http://site/b/documents/7"});
+    let body = json!({"claim": claim, "outcome": "succeeded", "result": result});
+    let (s, done) = post(&c, 1, &format!("/api/runs/{run_id}/finish"), &bot_token, body.clone()).await;
+    assert_eq!((s, done["state"].as_str()), (200, Some("succeeded")), "{done}");
+    let (s, v) = post(&c, 1, &format!("/api/runs/{run_id}/finish"), &bot_token, body).await;
+    assert_eq!(s, 409, "ended once: {v}");
+
+    // Resumed on node 1 after the last event seen: the rest, each once, ending with `final`.
+    let mut sse = Sse::open(&c.url(1, &format!("/api/runs/{run_id}/events")), &c.token, last).await;
+    let mut rest = Vec::new();
+    while let Some((seq, kind, data)) = sse.next().await {
+        rest.push((seq, kind, data));
+    }
+    let seqs: Vec<u64> = rest.iter().map(|(s, _, _)| *s).collect();
+    assert_eq!(seqs, [5, 6, 7], "every missed event exactly once");
+    assert_eq!(rest[0].2["partial"], "step 2");
+    assert_eq!(rest[1].1, "activity");
+    assert_eq!((rest[2].1.as_str(), &rest[2].2["final"]["result"]), ("final", &result));
+    let (s, v) = c.call(Method::GET, 2, &format!("/api/runs/{run_id}"), &c.token, None).await;
+    assert_eq!((s, v["state"].as_str(), v["lastEventId"].as_u64()), (200, Some("succeeded"), Some(7)), "{v}");
+
+    // Bad input: told why, nothing changes.
+    let (s, v) = c.call(Method::GET, 1, &format!("/api/runs/{run_id}/events?after=x"), &c.token, None).await;
+    assert_eq!((s, v["error"]["kind"].as_str()), (400, Some("invalid_request")), "{v}");
+    let r = reqwest::Client::new()
+        .get(c.url(1, &format!("/api/runs/{run_id}/events")))
+        .bearer_auth(&c.token)
+        .header("last-event-id", "seven")
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(r.status().as_u16(), 400);
+    let (s, v) = post(&c, 1, "/api/runs/claim", &c.token, json!({})).await;
+    assert_eq!((s, v["error"]["kind"].as_str()), (400, Some("invalid_request")), "a member names the bot: {v}");
+    let (s, v) =
+        post(&c, 1, "/api/turn", &c.token, json!({"text": "x", "clientTurnId": "t", "botId": bot, "x": 1})).await;
+    assert_eq!((s, v["error"]["kind"].as_str()), (400, Some("invalid_request")), "{v}");
+    let (s, v) = c.call(Method::GET, 1, "/api/runs/run_nothing", &bot_token, None).await;
+    assert_eq!((s, v["error"]["kind"].as_str()), (404, Some("not_found")), "{v}");
+    let (s, _) = post(&c, 1, "/api/runs/claim", &bot_token, json!({"waitMs": 200})).await;
+    assert_eq!(s, 204, "nothing queued: the long poll ends empty");
+}
+
+#[tokio::test]
+async fn t20_a_lapsed_lease_requeues_the_run_and_fences_its_old_attempt() {
+    let c = TestCluster::start(1).await;
+    let (s, bot) = post(&c, 1, "/v1/bots", &c.token, json!({"name": "runner"})).await;
+    assert_eq!(s, 201, "{bot}");
+    let bot = bot["id"].as_str().expect("bot").to_string();
+    let bot_token = c.mint(json!({"botId": bot})).await;
+    let turn = json!({"text": "do it", "clientTurnId": "turn-2", "botId": bot, "afterRun": "pause"});
+    let (s, run) = post(&c, 1, "/api/turn", &c.token, turn).await;
+    assert_eq!(s, 201, "{run}");
+    let run_id = run["runId"].as_str().expect("runId").to_string();
+
+    // A member's runtime names the bot; its lease lapses (2 s, never renewed).
+    let (s, claimed) = post(&c, 1, "/api/runs/claim", &c.token, json!({"botId": bot, "leaseMs": 2000})).await;
+    assert_eq!(s, 200, "{claimed}");
+    let old = claimed["claim"].as_str().expect("claim").to_string();
+    let path = format!("/api/runs/{run_id}");
+    let requeued = wait_for("the lapsed lease to requeue the run", Duration::from_secs(20), || async {
+        let (_, v) = c.call(Method::GET, 1, &path, &c.token, None).await;
+        (v["state"] == "queued").then_some(v)
+    })
+    .await;
+    assert_eq!(requeued["attempts"], 1, "{requeued}");
+    let (s, v) = post(&c, 1, &format!("{path}/lease"), &c.token, json!({"claim": old})).await;
+    assert_eq!((s, v["error"]["kind"].as_str()), (409, Some("conflict")), "the old attempt is fenced: {v}");
+    let body = json!({"claim": old, "kind": "partial", "data": "late"});
+    assert_eq!(post(&c, 1, &format!("{path}/events"), &bot_token, body).await.0, 409);
+
+    // Claimed again, then cancelled by the member: its runtime's next call is refused.
+    let (s, claimed) = post(&c, 1, "/api/runs/claim", &bot_token, json!({"waitMs": 5000})).await;
+    assert_eq!((s, claimed["run"]["attempts"].as_u64()), (200, Some(2)), "{claimed}");
+    let new = claimed["claim"].as_str().expect("claim").to_string();
+    let (s, v) = post(&c, 1, &format!("{path}/lease"), &bot_token, json!({"claim": new, "leaseMs": 60_000})).await;
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = post(&c, 1, &format!("{path}/cancel"), &bot_token, json!({})).await;
+    assert_eq!((s, v["error"]["kind"].as_str()), (403, Some("forbidden")), "its runtime does not cancel: {v}");
+    let (s, v) = c.call(Method::POST, 1, &format!("{path}/cancel"), &c.token, None).await;
+    assert_eq!((s, v["state"].as_str()), (200, Some("cancelled")), "{v}");
+    let body = json!({"claim": new, "outcome": "succeeded"});
+    assert_eq!(post(&c, 1, &format!("{path}/finish"), &bot_token, body).await.0, 409);
+    let (s, v) = post(&c, 1, &format!("{path}/decision"), &c.token, json!({"decision": "requeue"})).await;
+    assert_eq!((s, v["error"]["kind"].as_str()), (409, Some("conflict")), "only a run needing it: {v}");
+}
