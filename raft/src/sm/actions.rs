@@ -37,6 +37,22 @@ impl State {
         if caller.member.id != action.member_id || caller.bot.as_ref().map(|b| &b.id) != action.bot_id.as_ref() {
             return Err(Reject::new(RejectKind::Forbidden, "an action is recorded in its caller's name"));
         }
+        // An action of a run is recorded only while the run is being worked: it is what makes a
+        // lost runtime's run need a decision.
+        if let Some(run) = &action.run_id {
+            let r = self
+                .runs
+                .runs
+                .get(run)
+                .filter(|r| self.may_see_run(&caller, r))
+                .ok_or_else(|| Reject::new(RejectKind::NotFound, "no such run"))?;
+            if r.state != super::run_model::RunState::Running {
+                return Err(Reject::new(
+                    RejectKind::Conflict,
+                    format!("the run is {}: its actions are taken while it runs", r.state.name()),
+                ));
+            }
+        }
         let key = action.key();
         if let Some(seen) = self.browser_actions.get_mut(&key) {
             if seen.tool != action.tool {
