@@ -227,3 +227,100 @@ async fn t20_a_lapsed_lease_requeues_the_run_and_fences_its_old_attempt() {
     let (s, v) = post(&c, 1, &format!("{path}/decision"), &c.token, json!({"decision": "requeue"})).await;
     assert_eq!((s, v["error"]["kind"].as_str()), (409, Some("conflict")), "only a run needing it: {v}");
 }
+
+/// The example runtime (`examples/runtime/runtime.py`) as a process, with the bot's token.
+fn runtime(c: &TestCluster, token_file: &std::path::Path, computer: &str, extra: &[&str]) -> std::process::Child {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/runtime/runtime.py");
+    std::process::Command::new("python3")
+        .arg(script)
+        .args(["--url", &c.url(1, ""), "--computer", computer, "--lease-ms", "2000", "--once", "--token-file"])
+        .arg(token_file)
+        .args(extra)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 runs the example runtime")
+}
+
+/// The first line the runtime prints.
+fn first_line(child: &mut std::process::Child) -> String {
+    use std::io::BufRead;
+    let out = child.stdout.as_mut().expect("stdout");
+    let mut line = String::new();
+    std::io::BufReader::new(out).read_line(&mut line).expect("a line");
+    line.trim().to_string()
+}
+
+#[tokio::test]
+async fn t30_the_example_runtime_killed_mid_run_is_replaced_and_copies_once() {
+    use computerd_tests::agent::AgentProc;
+    use computerd_tests::agent::paired_computer;
+    use computerd_tests::agent::wait_state;
+    let c = TestCluster::start(1).await;
+    let (computer, code) = paired_computer(&c, "runtime").await;
+    let workdir = c.dir.path().join("workspace");
+    std::fs::create_dir_all(&workdir).expect("workdir");
+    let workdir_arg = workdir.to_string_lossy().to_string();
+    let _agent = AgentProc::spawn_with(
+        &c.url(1, ""),
+        &c.dir.path().join("agent"),
+        Some(&code),
+        &c.dir.path().join("agent.log"),
+        &["--workdir", &workdir_arg],
+    );
+    wait_state(&c, &computer, "running").await;
+    let (s, bot) = post(&c, 1, "/v1/bots", &c.token, json!({"name": "runner"})).await;
+    assert_eq!(s, 201, "{bot}");
+    let bot = bot["id"].as_str().expect("bot").to_string();
+    // The test agent runs as root, so its sessions and copies do: the bot is allowed root there.
+    let grant = format!("/v1/computers/{computer}/bots/{bot}");
+    let (s, v) = c.call(Method::PUT, 1, &grant, &c.token, Some(json!({"allowRoot": true}))).await;
+    assert_eq!(s, 200, "{v}");
+    let token_file = c.dir.path().join("bot.token");
+    std::fs::write(&token_file, c.mint(json!({"botId": bot})).await).expect("token file");
+
+    let report: Vec<u8> = (0..120_000u32).map(|i| (i * 13 % 251) as u8).collect();
+    let sha = hex::encode(sha2::Sha256::digest(&report));
+    let r = reqwest::Client::new()
+        .post(c.url(1, &format!("/api/blobs?sha={sha}&name=report.pdf&mimeType=application/pdf")))
+        .bearer_auth(&c.token)
+        .body(report.clone())
+        .send()
+        .await
+        .expect("upload");
+    let blob: Value = r.json().await.expect("blob");
+    let turn = json!({
+        "text": "put report.pdf in the Computer",
+        "clientTurnId": "turn-3",
+        "botId": bot,
+        "attachments": [{"name": "report.pdf", "mimeType": "application/pdf", "size": report.len(), "blobId": blob["blobId"]}],
+    });
+    let (s, run) = post(&c, 1, "/api/turn", &c.token, turn).await;
+    assert_eq!(s, 201, "{run}");
+    let run_id = run["runId"].as_str().expect("runId").to_string();
+
+    // The first runtime claims it, then is killed before it does anything.
+    let mut first = runtime(&c, &token_file, &computer, &["--hold-after-claim"]);
+    assert_eq!(first_line(&mut first), format!("claimed {run_id} attempt 1"));
+    first.kill().expect("kill -9");
+    let _ = first.wait();
+    // Its lease lapses; a second runtime takes the run over and ends it.
+    let mut second = runtime(&c, &token_file, &computer, &[]);
+    assert_eq!(first_line(&mut second), format!("claimed {run_id} attempt 2"));
+    let status = tokio::task::spawn_blocking(move || second.wait_with_output()).await.expect("join").expect("wait");
+    assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stdout));
+
+    let (_, v) = c.call(Method::GET, 1, &format!("/api/runs/{run_id}"), &c.token, None).await;
+    assert_eq!((v["state"].as_str(), v["attempts"].as_u64()), (Some("succeeded"), Some(2)), "{v}");
+    let art = &v["result"]["artifacts"][0];
+    assert_eq!(art["sha256"], sha.as_str(), "{v}");
+    let placed = workdir.join(format!(".agent-turn/{run_id}/inbox/report.pdf"));
+    assert_eq!(std::fs::read(&placed).expect("the copy"), report, "byte for byte in the Computer");
+    // One copy: the killed runtime did nothing, its successor copied once.
+    let (_, ev) = c.call(Method::GET, 1, &format!("/api/runs/{run_id}/events"), &c.token, None).await;
+    let copies = ev["events"].as_array().expect("events").iter().filter(|e| e["kind"] == "activity").count();
+    assert_eq!(copies, 1, "{ev}");
+    let kinds: Vec<&str> = ev["events"].as_array().expect("events").iter().filter_map(|e| e["kind"].as_str()).collect();
+    assert_eq!(kinds.first(), Some(&"state"));
+    assert_eq!(kinds.last(), Some(&"final"));
+}
