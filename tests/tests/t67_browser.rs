@@ -24,6 +24,7 @@ use computerd_tests::wait::wait_for;
 use reqwest::Method;
 use serde_json::Value;
 use serde_json::json;
+use sha2::Digest;
 
 const SITE: &str = include_str!("../fixtures/browser_site.py");
 const REPORT: &str = "%PDF-1.4\n% quarterly report for project B\n";
@@ -193,6 +194,24 @@ async fn t10_a_bot_uploads_a_report_through_the_browser() {
     let (s, v) =
         api.post(&c.token, "browser/actions/upload-b-1/decision", json!({"outcome": "done", "bot": bot})).await;
     assert_eq!((s, v["state"].as_str(), v["decidedBy"].is_string()), (200, Some("done"), true), "{v}");
+    // A screenshot saved as the bot's blob, linked from the action as its evidence; the bytes
+    // read back are a PNG whose digest is the one recorded.
+    let (s, ev) = api.post(b, "browser/evidence", json!({"session": sid, "actionId": "upload-b-1"})).await;
+    assert_eq!(s, 200, "{ev}");
+    let shot = ev["blobId"].as_str().expect("blobId").to_string();
+    assert_eq!(ev["action"]["evidenceBlobs"], json!([shot]), "{ev}");
+    let r = reqwest::Client::new()
+        .get(c.url(1, &format!("/api/blobs/{shot}")))
+        .bearer_auth(b)
+        .send()
+        .await
+        .expect("get the evidence");
+    assert_eq!(r.status().as_u16(), 200);
+    let bytes = r.bytes().await.expect("bytes");
+    assert!(bytes.starts_with(b"\x89PNG"), "a PNG");
+    assert_eq!(hex::encode(sha2::Sha256::digest(&bytes)), ev["sha256"].as_str().unwrap_or_default());
+    let (s, v) = api.post(b, "browser/evidence", json!({"session": sid, "actionId": "never-taken"})).await;
+    assert_eq!((s, v["error"]["kind"].as_str()), (404, Some("not_found")), "{v}");
 
     // Signed in, as the probes show it; no cookie comes back, and none is readable as `user`.
     let probes =

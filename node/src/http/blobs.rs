@@ -151,6 +151,44 @@ pub async fn put(
     Ok(Json(view(&blob)))
 }
 
+/// Stores `bytes` (made on this node: a screenshot) as a blob of `caller`'s: the bytes in this
+/// node's blob store, the record in the replicated store (the bytes go again if it is refused).
+pub async fn store_bytes(
+    state: &AppState,
+    caller: &computerd_raft::sm::Caller,
+    name: &str,
+    mime: &str,
+    bytes: Vec<u8>,
+) -> Result<Blob, ApiError> {
+    use sha2::Digest;
+    let id = new_id("blb");
+    let sha = hex::encode(sha2::Sha256::digest(&bytes));
+    let size = bytes.len() as u64;
+    let body = futures::stream::once(async move { Ok::<_, String>(bytes::Bytes::from(bytes)) });
+    let stored = state.blobs.put(&id, Some(&sha), Some(size), Box::pin(body)).await.map_err(|e| {
+        tracing::error!(error = ?e, "the blob store failed");
+        ApiError::new(ErrorKind::Internal, "the blob store failed")
+    })?;
+    let now = now_ms();
+    let blob = Blob {
+        id: id.clone(),
+        member_id: caller.member.id.clone(),
+        bot_id: caller.bot.as_ref().map(|b| b.id.clone()),
+        name: name.to_string(),
+        mime_type: mime.to_string(),
+        size: stored.size,
+        sha256: stored.sha256,
+        created_at: now,
+        last_ref_at: now,
+        nodes: vec![state.cluster.id()],
+    };
+    if let Err(e) = propose(state, Command::BlobPut { by: caller.token.id.clone(), blob: blob.clone() }).await {
+        state.blobs.remove(&id).await;
+        return Err(e);
+    }
+    Ok(blob)
+}
+
 fn readable(state: &AppState, caller: &computerd_raft::sm::Caller, id: &str) -> Result<Blob, ApiError> {
     state.cluster.state().read(|s| {
         s.blobs

@@ -100,6 +100,74 @@ async fn send(
     Ok((value, reply.image))
 }
 
+/// `POST …/browser/evidence` body.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct EvidenceIn {
+    /// The browser session.
+    session: String,
+    /// The tab (default: the session's first).
+    #[serde(default)]
+    tab: Option<String>,
+    /// The whole page, not only the viewport.
+    #[serde(default)]
+    full_page: bool,
+    /// The action record it proves (the caller's, on this Computer).
+    #[serde(default)]
+    action_id: Option<String>,
+}
+
+/// `POST /v1/computers/:id/browser/evidence`
+#[utoipa::path(post, path = "/v1/computers/{id}/browser/evidence", operation_id = "browser_evidence", tag = "browser", params(("id" = String, Path)), request_body = EvidenceIn, responses((status = 200, description = "`{\"blobId\", \"sha256\", \"size\", \"width\", \"height\", \"action\"?}`: a PNG screenshot saved as the caller's blob, linked from the action record when named", body = Object), (status = 404, description = "no such session, tab or action", body = ErrorBody), (status = 422, description = "`ComputerUnsupported`: no browser", body = ErrorBody)), security(("bearer" = [])))]
+pub async fn evidence(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path(id): Path<String>,
+    body: Body<EvidenceIn>,
+) -> Result<Json<Value>, ApiError> {
+    let Json(req) = body.map_err(|e| ApiError::invalid(e.body_text()))?;
+    let caller = auth.for_write(&state).await?;
+    let key = match &req.action_id {
+        Some(action) => {
+            let key = action_key(&id, &caller.member.id, caller.bot.as_ref().map(|b| b.id.as_str()), action);
+            if record(&state, &key).is_none() {
+                return Err(ApiError::new(ErrorKind::NotFound, "no such action"));
+            }
+            Some(key)
+        }
+        None => None,
+    };
+    let shot: ShotRequest = serde_json::from_value(json!({
+        "session": req.session, "tab": req.tab, "fullPage": req.full_page, "format": "png",
+    }))
+    .map_err(|e| ApiError::invalid(e.to_string()))?;
+    let (meta, image) = tool(&state, auth, &id, BrowserOp::Screenshot(shot)).await?;
+    if image.is_empty() {
+        return Err(ApiError::new(ErrorKind::Internal, "the agent answered no image"));
+    }
+    let name = format!("evidence-{}.png", now_ms());
+    let blob = super::blobs::store_bytes(&state, &caller, &name, "image/png", image).await?;
+    let mut action = Value::Null;
+    if let Some(key) = key {
+        let cmd = Command::ActionEvidence {
+            by: caller.token.id.clone(),
+            key: key.clone(),
+            blob_id: blob.id.clone(),
+            at_ms: now_ms(),
+        };
+        propose(&state, cmd).await?;
+        action = record(&state, &key).map(|a| view(&a)).unwrap_or(Value::Null);
+    }
+    Ok(Json(json!({
+        "blobId": blob.id,
+        "sha256": blob.sha256,
+        "size": blob.size,
+        "width": meta["width"],
+        "height": meta["height"],
+        "action": action,
+    })))
+}
+
 /// A record as the API shows it.
 fn view(a: &BrowserAction) -> Value {
     json!({
@@ -118,6 +186,7 @@ fn view(a: &BrowserAction) -> Value {
         "dispatchedAt": a.dispatched_at,
         "settledAt": a.settled_at,
         "decidedBy": a.decided_by,
+        "evidenceBlobs": a.evidence_blobs,
     })
 }
 
@@ -165,6 +234,7 @@ async fn tool(state: &AppState, auth: Auth, id: &str, op: BrowserOp) -> Result<(
         result: None,
         error: None,
         decided_by: None,
+        evidence_blobs: vec![],
     };
     let key = action.key();
     let prepared = propose(state, Command::ActionPrepare { by: caller.token.id.clone(), action }).await?;

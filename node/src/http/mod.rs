@@ -183,6 +183,7 @@ fn groups(seen: &mut dyn FnMut(&[RoutePair])) -> Groups {
         post "/v1/computers/{id}/browser/select" => browser::select,
         post "/v1/computers/{id}/browser/upload" => browser::upload,
         post "/v1/computers/{id}/browser/screenshot" => browser::screenshot,
+        post "/v1/computers/{id}/browser/evidence" => browser::evidence,
         post "/v1/computers/{id}/browser/session_status" => browser::session_status,
     };
     seen(&pairs);

@@ -70,7 +70,7 @@ impl Modify for BearerAuth {
         blobs::put, blobs::get, blobs::info, blobs::limits, blobs::set_limits,
         runs::turn, runs::claim, runs::get, runs::renew, runs::post_event, runs::finish, runs::cancel, runs::decide, runs::events,
         browser::open, browser::list, browser::close, browser::navigate, browser::snapshot, browser::click,
-        browser::hover, browser::type_text, browser::press, browser::select, browser::upload, browser::screenshot,
+        browser::hover, browser::type_text, browser::press, browser::select, browser::upload, browser::evidence, browser::screenshot,
         browser::session_status, browser::action, browser::decide,
         desktop_stream::stream, desktop_stream::view, desktop_stream::asset, desktop_stream::websocket,
         ports::put, ports::list, ports::get, ports::delete,

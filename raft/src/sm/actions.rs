@@ -18,6 +18,7 @@ use serde_json::Value;
 
 use super::model::ActionState;
 use super::model::BrowserAction;
+use super::model::MAX_EVIDENCE_BLOBS;
 use super::response::Reject;
 use super::response::RejectKind;
 use super::state::State;
@@ -184,6 +185,34 @@ impl State {
         self.exec_index.settled_actions.insert((at_ms, key.to_string()));
     }
 
+    /// Links blob `blob_id` to the record as its evidence (its caller's, once; at most
+    /// [`MAX_EVIDENCE_BLOBS`]); the blob counts as referenced now.
+    pub(crate) fn action_evidence(&mut self, by: &str, key: &str, blob_id: &str, at_ms: u64) -> Result<(), Reject> {
+        let caller = self.caller_by_token_id(by)?;
+        let a = self.browser_actions.get(key).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such action"))?;
+        if caller.member.id != a.member_id || caller.bot.as_ref().map(|b| &b.id) != a.bot_id.as_ref() {
+            return Err(Reject::new(RejectKind::NotFound, "no such action"));
+        }
+        let blob = self.blobs.get(blob_id).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such blob"))?;
+        if !self.may_read_blob(&caller, blob) {
+            return Err(Reject::new(RejectKind::NotFound, "no such blob"));
+        }
+        if a.evidence_blobs.iter().any(|b| b == blob_id) {
+            return Ok(());
+        }
+        if a.evidence_blobs.len() >= MAX_EVIDENCE_BLOBS {
+            return Err(Reject::new(
+                RejectKind::Conflict,
+                format!("an action names at most {MAX_EVIDENCE_BLOBS} evidence blobs"),
+            ));
+        }
+        self.touch_blob(blob_id, at_ms);
+        if let Some(a) = self.browser_actions.get_mut(key) {
+            a.evidence_blobs.push(blob_id.to_string());
+        }
+        Ok(())
+    }
+
     /// Forgets a settled record (retention).
     pub(crate) fn compact_action(&mut self, at: u64, key: &str) {
         self.exec_index.settled_actions.remove(&(at, key.to_string()));
@@ -234,6 +263,7 @@ mod tests {
             result: None,
             error: None,
             decided_by: None,
+            evidence_blobs: vec![],
         }
     }
 

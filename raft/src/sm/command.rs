@@ -423,6 +423,17 @@ pub enum Command {
         /// The limits.
         limits: super::model::BlobLimits,
     },
+    /// Links a blob (a screenshot) to an action record as its evidence.
+    ActionEvidence {
+        /// The token id of the caller.
+        by: String,
+        /// The record's key.
+        key: String,
+        /// The blob.
+        blob_id: String,
+        /// Unix ms.
+        at_ms: u64,
+    },
     /// A person decides an unknown action.
     ActionDecide {
         /// The token id of the caller.
@@ -706,6 +717,7 @@ impl Command {
             Command::RunCancel { .. } => "run_cancel",
             Command::RunDecide { .. } => "run_decide",
             Command::RunsTick => "runs_tick",
+            Command::ActionEvidence { .. } => "action_evidence",
             Command::ActionDecide { .. } => "action_decide",
             Command::UnexposePort { .. } => "unexpose_port",
             Command::DecideApproval { .. } => "decide_approval",

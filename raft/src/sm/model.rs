@@ -532,7 +532,13 @@ pub struct BrowserAction {
     /// The member who decided an unknown outcome.
     #[serde(default)]
     pub decided_by: Option<String>,
+    /// Blobs saved as its evidence (screenshots), at most [`MAX_EVIDENCE_BLOBS`].
+    #[serde(default)]
+    pub evidence_blobs: Vec<String>,
 }
+
+/// Evidence blobs one action record names.
+pub const MAX_EVIDENCE_BLOBS: usize = 16;
 
 /// The key of a record: the Computer, who acts, and the action id (one caller's id never
 /// reaches another's record).

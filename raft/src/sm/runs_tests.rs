@@ -157,6 +157,7 @@ fn a_lost_runtime_with_a_dispatching_action_needs_a_decision() {
         result: None,
         error: None,
         decided_by: None,
+        evidence_blobs: vec![],
     };
     let key = action.key();
     s.note_run_action("run_1", &key);

@@ -308,6 +308,7 @@ impl State {
             Command::RunCancel { by, run_id } => self.run_cancel(by, run_id),
             Command::RunDecide { by, run_id, requeue } => self.run_decide(by, run_id, *requeue),
             Command::RunsTick => Ok(()),
+            Command::ActionEvidence { by, key, blob_id, at_ms } => self.action_evidence(by, key, blob_id, *at_ms),
             Command::ArtifactPut { by, artifact } => self.artifact_put(by, artifact),
             Command::SetBlobLimits { by, limits } => self.set_blob_limits(by, limits),
             Command::ActionRelease { key, claim, error } => self.action_release(key, claim, error),
