@@ -100,9 +100,10 @@ class Run:
             self.last_partial = time.monotonic()
         self.api.call("POST", f"/api/runs/{self.id}/events", {"claim": self.claim, "kind": kind, "data": data})
 
-    def finish(self, outcome, result=None, error=None):
+    def finish(self, outcome, computer, result=None, error=None):
+        # Naming the Computer lets the run's `afterRun: pause` pause it once the run ended.
         self.stop.set()
-        body = {"claim": self.claim, "outcome": outcome, "result": result, "error": error}
+        body = {"claim": self.claim, "outcome": outcome, "result": result, "error": error, "computerId": computer}
         return self.api.call("POST", f"/api/runs/{self.id}/finish", body)[1]
 
 
@@ -158,13 +159,15 @@ def main():
         try:
             result = work(api, run, args.computer)
             run.event("partial", "Done.")
-            run.finish("succeeded", result=result)
+            ended = run.finish("succeeded", args.computer, result=result)
             print(f"finished {run.id}", flush=True)
+            if "afterRun" in ended:
+                print(f"afterRun {json.dumps(ended['afterRun'], sort_keys=True)}", flush=True)
         except Refused as e:
             if e.status == 409:
                 print(f"lost {run.id}: {e}", flush=True)  # another attempt has it, or a person
             else:
-                run.finish("failed", error=str(e)[:1000])
+                run.finish("failed", args.computer, error=str(e)[:1000])
                 print(f"failed {run.id}: {e}", flush=True)
                 if e.status != 0:
                     return 3

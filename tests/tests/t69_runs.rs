@@ -292,6 +292,7 @@ async fn t30_the_example_runtime_killed_mid_run_is_replaced_and_copies_once() {
     let turn = json!({
         "text": "put report.pdf in the Computer",
         "clientTurnId": "turn-3",
+        "afterRun": "pause",
         "botId": bot,
         "attachments": [{"name": "report.pdf", "mimeType": "application/pdf", "size": report.len(), "blobId": blob["blobId"]}],
     });
@@ -308,7 +309,11 @@ async fn t30_the_example_runtime_killed_mid_run_is_replaced_and_copies_once() {
     let mut second = runtime(&c, &token_file, &computer, &[]);
     assert_eq!(first_line(&mut second), format!("claimed {run_id} attempt 2"));
     let status = tokio::task::spawn_blocking(move || second.wait_with_output()).await.expect("join").expect("wait");
-    assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stdout));
+    let said = String::from_utf8_lossy(&status.stdout).to_string();
+    assert!(status.status.success(), "{said}");
+    // `afterRun: pause` was asked of the Computer it named; an own machine never pauses, and the
+    // runtime is told so (the run ended all the same).
+    assert!(said.contains(r#"afterRun {"error": {"kind": "ComputerUnsupported""#), "{said}");
 
     let (_, v) = c.call(Method::GET, 1, &format!("/api/runs/{run_id}"), &c.token, None).await;
     assert_eq!((v["state"].as_str(), v["attempts"].as_u64()), (Some("succeeded"), Some(2)), "{v}");

@@ -316,6 +316,25 @@ async fn lifecycle(
     submit(&state, &caller, s).await
 }
 
+/// A run's `afterRun: pause`: a pause of the Computer its runtime worked on, with the
+/// runtime's own rights, keyed by the run (asked twice, it is the same execution). Answers the
+/// receipt.
+pub async fn pause_after_run(state: &AppState, caller: &Caller, id: &str, run_id: &str) -> Result<Value, ApiError> {
+    check_id(id, "cmp", "computerId").map_err(|_| ApiError::not_found("no such computer"))?;
+    let now = now_ms();
+    let normalized = json!({"kind": ExecutionKind::Pause, "computer": id});
+    let key = format!("after-run:{run_id}");
+    let s = Submit {
+        by: caller.token.id.clone(),
+        execution: new_execution(&key, body_hash(&normalized), ExecutionKind::Pause, id, now),
+        computer: None,
+        approval_id: new_id("apr"),
+        reason: Some(format!("run {run_id} ended; its afterRun is pause")),
+        at_ms: now,
+    };
+    Ok(submit(state, caller, s).await?.1.0)
+}
+
 /// How long a call waits for the resume of a paused Computer it needs.
 const AUTO_RESUME_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 

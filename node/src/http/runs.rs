@@ -121,6 +121,10 @@ pub struct FinishIn {
     /// Why it failed.
     #[serde(default)]
     error: Option<String>,
+    /// The Computer it worked on: with `afterRun: pause`, it is paused now (with the
+    /// runtime's rights); with `keepWarm`, the idle plan decides.
+    #[serde(default)]
+    computer_id: Option<String>,
 }
 
 /// `POST /api/runs/:id/decision` body.
@@ -334,7 +338,16 @@ pub async fn finish(
         error: f.error,
     };
     propose(&state, cmd).await?;
-    Ok(Json(view(&visible_after_write(&state, &caller, &id).await?)))
+    let r = visible_after_write(&state, &caller, &id).await?;
+    let mut out = view(&r);
+    // The end of the task: the run ended whatever its Computer's pause answers, which is told.
+    if let (AfterRun::Pause, Some(computer)) = (r.after_run, f.computer_id) {
+        out["afterRun"] = match super::computers::pause_after_run(&state, &caller, &computer, &id).await {
+            Ok(receipt) => json!({"pause": receipt}),
+            Err(e) => json!({"pause": null, "error": {"kind": e.kind.as_str(), "message": e.message}}),
+        };
+    }
+    Ok(Json(out))
 }
 
 /// `POST /api/runs/:id/cancel`
