@@ -3,7 +3,8 @@
 //! attached blob, posts partials and ends it; the member follows the run's SSE, drops it
 //! midway and resumes on another node with `Last-Event-ID`, getting every event exactly once.
 //! A lease that lapses puts the run back in the queue and fences out its old attempt; bad input
-//! is refused with its kind and changes nothing.
+//! is refused with its kind and changes nothing. Through HAProxy, a stream whose node is killed
+//! resumes on a live node with every event once.
 
 use std::time::Duration;
 
@@ -328,4 +329,69 @@ async fn t30_the_example_runtime_killed_mid_run_is_replaced_and_copies_once() {
     let kinds: Vec<&str> = ev["events"].as_array().expect("events").iter().filter_map(|e| e["kind"].as_str()).collect();
     assert_eq!(kinds.first(), Some(&"state"));
     assert_eq!(kinds.last(), Some(&"final"));
+}
+
+/// Follows a run's events through `url` to its `final`, reconnecting with `Last-Event-ID` when
+/// the stream breaks; answers the seqs seen, in order, and how many times it reconnected.
+async fn follow(mut sse: Sse, url: String, token: String) -> (Vec<u64>, usize) {
+    let (mut seen, mut reconnects) = (Vec::new(), 0);
+    loop {
+        while let Some((seq, kind, _)) = sse.next().await {
+            seen.push(seq);
+            if kind == "final" {
+                return (seen, reconnects);
+            }
+        }
+        reconnects += 1;
+        assert!(reconnects < 20, "the stream keeps breaking: {seen:?}");
+        sse = Sse::open(&url, &token, seen.last().copied()).await;
+    }
+}
+
+#[tokio::test]
+async fn t40_sse_through_haproxy_resumes_when_a_node_dies() {
+    use computerd_tests::lb::Haproxy;
+    let mut c = TestCluster::start(3).await;
+    let lb = Haproxy::start(c.dir.path(), &c.nodes.values().map(|n| n.http.clone()).collect::<Vec<_>>()).await;
+    let leader = c.leader().await;
+    let (s, bot) = post(&c, leader, "/v1/bots", &c.token, json!({"name": "runner"})).await;
+    assert_eq!(s, 201, "{bot}");
+    let bot = bot["id"].as_str().expect("bot").to_string();
+    let bot_token = c.mint(json!({"botId": bot})).await;
+    let (s, run) =
+        post(&c, leader, "/api/turn", &c.token, json!({"text": "x", "clientTurnId": "t-lb", "botId": bot})).await;
+    assert_eq!(s, 201, "{run}");
+    let run_id = run["runId"].as_str().expect("runId").to_string();
+    let (s, claimed) =
+        post(&c, leader, "/api/runs/claim", &bot_token, json!({"waitMs": 5000, "leaseMs": 60_000})).await;
+    assert_eq!(s, 200, "{claimed}");
+    let claim = claimed["claim"].as_str().expect("claim").to_string();
+    let partial = |n: u32| json!({"claim": claim, "kind": "partial", "data": format!("p{n}")});
+    let events = format!("/api/runs/{run_id}/events");
+    for n in 0..2 {
+        assert_eq!(post(&c, leader, &events, &bot_token, partial(n)).await.0, 201);
+    }
+
+    // Three streams opened one after the other through HAProxy's round robin: one per node.
+    let url = lb.url(&events);
+    let mut readers = Vec::new();
+    for _ in 0..3 {
+        let sse = Sse::open(&url, &c.token, None).await;
+        readers.push(tokio::spawn(follow(sse, url.clone(), c.token.clone())));
+    }
+    // A follower dies (SIGKILL): the stream it served breaks and resumes on a live node.
+    let victim = c.nodes.keys().copied().find(|id| *id != leader).expect("a follower");
+    c.kill(victim);
+    for n in 2..5 {
+        assert_eq!(post(&c, leader, &events, &bot_token, partial(n)).await.0, 201);
+    }
+    let body = json!({"claim": claim, "outcome": "succeeded", "result": {"ok": true}});
+    assert_eq!(post(&c, leader, &format!("/api/runs/{run_id}/finish"), &bot_token, body).await.0, 200);
+    let mut reconnects = 0;
+    for r in readers {
+        let (seen, again) = r.await.expect("reader");
+        assert_eq!(seen, (1..=8).collect::<Vec<u64>>(), "every event exactly once, in order");
+        reconnects += again;
+    }
+    assert!(reconnects >= 1, "the stream on node {victim} broke and was resumed");
 }
