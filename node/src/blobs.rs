@@ -7,9 +7,9 @@
 //! store no longer has (past its retention) is deleted by [`LocalBlobs::collect`], which leaves
 //! files younger than an hour alone (an upload in progress, a blob not yet recorded).
 //!
-//! Not yet: an S3-compatible store for clusters (`object_store`), and, without one, writing each
-//! blob to a second node before answering. Until then a blob lives on the node that took it, and
-//! its record names that node.
+//! In a cluster, the node that took an upload pushes a checked second copy to a peer before it
+//! answers, and the record names both nodes; a node without the bytes streams them from one
+//! that has them ([`crate::owner::blobs`]). Not yet: an S3-compatible store (`object_store`).
 
 use std::path::Path;
 use std::path::PathBuf;

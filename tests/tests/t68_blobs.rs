@@ -2,6 +2,8 @@
 //! stored and read back byte for byte; a wrong digest or a short body answers `422
 //! DigestMismatch` and stores nothing (the quota is untouched); the quota refuses what would
 //! pass it; a bot reads its own blobs and not its member's; bad names and digests are refused.
+//! In a cluster each blob is on two nodes before the upload is answered, every node serves it,
+//! and it survives the loss of the node that took it.
 
 use computerd_tests::TestCluster;
 use reqwest::Method;
@@ -153,4 +155,68 @@ async fn t20_copies_into_and_out_of_a_computer() {
         )
         .await;
     assert_eq!(s, 404, "{v}");
+}
+
+/// `GET /api/blobs/:id` on node `node`: the status and the bytes.
+async fn read(c: &TestCluster, node: u64, token: &str, id: &str) -> (u16, Vec<u8>) {
+    let r = reqwest::Client::new()
+        .get(c.url(node, &format!("/api/blobs/{id}")))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("get");
+    (r.status().as_u16(), r.bytes().await.map(|b| b.to_vec()).unwrap_or_default())
+}
+
+#[tokio::test]
+async fn t30_in_a_cluster_a_blob_is_on_two_nodes_and_read_through_any() {
+    let mut c = TestCluster::start(3).await;
+    let report: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let r = reqwest::Client::new()
+        .post(c.url(2, &format!("/api/blobs?sha={}&name=report.pdf", sha(&report))))
+        .bearer_auth(&c.token)
+        .body(report.clone())
+        .send()
+        .await
+        .expect("upload");
+    assert_eq!(r.status().as_u16(), 200);
+    let v: Value = r.json().await.expect("json");
+    let id = v["blobId"].as_str().expect("id").to_string();
+    let nodes: Vec<u64> = v["nodes"].as_array().expect("nodes").iter().filter_map(Value::as_u64).collect();
+    assert_eq!((nodes.len(), nodes.first()), (2, Some(&2)), "the node that took it and one more: {v}");
+    // Every node serves it, byte for byte, the one without a copy too.
+    for node in 1..=3 {
+        let (s, bytes) = read(&c, node, &c.token, &id).await;
+        assert_eq!(s, 200, "node {node}");
+        assert!(bytes == report, "node {node} served other bytes");
+    }
+    // The node that took it dies: the other copy serves it through both live nodes.
+    c.kill(2);
+    for node in [1, 3] {
+        let (s, bytes) = computerd_tests::wait_for("a read after the loss", std::time::Duration::from_secs(30), || async {
+            let got = read(&c, node, &c.token, &id).await;
+            (got.0 == 200).then_some(got)
+        })
+        .await;
+        assert_eq!((s, bytes.len()), (200, report.len()), "node {node}");
+        assert!(bytes == report, "node {node} served other bytes");
+    }
+    // Two of three nodes left: an upload still lands on both of them.
+    let small = b"%PDF-1.4\n% after the loss\n".to_vec();
+    let (s, v) = computerd_tests::wait_for("an upload after the loss", std::time::Duration::from_secs(30), || async {
+        let r = reqwest::Client::new()
+            .post(c.url(3, &format!("/api/blobs?sha={}&name=b.pdf", sha(&small))))
+            .bearer_auth(&c.token)
+            .body(small.clone())
+            .send()
+            .await
+            .ok()?;
+        let s = r.status().as_u16();
+        (s == 200).then_some((s, r.json::<Value>().await.ok()?))
+    })
+    .await;
+    assert_eq!(s, 200);
+    let mut nodes: Vec<u64> = v["nodes"].as_array().expect("nodes").iter().filter_map(Value::as_u64).collect();
+    nodes.sort_unstable();
+    assert_eq!(nodes, [1, 3], "{v}");
 }

@@ -56,6 +56,7 @@ fn view(b: &Blob) -> Value {
         "by": {"memberId": b.member_id, "botId": b.bot_id},
         "createdAt": b.created_at,
         "lastReferencedAt": b.last_ref_at,
+        "nodes": b.nodes,
     })
 }
 
@@ -80,7 +81,7 @@ fn check_mime(m: &str) -> Result<(), ApiError> {
 }
 
 /// `POST /api/blobs`
-#[utoipa::path(post, path = "/api/blobs", operation_id = "blobs_put", tag = "blobs", params(PutQuery), request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The raw bytes (at most 1 GiB); `Content-Length`, when sent, is checked too"), responses((status = 200, description = "`{\"blobId\", \"size\", \"sha256\", \"name\", \"mimeType\"}`", body = Object), (status = 409, description = "`conflict`: over the quota", body = ErrorBody), (status = 413, body = ErrorBody), (status = 422, description = "`DigestMismatch`: the bytes are not what was declared; nothing was stored", body = ErrorBody)), security(("bearer" = [])))]
+#[utoipa::path(post, path = "/api/blobs", operation_id = "blobs_put", tag = "blobs", params(PutQuery), request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The raw bytes (at most 1 GiB); `Content-Length`, when sent, is checked too"), responses((status = 200, description = "`{\"blobId\", \"size\", \"sha256\", \"name\", \"mimeType\"}`", body = Object), (status = 409, description = "`conflict`: over the quota", body = ErrorBody), (status = 413, body = ErrorBody), (status = 422, description = "`DigestMismatch`: the bytes are not what was declared; nothing was stored", body = ErrorBody), (status = 503, description = "`unavailable`: in a cluster, no second node took a copy; nothing was stored", body = ErrorBody)), security(("bearer" = [])))]
 pub async fn put(
     State(state): State<AppState>,
     auth: Auth,
@@ -131,6 +132,31 @@ pub async fn put(
             return Err(ApiError::new(ErrorKind::Internal, "the blob store failed"));
         }
     };
+    let blob = record(&state, &caller, id, name, mime, stored).await?;
+    Ok(Json(view(&blob)))
+}
+
+/// Records blob bytes just stored on this node, once a second node holds a checked copy too
+/// (in a cluster; [`crate::owner::blobs::second_copy`]). Nothing is recorded, and this node's
+/// copy goes, when either fails (a peer's copy unrecorded is collected after an hour).
+async fn record(
+    state: &AppState,
+    caller: &computerd_raft::sm::Caller,
+    id: String,
+    name: String,
+    mime: String,
+    stored: crate::blobs::Stored,
+) -> Result<Blob, ApiError> {
+    let nodes = match crate::owner::blobs::second_copy(state, &id, &stored.sha256, stored.size).await {
+        Ok(nodes) => nodes,
+        Err(e) => {
+            state.blobs.remove(&id).await;
+            return Err(ApiError::new(
+                ErrorKind::Unavailable,
+                format!("no second node took a copy, so nothing was stored ({})", e.0),
+            ));
+        }
+    };
     let now = now_ms();
     let blob = Blob {
         id: id.clone(),
@@ -142,13 +168,13 @@ pub async fn put(
         sha256: stored.sha256,
         created_at: now,
         last_ref_at: now,
-        nodes: vec![state.cluster.id()],
+        nodes,
     };
-    if let Err(e) = propose(&state, Command::BlobPut { by: caller.token.id.clone(), blob: blob.clone() }).await {
+    if let Err(e) = propose(state, Command::BlobPut { by: caller.token.id.clone(), blob: blob.clone() }).await {
         state.blobs.remove(&id).await;
         return Err(e);
     }
-    Ok(Json(view(&blob)))
+    Ok(blob)
 }
 
 /// Stores `bytes` (made on this node: a screenshot) as a blob of `caller`'s: the bytes in this
@@ -169,24 +195,7 @@ pub async fn store_bytes(
         tracing::error!(error = ?e, "the blob store failed");
         ApiError::new(ErrorKind::Internal, "the blob store failed")
     })?;
-    let now = now_ms();
-    let blob = Blob {
-        id: id.clone(),
-        member_id: caller.member.id.clone(),
-        bot_id: caller.bot.as_ref().map(|b| b.id.clone()),
-        name: name.to_string(),
-        mime_type: mime.to_string(),
-        size: stored.size,
-        sha256: stored.sha256,
-        created_at: now,
-        last_ref_at: now,
-        nodes: vec![state.cluster.id()],
-    };
-    if let Err(e) = propose(state, Command::BlobPut { by: caller.token.id.clone(), blob: blob.clone() }).await {
-        state.blobs.remove(&id).await;
-        return Err(e);
-    }
-    Ok(blob)
+    record(state, caller, id, name.to_string(), mime.to_string(), stored).await
 }
 
 fn readable(state: &AppState, caller: &computerd_raft::sm::Caller, id: &str) -> Result<Blob, ApiError> {
@@ -200,42 +209,19 @@ fn readable(state: &AppState, caller: &computerd_raft::sm::Caller, id: &str) -> 
 }
 
 /// `GET /api/blobs/:id/info`
-#[utoipa::path(get, path = "/api/blobs/{id}/info", operation_id = "blobs_info", tag = "blobs", params(("id" = String, Path)), responses((status = 200, description = "`{\"blobId\", \"name\", \"mimeType\", \"size\", \"sha256\", \"by\", \"createdAt\", \"lastReferencedAt\"}`", body = Object), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/api/blobs/{id}/info", operation_id = "blobs_info", tag = "blobs", params(("id" = String, Path)), responses((status = 200, description = "`{\"blobId\", \"name\", \"mimeType\", \"size\", \"sha256\", \"by\", \"createdAt\", \"lastReferencedAt\", \"nodes\"}`: `nodes` are the nodes holding its bytes", body = Object), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn info(State(state): State<AppState>, auth: Auth, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     let caller = auth.current(&state).await?;
     Ok(Json(view(&readable(&state, &caller, &id)?)))
 }
 
 /// `GET /api/blobs/:id`
-#[utoipa::path(get, path = "/api/blobs/{id}", operation_id = "blobs_get", tag = "blobs", params(("id" = String, Path)), responses((status = 200, description = "The bytes, with the blob's `Content-Type`, and its SHA-256 in `X-Sha256`", content_type = "application/octet-stream"), (status = 404, body = ErrorBody), (status = 503, description = "`unavailable`: the bytes are on another node", body = ErrorBody)), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/api/blobs/{id}", operation_id = "blobs_get", tag = "blobs", params(("id" = String, Path)), responses((status = 200, description = "The bytes, with the blob's `Content-Type`, and its SHA-256 in `X-Sha256`", content_type = "application/octet-stream"), (status = 404, body = ErrorBody), (status = 503, description = "`unavailable`: no node holding the bytes answered", body = ErrorBody)), security(("bearer" = [])))]
 pub async fn get(State(state): State<AppState>, auth: Auth, Path(id): Path<String>) -> Result<Response, ApiError> {
     let caller = auth.current(&state).await?;
     let b = readable(&state, &caller, &id)?;
-    let here = state.cluster.id();
-    if !b.nodes.is_empty() && !b.nodes.contains(&here) {
-        return Err(ApiError::new(
-            ErrorKind::Unavailable,
-            format!(
-                "this blob's bytes are on node {:?}, not this one (reading them through any node is not built yet)",
-                b.nodes
-            ),
-        ));
-    }
-    let file = state.blobs.open(&id).await.map_err(|e| {
-        tracing::error!(blob = %id, error = %e, "a recorded blob's bytes are missing");
-        ApiError::new(ErrorKind::Internal, "the blob's bytes are missing on this node")
-    })?;
-    let stream = futures::stream::unfold(file, |mut f| async move {
-        let mut buf = vec![0u8; 64 * 1024];
-        match tokio::io::AsyncReadExt::read(&mut f, &mut buf).await {
-            Ok(0) => None,
-            Ok(n) => {
-                buf.truncate(n);
-                Some((Ok::<_, std::io::Error>(bytes::Bytes::from(buf)), f))
-            }
-            Err(e) => Some((Err(e), f)),
-        }
-    });
+    // Here, or streamed from a node that holds the bytes.
+    let stream = crate::owner::blobs::open(&state, &b).await.map_err(|(kind, why)| ApiError::new(kind, why))?;
     let disposition = format!("attachment; filename*=UTF-8''{}", percent(&b.name));
     Ok((
         [

@@ -18,7 +18,6 @@ use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::Value;
 use serde_json::json;
-use tokio::io::AsyncReadExt;
 
 use super::ApiError;
 use super::AppState;
@@ -89,22 +88,9 @@ pub async fn to_box(
     if blob.size > MAX_COPY {
         return Err(ApiError::new(ErrorKind::TooLarge, "a copy is at most 16 MiB"));
     }
-    if !blob.nodes.is_empty() && !blob.nodes.contains(&state.cluster.id()) {
-        return Err(ApiError::new(
-            ErrorKind::Unavailable,
-            format!("this blob's bytes are on node {:?}, not on the node holding the Computer's link", blob.nodes),
-        ));
-    }
     let who = run_as(&state, &caller, &id, parse_user(req.user.as_deref())?)?;
-    let mut bytes = Vec::with_capacity(blob.size as usize);
-    let mut f = state
-        .blobs
-        .open(&blob.id)
-        .await
-        .map_err(|_| ApiError::new(ErrorKind::Internal, "the blob's bytes are missing on this node"))?;
-    f.read_to_end(&mut bytes)
-        .await
-        .map_err(|_| ApiError::new(ErrorKind::Internal, "the blob's bytes cannot be read"))?;
+    // Here, or from a node that holds the bytes; checked against the record either way.
+    let bytes = crate::owner::blobs::read_all(&state, &blob).await.map_err(|(kind, why)| ApiError::new(kind, why))?;
     let mut chunks: Vec<FileChunk> =
         bytes.chunks(CHUNK).map(|c| FileChunk { data: c.to_vec(), ..Default::default() }).collect();
     if chunks.is_empty() {

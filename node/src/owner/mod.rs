@@ -20,8 +20,10 @@
 //!   [`ErrorKind`] in `x-computerd-kind`; the kind decides, never the message's text.
 //!
 //! [`forward`] is the sending end of routed HTTP calls (sessions, files), [`relay`] of MCP
-//! requests; [`serve`] is the receiving end of both (the `Routing` gRPC service).
+//! requests; [`serve`] is the receiving end of both (the `Routing` gRPC service). [`blobs`]
+//! moves blob bytes between nodes (a second copy of each upload, a read on a node without one).
 
+pub mod blobs;
 pub mod forward;
 pub mod relay;
 pub mod serve;

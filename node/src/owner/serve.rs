@@ -15,6 +15,9 @@ use std::sync::OnceLock;
 use axum::body::Body;
 use computerd_proto::ErrorKind;
 use computerd_proto::FORWARDED;
+use computerd_proto::cluster::BlobChunk;
+use computerd_proto::cluster::BlobStored;
+use computerd_proto::cluster::BlobWant;
 use computerd_proto::cluster::McpRelay;
 use computerd_proto::cluster::McpRelayReply;
 use computerd_proto::cluster::RouteChunk;
@@ -63,6 +66,22 @@ impl Routing for RouteTarget {
     type ForwardStream = ReplyStream;
     type RelayMcpStream = Pin<Box<dyn Stream<Item = Result<McpRelayReply, Status>> + Send>>;
     type TunnelStream = Pin<Box<dyn Stream<Item = Result<TunnelChunk, Status>> + Send>>;
+    type BlobFetchStream = Pin<Box<dyn Stream<Item = Result<BlobChunk, Status>> + Send>>;
+
+    async fn blob_push(&self, req: Request<Streaming<BlobChunk>>) -> Result<Response<BlobStored>, Status> {
+        let Some((_, state)) = self.inner.get().cloned() else {
+            return Err(ErrorKind::Unavailable.status("this node is still starting"));
+        };
+        Ok(Response::new(super::blobs::take_copy(&state, req.into_inner()).await?))
+    }
+
+    async fn blob_fetch(&self, req: Request<BlobWant>) -> Result<Response<Self::BlobFetchStream>, Status> {
+        let Some((_, state)) = self.inner.get().cloned() else {
+            return Err(ErrorKind::Unavailable.status("this node is still starting"));
+        };
+        let stream = super::blobs::serve_copy(&state, req.into_inner()).await?;
+        Ok(Response::new(Box::pin(super::blobs::as_chunks(stream))))
+    }
 
     async fn catch_up(
         &self,
