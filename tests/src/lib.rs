@@ -12,6 +12,7 @@ pub mod lb;
 pub mod linearizability;
 pub mod netfault;
 pub mod rfb;
+pub mod sse;
 pub mod tls;
 pub mod tools;
 pub mod wait;

@@ -193,11 +193,12 @@ async fn t30_in_a_cluster_a_blob_is_on_two_nodes_and_read_through_any() {
     // The node that took it dies: the other copy serves it through both live nodes.
     c.kill(2);
     for node in [1, 3] {
-        let (s, bytes) = computerd_tests::wait_for("a read after the loss", std::time::Duration::from_secs(30), || async {
-            let got = read(&c, node, &c.token, &id).await;
-            (got.0 == 200).then_some(got)
-        })
-        .await;
+        let (s, bytes) =
+            computerd_tests::wait_for("a read after the loss", std::time::Duration::from_secs(30), || async {
+                let got = read(&c, node, &c.token, &id).await;
+                (got.0 == 200).then_some(got)
+            })
+            .await;
         assert_eq!((s, bytes.len()), (200, report.len()), "node {node}");
         assert!(bytes == report, "node {node} served other bytes");
     }

@@ -9,55 +9,13 @@
 use std::time::Duration;
 
 use computerd_tests::TestCluster;
+use computerd_tests::sse::Sse;
+use computerd_tests::sse::follow;
 use computerd_tests::wait_for;
 use reqwest::Method;
 use serde_json::Value;
 use serde_json::json;
 use sha2::Digest;
-
-/// A server-sent event stream read by hand (`id`, `event`, `data` blocks).
-struct Sse {
-    resp: reqwest::Response,
-    buf: String,
-}
-
-impl Sse {
-    async fn open(url: &str, token: &str, last: Option<u64>) -> Sse {
-        let mut req = reqwest::Client::new().get(url).bearer_auth(token).header("accept", "text/event-stream");
-        if let Some(id) = last {
-            req = req.header("last-event-id", id.to_string());
-        }
-        let resp = req.send().await.expect("sse");
-        assert_eq!(resp.status().as_u16(), 200);
-        Sse { resp, buf: String::new() }
-    }
-
-    /// The next event (`seq`, kind, data), or `None` when the stream ended.
-    async fn next(&mut self) -> Option<(u64, String, Value)> {
-        loop {
-            if let Some(end) = self.buf.find("\n\n") {
-                let block: String = self.buf.drain(..end + 2).collect();
-                let (mut id, mut kind, mut data) = (None, String::new(), String::new());
-                for line in block.lines() {
-                    if let Some(v) = line.strip_prefix("id:") {
-                        id = v.trim().parse::<u64>().ok();
-                    } else if let Some(v) = line.strip_prefix("event:") {
-                        kind = v.trim().to_string();
-                    } else if let Some(v) = line.strip_prefix("data:") {
-                        data.push_str(v.trim_start());
-                    }
-                }
-                if let Some(id) = id {
-                    return Some((id, kind, serde_json::from_str(&data).expect("data is JSON")));
-                }
-                continue; // a keep-alive comment
-            }
-            let chunk = tokio::time::timeout(Duration::from_secs(30), self.resp.chunk()).await.expect("an event");
-            let chunk = chunk.ok()??;
-            self.buf.push_str(std::str::from_utf8(&chunk).expect("utf-8"));
-        }
-    }
-}
 
 async fn post(c: &TestCluster, node: u64, path: &str, token: &str, body: Value) -> (u16, Value) {
     c.call(Method::POST, node, path, token, Some(body)).await
@@ -302,7 +260,7 @@ async fn t30_the_example_runtime_killed_mid_run_is_replaced_and_copies_once() {
     let run_id = run["runId"].as_str().expect("runId").to_string();
 
     // The first runtime claims it, then is killed before it does anything.
-    let mut first = runtime(&c, &token_file, &computer, &["--hold-after-claim"]);
+    let mut first = runtime(&c, &token_file, &computer, &["--hold-at", "claim"]);
     assert_eq!(first_line(&mut first), format!("claimed {run_id} attempt 1"));
     first.kill().expect("kill -9");
     let _ = first.wait();
@@ -329,23 +287,6 @@ async fn t30_the_example_runtime_killed_mid_run_is_replaced_and_copies_once() {
     let kinds: Vec<&str> = ev["events"].as_array().expect("events").iter().filter_map(|e| e["kind"].as_str()).collect();
     assert_eq!(kinds.first(), Some(&"state"));
     assert_eq!(kinds.last(), Some(&"final"));
-}
-
-/// Follows a run's events through `url` to its `final`, reconnecting with `Last-Event-ID` when
-/// the stream breaks; answers the seqs seen, in order, and how many times it reconnected.
-async fn follow(mut sse: Sse, url: String, token: String) -> (Vec<u64>, usize) {
-    let (mut seen, mut reconnects) = (Vec::new(), 0);
-    loop {
-        while let Some((seq, kind, _)) = sse.next().await {
-            seen.push(seq);
-            if kind == "final" {
-                return (seen, reconnects);
-            }
-        }
-        reconnects += 1;
-        assert!(reconnects < 20, "the stream keeps breaking: {seen:?}");
-        sse = Sse::open(&url, &token, seen.last().copied()).await;
-    }
 }
 
 #[tokio::test]
@@ -377,7 +318,7 @@ async fn t40_sse_through_haproxy_resumes_when_a_node_dies() {
     let mut readers = Vec::new();
     for _ in 0..3 {
         let sse = Sse::open(&url, &c.token, None).await;
-        readers.push(tokio::spawn(follow(sse, url.clone(), c.token.clone())));
+        readers.push(tokio::spawn(follow(sse, None, url.clone(), c.token.clone())));
     }
     // A follower dies (SIGKILL): the stream it served breaks and resumes on a live node.
     let victim = c.nodes.keys().copied().find(|id| *id != leader).expect("a follower");
@@ -390,6 +331,7 @@ async fn t40_sse_through_haproxy_resumes_when_a_node_dies() {
     let mut reconnects = 0;
     for r in readers {
         let (seen, again) = r.await.expect("reader");
+        let seen: Vec<u64> = seen.iter().map(|e| e.0).collect();
         assert_eq!(seen, (1..=8).collect::<Vec<u64>>(), "every event exactly once, in order");
         reconnects += again;
     }

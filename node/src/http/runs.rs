@@ -43,6 +43,7 @@ use super::util::Body;
 use super::util::check_id;
 use super::util::propose;
 use crate::ids::new_id;
+use crate::owner::forward::SERVED_BY;
 
 /// The longest a claim waits for a run, ms.
 const MAX_CLAIM_WAIT_MS: u64 = 25_000;
@@ -416,6 +417,7 @@ pub async fn events(
         return Ok(Json(json!({"events": rows, "state": run.state.name()})).into_response());
     }
     drop(run);
+    let node = state.cluster.id().to_string();
     let changes = state.cluster.state().subscribe();
     let queue = std::collections::VecDeque::<RunEvent>::new();
     let stream = futures::stream::unfold(
@@ -444,5 +446,11 @@ pub async fn events(
             }
         },
     );
-    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response())
+    // The stream names the node serving it, so a client behind a load balancer can tell where
+    // it is (and an operator which node to look at).
+    Ok((
+        [(axum::http::HeaderName::from_static(SERVED_BY), node)],
+        Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))),
+    )
+        .into_response())
 }

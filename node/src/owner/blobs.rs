@@ -57,8 +57,7 @@ fn client(state: &AppState, node: NodeId) -> Option<RoutingClient<tonic::transpo
 /// The other member nodes, starting at one picked by the blob's id (so copies spread).
 fn peers(state: &AppState, id: &str) -> Vec<NodeId> {
     let me = state.cluster.id();
-    let mut others: Vec<NodeId> =
-        state.cluster.view().members.into_iter().map(|m| m.id).filter(|n| *n != me).collect();
+    let mut others: Vec<NodeId> = state.cluster.view().members.into_iter().map(|m| m.id).filter(|n| *n != me).collect();
     others.sort_unstable();
     if !others.is_empty() {
         let start = id.bytes().fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize)) % others.len();
@@ -184,10 +183,7 @@ fn file_stream(file: tokio::fs::File) -> impl Stream<Item = Result<Bytes, std::i
 }
 
 /// The receiving end of `BlobPush`: the copy is stored, checked, under the blob's id.
-pub async fn take_copy(
-    state: &AppState,
-    mut incoming: tonic::Streaming<BlobChunk>,
-) -> Result<BlobStored, Status> {
+pub async fn take_copy(state: &AppState, mut incoming: tonic::Streaming<BlobChunk>) -> Result<BlobStored, Status> {
     let first = incoming.message().await?.ok_or_else(|| ErrorKind::InvalidRequest.status("a push opens first"))?;
     if !crate::ids::is_id(&first.blob_id, "blb") {
         return Err(ErrorKind::InvalidRequest.status("not a blob id"));
