@@ -363,7 +363,11 @@ async fn t10_a_report_goes_to_project_b_once_and_checked_through_faults() {
     let shot = result["screenshotBlobId"].as_str().expect("screenshotBlobId");
     let r = lb.http.get(format!("{base}/api/blobs/{shot}")).bearer_auth(&token).send().await.expect("shot");
     assert_eq!(r.status().as_u16(), 200);
-    assert!(r.bytes().await.expect("bytes").starts_with(b"\x89PNG"));
+    let png = r.bytes().await.expect("bytes");
+    assert!(png.starts_with(b"\x89PNG"));
+    if let Ok(dir) = std::env::var("COMPUTERD_DOCS_SHOT") {
+        std::fs::write(std::path::Path::new(&dir).join("worked-case-evidence.png"), &png).expect("write the shot");
+    }
     let (s, action) = lb.get(&format!("/v1/computers/{computer}/browser/actions/upload-{run}?bot={bot}"), &token).await;
     assert_eq!(
         (s, action["state"].as_str(), action["runId"].as_str()),

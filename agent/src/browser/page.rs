@@ -1047,6 +1047,16 @@ async fn session_status(session: &Session, r: &browser::StatusRequest) -> Result
     }
     .await;
     let _ = cdp.call(None, "Target.closeTarget", json!({"targetId": target}), COMMAND).await;
+    // The browser answers the close before its target list drops the tab: wait (briefly) until
+    // it has, so the next tool does not find a second tab in the session.
+    for _ in 0..100 {
+        match tab_list(cdp).await {
+            Ok(pages) if pages.iter().any(|p| p["tab"].as_str() == Some(target.as_str())) => {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            _ => break,
+        }
+    }
     result
 }
 
