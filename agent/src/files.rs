@@ -140,6 +140,15 @@ pub fn open_read(path: &Path) -> Result<std::fs::File, FileError> {
     Ok(f)
 }
 
+/// Whether an opened file's real path (as the kernel has it: symlinks resolved, at the moment it
+/// was opened) lies under one of `roots` (each resolved too; one that does not exist holds
+/// nothing).
+pub fn opened_within(f: &std::fs::File, roots: &[String]) -> bool {
+    use std::os::fd::AsRawFd;
+    let Ok(real) = std::fs::read_link(format!("/proc/self/fd/{}", f.as_raw_fd())) else { return false };
+    roots.iter().filter_map(|r| std::fs::canonicalize(r).ok()).any(|root| real.starts_with(&root))
+}
+
 /// Lists a directory, sorted by name.
 pub fn list(path: &Path) -> Result<Vec<Entry>, FileError> {
     let meta = std::fs::metadata(path)?;

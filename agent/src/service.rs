@@ -198,7 +198,11 @@ impl Agent for AgentService {
         let r = req.into_inner();
         let (account, path) = self.file_call(&r.user, r.root_allowed, &r.path)?;
         let f = users::run_as(&account, move || files::open_read(&path)).await.map_err(thread_status)?;
-        Ok(Response::new(stream_file(tokio::fs::File::from_std(f.map_err(file_status)?))))
+        let f = f.map_err(file_status)?;
+        if !r.within.is_empty() && !files::opened_within(&f, &r.within) {
+            return Err(ErrorKind::Forbidden.status("the file is outside the paths this bot's grant names"));
+        }
+        Ok(Response::new(stream_file(tokio::fs::File::from_std(f))))
     }
 
     async fn write_file(&self, req: Request<Streaming<FileChunk>>) -> Result<Response<FileInfo>, Status> {

@@ -287,6 +287,35 @@ async fn t30_the_example_runtime_killed_mid_run_is_replaced_and_copies_once() {
     let kinds: Vec<&str> = ev["events"].as_array().expect("events").iter().filter_map(|e| e["kind"].as_str()).collect();
     assert_eq!(kinds.first(), Some(&"state"));
     assert_eq!(kinds.last(), Some(&"final"));
+
+    // Out of the paired machine: a bot copies only from the paths its grant names, checked on
+    // the opened file's real path (a symlink does not lead out).
+    std::fs::create_dir_all(workdir.join("outbox")).expect("outbox");
+    std::fs::write(workdir.join("outbox/summary.txt"), b"the summary\n").expect("summary");
+    std::fs::write(workdir.join("secret.txt"), b"not for bots\n").expect("secret");
+    std::os::unix::fs::symlink("../secret.txt", workdir.join("outbox/leak")).expect("symlink");
+    let bot_token = std::fs::read_to_string(c.dir.path().join("bot.token")).expect("token");
+    let from_box = format!("/v1/computers/{computer}/copy-from-box");
+    let (s, v) = post(&c, 1, &from_box, &bot_token, json!({"path": "outbox/summary.txt"})).await;
+    assert_eq!((s, v["error"]["kind"].as_str()), (403, Some("forbidden")), "a grant without paths: {v}");
+    let (s, v) = c.call(Method::PUT, 1, &grant, &c.token, Some(json!({"paths": ["outbox"]}))).await;
+    assert_eq!((s, v["error"]["kind"].as_str()), (400, Some("invalid_request")), "paths are absolute: {v}");
+    let outbox = workdir.join("outbox").to_string_lossy().to_string();
+    let (s, v) = c.call(Method::PUT, 1, &grant, &c.token, Some(json!({"paths": [outbox]}))).await;
+    assert_eq!((s, &v["paths"], v["allowRoot"].as_bool()), (200, &json!([outbox]), Some(true)), "{v}");
+    let (s, v) = post(&c, 1, &from_box, &bot_token, json!({"path": "outbox/summary.txt"})).await;
+    assert_eq!(
+        (s, v["sha256"].as_str()),
+        (200, Some(hex::encode(sha2::Sha256::digest(b"the summary\n")).as_str())),
+        "{v}"
+    );
+    for outside in ["secret.txt", "outbox/leak"] {
+        let (s, v) = post(&c, 1, &from_box, &bot_token, json!({"path": outside})).await;
+        assert_eq!((s, v["error"]["kind"].as_str()), (403, Some("forbidden")), "{outside}: {v}");
+    }
+    // The member copies from anywhere.
+    let (s, v) = post(&c, 1, &from_box, &c.token, json!({"path": "secret.txt"})).await;
+    assert_eq!(s, 200, "{v}");
 }
 
 #[tokio::test]

@@ -240,6 +240,7 @@ fn build(size: Size) -> World {
             bot_id: BOT.into(),
             at_ms: w.clock,
             allow_root: None,
+            paths: None,
         });
         for _ in 0..BINDINGS_PER_COMPUTER.min(size.bindings - k * BINDINGS_PER_COMPUTER) {
             let b = w.binding(&c);
@@ -290,6 +291,7 @@ fn measure(w: &mut World, size: Size) -> (Duration, Duration, Duration) {
         bot_id: BOT.into(),
         at_ms: w.clock,
         allow_root: None,
+        paths: None,
     });
     while times.len() < MEASURED {
         round += 1;

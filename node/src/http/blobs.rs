@@ -139,7 +139,7 @@ pub async fn put(
 /// Records blob bytes just stored on this node, once a second node holds a checked copy too
 /// (in a cluster; [`crate::owner::blobs::second_copy`]). Nothing is recorded, and this node's
 /// copy goes, when either fails (a peer's copy unrecorded is collected after an hour).
-async fn record(
+pub(crate) async fn record(
     state: &AppState,
     caller: &computerd_raft::sm::Caller,
     id: String,

@@ -12,7 +12,6 @@ use computerd_proto::ErrorKind;
 use computerd_proto::agent::FileChunk;
 use computerd_proto::agent::FilePath;
 use computerd_raft::sm::Artifact;
-use computerd_raft::sm::Blob;
 use computerd_raft::sm::Command;
 use futures::StreamExt;
 use serde::Deserialize;
@@ -142,7 +141,27 @@ pub async fn from_box(
     let name = req.path.rsplit('/').next().filter(|n| !n.is_empty()).unwrap_or("file").to_string();
     let who = run_as(&state, &caller, &id, parse_user(req.user.as_deref())?)?;
     let mut agent = agent_for(&state, &caller, &id, false).await?;
-    let path = FilePath { path: req.path.clone(), user: who.user.clone(), root_allowed: who.root_allowed };
+    // A bot on a paired machine copies only from the paths its grant names (the agent checks
+    // the opened file's real path); a member, and any caller on a sandbox, from anywhere.
+    let within = match &caller.bot {
+        Some(bot) => state.cluster.state().read(|s| {
+            let paired = s.computers.get(&id).is_some_and(|c| c.source == computerd_raft::sm::Source::Paired);
+            let paths = s.grants.get(&id).and_then(|g| g.get(&bot.id)).map(|g| g.paths.clone()).unwrap_or_default();
+            (paired, paths)
+        }),
+        None => (false, Vec::new()),
+    };
+    let within = match within {
+        (true, paths) if paths.is_empty() => {
+            return Err(ApiError::new(
+                ErrorKind::Forbidden,
+                "on a paired machine a bot copies only from the paths its grant names, and this grant names none",
+            ));
+        }
+        (true, paths) => paths,
+        (false, _) => Vec::new(),
+    };
+    let path = FilePath { path: req.path.clone(), user: who.user.clone(), root_allowed: who.root_allowed, within };
     let stream = agent.read_file(path).await.map_err(agent_error)?.into_inner();
     let blob_id = new_id("blb");
     let body = stream.map(|c| c.map(|c| bytes::Bytes::from(c.data)).map_err(|s| s.message().to_string()));
@@ -156,23 +175,8 @@ pub async fn from_box(
             ApiError::new(ErrorKind::Internal, "the blob store failed")
         }
     })?;
-    let now = now_ms();
-    let blob = Blob {
-        id: blob_id.clone(),
-        member_id: caller.member.id.clone(),
-        bot_id: caller.bot.as_ref().map(|b| b.id.clone()),
-        name,
-        mime_type: mime,
-        size: stored.size,
-        sha256: stored.sha256,
-        created_at: now,
-        last_ref_at: now,
-        nodes: vec![state.cluster.id()],
-    };
-    if let Err(e) = propose(&state, Command::BlobPut { by: caller.token.id.clone(), blob: blob.clone() }).await {
-        state.blobs.remove(&blob_id).await;
-        return Err(e);
-    }
+    // Recorded once a second node holds a copy too, as an upload is.
+    let blob = super::blobs::record(&state, &caller, blob_id, name, mime, stored).await?;
     Ok(Json(
         json!({"blobId": blob.id, "name": blob.name, "mimeType": blob.mime_type, "size": blob.size, "sha256": blob.sha256}),
     ))

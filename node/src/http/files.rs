@@ -271,7 +271,7 @@ pub async fn directory(
 }
 
 fn file_path(path: &str, who: RunAs) -> FilePath {
-    FilePath { path: path.to_string(), user: who.user, root_allowed: who.root_allowed }
+    FilePath { path: path.to_string(), user: who.user, root_allowed: who.root_allowed, within: Vec::new() }
 }
 
 /// The first chunk of a write: it names the path and who writes it.

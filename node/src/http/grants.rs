@@ -27,6 +27,9 @@ pub struct GrantIn {
     /// member-level trust: a root session can read the agent's own state. Absent: a new grant
     /// does not allow it, an existing one keeps what it had.
     allow_root: Option<bool>,
+    /// On a paired machine: the absolute paths (files or directories) the bot may copy files
+    /// from with `copy-from-box` (without them, none). Absent: kept.
+    paths: Option<Vec<String>>,
 }
 
 /// `PUT …/bots/:botId`: grants the bot the right to use the Computer (idempotent); the body,
@@ -50,6 +53,7 @@ pub async fn put(
         bot_id: bot.clone(),
         at_ms: now_ms(),
         allow_root: b.allow_root,
+        paths: b.paths,
     };
     propose(&state, cmd).await?;
     state.cluster.read_barrier().await?;

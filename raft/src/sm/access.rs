@@ -161,9 +161,13 @@ impl State {
         bot_id: &str,
         at_ms: u64,
         allow_root: Option<bool>,
+        paths: Option<&[String]>,
     ) -> Result<(), Reject> {
         let caller = self.caller_by_token_id(by)?;
         self.check_grant_rights(&caller, computer_id, bot_id)?;
+        if let Some(paths) = paths {
+            check_grant_paths(paths)?;
+        }
         if self.bots.get(bot_id).is_some_and(|b| b.archived_at.is_some()) {
             return Err(Reject::new(RejectKind::Invalid, "the bot is archived"));
         }
@@ -172,6 +176,11 @@ impl State {
             && let Some(g) = self.grants.get_mut(computer_id).and_then(|g| g.get_mut(bot_id))
         {
             g.allow_root = allow;
+        }
+        if let Some(paths) = paths
+            && let Some(g) = self.grants.get_mut(computer_id).and_then(|g| g.get_mut(bot_id))
+        {
+            g.paths = paths.to_vec();
         }
         Ok(())
     }
@@ -195,6 +204,7 @@ impl State {
             granted_by: by_member.to_string(),
             created_at: at_ms,
             allow_root: false,
+            paths: Vec::new(),
         });
         self.index_grant(computer_id, bot_id);
     }
@@ -446,4 +456,22 @@ mod tests {
         assert_eq!(decide(&rules, Capability::Delete, &caller(true), "cmp_1"), Decided::Undecided);
         assert_eq!(decide(&[], Capability::Acquire, &caller(false), "cmp_1"), Decided::Undecided);
     }
+}
+
+/// A grant names at most 16 paths, each absolute, at most 1024 bytes, without `.` or `..`
+/// components or control characters.
+fn check_grant_paths(paths: &[String]) -> Result<(), Reject> {
+    let bad = |why: &str| Err(Reject::new(RejectKind::Invalid, format!("paths: {why}")));
+    if paths.len() > 16 {
+        return bad("at most 16");
+    }
+    for p in paths {
+        if !p.starts_with('/') || p.len() > 1024 || p.chars().any(char::is_control) {
+            return bad("each is an absolute path of at most 1024 bytes");
+        }
+        if p.split('/').any(|c| c == "." || c == "..") {
+            return bad("no `.` or `..` components");
+        }
+    }
+    Ok(())
 }

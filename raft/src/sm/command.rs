@@ -229,6 +229,9 @@ pub enum Command {
         /// one keeps what it had).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         allow_root: Option<bool>,
+        /// Sets the paths of a paired machine the bot may copy files from (absent: kept).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        paths: Option<Vec<String>>,
     },
     /// Revokes (or, by the bot itself, releases) a grant.
     DeleteGrant {

@@ -299,6 +299,11 @@ pub struct Grant {
     /// since root can read the agent's own state. Only a member sets it.
     #[serde(default)]
     pub allow_root: bool,
+    /// On a paired machine: the absolute paths (files or directories) the bot may copy files
+    /// from (`copy-from-box`); none, nothing. Checked by the agent on the opened file's real path,
+    /// so a symlink does not lead out. Only a member sets them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<String>,
 }
 
 /// The four capabilities decided by the decider chain.

@@ -209,6 +209,7 @@ mod tests {
             bot_id: "bot_1".into(),
             at_ms: 50,
             allow_root: None,
+            paths: None,
         }));
         s
     }
@@ -299,6 +300,7 @@ mod tests {
             bot_id: "bot_1".into(),
             at_ms: 90,
             allow_root: None,
+            paths: None,
         }));
         ok(s.apply(&expose(BOT, "cmp_1", 8001, "http", &hash(2), "apr_10")));
         ok(s.apply(&Command::DecideApproval {
