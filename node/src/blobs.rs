@@ -23,6 +23,12 @@ use tokio::io::AsyncWriteExt;
 /// A blob is at most this large.
 pub const MAX_BLOB: u64 = 1 << 30;
 
+/// A blob's bytes as a stream.
+pub type ByteStream = std::pin::Pin<Box<dyn Stream<Item = Result<bytes::Bytes, std::io::Error>> + Send>>;
+
+/// Decides which blob ids the store still records.
+pub type Keep = std::sync::Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
 /// Why an upload was not stored.
 #[derive(Debug)]
 pub enum PutError {
@@ -57,10 +63,33 @@ pub trait BlobStore: Send + Sync {
         size: Option<u64>,
         body: std::pin::Pin<Box<dyn Stream<Item = Result<bytes::Bytes, String>> + Send + 'a>>,
     ) -> futures::future::BoxFuture<'a, Result<Stored, PutError>>;
-    /// The bytes of blob `id`, as a file to stream.
-    fn open<'a>(&'a self, id: &'a str) -> futures::future::BoxFuture<'a, std::io::Result<tokio::fs::File>>;
+    /// The bytes of blob `id`, streamed.
+    fn open<'a>(&'a self, id: &'a str) -> futures::future::BoxFuture<'a, std::io::Result<ByteStream>>;
     /// Removes blob `id` (after a failed record).
     fn remove<'a>(&'a self, id: &'a str) -> futures::future::BoxFuture<'a, ()>;
+    /// Whether every node reaches the same bytes (S3): a blob then needs no second copy, and its
+    /// record names no node.
+    fn shared(&self) -> bool {
+        false
+    }
+    /// Deletes what is older than `min_age` and is temporary or a blob `keep` does not name
+    /// (past its retention, or never recorded); answers how many.
+    fn collect(&self, min_age: Duration, keep: Keep) -> futures::future::BoxFuture<'_, usize>;
+}
+
+/// A file's bytes as a stream, 256 KiB at a time.
+pub fn file_stream(file: tokio::fs::File) -> ByteStream {
+    Box::pin(futures::stream::unfold(file, |mut f| async move {
+        let mut buf = vec![0u8; 256 * 1024];
+        match tokio::io::AsyncReadExt::read(&mut f, &mut buf).await {
+            Ok(0) => None,
+            Ok(n) => {
+                buf.truncate(n);
+                Some((Ok(bytes::Bytes::from(buf)), f))
+            }
+            Err(e) => Some((Err(e), f)),
+        }
+    }))
 }
 
 /// Blobs on this node's disk.
@@ -83,7 +112,7 @@ impl LocalBlobs {
 
     /// Deletes the files older than `min_age` that are temporary or a blob `keep` does not
     /// name (a blob just stored is not recorded yet: the age spares it).
-    pub fn collect(&self, min_age: Duration, keep: impl Fn(&str) -> bool) -> usize {
+    pub fn collect_files(&self, min_age: Duration, keep: impl Fn(&str) -> bool) -> usize {
         let mut removed = 0;
         for e in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
             let name = e.file_name().to_string_lossy().to_string();
@@ -97,7 +126,9 @@ impl LocalBlobs {
     }
 }
 
-async fn write_checked(
+/// Streams `body` into a new file `tmp`, checking it against `sha256` and `size` as it comes;
+/// fsynced once it matches (the caller removes `tmp` on an error).
+pub async fn write_checked(
     tmp: &Path,
     sha256: Option<&str>,
     size: Option<u64>,
@@ -173,11 +204,19 @@ impl BlobStore for LocalBlobs {
         })
     }
 
-    fn open<'a>(&'a self, id: &'a str) -> futures::future::BoxFuture<'a, std::io::Result<tokio::fs::File>> {
+    fn open<'a>(&'a self, id: &'a str) -> futures::future::BoxFuture<'a, std::io::Result<ByteStream>> {
         Box::pin(async move {
             let path =
                 self.path(id).ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "not a blob id"))?;
-            tokio::fs::File::open(path).await
+            Ok(file_stream(tokio::fs::File::open(path).await?))
+        })
+    }
+
+    fn collect(&self, min_age: Duration, keep: Keep) -> futures::future::BoxFuture<'_, usize> {
+        let dir = self.dir.clone();
+        Box::pin(async move {
+            let files = LocalBlobs { dir };
+            tokio::task::spawn_blocking(move || files.collect_files(min_age, |id| keep(id))).await.unwrap_or(0)
         })
     }
 
@@ -207,9 +246,7 @@ mod tests {
         let sha = hex::encode(sha2::Sha256::digest(b"hello world"));
         let ok = store.put("blb_a", Some(&sha), Some(11), body(vec![b"hello ", b"world"])).await.expect("stored");
         assert_eq!(ok, Stored { size: 11, sha256: sha.clone() });
-        let mut f = store.open("blb_a").await.expect("open");
-        let mut back = Vec::new();
-        tokio::io::AsyncReadExt::read_to_end(&mut f, &mut back).await.expect("read");
+        let back: Vec<u8> = store.open("blb_a").await.expect("open").map(|c| c.expect("read").to_vec()).concat().await;
         assert_eq!(back, b"hello world");
         for (bad, size) in
             [(vec![b"hello" as &[u8]], None), (vec![b"hello world!"], None), (vec![b"hello world"], Some(12))]
@@ -219,8 +256,8 @@ mod tests {
         }
         assert!(store.open("blb_b").await.is_err(), "a mismatch stores nothing");
         assert_eq!(std::fs::read_dir(t.path().join("blobs")).expect("dir").count(), 1, "no temporary file is left");
-        assert_eq!(store.collect(Duration::from_secs(3600), |id| id != "blb_a"), 0, "too young");
-        assert_eq!(store.collect(Duration::ZERO, |id| id != "blb_a"), 1);
+        assert_eq!(store.collect_files(Duration::from_secs(3600), |id| id != "blb_a"), 0, "too young");
+        assert_eq!(store.collect(Duration::ZERO, std::sync::Arc::new(|id: &str| id != "blb_a")).await, 1);
         assert!(store.open("blb_a").await.is_err());
         assert!(store.open("../etc").await.is_err(), "not an id");
     }

@@ -24,6 +24,8 @@ pub struct Cli {
 }
 
 /// Subcommands.
+// Parsed once per process: the size of a variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run a cluster node.
@@ -110,6 +112,7 @@ impl DevConfig {
             link_linger_secs: 15.0,
             peer_source_ip: None,
             reinstall_snapshot: false,
+            blob_store: "local".into(),
         }
     }
 }
@@ -220,6 +223,12 @@ pub struct ServeConfig {
     /// does nothing.
     #[arg(long, env = "COMPUTERD_REINSTALL_SNAPSHOT", requires = "join")]
     pub reinstall_snapshot: bool,
+    /// Where blob bytes go: `local` (this node's data dir; in a cluster each blob also goes to
+    /// a second node before its upload is answered) or `s3://bucket[/prefix]?endpoint=URL&region=R`
+    /// (an S3-compatible store every node reaches; credentials from `AWS_ACCESS_KEY_ID` and
+    /// `AWS_SECRET_ACCESS_KEY`). Every node of a cluster names the same store.
+    #[arg(long, env = "COMPUTERD_BLOB_STORE", default_value = "local")]
+    pub blob_store: String,
 }
 
 impl ServeConfig {

@@ -5,6 +5,7 @@
 #![warn(missing_docs)]
 
 pub mod blobs;
+pub mod blobs_s3;
 pub mod bot_tools;
 pub mod config;
 pub mod datadir;

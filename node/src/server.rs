@@ -196,10 +196,17 @@ pub async fn run(
         cfg.token_per_sec,
         cfg.trusted_proxies.clone(),
     ));
-    let local_blobs = std::sync::Arc::new(
-        crate::blobs::LocalBlobs::new(dir.blobs_dir())
-            .map_err(|e| NodeError::Config(format!("the blob store: {e}")))?,
-    );
+    let local_blobs: std::sync::Arc<dyn crate::blobs::BlobStore> = if cfg.blob_store == "local" {
+        std::sync::Arc::new(
+            crate::blobs::LocalBlobs::new(dir.blobs_dir())
+                .map_err(|e| NodeError::Config(format!("the blob store: {e}")))?,
+        )
+    } else {
+        std::sync::Arc::new(
+            crate::blobs_s3::S3Blobs::from_url(&cfg.blob_store, dir.blobs_dir().join(".s3-upload"))
+                .map_err(|e| NodeError::Config(format!("the blob store: {e}")))?,
+        )
+    };
     // Bytes of blobs the store no longer names (past their retention) are deleted.
     let blob_gc = {
         let (blobs, cluster, mut stop) = (local_blobs.clone(), cluster.clone(), stop_rx.clone());
@@ -210,12 +217,14 @@ pub async fn run(
                     _ = every.tick() => {}
                     _ = stop.wait_for(|s| *s) => return,
                 }
-                let (b, c) = (blobs.clone(), cluster.clone());
-                let removed = tokio::task::spawn_blocking(move || {
-                    b.collect(Duration::from_secs(3600), |id| c.state().read(|s| s.blobs.contains_key(id)))
-                })
-                .await
-                .unwrap_or(0);
+                // A shared store is swept by the leader alone.
+                if blobs.shared() && cluster.view().leader_id != Some(cluster.id()) {
+                    continue;
+                }
+                let c = cluster.clone();
+                let keep: crate::blobs::Keep =
+                    std::sync::Arc::new(move |id| c.state().read(|s| s.blobs.contains_key(id)));
+                let removed = blobs.collect(Duration::from_secs(3600), keep).await;
                 if removed > 0 {
                     tracing::info!(removed, "blob bytes past their retention deleted");
                 }

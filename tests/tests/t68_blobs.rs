@@ -3,7 +3,8 @@
 //! DigestMismatch` and stores nothing (the quota is untouched); the quota refuses what would
 //! pass it; a bot reads its own blobs and not its member's; bad names and digests are refused.
 //! In a cluster each blob is on two nodes before the upload is answered, every node serves it,
-//! and it survives the loss of the node that took it.
+//! and it survives the loss of the node that took it. With an S3-compatible store (moto's
+//! server) every node reaches the same bytes, which are in the bucket and not on the nodes.
 
 use computerd_tests::TestCluster;
 use reqwest::Method;
@@ -220,4 +221,112 @@ async fn t30_in_a_cluster_a_blob_is_on_two_nodes_and_read_through_any() {
     let mut nodes: Vec<u64> = v["nodes"].as_array().expect("nodes").iter().filter_map(Value::as_u64).collect();
     nodes.sort_unstable();
     assert_eq!(nodes, [1, 3], "{v}");
+}
+
+/// moto's S3 server on a free port, killed when dropped.
+struct Moto {
+    endpoint: String,
+    child: std::process::Child,
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn moto() -> Moto {
+    let port = computerd_tests::free_port();
+    let child = std::process::Command::new("python3")
+        .args(["-m", "moto.server", "-H", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("moto's server (python3 -m pip install 'moto[server]')");
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let moto = Moto { endpoint, child };
+    let probe = format!("127.0.0.1:{port}");
+    computerd_tests::wait_for("moto to listen", std::time::Duration::from_secs(30), || async {
+        tokio::net::TcpStream::connect(&probe).await.ok().map(|_| ())
+    })
+    .await;
+    moto
+}
+
+#[tokio::test]
+async fn t40_with_an_s3_store_every_node_reaches_the_same_bytes() {
+    let s3 = moto().await;
+    // The bucket (moto takes unsigned requests); the nodes' credentials from the environment.
+    let r = reqwest::Client::new().put(format!("{}/computerd-blobs", s3.endpoint)).send().await.expect("bucket");
+    assert!(r.status().is_success(), "{}", r.status());
+    // SAFETY: this test's process runs only this test (nextest), before any node starts.
+    unsafe {
+        std::env::set_var("AWS_ACCESS_KEY_ID", "testing");
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", "testing");
+    }
+    let store = format!("s3://computerd-blobs/cluster-a?endpoint={}&region=us-east-1", s3.endpoint);
+    let mut c = TestCluster::start_with(3, &["--blob-store", &store]).await;
+    // Above 8 MiB (a multipart upload) and a small one.
+    let big: Vec<u8> = (0..9_500_000u32).map(|i| (i * 31 % 251) as u8).collect();
+    let small = b"%PDF-1.4\n% small\n".to_vec();
+    let mut ids = Vec::new();
+    for body in [&big, &small] {
+        let r = reqwest::Client::new()
+            .post(c.url(1, &format!("/api/blobs?sha={}&name=r.pdf", sha(body))))
+            .bearer_auth(&c.token)
+            .body(body.clone())
+            .send()
+            .await
+            .expect("upload");
+        assert_eq!(r.status().as_u16(), 200);
+        let v: Value = r.json().await.expect("json");
+        assert_eq!(v["nodes"], json!([]), "a shared store names no node: {v}");
+        ids.push(v["blobId"].as_str().expect("id").to_string());
+    }
+    // The bytes are in the bucket, under the prefix, not on the nodes.
+    let listing = reqwest::Client::new()
+        .get(format!("{}/computerd-blobs?list-type=2&prefix=cluster-a/", s3.endpoint))
+        .send()
+        .await
+        .expect("list")
+        .text()
+        .await
+        .expect("text");
+    for id in &ids {
+        assert!(listing.contains(&format!("cluster-a/{id}")), "{id} in {listing}");
+    }
+    let on_disk = std::fs::read_dir(c.dir.path().join("node1/blobs"))
+        .expect("node 1's blob dir")
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("blb_"))
+        .count();
+    assert_eq!(on_disk, 0, "no blob file on node 1");
+    // The node that took them dies; the others serve them.
+    c.kill(1);
+    for node in [2, 3] {
+        let (s, bytes) = read(&c, node, &c.token, &ids[0]).await;
+        assert_eq!((s, bytes.len()), (200, big.len()), "node {node}");
+        assert!(bytes == big, "node {node} served other bytes");
+        let (s, bytes) = read(&c, node, &c.token, &ids[1]).await;
+        assert_eq!((s, bytes), (200, small.clone()), "node {node}");
+    }
+    // A wrong digest stores nothing in the bucket either.
+    let r = reqwest::Client::new()
+        .post(c.url(2, &format!("/api/blobs?sha={}&name=x", sha(b"other"))))
+        .bearer_auth(&c.token)
+        .body(small.clone())
+        .send()
+        .await
+        .expect("upload");
+    assert_eq!(r.status().as_u16(), 422);
+    let after = reqwest::Client::new()
+        .get(format!("{}/computerd-blobs?list-type=2&prefix=cluster-a/", s3.endpoint))
+        .send()
+        .await
+        .expect("list")
+        .text()
+        .await
+        .expect("text");
+    assert_eq!(after.matches("<Key>").count(), 2, "{after}");
 }

@@ -7,7 +7,6 @@
 //! Rights are the calling node's to check, on the blob's record, before it asks: these calls
 //! travel only between nodes, on the cluster's authenticated channels.
 
-use std::pin::Pin;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -20,20 +19,16 @@ use computerd_raft::NodeId;
 use computerd_raft::sm::Blob;
 use futures::Stream;
 use futures::StreamExt;
-use tokio::io::AsyncReadExt;
 use tonic::Status;
 
 use super::MAX_ROUTE_MESSAGE;
 use crate::blobs::PutError;
 use crate::state::AppState;
 
-/// The bytes of one pushed or fetched chunk.
-const CHUNK: usize = 1 << 20;
 /// How long a peer has to answer at all.
 const CONNECT: Duration = Duration::from_secs(3);
 
-/// A blob's bytes as a stream.
-pub type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes, std::io::Error>> + Send>>;
+pub use crate::blobs::ByteStream;
 
 /// Why a second copy could not be made.
 #[derive(Debug)]
@@ -71,6 +66,9 @@ fn peers(state: &AppState, id: &str) -> Vec<NodeId> {
 /// one refuses the upload: a blob kept on one node of several would not survive that node.
 pub async fn second_copy(state: &AppState, id: &str, sha256: &str, size: u64) -> Result<Vec<NodeId>, NoCopy> {
     let me = state.cluster.id();
+    if state.blobs.shared() {
+        return Ok(Vec::new()); // every node reaches the same store
+    }
     let others = peers(state, id);
     if others.is_empty() {
         return Ok(vec![me]);
@@ -90,29 +88,45 @@ pub async fn second_copy(state: &AppState, id: &str, sha256: &str, size: u64) ->
 
 async fn push(state: &AppState, node: NodeId, id: &str, sha256: &str, size: u64) -> Result<(), String> {
     let mut client = client(state, node).ok_or("not reachable")?;
-    let file = state.blobs.open(id).await.map_err(|e| format!("this node's copy: {e}"))?;
+    let bytes = state.blobs.open(id).await.map_err(|e| format!("this node's copy: {e}"))?;
     let first = BlobChunk { blob_id: id.to_string(), sha256: sha256.to_string(), size, data: Vec::new() };
-    let rest = futures::stream::unfold(file, |mut f| async move {
-        let mut buf = vec![0u8; CHUNK];
-        match f.read(&mut buf).await {
-            Ok(0) | Err(_) => None,
-            Ok(n) => {
-                buf.truncate(n);
-                Some((BlobChunk { data: buf, ..Default::default() }, f))
+    // A read error leaves its bytes out: the peer's length and digest checks refuse the copy.
+    // The bytes go through a channel fed by a task: tonic's call wants a stream it may share.
+    let (tx, rx) = tokio::sync::mpsc::channel::<BlobChunk>(4);
+    let feed = tokio::spawn(async move {
+        let mut chunks = push_stream(first, bytes);
+        while let Some(c) = chunks.next().await {
+            if tx.send(c).await.is_err() {
+                return;
             }
         }
     });
-    let mut req = tonic::Request::new(futures::stream::once(async { first }).chain(rest));
+    let mut req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
     req.set_timeout(budget(size));
     let stored = tokio::time::timeout(budget(size) + CONNECT, client.blob_push(req))
         .await
         .map_err(|_| "no answer in time".to_string())?
         .map_err(|s| s.message().to_string())?
         .into_inner();
+    feed.abort();
     if stored.size != size || !stored.sha256.eq_ignore_ascii_case(sha256) {
         return Err(format!("it stored {} bytes hashing to {}", stored.size, stored.sha256));
     }
     Ok(())
+}
+
+/// The chunks of a push: `first`, then the bytes.
+fn push_stream(first: BlobChunk, bytes: ByteStream) -> std::pin::Pin<Box<dyn Stream<Item = BlobChunk> + Send>> {
+    Box::pin(futures::stream::once(futures::future::ready(first)).chain(futures::stream::unfold(bytes, next_chunk)))
+}
+
+/// The next chunk of a stream of bytes to push (a read error ends it short: the peer's length
+/// check then refuses the copy).
+async fn next_chunk(mut bytes: ByteStream) -> Option<(BlobChunk, ByteStream)> {
+    match bytes.next().await {
+        Some(Ok(b)) => Some((BlobChunk { data: b.to_vec(), ..Default::default() }, bytes)),
+        _ => None,
+    }
 }
 
 /// Blob `b`'s bytes: from this node's store when it holds them, else streamed from a node that
@@ -120,11 +134,10 @@ async fn push(state: &AppState, node: NodeId, id: &str, sha256: &str, size: u64)
 pub async fn open(state: &AppState, b: &Blob) -> Result<ByteStream, (ErrorKind, String)> {
     let me = state.cluster.id();
     if b.nodes.is_empty() || b.nodes.contains(&me) {
-        let file = state.blobs.open(&b.id).await.map_err(|e| {
+        return state.blobs.open(&b.id).await.map_err(|e| {
             tracing::error!(blob = %b.id, error = %e, "a recorded blob's bytes are missing");
-            (ErrorKind::Internal, "the blob's bytes are missing on this node".to_string())
-        })?;
-        return Ok(Box::pin(file_stream(file)));
+            (ErrorKind::Internal, "the blob's bytes are missing from the blob store".to_string())
+        });
     }
     let mut why = Vec::new();
     for node in b.nodes.iter().copied() {
@@ -168,20 +181,6 @@ pub async fn read_all(state: &AppState, b: &Blob) -> Result<Vec<u8>, (ErrorKind,
     Ok(out)
 }
 
-fn file_stream(file: tokio::fs::File) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send {
-    futures::stream::unfold(file, |mut f| async move {
-        let mut buf = vec![0u8; 64 * 1024];
-        match f.read(&mut buf).await {
-            Ok(0) => None,
-            Ok(n) => {
-                buf.truncate(n);
-                Some((Ok(Bytes::from(buf)), f))
-            }
-            Err(e) => Some((Err(e), f)),
-        }
-    })
-}
-
 /// The receiving end of `BlobPush`: the copy is stored, checked, under the blob's id.
 pub async fn take_copy(state: &AppState, mut incoming: tonic::Streaming<BlobChunk>) -> Result<BlobStored, Status> {
     let first = incoming.message().await?.ok_or_else(|| ErrorKind::InvalidRequest.status("a push opens first"))?;
@@ -211,12 +210,11 @@ pub async fn serve_copy(state: &AppState, want: BlobWant) -> Result<ByteStream, 
     if !crate::ids::is_id(&want.blob_id, "blb") {
         return Err(ErrorKind::InvalidRequest.status("not a blob id"));
     }
-    let file = state
+    state
         .blobs
         .open(&want.blob_id)
         .await
-        .map_err(|_| ErrorKind::NotFound.status("this node holds no copy of that blob"))?;
-    Ok(Box::pin(file_stream(file)))
+        .map_err(|_| ErrorKind::NotFound.status("this node holds no copy of that blob"))
 }
 
 /// A fetched stream as `BlobFetch`'s answer.
