@@ -132,6 +132,23 @@ impl KvEngine for SledEngine {
     }
 }
 
+/// Opens the engine in `dir`, waiting up to 30 s for its lock. sled lets go of its file lock
+/// shortly after the last handle is dropped (a background thread finishes with it), so a test that
+/// reopens in the same process waits for the lock to be free. A node reopens only in a new process.
+#[cfg(test)]
+pub(crate) fn open_when_free(dir: &Path) -> SledEngine {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        match SledEngine::open(dir) {
+            Ok(e) => return e,
+            Err(e) if e.to_string().contains("could not acquire lock") && std::time::Instant::now() < deadline => {
+                std::thread::yield_now();
+            }
+            Err(e) => panic!("open the engine: {e}"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -146,7 +163,7 @@ mod tests {
             e.remove_range(Space::Log, &3u64.to_be_bytes(), &5u64.to_be_bytes()).expect("range");
             e.flush().expect("flush");
         }
-        let e = SledEngine::open(dir.path()).expect("reopen");
+        let e = open_when_free(dir.path());
         let all = e.scan(Space::Log, &0u64.to_be_bytes(), &u64::MAX.to_be_bytes(), 100).expect("scan");
         let keys: Vec<u8> = all.iter().map(|(_, v)| v[0]).collect();
         assert_eq!(keys, vec![0, 1, 2, 5, 6, 7, 8, 9]);

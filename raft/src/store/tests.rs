@@ -36,19 +36,9 @@ struct Opened {
     engine: Arc<dyn KvEngine>,
 }
 
-/// Opens the engine in `dir`. sled lets go of its file lock shortly after its last handle is
-/// dropped (a background thread finishes with it), so a reopen waits for the lock to be free.
+/// Opens the engine in `dir`, waiting for the lock a dropped handle still holds.
 fn engine_at(dir: &Path) -> Arc<dyn KvEngine> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        match SledEngine::open(&dir.join("engine")) {
-            Ok(e) => return Arc::new(e),
-            Err(e) if e.to_string().contains("could not acquire lock") && Instant::now() < deadline => {
-                std::thread::yield_now();
-            }
-            Err(e) => panic!("open the engine: {e}"),
-        }
-    }
+    Arc::new(crate::engine::open_when_free(&dir.join("engine")))
 }
 
 fn open_at(dir: &Path) -> std::io::Result<Opened> {
