@@ -24,7 +24,6 @@ use computerd_proto::agent::agent_server::Agent;
 use futures::Stream;
 use futures::StreamExt;
 use tokio::io::AsyncReadExt;
-use tokio::io::AsyncWriteExt;
 use tonic::Request;
 use tonic::Response;
 use tonic::Status;
@@ -219,14 +218,16 @@ impl Agent for AgentService {
         // cancelled (the node resets the stream and this future is dropped mid-write).
         let tmp = files::TempFile::new(begun.temp.clone(), account.clone());
         let mode = begun.mode;
-        let mut f = tokio::fs::File::from_std(begun.file);
+        // The disk is written on its own thread while this task receives and hashes the next
+        // chunk; the file is synced before it is checked and put in place.
+        let mut f = computerd_proto::durable::DurableWriter::start(begun.file);
         let mut total = first.data.len() as u64;
         if total > files::MAX_FILE {
             return Err(file_status(FileError::TooLarge));
         }
         let mut hash = <sha2::Sha256 as sha2::Digest>::new();
         sha2::Digest::update(&mut hash, &first.data);
-        f.write_all(&first.data).await.map_err(|e| file_status(e.into()))?;
+        f.write(first.data.into()).await.map_err(|e| file_status(e.into()))?;
         while let Some(chunk) = stream.next().await {
             let chunk = chunk?;
             total += chunk.data.len() as u64;
@@ -234,9 +235,9 @@ impl Agent for AgentService {
                 return Err(file_status(FileError::TooLarge));
             }
             sha2::Digest::update(&mut hash, &chunk.data);
-            f.write_all(&chunk.data).await.map_err(|e| file_status(e.into()))?;
+            f.write(chunk.data.into()).await.map_err(|e| file_status(e.into()))?;
         }
-        f.flush().await.map_err(|e| file_status(e.into()))?;
+        let f = f.finish().await.map_err(|e| file_status(e.into()))?;
         let sha256 = hex::encode(sha2::Digest::finalize(hash));
         // A copy that must arrive exactly: checked before it is put in place (the guard removes
         // the temporary file).
@@ -248,7 +249,6 @@ impl Agent for AgentService {
             return Err(ErrorKind::DigestMismatch
                 .status(format!("what arrived hashes to {sha256}, not {}", first.expect_sha256)));
         }
-        let f = f.into_std().await;
         let temp = tmp.path().to_path_buf();
         let (placed, entry) = users::run_as(&account, move || files::finish_write(&f, mode, &temp, &path))
             .await

@@ -18,7 +18,6 @@ use std::time::Duration;
 use futures::Stream;
 use futures::StreamExt;
 use sha2::Digest;
-use tokio::io::AsyncWriteExt;
 
 /// A blob is at most this large.
 pub const MAX_BLOB: u64 = 1 << 30;
@@ -141,8 +140,9 @@ pub async fn write_checked(
         .mode(0o600)
         .open(tmp)
         .map_err(|e| PutError::Io(e.to_string()))?;
-    // The body comes in small chunks; the disk sees 1 MiB writes (one blocking call each).
-    let mut f = tokio::io::BufWriter::with_capacity(1 << 20, tokio::fs::File::from_std(std_file));
+    // The disk is written on its own thread (1 MiB writes, writeback started as it grows) while
+    // this task receives and hashes the next bytes.
+    let mut f = computerd_proto::durable::DurableWriter::start(std_file);
     let mut hash = sha2::Sha256::new();
     let mut n = 0u64;
     while let Some(chunk) = body.next().await {
@@ -158,7 +158,7 @@ pub async fn write_checked(
             )));
         }
         hash.update(&chunk);
-        f.write_all(&chunk).await.map_err(|e| PutError::Io(e.to_string()))?;
+        f.write(chunk).await.map_err(|e| PutError::Io(e.to_string()))?;
     }
     if let Some(s) = size
         && s != n
@@ -171,8 +171,7 @@ pub async fn write_checked(
     {
         return Err(PutError::Mismatch(format!("the body's SHA-256 is {got}, not {want}")));
     }
-    f.flush().await.map_err(|e| PutError::Io(e.to_string()))?;
-    f.get_ref().sync_all().await.map_err(|e| PutError::Io(e.to_string()))?;
+    f.finish().await.map_err(|e| PutError::Io(e.to_string()))?;
     Ok(Stored { size: n, sha256: got })
 }
 

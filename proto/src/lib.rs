@@ -7,6 +7,7 @@ pub mod browser;
 pub mod channel;
 pub mod deadline;
 pub mod desktop;
+pub mod durable;
 mod error;
 pub mod mcp;
 pub mod mux;

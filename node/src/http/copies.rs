@@ -8,6 +8,7 @@
 use axum::Json;
 use axum::extract::Path;
 use axum::extract::State;
+use bytes::Bytes;
 use computerd_proto::ErrorKind;
 use computerd_proto::agent::FileChunk;
 use computerd_proto::agent::FilePath;
@@ -63,6 +64,18 @@ pub struct FromBoxIn {
     user: Option<String>,
 }
 
+/// `b` in pieces of at most `max` bytes (no copy).
+fn pieces(mut b: Bytes, max: usize) -> Vec<Bytes> {
+    let mut out = Vec::with_capacity(b.len().div_ceil(max.max(1)));
+    while b.len() > max {
+        out.push(b.split_to(max));
+    }
+    if !b.is_empty() {
+        out.push(b);
+    }
+    out
+}
+
 fn agent_error(s: tonic::Status) -> ApiError {
     CallError::from_status(s).into()
 }
@@ -88,20 +101,48 @@ pub async fn to_box(
         return Err(ApiError::new(ErrorKind::TooLarge, "a copy is at most 16 MiB"));
     }
     let who = run_as(&state, &caller, &id, parse_user(req.user.as_deref())?)?;
-    // Here, or from a node that holds the bytes; checked against the record either way.
-    let bytes = crate::owner::blobs::read_all(&state, &blob).await.map_err(|(kind, why)| ApiError::new(kind, why))?;
-    let mut chunks: Vec<FileChunk> =
-        bytes.chunks(CHUNK).map(|c| FileChunk { data: c.to_vec(), ..Default::default() }).collect();
-    if chunks.is_empty() {
-        chunks.push(FileChunk::default());
-    }
-    chunks[0].path = req.path.clone();
-    chunks[0].user = who.user.clone();
-    chunks[0].root_allowed = who.root_allowed;
-    chunks[0].expect_sha256 = blob.sha256.clone();
-    chunks[0].expect_size = Some(blob.size);
+    // The bytes stream from here, or from a node that holds them, straight into the link; the
+    // agent counts and hashes what arrives and puts nothing in place unless it is the blob.
+    let bytes = crate::owner::blobs::open(&state, &blob).await.map_err(|(kind, why)| ApiError::new(kind, why))?;
+    let mut first = FileChunk {
+        path: req.path.clone(),
+        user: who.user.clone(),
+        root_allowed: who.root_allowed,
+        expect_sha256: blob.sha256.clone(),
+        expect_size: Some(blob.size),
+        ..Default::default()
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel::<FileChunk>(8);
+    // The feeder: the first chunk names the file (an empty blob sends it alone). A read that
+    // fails ends the stream early and says why (the agent then refuses the short file).
+    let feeder = tokio::spawn(async move {
+        let mut bytes = bytes;
+        let mut named = false;
+        while let Some(next) = bytes.next().await {
+            for data in pieces(next.map_err(|e| e.to_string())?, CHUNK) {
+                let chunk = if named {
+                    FileChunk { data: data.into(), ..Default::default() }
+                } else {
+                    named = true;
+                    FileChunk { data: data.into(), ..std::mem::take(&mut first) }
+                };
+                if tx.send(chunk).await.is_err() {
+                    return Ok(());
+                }
+            }
+        }
+        if !named {
+            let _ = tx.send(first).await;
+        }
+        Ok::<(), String>(())
+    });
+    let chunks = tokio_stream::wrappers::ReceiverStream::new(rx);
     let mut agent = agent_for(&state, &caller, &id, true).await?;
-    let written = agent.write_file(futures::stream::iter(chunks)).await.map_err(agent_error)?.into_inner();
+    let written = agent.write_file(chunks).await;
+    if let Ok(Err(why)) = feeder.await {
+        return Err(ApiError::new(ErrorKind::Unavailable, format!("the blob's bytes were cut: {why}")));
+    }
+    let written = written.map_err(agent_error)?.into_inner();
     if written.sha256 != blob.sha256 || written.size != blob.size {
         return Err(ApiError::new(ErrorKind::DigestMismatch, "the agent put a file that is not the blob"));
     }

@@ -163,24 +163,6 @@ pub async fn open(state: &AppState, b: &Blob) -> Result<ByteStream, (ErrorKind, 
     Err((ErrorKind::Unavailable, format!("no node holding this blob's bytes answered ({:?})", b.nodes)))
 }
 
-/// Blob `b`'s bytes, all of them, checked against its record.
-pub async fn read_all(state: &AppState, b: &Blob) -> Result<Vec<u8>, (ErrorKind, String)> {
-    use sha2::Digest;
-    let mut stream = open(state, b).await?;
-    let mut out = Vec::with_capacity(b.size.min(64 << 20) as usize);
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| (ErrorKind::Unavailable, format!("the blob's bytes were cut: {e}")))?;
-        out.extend_from_slice(&chunk);
-        if out.len() as u64 > b.size {
-            break;
-        }
-    }
-    if out.len() as u64 != b.size || hex::encode(sha2::Sha256::digest(&out)) != b.sha256 {
-        return Err((ErrorKind::Internal, "the blob's bytes are not what its record says".to_string()));
-    }
-    Ok(out)
-}
-
 /// The receiving end of `BlobPush`: the copy is stored, checked, under the blob's id.
 pub async fn take_copy(state: &AppState, mut incoming: tonic::Streaming<BlobChunk>) -> Result<BlobStored, Status> {
     let first = incoming.message().await?.ok_or_else(|| ErrorKind::InvalidRequest.status("a push opens first"))?;
