@@ -80,21 +80,58 @@ pub struct CallIn {
 #[utoipa::path(post, path = "/v1/tools/call", operation_id = "bot_tools_call", tag = "tools", request_body = CallIn, responses((status = 200, description = "`{\"tool\", \"status\", \"result\"}`", body = Object), (status = 400, body = ErrorBody), (status = 404, description = "no such tool", body = ErrorBody)), security(("bearer" = [])))]
 pub async fn call(State(state): State<AppState>, auth: Auth, req: Request) -> Result<Response, ApiError> {
     let caller = auth.for_write(&state).await?;
-    let authorization = req.headers().get(AUTHORIZATION).cloned();
-    let peer = req.extensions().get::<ConnectInfo<std::net::SocketAddr>>().cloned();
-    let forwarded = req.headers().get("x-forwarded-for").cloned();
+    let origin = Origin::of(req.headers(), req.extensions());
     let bytes = axum::body::to_bytes(req.into_body(), MAX_BODY)
         .await
         .map_err(|_| ApiError::new(ErrorKind::TooLarge, "a tool call's body is at most 1 MiB"))?;
     let b: CallIn = serde_json::from_slice(&bytes).map_err(|e| ApiError::invalid(format!("not a tool call: {e}")))?;
-    let tool =
-        crate::bot_tools::find(&b.name).ok_or_else(|| ApiError::not_found(format!("no tool named {}", b.name)))?;
-    let arguments = if b.arguments.is_null() { json!({}) } else { b.arguments };
+    let bot = caller.bot.as_ref().map(|b| b.id.clone());
+    let (tool, status, result) = run(&state, &origin, bot.as_deref(), &b.name, b.arguments).await?;
+    if status.is_success() {
+        Ok(Json(json!({"tool": tool.name, "status": status.as_u16(), "result": result})).into_response())
+    } else {
+        // The API's error, kind and all, as it answered it.
+        Ok((status, Json(result)).into_response())
+    }
+}
+
+/// Who made a tool call, as the API request it becomes must carry it: the caller's own
+/// `Authorization`, address and forwarding header.
+#[derive(Clone, Default)]
+pub(crate) struct Origin {
+    authorization: Option<HeaderValue>,
+    forwarded: Option<HeaderValue>,
+    peer: Option<ConnectInfo<std::net::SocketAddr>>,
+}
+
+impl Origin {
+    /// The origin of the request with these headers and extensions.
+    pub(crate) fn of(headers: &axum::http::HeaderMap, extensions: &axum::http::Extensions) -> Self {
+        Self {
+            authorization: headers.get(AUTHORIZATION).cloned(),
+            forwarded: headers.get("x-forwarded-for").cloned(),
+            peer: extensions.get::<ConnectInfo<std::net::SocketAddr>>().cloned(),
+        }
+    }
+}
+
+/// Runs tool `name` as the API request it becomes, through this node's router in process:
+/// answers the tool, the API's status and its JSON answer (an error body when not a success).
+/// `bot` is the caller's bot, for the routes under `/api/bots/:botId`.
+pub(crate) async fn run(
+    state: &AppState,
+    origin: &Origin,
+    bot: Option<&str>,
+    name: &str,
+    arguments: Value,
+) -> Result<(&'static crate::bot_tools::BotTool, StatusCode, Value), ApiError> {
+    let tool = crate::bot_tools::find(name).ok_or_else(|| ApiError::not_found(format!("no tool named {name}")))?;
+    let arguments = if arguments.is_null() { json!({}) } else { arguments };
     if !arguments.is_object() {
         return Err(ApiError::invalid("arguments must be an object"));
     }
-    let api = (tool.request)(&Args(&arguments), caller.bot.as_ref().map(|b| b.id.as_str()))
-        .map_err(|e| ApiError::invalid(format!("{}: {}", tool.name, e.0)))?;
+    let api =
+        (tool.request)(&Args(&arguments), bot).map_err(|e| ApiError::invalid(format!("{}: {}", tool.name, e.0)))?;
     let body = api.body.as_ref().map(Value::to_string).unwrap_or_default();
     let mut inner = Request::builder()
         .method(api.method)
@@ -103,28 +140,23 @@ pub async fn call(State(state): State<AppState>, auth: Auth, req: Request) -> Re
         .map_err(|e| ApiError::new(ErrorKind::Internal, format!("cannot make the request: {e}")))?;
     let headers = inner.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    if let Some(a) = authorization {
-        headers.insert(AUTHORIZATION, a);
+    if let Some(a) = &origin.authorization {
+        headers.insert(AUTHORIZATION, a.clone());
     }
-    if let Some(f) = forwarded {
-        headers.insert("x-forwarded-for", f);
+    if let Some(f) = &origin.forwarded {
+        headers.insert("x-forwarded-for", f.clone());
     }
-    if let Some(p) = peer {
-        inner.extensions_mut().insert(p);
+    if let Some(p) = &origin.peer {
+        inner.extensions_mut().insert(*p);
     }
     let answer = match super::router(state.clone()).oneshot(inner).await {
         Ok(r) => r,
         Err(never) => match never {},
     };
-    let status = answer.status();
+    let status = StatusCode::from_u16(answer.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     let bytes = axum::body::to_bytes(answer.into_body(), MAX_ANSWER)
         .await
         .map_err(|_| ApiError::new(ErrorKind::TooLarge, "the tool's answer is over 4 MiB"))?;
     let result: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    if status.is_success() {
-        Ok(Json(json!({"tool": tool.name, "status": status.as_u16(), "result": result})).into_response())
-    } else {
-        // The API's error, kind and all, as it answered it.
-        Ok((StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY), Json(result)).into_response())
-    }
+    Ok((tool, status, result))
 }

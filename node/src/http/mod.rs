@@ -20,6 +20,7 @@ mod grants;
 mod health;
 mod identity;
 mod limits;
+mod mcp;
 mod openapi;
 mod port_proxy;
 mod ports;
@@ -216,6 +217,7 @@ fn groups(seen: &mut dyn FnMut(&[RoutePair])) -> Groups {
     seen(&pairs);
     let (link, pairs) = group! { get "/v1/agent/link" => agent::link };
     seen(&pairs);
+    seen(&mcp::ROUTES);
     let (streams, pairs) = group! {
         get "/v1/events" => events::events,
         get "/api/runs/{id}/events" => runs::events,
@@ -270,6 +272,11 @@ pub fn router(state: AppState) -> Router {
         g.pairing.layer(from_fn_with_state(state.clone(), limits::per_source)).layer(bounded(limits::PAIRING));
     let link = g.link.layer(from_fn_with_state(state.clone(), limits::per_source)).layer(bounded(limits::STREAM));
     let streams = g.streams.layer(bounded(limits::STREAM));
+    // MCP: one service for its three methods; a session's stream lives as long as a stream.
+    let mcp = Router::new()
+        .route_service("/mcp", mcp::service(state.clone()))
+        .layer(from_fn_with_state(state.clone(), mcp::authenticated))
+        .layer(bounded(limits::STREAM));
     let api = Router::new()
         .merge(control)
         .merge(tools)
@@ -284,6 +291,7 @@ pub fn router(state: AppState) -> Router {
         .merge(pairing)
         .merge(link)
         .merge(streams)
+        .merge(mcp)
         .fallback(|| async { ApiError::not_found("no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(computerd_proto::ErrorKind::MethodNotAllowed, "this route does not take that method")

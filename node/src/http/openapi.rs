@@ -23,6 +23,7 @@ use super::files;
 use super::grants;
 use super::health;
 use super::identity;
+use super::mcp;
 use super::ports;
 use super::providers;
 use super::retention;
@@ -63,6 +64,7 @@ impl Modify for BearerAuth {
         approvals::list, approvals::decide, approvals::get_rules, approvals::put_rules,
         retention::get, retention::put,
         bot_tools::list, bot_tools::call,
+        mcp::mcp_post, mcp::mcp_get, mcp::mcp_delete,
         sessions::start, sessions::input, sessions::resize, sessions::stop,
         files::read, files::write, files::remove, files::directory,
         desktop::status, desktop::screenshot, desktop::actions, desktop::release,

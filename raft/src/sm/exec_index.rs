@@ -17,6 +17,7 @@
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;
 
+use super::events::Event;
 use super::model::Execution;
 use super::model::ExecutionState;
 use super::state::State;
@@ -186,6 +187,13 @@ impl State {
     /// Whether the end of session `session_id` is recorded in the event window.
     pub fn session_end_seen(&self, session_id: &str) -> bool {
         self.exec_index.session_ends.contains_key(session_id)
+    }
+
+    /// The `computer_session` event recording the end of session `session_id`, while it is in
+    /// the event window (found by its seq, not by a walk).
+    pub fn session_end(&self, session_id: &str) -> Option<&Event> {
+        let seq = *self.exec_index.session_ends.get(session_id)?;
+        self.events_after(seq.saturating_sub(1)).next().filter(|e| e.seq == seq)
     }
 }
 
