@@ -107,6 +107,7 @@ pub async fn serve(ws: LinkSocket, svc: AgentService) -> Result<(), String> {
     let server = tonic::transport::Server::builder()
         .initial_stream_window_size(computerd_proto::channel::STREAM_WINDOW)
         .initial_connection_window_size(computerd_proto::channel::CONNECTION_WINDOW)
+        .max_frame_size(Some(computerd_proto::channel::MAX_FRAME))
         .add_service(AgentServer::new(svc.clone()).max_decoding_message_size(8 << 20))
         .serve_with_incoming(incoming.map(Ok::<_, std::io::Error>));
     let mut server = std::pin::pin!(server);

@@ -6,13 +6,22 @@ use computerd_node::config::Command;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("COMPUTERD_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn,sled=warn")),
         )
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    // One JSON object per line on request: the event's fields at the top level (`message`,
+    // `computer_id`, `error_id`, …) and the spans it ran in (`execution_id`, `session_id`, …).
+    match std::env::var("COMPUTERD_LOG_FORMAT").as_deref() {
+        Err(_) | Ok("" | "text") => logs.init(),
+        Ok("json") => logs.json().flatten_event(true).with_current_span(true).with_span_list(true).init(),
+        Ok(other) => {
+            eprintln!("computerd: COMPUTERD_LOG_FORMAT is text or json, not {other:?}");
+            return std::process::ExitCode::from(2);
+        }
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(cfg) => computerd_node::serve(cfg, computerd_node::shutdown_signal()).await,

@@ -44,12 +44,16 @@ impl LinkChannel {
 pub const STREAM_WINDOW: u32 = 1 << 20;
 /// The HTTP/2 receive window of a whole connection.
 pub const CONNECTION_WINDOW: u32 = 4 << 20;
+/// The largest HTTP/2 frame either end of a link takes: a file's 256 KiB chunk crosses the
+/// WebSocket as one DATA frame in one mux frame, not sixteen of HTTP/2's default 16 KiB.
+pub const MAX_FRAME: u32 = 256 << 10;
 
 /// Opens HTTP/2 over an epoch as its client.
 pub async fn open(io: EpochIo) -> Result<(LinkChannel, Connection), hyper::Error> {
     let (send, conn) = http2::Builder::new(TokioExecutor::new())
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
+        .max_frame_size(MAX_FRAME)
         .handshake(TokioIo::new(io))
         .await?;
     Ok((LinkChannel { send }, conn))

@@ -110,6 +110,8 @@ pub struct TestCluster {
     pub token: String,
     /// Extra flags for every node.
     pub flags: Vec<String>,
+    /// Extra environment for nodes started from now on.
+    pub env: Vec<(String, String)>,
     /// The cluster's loopback block (see the module doc).
     block: [u8; 3],
 }
@@ -178,6 +180,7 @@ impl TestCluster {
             http,
             token: String::new(),
             flags: flags.iter().map(|s| s.to_string()).collect(),
+            env: Vec::new(),
             block: cluster_block(),
         };
         c.add_node(1, None);
@@ -248,6 +251,7 @@ impl TestCluster {
             .args(&flags)
             .args(lifted_limits(&flags))
             .env("COMPUTERD_LOG", std::env::var("COMPUTERD_LOG").unwrap_or_else(|_| "info,openraft=warn".into()))
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log));
@@ -262,6 +266,11 @@ impl TestCluster {
     /// Runs `computerd serve` for node `id` to completion (for start-up refusals); answers the exit
     /// code and what it printed.
     pub fn run_to_exit(&self, id: u64, extra: &[&str]) -> (i32, String) {
+        self.run_to_exit_with(id, extra, &[])
+    }
+
+    /// Like [`TestCluster::run_to_exit`], with extra environment.
+    pub fn run_to_exit_with(&self, id: u64, extra: &[&str], env: &[(&str, &str)]) -> (i32, String) {
         let node = &self.nodes[&id];
         let out = Command::new(computerd_bin())
             .arg("serve")
@@ -271,6 +280,7 @@ impl TestCluster {
             .args(["--http", &node.http, "--grpc", &node.grpc])
             .args(["--peer-source-ip", &node.ip.to_string()])
             .args(extra)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .output()
             .expect("run computerd");

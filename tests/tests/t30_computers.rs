@@ -641,3 +641,36 @@ async fn t97_failing_idle_pauses_never_delay_others() {
     let ops: Vec<String> = c.journal(&healthy).iter().map(|l| s(l, "op")).collect();
     assert_eq!(ops, ["create", "pause"]);
 }
+
+/// `COMPUTERD_LOG_FORMAT=json`: every line the node logs is one JSON object, and an execution's
+/// lines carry its ids as fields (from its span), so an operator can select them.
+#[tokio::test]
+async fn t95_logs_as_json_carry_the_ids() {
+    let mut c = TestCluster::start_fake(1).await;
+    assert_eq!(c.terminate(1).await, Some(0));
+    c.env.push(("COMPUTERD_LOG_FORMAT".into(), "json".into()));
+    let log = c.nodes[&1].log.clone();
+    let before = std::fs::read_to_string(&log).expect("log").len();
+    c.spawn(1);
+    c.wait_voters(1).await;
+    let p = provider(&c, json!({})).await;
+    let (st, r) = create(&c, 1, &c.token, "json-logs", &p).await;
+    assert_eq!(st, 202, "{r}");
+    let (exe, id) = (s(&r, "executionId"), r["resource"]["id"].as_str().expect("computer id").to_string());
+    assert_eq!(c.settle(1, &exe, &c.token).await["state"], "succeeded");
+    let text = std::fs::read_to_string(&log).expect("log");
+    let lines: Vec<Value> = text[before..]
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l}")))
+        .collect();
+    assert!(!lines.is_empty(), "{text}");
+    assert!(lines.iter().all(|l| l["level"].is_string() && l["timestamp"].is_string() && l["message"].is_string()));
+    let of_it: Vec<&Value> =
+        lines.iter().filter(|l| l["span"]["execution_id"] == exe && l["span"]["computer_id"] == id).collect();
+    assert!(!of_it.is_empty(), "no line carries the execution's ids: {text}");
+
+    // Anything else is refused at start.
+    let (code, out) = c.run_to_exit_with(1, &[], &[("COMPUTERD_LOG_FORMAT", "yaml")]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("text or json"), "{out}");
+}

@@ -15,7 +15,8 @@
 //! receive it, so it is used here, marked `allow(deprecated)`.
 //!
 //! An MCP session lives on the node that opened it: behind a load balancer, keep a session's
-//! requests on one node (HAProxy: `stick on req.hdr(mcp-session-id)`).
+//! requests on one node (HAProxy: `stick store-response res.hdr(mcp-session-id)` and
+//! `stick match req.hdr(mcp-session-id)`).
 
 #![allow(deprecated)] // MCP logging: see above
 
