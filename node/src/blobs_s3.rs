@@ -6,8 +6,9 @@
 //! (as for the local store); only a match goes to the bucket (one request up to 8 MiB, a multipart
 //! upload above), and the temporary file goes. The credentials come from the environment
 //! (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, as `object_store` reads them), never from the
-//! URL, and are never logged. The HTTP client is ours (hyper, [`Hyper`]): plain `http://`
-//! endpoints only for now (a store inside the cluster's network, or behind a local TLS proxy).
+//! URL, and are never logged. The HTTP client is ours (hyper, [`Hyper`]), over TCP for `http://`
+//! endpoints and rustls for `https://` ones (AWS's own when no endpoint is named): the system's
+//! roots, or only the CA of `ca=/path/ca.pem` for a store with a private CA.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -56,21 +57,28 @@ impl S3Blobs {
         }
         let prefix = prefix.trim_matches('/').to_string();
         let mut b = AmazonS3Builder::from_env().with_bucket_name(bucket);
+        let mut ca = None;
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             let v = percent_decode(v).ok_or_else(|| format!("a bad `{k}` in the blob store URL"))?;
             b = match k {
-                "endpoint" => {
-                    if !v.starts_with("http://") {
-                        return Err("the S3 endpoint is an http:// URL (https is not built yet)".into());
-                    }
+                "endpoint" if v.starts_with("http://") => {
                     b.with_endpoint(v.as_str()).with_allow_http(true).with_virtual_hosted_style_request(false)
                 }
+                "endpoint" if v.starts_with("https://") => {
+                    b.with_endpoint(v.as_str()).with_virtual_hosted_style_request(false)
+                }
+                "endpoint" => return Err("the S3 endpoint is an http:// or https:// URL".into()),
                 "region" => b.with_region(v.as_str()),
-                other => return Err(format!("unknown blob store option `{other}` (endpoint, region)")),
+                "ca" => {
+                    ca = Some(PathBuf::from(v));
+                    b
+                }
+                other => return Err(format!("unknown blob store option `{other}` (endpoint, region, ca)")),
             };
         }
-        let store = b.with_http_connector(Hyper).build().map_err(|e| format!("the S3 store: {e}"))?;
+        let tls = tls_config(ca.as_deref())?;
+        let store = b.with_http_connector(Hyper { tls }).build().map_err(|e| format!("the S3 store: {e}"))?;
         std::fs::create_dir_all(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
         std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o700))
             .map_err(|e| format!("{}: {e}", tmp.display()))?;
@@ -200,17 +208,45 @@ impl BlobStore for S3Blobs {
     }
 }
 
-/// The S3 client's HTTP: hyper's pooled client over plain TCP.
-#[derive(Debug, Clone, Copy)]
-struct Hyper;
+/// The TLS of `https://` endpoints: only the CA in `ca` (PEM) when named, else the system's roots.
+fn tls_config(ca: Option<&std::path::Path>) -> Result<Arc<rustls::ClientConfig>, String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    match ca {
+        Some(path) => {
+            let pem = std::fs::read(path).map_err(|e| format!("the S3 CA {}: {e}", path.display()))?;
+            for cert in CertificateDer::pem_slice_iter(&pem) {
+                let cert = cert.map_err(|e| format!("the S3 CA {}: not PEM certificates: {e}", path.display()))?;
+                roots.add(cert).map_err(|e| format!("the S3 CA {}: {e}", path.display()))?;
+            }
+            if roots.is_empty() {
+                return Err(format!("the S3 CA {}: no certificate", path.display()));
+            }
+        }
+        None => {
+            for cert in rustls_native_certs::load_native_certs().certs {
+                // A system root rustls cannot use is skipped, as every TLS client does.
+                let _ = roots.add(cert);
+            }
+        }
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Arc::new(config))
+}
+
+/// The S3 client's HTTP: hyper's pooled HTTP/1.1 client over [`Connector`].
+#[derive(Debug, Clone)]
+struct Hyper {
+    tls: Arc<rustls::ClientConfig>,
+}
 
 #[derive(Debug)]
-struct HyperService(
-    hyper_util::client::legacy::Client<
-        hyper_util::client::legacy::connect::HttpConnector,
-        object_store::client::HttpRequestBody,
-    >,
-);
+struct HyperService(hyper_util::client::legacy::Client<Connector, object_store::client::HttpRequestBody>);
 
 impl object_store::client::HttpConnector for Hyper {
     fn connect(
@@ -220,10 +256,118 @@ impl object_store::client::HttpConnector for Hyper {
         let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
         http.set_connect_timeout(Some(Duration::from_secs(5)));
         http.set_nodelay(true);
+        http.enforce_http(false);
+        let connector = Connector { http, tls: tokio_rustls::TlsConnector::from(self.tls.clone()) };
         let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
-            .build(http);
+            .build(connector);
         Ok(object_store::client::HttpClient::new(HyperService(client)))
+    }
+}
+
+/// TCP, with TLS on top for `https://`.
+#[derive(Clone)]
+struct Connector {
+    http: hyper_util::client::legacy::connect::HttpConnector,
+    tls: tokio_rustls::TlsConnector,
+}
+
+impl std::fmt::Debug for Connector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Connector")
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl tower_service::Service<http::Uri> for Connector {
+    type Response = Conn;
+    type Error = BoxError;
+    type Future = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Conn, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), BoxError>> {
+        tower_service::Service::<http::Uri>::poll_ready(&mut self.http, cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, uri: http::Uri) -> Self::Future {
+        let mut http = self.http.clone();
+        let tls = self.tls.clone();
+        Box::pin(async move {
+            let https = match uri.scheme_str() {
+                Some("https") => true,
+                Some("http") => false,
+                _ => return Err("the S3 endpoint is http:// or https://".into()),
+            };
+            let host = uri.host().ok_or("the S3 endpoint names no host")?.trim_matches(['[', ']']).to_string();
+            let tcp = tower_service::Service::<http::Uri>::call(&mut http, uri).await?;
+            if !https {
+                return Ok(Conn::Plain(tcp));
+            }
+            let name = rustls::pki_types::ServerName::try_from(host)?;
+            let stream = tls.connect(name, tcp.into_inner()).await?;
+            Ok(Conn::Tls(Box::new(hyper_util::rt::TokioIo::new(stream))))
+        })
+    }
+}
+
+/// A connection to the store.
+enum Conn {
+    Plain(hyper_util::rt::TokioIo<tokio::net::TcpStream>),
+    Tls(Box<hyper_util::rt::TokioIo<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>>),
+}
+
+impl hyper_util::client::legacy::connect::Connection for Conn {
+    fn connected(&self) -> hyper_util::client::legacy::connect::Connected {
+        match self {
+            Conn::Plain(s) => hyper_util::client::legacy::connect::Connection::connected(s),
+            Conn::Tls(_) => hyper_util::client::legacy::connect::Connected::new(),
+        }
+    }
+}
+
+impl hyper::rt::Read for Conn {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s) => hyper::rt::Read::poll_read(std::pin::Pin::new(s), cx, buf),
+            Conn::Tls(s) => hyper::rt::Read::poll_read(std::pin::Pin::new(s.as_mut()), cx, buf),
+        }
+    }
+}
+
+impl hyper::rt::Write for Conn {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Plain(s) => hyper::rt::Write::poll_write(std::pin::Pin::new(s), cx, buf),
+            Conn::Tls(s) => hyper::rt::Write::poll_write(std::pin::Pin::new(s.as_mut()), cx, buf),
+        }
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s) => hyper::rt::Write::poll_flush(std::pin::Pin::new(s), cx),
+            Conn::Tls(s) => hyper::rt::Write::poll_flush(std::pin::Pin::new(s.as_mut()), cx),
+        }
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s) => hyper::rt::Write::poll_shutdown(std::pin::Pin::new(s), cx),
+            Conn::Tls(s) => hyper::rt::Write::poll_shutdown(std::pin::Pin::new(s.as_mut()), cx),
+        }
     }
 }
 
@@ -241,7 +385,15 @@ impl object_store::client::HttpService for HyperService {
             .map_err(|e| HttpError::new(HttpErrorKind::Timeout, e))?
             .map_err(|e| {
                 let kind = if e.is_connect() { HttpErrorKind::Connect } else { HttpErrorKind::Request };
-                HttpError::new(kind, e)
+                // The whole chain (hyper's own text hides why: a refused certificate, say).
+                let mut why = e.to_string();
+                let mut source = std::error::Error::source(&e);
+                while let Some(s) = source {
+                    why.push_str(": ");
+                    why.push_str(&s.to_string());
+                    source = s.source();
+                }
+                HttpError::new(kind, std::io::Error::other(why))
             })?;
         let (parts, body) = resp.into_parts();
         let body = body.map_err(|e| HttpError::new(HttpErrorKind::Decode, e));
@@ -284,9 +436,18 @@ mod tests {
         assert_eq!(ok.prefix, "cluster-a");
         assert_eq!(ok.path("blb_x").map(|p| p.to_string()), Some("cluster-a/blb_x".into()));
         assert!(ok.path("../x").is_none());
-        for bad in
-            ["s3://", "s3://key:secret@blobs", "http://blobs", "s3://blobs?colour=red", "s3://blobs?endpoint=%zz"]
-        {
+        // AWS itself (no endpoint), and an https endpoint on the system's roots.
+        S3Blobs::from_url("s3://blobs?region=eu-west-1", tmp.clone()).expect("AWS");
+        S3Blobs::from_url("s3://blobs?endpoint=https://s3.internal:9000", tmp.clone()).expect("https");
+        for bad in [
+            "s3://",
+            "s3://key:secret@blobs",
+            "http://blobs",
+            "s3://blobs?colour=red",
+            "s3://blobs?endpoint=%zz",
+            "s3://blobs?endpoint=ftp://s3.internal",
+            "s3://blobs?endpoint=https://s3.internal&ca=/nonexistent/ca.pem",
+        ] {
             assert!(S3Blobs::from_url(bad, tmp.clone()).is_err(), "{bad}");
         }
         assert_eq!(percent_decode("a%2Fb"), Some("a/b".into()));

@@ -237,14 +237,24 @@ impl Drop for Moto {
 }
 
 async fn moto() -> Moto {
+    moto_with(None).await
+}
+
+/// Moto's server, over TLS with this certificate and key when given.
+async fn moto_with(tls: Option<(&std::path::Path, &std::path::Path)>) -> Moto {
     let port = computerd_tests::free_port();
-    let child = std::process::Command::new("python3")
-        .args(["-m", "moto.server", "-H", "127.0.0.1", "-p", &port.to_string()])
+    let mut cmd = std::process::Command::new("python3");
+    cmd.args(["-m", "moto.server", "-H", "127.0.0.1", "-p", &port.to_string()]);
+    if let Some((cert, key)) = tls {
+        cmd.arg("-c").arg(cert).arg("-k").arg(key);
+    }
+    let child = cmd
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("moto's server (python3 -m pip install 'moto[server]')");
-    let endpoint = format!("http://127.0.0.1:{port}");
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let endpoint = format!("{scheme}://127.0.0.1:{port}");
     let moto = Moto { endpoint, child };
     let probe = format!("127.0.0.1:{port}");
     computerd_tests::wait_for("moto to listen", std::time::Duration::from_secs(30), || async {
@@ -329,4 +339,89 @@ async fn t40_with_an_s3_store_every_node_reaches_the_same_bytes() {
         .await
         .expect("text");
     assert_eq!(after.matches("<Key>").count(), 2, "{after}");
+}
+
+/// A CA and a certificate for 127.0.0.1 in `dir` (`computerd edge-cert`): (CA, cert, key).
+fn certificate(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    let out = std::process::Command::new(computerd_tests::computerd_bin())
+        .args(["edge-cert", "--name", "127.0.0.1", "--dir"])
+        .arg(dir)
+        .output()
+        .expect("computerd edge-cert");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    (dir.join("ca.crt"), dir.join("edge.crt"), dir.join("edge.key"))
+}
+
+/// An `https://` store with a private CA (`ca=`): the node checks the store's certificate
+/// against that CA alone. The same store with another CA is refused, and nothing is recorded.
+#[tokio::test]
+async fn t45_an_https_store_is_checked_against_its_ca() {
+    let certs = tempfile::tempdir().expect("tmp");
+    let (ca, cert, key) = certificate(&certs.path().join("store"));
+    let (other_ca, _, _) = certificate(&certs.path().join("other"));
+    let s3 = moto_with(Some((&cert, &key))).await;
+    // The bucket, over TLS with the CA (the tests' reqwest has no TLS: Python's client).
+    let made = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import ssl, sys, urllib.request as u; \
+             u.urlopen(u.Request(sys.argv[1], method='PUT'), context=ssl.create_default_context(cafile=sys.argv[2]))",
+        ])
+        .arg(format!("{}/computerd-blobs", s3.endpoint))
+        .arg(&ca)
+        .output()
+        .expect("python3");
+    assert!(made.status.success(), "the bucket: {}", String::from_utf8_lossy(&made.stderr));
+    // SAFETY: this test's process runs only this test (nextest), before any node starts.
+    unsafe {
+        std::env::set_var("AWS_ACCESS_KEY_ID", "testing");
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", "testing");
+    }
+    let store = |ca: &std::path::Path| {
+        format!("s3://computerd-blobs/tls?endpoint={}&region=us-east-1&ca={}", s3.endpoint, ca.display())
+    };
+    let big: Vec<u8> = (0..9_000_000u32).map(|i| (i * 7 % 253) as u8).collect();
+    let c = TestCluster::start_with(1, &["--blob-store", &store(&ca)]).await;
+    let r = reqwest::Client::new()
+        .post(c.url(1, &format!("/api/blobs?sha={}&name=r.bin", sha(&big))))
+        .bearer_auth(&c.token)
+        .body(big.clone())
+        .send()
+        .await
+        .expect("upload");
+    assert_eq!(r.status().as_u16(), 200);
+    let v: Value = r.json().await.expect("json");
+    let id = v["blobId"].as_str().expect("id").to_string();
+    let (s, bytes) = read(&c, 1, &c.token, &id).await;
+    assert_eq!((s, bytes.len()), (200, big.len()));
+    assert!(bytes == big, "other bytes came back");
+    drop(c);
+
+    // Another CA: the store's certificate is not trusted, the upload fails, nothing is recorded.
+    let c = TestCluster::start_with(1, &["--blob-store", &store(&other_ca)]).await;
+    let small = b"not stored".to_vec();
+    let r = reqwest::Client::new()
+        .post(c.url(1, &format!("/api/blobs?sha={}&name=x", sha(&small))))
+        .bearer_auth(&c.token)
+        .body(small)
+        .send()
+        .await
+        .expect("upload");
+    let status = r.status().as_u16();
+    let v: Value = r.json().await.expect("json");
+    assert_eq!((status, v["error"]["kind"].as_str()), (500, Some("internal")), "{v}");
+    let listing = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import ssl, sys, urllib.request as u; \
+             print(u.urlopen(sys.argv[1], context=ssl.create_default_context(cafile=sys.argv[2])).read().decode())",
+        ])
+        .arg(format!("{}/computerd-blobs?list-type=2&prefix=tls/", s3.endpoint))
+        .arg(&ca)
+        .output()
+        .expect("python3");
+    let listing = String::from_utf8_lossy(&listing.stdout);
+    assert_eq!(listing.matches("<Key>").count(), 1, "only the first blob is in the bucket: {listing}");
+    let log = std::fs::read_to_string(&c.nodes[&1].log).expect("log");
+    assert!(log.contains("UnknownIssuer") || log.contains("invalid peer certificate"), "{log}");
 }
