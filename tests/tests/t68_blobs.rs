@@ -352,6 +352,25 @@ fn certificate(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf
     (dir.join("ca.crt"), dir.join("edge.crt"), dir.join("edge.key"))
 }
 
+/// Sends a body-less `method` request to `url` trusting only `ca`, and answers the body (the
+/// tests' reqwest has no TLS: Python's client).
+fn over_tls(method: &str, url: &str, ca: &std::path::Path) -> String {
+    let out = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import ssl, sys, urllib.request as u; \
+             r = u.urlopen(u.Request(sys.argv[2], method=sys.argv[1]), \
+                           context=ssl.create_default_context(cafile=sys.argv[3])); \
+             print(r.read().decode())",
+        ])
+        .args([method, url])
+        .arg(ca)
+        .output()
+        .expect("python3");
+    assert!(out.status.success(), "{method} {url}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// An `https://` store with a private CA (`ca=`): the node checks the store's certificate
 /// against that CA alone. The same store with another CA is refused, and nothing is recorded.
 #[tokio::test]
@@ -360,18 +379,8 @@ async fn t45_an_https_store_is_checked_against_its_ca() {
     let (ca, cert, key) = certificate(&certs.path().join("store"));
     let (other_ca, _, _) = certificate(&certs.path().join("other"));
     let s3 = moto_with(Some((&cert, &key))).await;
-    // The bucket, over TLS with the CA (the tests' reqwest has no TLS: Python's client).
-    let made = std::process::Command::new("python3")
-        .args([
-            "-c",
-            "import ssl, sys, urllib.request as u; \
-             u.urlopen(u.Request(sys.argv[1], method='PUT'), context=ssl.create_default_context(cafile=sys.argv[2]))",
-        ])
-        .arg(format!("{}/computerd-blobs", s3.endpoint))
-        .arg(&ca)
-        .output()
-        .expect("python3");
-    assert!(made.status.success(), "the bucket: {}", String::from_utf8_lossy(&made.stderr));
+    // The bucket, over TLS with the CA.
+    over_tls("PUT", &format!("{}/computerd-blobs", s3.endpoint), &ca);
     // SAFETY: this test's process runs only this test (nextest), before any node starts.
     unsafe {
         std::env::set_var("AWS_ACCESS_KEY_ID", "testing");
@@ -382,15 +391,8 @@ async fn t45_an_https_store_is_checked_against_its_ca() {
     };
     let big: Vec<u8> = (0..9_000_000u32).map(|i| (i * 7 % 253) as u8).collect();
     let c = TestCluster::start_with(1, &["--blob-store", &store(&ca)]).await;
-    let r = reqwest::Client::new()
-        .post(c.url(1, &format!("/api/blobs?sha={}&name=r.bin", sha(&big))))
-        .bearer_auth(&c.token)
-        .body(big.clone())
-        .send()
-        .await
-        .expect("upload");
-    assert_eq!(r.status().as_u16(), 200);
-    let v: Value = r.json().await.expect("json");
+    let (status, v) = upload(&c, &c.token, &format!("sha={}&name=r.bin", sha(&big)), big.clone()).await;
+    assert_eq!(status, 200, "{v}");
     let id = v["blobId"].as_str().expect("id").to_string();
     let (s, bytes) = read(&c, 1, &c.token, &id).await;
     assert_eq!((s, bytes.len()), (200, big.len()));
@@ -400,27 +402,9 @@ async fn t45_an_https_store_is_checked_against_its_ca() {
     // Another CA: the store's certificate is not trusted, the upload fails, nothing is recorded.
     let c = TestCluster::start_with(1, &["--blob-store", &store(&other_ca)]).await;
     let small = b"not stored".to_vec();
-    let r = reqwest::Client::new()
-        .post(c.url(1, &format!("/api/blobs?sha={}&name=x", sha(&small))))
-        .bearer_auth(&c.token)
-        .body(small)
-        .send()
-        .await
-        .expect("upload");
-    let status = r.status().as_u16();
-    let v: Value = r.json().await.expect("json");
+    let (status, v) = upload(&c, &c.token, &format!("sha={}&name=x", sha(&small)), small).await;
     assert_eq!((status, v["error"]["kind"].as_str()), (500, Some("internal")), "{v}");
-    let listing = std::process::Command::new("python3")
-        .args([
-            "-c",
-            "import ssl, sys, urllib.request as u; \
-             print(u.urlopen(sys.argv[1], context=ssl.create_default_context(cafile=sys.argv[2])).read().decode())",
-        ])
-        .arg(format!("{}/computerd-blobs?list-type=2&prefix=tls/", s3.endpoint))
-        .arg(&ca)
-        .output()
-        .expect("python3");
-    let listing = String::from_utf8_lossy(&listing.stdout);
+    let listing = over_tls("GET", &format!("{}/computerd-blobs?list-type=2&prefix=tls/", s3.endpoint), &ca);
     assert_eq!(listing.matches("<Key>").count(), 1, "only the first blob is in the bucket: {listing}");
     let log = std::fs::read_to_string(&c.nodes[&1].log).expect("log");
     assert!(log.contains("UnknownIssuer") || log.contains("invalid peer certificate"), "{log}");

@@ -167,7 +167,7 @@ impl ServerHandler for McpTools {
         let bot = caller.bot.as_ref().map(|b| b.id.clone());
         let arguments = request.arguments.map(Value::Object).unwrap_or(Value::Null);
         let computer = arguments.get("computerId").and_then(Value::as_str).map(str::to_string);
-        let (tool, status, result) =
+        let (_, status, result) =
             match super::bot_tools::run(&self.state, &origin, bot.as_deref(), &request.name, arguments).await {
                 Ok(r) => r,
                 Err(e) if e.kind == ErrorKind::NotFound => {
@@ -183,7 +183,6 @@ impl ServerHandler for McpTools {
         {
             self.watch(context.peer.clone(), computer, session.to_string());
         }
-        let _ = tool;
         Ok(answered(result).into())
     }
 }
