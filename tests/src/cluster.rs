@@ -53,9 +53,29 @@ pub fn free_port() -> u16 {
     free_port_on(IpAddr::V4(Ipv4Addr::LOCALHOST))
 }
 
-/// A free port on `ip` (bound, read, released).
+/// A free port on `ip` (bound, read, released), drawn at random below the kernel's ephemeral
+/// range. A port the kernel hands out for `bind(0)` is one it may hand out again at once: to an
+/// outgoing connection, or to a wildcard listener of another test (Docker's published ports, a
+/// Chromium) that then holds it on every address before the node binds it. Below the range only
+/// an explicit choice takes a port, and each cluster chooses on its own loopback address.
 pub fn free_port_on(ip: IpAddr) -> u16 {
-    TcpListener::bind((ip, 0)).and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+    let lo = ephemeral_floor();
+    for _ in 0..10_000 {
+        let port = rand::random_range(10_000..lo);
+        if TcpListener::bind((ip, port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port on {ip} in 10000..{lo}")
+}
+
+/// The lowest port of the kernel's ephemeral range (32768 unless configured), at least 20000.
+fn ephemeral_floor() -> u16 {
+    fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|p| p.parse::<u16>().ok()))
+        .unwrap_or(32768)
+        .max(20_000)
 }
 
 /// Test clients share one address and call much faster than people: the edge's rate limits are
@@ -186,11 +206,18 @@ impl TestCluster {
         c.add_node(1, None);
         c.spawn(1);
         let token_path = c.nodes[&1].data.join("admin.token");
+        let mut first = c.nodes.get_mut(&1).and_then(|n| n.child.take()).expect("node 1 runs");
+        let log = c.nodes[&1].log.clone();
         let token = wait_for("the admin token", Duration::from_secs(60), || {
             let p = token_path.clone();
+            // A node that stopped (say, its port was taken) will never write it: say so now.
+            if let Ok(Some(status)) = first.try_wait() {
+                panic!("node 1 stopped at start ({status}): {}", fs::read_to_string(&log).unwrap_or_default());
+            }
             async move { fs::read_to_string(&p).ok().filter(|t| t.ends_with('\n')) }
         })
         .await;
+        c.nodes.get_mut(&1).expect("node 1").child = Some(first);
         c.token = token.trim().to_string();
         let first_grpc = c.nodes[&1].grpc.clone();
         for id in 2..=n {

@@ -27,8 +27,8 @@ use crate::sm::Response;
 /// The answer of a proposal forwarded to a node that may no longer lead.
 #[derive(Debug, Serialize, Deserialize)]
 pub enum ProposeReply {
-    /// Applied; the state machine's response.
-    Applied(Response),
+    /// Applied at the leader; the state machine's response and the entry's log index.
+    Applied(Response, u64),
     /// This node does not lead; the leader it knows, if any.
     NotLeader(Option<(NodeId, NodeAddr)>),
 }
@@ -152,7 +152,7 @@ impl Cluster {
         let payload = encode(&req).map_err(|e| ClusterError::Invalid(e.to_string()))?;
         let (req, payload) = (&req, &payload);
         let late = "no leader accepted the write in time";
-        self.retry_on_leader(deadline, "forwarded write", late, move |leader| async move {
+        let answered = self.retry_on_leader(deadline, "forwarded write", late, move |leader| async move {
             let reply = match leader {
                 // A leader cut off from its quorum commits nothing, and may not learn that it was
                 // deposed until the partition heals: give up at the deadline too (the write may
@@ -171,11 +171,21 @@ impl Cluster {
                 }
             };
             Ok(match reply {
-                ProposeReply::Applied(r) => Attempt::Answered(r),
+                ProposeReply::Applied(r, index) => Attempt::Answered((r, index)),
                 ProposeReply::NotLeader(_) => Attempt::NotLeader,
             })
         })
-        .await
+        .await?;
+        let (response, index) = answered;
+        // Read your writes on every node: the caller reads this node's state next (the record it
+        // just changed), so a write forwarded to the leader answers once it is applied here too.
+        // The leader sends the commit on at once; a node cut off from it since then answers at
+        // the deadline anyway, since the write did apply.
+        let left = deadline.saturating_duration_since(Instant::now());
+        if let Err(e) = self.raft().wait(Some(left)).applied_index_at_least(Some(index), "a forwarded write").await {
+            tracing::warn!(index, error = %e, "a forwarded write applied at the leader is not yet applied here");
+        }
+        Ok(response)
     }
 
     /// The stamp of an entry this node appends now: its wall clock, but never below a stamp it
@@ -191,7 +201,7 @@ impl Cluster {
     pub async fn propose_local(&self, req: Request) -> Result<ProposeReply, ClusterError> {
         let req = req.stamped(self.stamp(wall_ms()));
         match self.raft().client_write(req).await {
-            Ok(resp) => Ok(ProposeReply::Applied(resp.data)),
+            Ok(resp) => Ok(ProposeReply::Applied(resp.data, resp.log_id.index())),
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))
             | Err(RaftError::APIError(ClientWriteError::LogEntryDiscarded(f))) => {
                 Ok(ProposeReply::NotLeader(f.leader_id.zip(f.leader_node)))
