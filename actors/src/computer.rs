@@ -14,6 +14,7 @@ use computerd_raft::sm::Command;
 use computerd_raft::sm::ExecutionError;
 use computerd_raft::sm::ExecutionKind;
 use computerd_raft::sm::Outcome;
+use computerd_raft::sm::ProviderKind;
 use computerd_raft::sm::Request;
 use computerd_raft::sm::Response;
 use computerd_raft::sm::Source;
@@ -111,6 +112,27 @@ fn outcome(answer: Option<Result<Option<String>, ProviderError>>, timeout: Durat
     }
 }
 
+/// The provider label of a call's metrics.
+fn provider_name(kind: Option<ProviderKind>) -> &'static str {
+    match kind {
+        Some(ProviderKind::Docker) => "docker",
+        Some(ProviderKind::E2b) => "e2b",
+        Some(ProviderKind::Daytona) => "daytona",
+        Some(ProviderKind::Fake) => "fake",
+        None => "none",
+    }
+}
+
+/// The call label of a provider call's metrics.
+fn call_name(kind: ExecutionKind) -> &'static str {
+    match kind {
+        ExecutionKind::Create => "create",
+        ExecutionKind::Pause => "pause",
+        ExecutionKind::Resume => "resume",
+        ExecutionKind::Delete => "delete",
+    }
+}
+
 fn new_claim() -> String {
     format!("clm_{}", hex::encode(rand::random::<[u8; 12]>()))
 }
@@ -200,7 +222,23 @@ impl ComputerActorState {
                         ExecutionKind::Delete => adapter.delete(&sandbox, &exe.command_key).await.map(|()| None),
                     }
                 };
-                outcome(tokio::time::timeout(timeout, call).await.ok(), timeout)
+                let started = std::time::Instant::now();
+                let answer = tokio::time::timeout(timeout, call).await.ok();
+                let result = match &answer {
+                    Some(Ok(_)) => "ok",
+                    Some(Err(ProviderError::NotSent(_))) => "not_sent",
+                    Some(Err(ProviderError::Rejected(_))) => "rejected",
+                    Some(Err(ProviderError::Lost(_))) => "lost",
+                    None => "timeout",
+                };
+                metrics::histogram!(
+                    "computerd_provider_call_seconds",
+                    "provider" => provider_name(provider.as_ref().map(|p| p.kind)),
+                    "call" => call_name(exe.kind),
+                    "result" => result,
+                )
+                .record(started.elapsed().as_secs_f64());
+                outcome(answer, timeout)
             }
         };
         tracing::info!(outcome = ?outcome, "provider call ended");

@@ -113,6 +113,7 @@ impl DevConfig {
             peer_source_ip: None,
             reinstall_snapshot: false,
             blob_store: "local".into(),
+            metrics_token_file: None,
         }
     }
 }
@@ -229,6 +230,10 @@ pub struct ServeConfig {
     /// `AWS_SECRET_ACCESS_KEY`). Every node of a cluster names the same store.
     #[arg(long, env = "COMPUTERD_BLOB_STORE", default_value = "local")]
     pub blob_store: String,
+    /// A file holding the token (at least 16 characters) that Prometheus presents to read
+    /// `GET /metrics`; owners' and admins' tokens read it too.
+    #[arg(long, env = "COMPUTERD_METRICS_TOKEN_FILE")]
+    pub metrics_token_file: Option<std::path::PathBuf>,
 }
 
 impl ServeConfig {

@@ -254,6 +254,11 @@ pub async fn run(
             }
         })
     };
+    let metrics_token = match &cfg.metrics_token_file {
+        Some(path) => Some(crate::metrics::token_hash_from(path).map_err(NodeError::Config)?),
+        None => None,
+    };
+    crate::metrics::handle();
     let app_state = crate::state::AppState {
         blobs: local_blobs.clone(),
         cluster: cluster.clone(),
@@ -270,6 +275,7 @@ pub async fn run(
         novnc_dir: cfg.novnc_dir.clone(),
         public_domain: std::sync::Arc::new(public_domain),
         port_pool: std::sync::Arc::default(),
+        metrics_token,
     };
     // A node cut off from its quorum sheds its agent links, so they move to the majority.
     let shedder = tokio::spawn(computerd_actors::link::run_shedder(

@@ -44,4 +44,7 @@ pub struct AppState {
     pub blobs: Arc<dyn crate::blobs::BlobStore>,
     /// This node's `DIR/join.token` (rewritten when the reusable secret is rotated here).
     pub join_token_file: Option<std::path::PathBuf>,
+    /// The hash of the token that may read `/metrics` (`--metrics-token-file`), besides owners
+    /// and admins.
+    pub metrics_token: Option<String>,
 }

@@ -152,30 +152,31 @@ impl Cluster {
         let payload = encode(&req).map_err(|e| ClusterError::Invalid(e.to_string()))?;
         let (req, payload) = (&req, &payload);
         let late = "no leader accepted the write in time";
-        let answered = self.retry_on_leader(deadline, "forwarded write", late, move |leader| async move {
-            let reply = match leader {
-                // A leader cut off from its quorum commits nothing, and may not learn that it was
-                // deposed until the partition heals: give up at the deadline too (the write may
-                // still apply, as after a lost forward).
-                Leader::Here => match tokio::time::timeout_at(deadline, self.propose_local(req.clone())).await {
-                    Ok(reply) => reply?,
-                    Err(_) => return Err(ClusterError::Unavailable("the write was not committed in time".into())),
-                },
-                Leader::At(_, mut client) => {
-                    let mut r = tonic::Request::new(payload.clone());
-                    r.set_timeout(deadline.saturating_duration_since(Instant::now()));
-                    match client.propose(r).await {
-                        Ok(resp) => decode(resp.get_ref()).map_err(|e| ClusterError::Fatal(e.to_string()))?,
-                        Err(status) => return Ok(Attempt::Lost(status)),
+        let answered = self
+            .retry_on_leader(deadline, "forwarded write", late, move |leader| async move {
+                let reply = match leader {
+                    // A leader cut off from its quorum commits nothing, and may not learn that it was
+                    // deposed until the partition heals: give up at the deadline too (the write may
+                    // still apply, as after a lost forward).
+                    Leader::Here => match tokio::time::timeout_at(deadline, self.propose_local(req.clone())).await {
+                        Ok(reply) => reply?,
+                        Err(_) => return Err(ClusterError::Unavailable("the write was not committed in time".into())),
+                    },
+                    Leader::At(_, mut client) => {
+                        let mut r = tonic::Request::new(payload.clone());
+                        r.set_timeout(deadline.saturating_duration_since(Instant::now()));
+                        match client.propose(r).await {
+                            Ok(resp) => decode(resp.get_ref()).map_err(|e| ClusterError::Fatal(e.to_string()))?,
+                            Err(status) => return Ok(Attempt::Lost(status)),
+                        }
                     }
-                }
-            };
-            Ok(match reply {
-                ProposeReply::Applied(r, index) => Attempt::Answered((r, index)),
-                ProposeReply::NotLeader(_) => Attempt::NotLeader,
+                };
+                Ok(match reply {
+                    ProposeReply::Applied(r, index) => Attempt::Answered((r, index)),
+                    ProposeReply::NotLeader(_) => Attempt::NotLeader,
+                })
             })
-        })
-        .await?;
+            .await?;
         let (response, index) = answered;
         // Read your writes on every node: the caller reads this node's state next (the record it
         // just changed), so a write forwarded to the leader answers once it is applied here too.

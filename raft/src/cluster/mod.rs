@@ -107,6 +107,10 @@ pub struct ClusterView {
     pub term: u64,
     /// Last applied log index.
     pub last_applied: Option<u64>,
+    /// The last index in this node's log.
+    pub last_log: Option<u64>,
+    /// The last index this node knows committed.
+    pub committed: Option<u64>,
     /// Index of the latest snapshot.
     pub snapshot: Option<u64>,
     /// Index up to which the log was purged.
@@ -264,6 +268,8 @@ impl Cluster {
             leader_id: m.current_leader,
             term: m.current_term,
             last_applied: m.last_applied.map(|l| l.index),
+            last_log: m.last_log_index,
+            committed: m.local_committed.map(|l| l.index),
             snapshot: m.snapshot.map(|l| l.index),
             purged: m.purged.map(|l| l.index),
             members,
