@@ -298,6 +298,10 @@ async fn t30_the_example_runtime_killed_mid_run_is_replaced_and_copies_once() {
     let from_box = format!("/v1/computers/{computer}/copy-from-box");
     let (s, v) = post(&c, 1, &from_box, &bot_token, json!({"path": "outbox/summary.txt"})).await;
     assert_eq!((s, v["error"]["kind"].as_str()), (403, Some("forbidden")), "a grant without paths: {v}");
+    // Reading a file is held to the same paths as copying it out.
+    let read = |p: &str| format!("/v1/computers/{computer}/files?path={p}");
+    let (s, v) = c.call(Method::GET, 1, &read("outbox/summary.txt"), &bot_token, None).await;
+    assert_eq!((s, v["error"]["kind"].as_str()), (403, Some("forbidden")), "a read without paths: {v}");
     let (s, v) = c.call(Method::PUT, 1, &grant, &c.token, Some(json!({"paths": ["outbox"]}))).await;
     assert_eq!((s, v["error"]["kind"].as_str()), (400, Some("invalid_request")), "paths are absolute: {v}");
     let outbox = workdir.join("outbox").to_string_lossy().to_string();
@@ -309,10 +313,16 @@ async fn t30_the_example_runtime_killed_mid_run_is_replaced_and_copies_once() {
         (200, Some(hex::encode(sha2::Sha256::digest(b"the summary\n")).as_str())),
         "{v}"
     );
+    let (s, v) = c.call(Method::GET, 1, &read("outbox/summary.txt"), &bot_token, None).await;
+    assert_eq!((s, v["content"].as_str()), (200, Some("the summary\n")), "{v}");
     for outside in ["secret.txt", "outbox/leak"] {
         let (s, v) = post(&c, 1, &from_box, &bot_token, json!({"path": outside})).await;
         assert_eq!((s, v["error"]["kind"].as_str()), (403, Some("forbidden")), "{outside}: {v}");
+        let (s, v) = c.call(Method::GET, 1, &read(outside), &bot_token, None).await;
+        assert_eq!((s, v["error"]["kind"].as_str()), (403, Some("forbidden")), "read {outside}: {v}");
     }
+    let (s, v) = c.call(Method::GET, 1, &read("secret.txt"), &c.token, None).await;
+    assert_eq!((s, v["content"].as_str()), (200, Some("not for bots\n")), "the member reads anywhere: {v}");
     // The member copies from anywhere.
     let (s, v) = post(&c, 1, &from_box, &c.token, json!({"path": "secret.txt"})).await;
     assert_eq!(s, 200, "{v}");

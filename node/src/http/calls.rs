@@ -108,3 +108,24 @@ pub fn run_as(state: &AppState, caller: &Caller, computer_id: &str, user: &str) 
     }
     Ok(RunAs { user: user.to_string(), root_allowed })
 }
+
+/// Where a caller may read files from on a Computer, for the agent's `within` check: a bot on a
+/// paired machine reads only under the paths its grant names (checked by the agent on the opened
+/// file's real path, so a symlink does not lead out), and is refused when the grant names none;
+/// a member, and any caller on a sandbox, reads anywhere (empty: no bound).
+pub fn read_roots(state: &AppState, caller: &Caller, computer_id: &str) -> Result<Vec<String>, ApiError> {
+    let Some(bot) = &caller.bot else { return Ok(Vec::new()) };
+    let (paired, paths) = state.cluster.state().read(|s| {
+        let paired = s.computers.get(computer_id).is_some_and(|c| c.source == computerd_raft::sm::Source::Paired);
+        let paths = s.grants.get(computer_id).and_then(|g| g.get(&bot.id)).map(|g| g.paths.clone()).unwrap_or_default();
+        (paired, paths)
+    });
+    match (paired, paths) {
+        (true, paths) if paths.is_empty() => Err(ApiError::new(
+            ErrorKind::Forbidden,
+            "on a paired machine a bot reads only from the paths its grant names, and this grant names none",
+        )),
+        (true, paths) => Ok(paths),
+        (false, _) => Ok(Vec::new()),
+    }
+}

@@ -182,26 +182,8 @@ pub async fn from_box(
     let name = req.path.rsplit('/').next().filter(|n| !n.is_empty()).unwrap_or("file").to_string();
     let who = run_as(&state, &caller, &id, parse_user(req.user.as_deref())?)?;
     let mut agent = agent_for(&state, &caller, &id, false).await?;
-    // A bot on a paired machine copies only from the paths its grant names (the agent checks
-    // the opened file's real path); a member, and any caller on a sandbox, from anywhere.
-    let within = match &caller.bot {
-        Some(bot) => state.cluster.state().read(|s| {
-            let paired = s.computers.get(&id).is_some_and(|c| c.source == computerd_raft::sm::Source::Paired);
-            let paths = s.grants.get(&id).and_then(|g| g.get(&bot.id)).map(|g| g.paths.clone()).unwrap_or_default();
-            (paired, paths)
-        }),
-        None => (false, Vec::new()),
-    };
-    let within = match within {
-        (true, paths) if paths.is_empty() => {
-            return Err(ApiError::new(
-                ErrorKind::Forbidden,
-                "on a paired machine a bot copies only from the paths its grant names, and this grant names none",
-            ));
-        }
-        (true, paths) => paths,
-        (false, _) => Vec::new(),
-    };
+    // A bot on a paired machine copies only from the paths its grant names.
+    let within = super::calls::read_roots(&state, &caller, &id)?;
     let path = FilePath { path: req.path.clone(), user: who.user.clone(), root_allowed: who.root_allowed, within };
     let stream = agent.read_file(path).await.map_err(agent_error)?.into_inner();
     let blob_id = new_id("blb");

@@ -95,8 +95,11 @@ pub async fn read(
     let caller = auth.current(&state).await?;
     let q = query(q)?;
     let who = run_as(&state, &caller, &id, parse_user(q.user.as_deref())?)?;
+    // A bot on a paired machine reads only under the paths its grant names, as it copies out.
+    let within = super::calls::read_roots(&state, &caller, &id)?;
     let mut agent = agent_for(&state, &caller, &id, false).await?;
-    let stream = agent.read_file(file_path(&q.path, who)).await.map_err(agent_error)?.into_inner();
+    let path = FilePath { within, ..file_path(&q.path, who) };
+    let stream = agent.read_file(path).await.map_err(agent_error)?.into_inner();
     if q.encoding == Encoding::Raw || wants_octets(&headers, header::ACCEPT) {
         // The agent refused anything missing, unreadable or too large before the first byte, so the
         // status is known; a link lost midway cuts the body.
