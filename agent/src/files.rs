@@ -149,6 +149,18 @@ pub fn opened_within(f: &std::fs::File, roots: &[String]) -> bool {
     roots.iter().filter_map(|r| std::fs::canonicalize(r).ok()).any(|root| real.starts_with(&root))
 }
 
+/// Lists a directory that lies under one of `roots` (its real path, as opened); `None` when it
+/// does not. The listing reads the opened directory itself, so a path swapped meanwhile does
+/// not lead out.
+pub fn list_within(path: &Path, roots: &[String]) -> Result<Option<Vec<Entry>>, FileError> {
+    use std::os::fd::AsRawFd;
+    let dir = std::fs::File::open(path)?;
+    if !opened_within(&dir, roots) {
+        return Ok(None);
+    }
+    list(Path::new(&format!("/proc/self/fd/{}", dir.as_raw_fd()))).map(Some)
+}
+
 /// Lists a directory, sorted by name.
 pub fn list(path: &Path) -> Result<Vec<Entry>, FileError> {
     let meta = std::fs::metadata(path)?;

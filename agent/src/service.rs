@@ -273,8 +273,18 @@ impl Agent for AgentService {
         check(&self.generation, &req)?;
         let r = req.into_inner();
         let (account, path) = self.file_call(&r.user, r.root_allowed, &r.path)?;
-        let entries =
-            users::run_as(&account, move || files::list(&path)).await.map_err(thread_status)?.map_err(file_status)?;
+        let within = r.within;
+        let entries = if within.is_empty() {
+            users::run_as(&account, move || files::list(&path)).await.map_err(thread_status)?.map_err(file_status)?
+        } else {
+            users::run_as(&account, move || files::list_within(&path, &within))
+                .await
+                .map_err(thread_status)?
+                .map_err(file_status)?
+                .ok_or_else(|| {
+                    ErrorKind::Forbidden.status("the directory is outside the paths this bot's grant names")
+                })?
+        };
         Ok(Response::new(DirListing { entries: entries.into_iter().map(info).collect() }))
     }
 

@@ -315,6 +315,14 @@ async fn t30_the_example_runtime_killed_mid_run_is_replaced_and_copies_once() {
     );
     let (s, v) = c.call(Method::GET, 1, &read("outbox/summary.txt"), &bot_token, None).await;
     assert_eq!((s, v["content"].as_str()), (200, Some("the summary\n")), "{v}");
+    // And so is listing a directory.
+    let list = |p: &str| format!("/v1/computers/{computer}/directory?path={p}");
+    let (s, v) = c.call(Method::GET, 1, &list("outbox"), &bot_token, None).await;
+    let names: Vec<&str> =
+        v["entries"].as_array().map(|e| e.iter().filter_map(|e| e["name"].as_str()).collect()).unwrap_or_default();
+    assert_eq!((s, names), (200, vec!["leak", "summary.txt"]), "{v}");
+    let (s, v) = c.call(Method::GET, 1, &list("."), &bot_token, None).await;
+    assert_eq!((s, v["error"]["kind"].as_str()), (403, Some("forbidden")), "the workspace itself: {v}");
     for outside in ["secret.txt", "outbox/leak"] {
         let (s, v) = post(&c, 1, &from_box, &bot_token, json!({"path": outside})).await;
         assert_eq!((s, v["error"]["kind"].as_str()), (403, Some("forbidden")), "{outside}: {v}");

@@ -263,8 +263,10 @@ pub async fn directory(
     let caller = auth.current(&state).await?;
     let q = query(q)?;
     let who = run_as(&state, &caller, &id, parse_user(q.user.as_deref())?)?;
+    let within = super::calls::read_roots(&state, &caller, &id)?;
     let mut agent = agent_for(&state, &caller, &id, false).await?;
-    let list = agent.list_directory(file_path(&q.path, who)).await.map_err(agent_error)?.into_inner();
+    let path = FilePath { within, ..file_path(&q.path, who) };
+    let list = agent.list_directory(path).await.map_err(agent_error)?.into_inner();
     let entries: Vec<Value> = list
         .entries
         .into_iter()
