@@ -18,7 +18,6 @@ pub mod http;
 pub mod ids;
 mod limits;
 pub mod link_handshake;
-pub mod metrics;
 pub mod owner;
 mod pki;
 pub mod ports;

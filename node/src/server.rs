@@ -255,10 +255,10 @@ pub async fn run(
         })
     };
     let metrics_token = match &cfg.metrics_token_file {
-        Some(path) => Some(crate::metrics::token_hash_from(path).map_err(NodeError::Config)?),
+        Some(path) => Some(crate::http::metrics::token_hash_from(path).map_err(NodeError::Config)?),
         None => None,
     };
-    crate::metrics::handle();
+    crate::http::metrics::handle();
     let app_state = crate::state::AppState {
         blobs: local_blobs.clone(),
         cluster: cluster.clone(),

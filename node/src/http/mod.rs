@@ -21,13 +21,14 @@ mod health;
 mod identity;
 mod limits;
 mod mcp;
+pub(crate) mod metrics;
 mod openapi;
 mod port_proxy;
 mod ports;
 mod providers;
 mod retention;
 mod runs;
-pub(crate) mod schemas;
+mod schemas;
 mod sessions;
 mod tool_drain;
 mod tools;
@@ -84,7 +85,7 @@ struct Groups {
 fn groups(seen: &mut dyn FnMut(&[RoutePair])) -> Groups {
     let (control, pairs) = group! {
         get "/v1/health" => health::health,
-        get "/metrics" => crate::metrics::scrape,
+        get "/metrics" => metrics::scrape,
         get "/v1/openapi.json" => openapi::openapi_json,
         post "/v1/members" => identity::create_member,
         get "/v1/members" => identity::list_members,
@@ -300,7 +301,7 @@ pub fn router(state: AppState) -> Router {
         .layer(axum::middleware::from_fn_with_state(state.clone(), limits::per_token))
         // Outside the rate limits, so refused calls count too; a router's layer wraps each route,
         // so the route's pattern is known to it.
-        .layer(axum::middleware::from_fn(crate::metrics::count_requests))
+        .layer(axum::middleware::from_fn(metrics::count_requests))
         .with_state(state.clone());
     // A request to a public port address (by its `Host`) never reaches the API's routes.
     Router::new().fallback_service(api).layer(from_fn_with_state(state, port_proxy::by_host))

@@ -24,6 +24,7 @@ use super::grants;
 use super::health;
 use super::identity;
 use super::mcp;
+use super::metrics;
 use super::ports;
 use super::providers;
 use super::retention;
@@ -52,7 +53,7 @@ impl Modify for BearerAuth {
 #[openapi(
     info(title = "computerd", description = "The control plane for AI bots' computers."),
     paths(
-        health::health, health::remove_node, health::join_token, crate::metrics::scrape,
+        health::health, health::remove_node, health::join_token, metrics::scrape,
         identity::create_member, identity::list_members, identity::create_bot, identity::list_bots,
         identity::archive_bot, identity::create_token, identity::list_tokens, identity::revoke_token,
         providers::create, providers::list,

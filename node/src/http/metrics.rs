@@ -6,8 +6,9 @@
 //! own metrics, its registries' sizes, the store's indexes), so a scrape never walks the state.
 //!
 //! Who may scrape: a caller with the metrics token (`--metrics-token-file`; only its SHA-256 is
-//! kept) or an owner's or admin's token, checked on the node that answers, from its own replica
-//! (so a node cut off from its quorum still reports).
+//! kept) or an owner's or admin's token, checked on the node that answers: from its own replica
+//! first (so a node cut off from its quorum still reports), then, for a token it has not seen
+//! yet, after a read barrier.
 
 use std::sync::Mutex;
 use std::sync::OnceLock;
@@ -27,9 +28,9 @@ use metrics_exporter_prometheus::Matcher;
 use metrics_exporter_prometheus::PrometheusBuilder;
 use metrics_exporter_prometheus::PrometheusHandle;
 
-use crate::http::ApiError;
-use crate::http::AppState;
-use crate::http::Auth;
+use super::ApiError;
+use super::AppState;
+use super::Auth;
 
 /// Histogram buckets for durations in seconds (HTTP calls, provider calls).
 const SECONDS: [f64; 14] = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0];
@@ -51,7 +52,7 @@ pub fn handle() -> &'static PrometheusHandle {
         };
         let recorder = builder.build_recorder();
         let handle = recorder.handle();
-        if metrics::set_global_recorder(recorder).is_err() {
+        if ::metrics::set_global_recorder(recorder).is_err() {
             tracing::warn!("another metrics recorder is installed; /metrics shows only the gauges set here");
         }
         describe();
@@ -79,15 +80,15 @@ pub async fn count_requests(req: Request, next: Next) -> Response {
     let started = Instant::now();
     let resp = next.run(req).await;
     let status = resp.status().as_u16().to_string();
-    metrics::histogram!("computerd_http_request_duration_seconds", "route" => route.clone(), "method" => method.clone())
+    ::metrics::histogram!("computerd_http_request_duration_seconds", "route" => route.clone(), "method" => method.clone())
         .record(started.elapsed().as_secs_f64());
-    metrics::counter!("computerd_http_requests_total", "route" => route, "method" => method, "status" => status)
+    ::metrics::counter!("computerd_http_requests_total", "route" => route, "method" => method, "status" => status)
         .increment(1);
     resp
 }
 
 /// `GET /metrics`: Prometheus's text format, for the metrics token or an owner or admin.
-#[utoipa::path(get, path = "/metrics", operation_id = "metrics_scrape", tag = "cluster", responses((status = 200, description = "Prometheus text format 0.0.4", content_type = "text/plain"), (status = 401, description = "No token, or an unknown one", body = crate::http::schemas::ErrorBody), (status = 403, description = "Neither the metrics token nor an owner or admin", body = crate::http::schemas::ErrorBody)), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/metrics", operation_id = "metrics_scrape", tag = "cluster", responses((status = 200, description = "Prometheus text format 0.0.4", content_type = "text/plain"), (status = 401, description = "No token, or an unknown one", body = super::schemas::ErrorBody), (status = 403, description = "Neither the metrics token nor an owner or admin", body = super::schemas::ErrorBody)), security(("bearer" = [])))]
 pub async fn scrape(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
     let auth = Auth::from_headers(&headers)
         .ok_or_else(|| ApiError::new(ErrorKind::Unauthorized, "a bearer token is required"))?;
@@ -109,9 +110,9 @@ pub async fn scrape(State(state): State<AppState>, headers: HeaderMap) -> Result
 
 /// The HELP line of every metric.
 fn describe() {
-    use metrics::describe_counter as c;
-    use metrics::describe_gauge as g;
-    use metrics::describe_histogram as h;
+    use ::metrics::describe_counter as c;
+    use ::metrics::describe_gauge as g;
+    use ::metrics::describe_histogram as h;
     c!("computerd_http_requests_total", "API requests by route pattern, method and status");
     h!("computerd_http_request_duration_seconds", "Time to an API answer's head, by route pattern and method");
     h!(
@@ -150,7 +151,7 @@ fn describe() {
 static SNAPSHOT_SEEN: Mutex<Option<(u64, Instant)>> = Mutex::new(None);
 
 fn set_gauges(state: &AppState) {
-    use metrics::gauge;
+    use ::metrics::gauge;
     use std::sync::atomic::Ordering::Relaxed;
     let v = state.cluster.view();
     let idx = |i: Option<u64>| i.unwrap_or(0) as f64;
@@ -184,9 +185,9 @@ fn set_gauges(state: &AppState) {
     gauge!("computerd_agent_links_connected").set(state.links.connected() as f64);
     gauge!("computerd_sessions").set(state.sessions.len() as f64);
     let counts = state.owners.counts();
-    metrics::counter!("computerd_routed_calls_total").absolute(counts.routed.load(Relaxed));
-    metrics::counter!("computerd_rerouted_calls_total").absolute(counts.rerouted.load(Relaxed));
-    metrics::counter!("computerd_routing_timeouts_total").absolute(counts.timed_out.load(Relaxed));
+    ::metrics::counter!("computerd_routed_calls_total").absolute(counts.routed.load(Relaxed));
+    ::metrics::counter!("computerd_rerouted_calls_total").absolute(counts.rerouted.load(Relaxed));
+    ::metrics::counter!("computerd_routing_timeouts_total").absolute(counts.timed_out.load(Relaxed));
 
     // Open executions by state (the open set is the work in flight, not the history), the
     // finished ones kept for their retention, and the idle plan.
