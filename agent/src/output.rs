@@ -68,7 +68,13 @@ impl OutputBuf {
     /// Reads new output from `from` (default: the cursor). Unless `done`, an incomplete character
     /// at the end is held back for the next read.
     pub fn read(&mut self, from: Option<u64>, max: usize, done: bool) -> Chunk {
-        let asked = from.unwrap_or(self.cursor);
+        let chunk = self.peek(from.unwrap_or(self.cursor), max, done);
+        self.cursor = chunk.offset;
+        chunk
+    }
+
+    /// Like [`OutputBuf::read`] from `asked`, without moving the cursor.
+    pub fn peek(&self, asked: u64, max: usize, done: bool) -> Chunk {
         let from = asked.clamp(self.start, self.end());
         let (a, b) = self.data.as_slices();
         let all: Vec<u8> = a.iter().chain(b.iter()).copied().collect();
@@ -90,7 +96,6 @@ impl OutputBuf {
         take_from += skip;
         let text = String::from_utf8_lossy(&all[take_from..stop]).into_owned();
         let offset = self.start + stop as u64;
-        self.cursor = offset;
         Chunk { text, truncated, offset }
     }
 }

@@ -157,6 +157,19 @@ impl Agent for AgentService {
     async fn input(&self, req: Request<SessionInput>) -> Result<Response<SessionReply>, Status> {
         check(&self.generation, &req)?;
         let r = req.into_inner();
+        if r.peek {
+            if !r.data.is_empty() {
+                return Err(ErrorKind::InvalidRequest.status("a look sends no input"));
+            }
+            let yield_for = Duration::from_millis(r.yield_ms as u64);
+            let from = r.from_offset.unwrap_or(0);
+            let out = self
+                .sessions
+                .peek(&r.session_id, &r.owner, from, yield_for, r.max_output_bytes as usize)
+                .await
+                .map_err(session_status)?;
+            return Ok(Response::new(reply(&r.session_id, out)));
+        }
         let out = self
             .sessions
             .input(
@@ -188,6 +201,30 @@ impl Agent for AgentService {
         let out =
             self.sessions.kill(&r.session_id, &r.owner, r.max_output_bytes as usize).await.map_err(session_status)?;
         Ok(Response::new(reply(&r.session_id, out)))
+    }
+
+    async fn list_sessions(
+        &self,
+        req: Request<SessionRef>,
+    ) -> Result<Response<computerd_proto::agent::SessionList>, Status> {
+        check(&self.generation, &req)?;
+        let owner = req.into_inner().owner;
+        let sessions = self
+            .sessions
+            .list(&owner)
+            .into_iter()
+            .map(|s| computerd_proto::agent::SessionSummary {
+                session_id: s.session_id,
+                command: s.command,
+                tty: s.tty,
+                started_ms: s.started_ms,
+                running: s.running,
+                exit_code: s.exit_code,
+                signal: s.signal,
+                offset: s.offset,
+            })
+            .collect();
+        Ok(Response::new(computerd_proto::agent::SessionList { sessions }))
     }
 
     type ReadFileStream = ChunkStream;

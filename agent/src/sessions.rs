@@ -24,9 +24,10 @@ use crate::users::Account;
 
 /// Output kept per session.
 const BUFFER_BYTES: usize = 8 << 20;
-/// How long, and how many, sessions whose end was answered are kept for repeated reads.
-const ANSWERED_FOR: Duration = Duration::from_secs(120);
-const ANSWERED_KEPT: usize = 1024;
+/// How long, and how many, sessions whose end was answered are kept for repeated reads, looks
+/// and lists (each keeps its output, up to `BUFFER_BYTES`).
+const ANSWERED_FOR: Duration = Duration::from_secs(600);
+const ANSWERED_KEPT: usize = 256;
 /// A session unused this long is ended (the default of [`Sessions::start_reaper`]).
 pub const IDLE_LIMIT: Duration = Duration::from_secs(30 * 60);
 
@@ -89,6 +90,12 @@ enum Input {
 struct Session {
     /// Who started it; only they may use it.
     owner: String,
+    /// Its command, for lists.
+    command: String,
+    /// Under a PTY.
+    tty: bool,
+    /// When it started, unix ms.
+    started_ms: u64,
     pgid: i32,
     input: tokio::sync::Mutex<Option<Input>>,
     pty: Option<OwnedFd>,
@@ -119,6 +126,49 @@ impl Session {
         }
     }
 
+    /// Output from `from` as it stands, without moving the cursor.
+    fn peek(&self, from: u64, max: usize) -> Reply {
+        let exit = self.exit.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let done = self.done();
+        let chunk = self.out.lock().unwrap_or_else(|p| p.into_inner()).peek(from, max, done);
+        match exit.filter(|_| done) {
+            Some((code, signal)) => Reply { running: false, exit_code: code, signal, chunk },
+            None => Reply { running: true, exit_code: None, signal: None, chunk },
+        }
+    }
+
+    /// Waits until there is output past `from`, the command is done, or `yield_for` passed.
+    async fn wait_output(&self, from: u64, yield_for: Duration) {
+        let deadline = Instant::now() + yield_for;
+        loop {
+            let notified = self.changed.notified();
+            let more = self.out.lock().unwrap_or_else(|p| p.into_inner()).end() > from;
+            if more || self.done() || Instant::now() >= deadline {
+                return;
+            }
+            tokio::select! {
+                _ = notified => {}
+                _ = tokio::time::sleep_until(deadline) => return,
+            }
+        }
+    }
+
+    fn summary(&self, id: &str) -> Summary {
+        let exit = self.exit.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        // (Apart: `done` takes the exit lock too.)
+        let exit = exit.filter(|_| self.done());
+        Summary {
+            session_id: id.to_string(),
+            command: self.command.clone(),
+            tty: self.tty,
+            started_ms: self.started_ms,
+            running: exit.is_none(),
+            exit_code: exit.as_ref().and_then(|e| e.0),
+            signal: exit.and_then(|e| e.1),
+            offset: self.out.lock().unwrap_or_else(|p| p.into_inner()).end(),
+        }
+    }
+
     /// Waits until the command is done or `yield_for` passed.
     async fn wait(&self, yield_for: Duration) {
         self.waiting.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -143,6 +193,27 @@ impl Session {
     fn touch(&self) {
         *self.last_used.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
     }
+}
+
+/// One session, for a list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Summary {
+    /// The session.
+    pub session_id: String,
+    /// Its command.
+    pub command: String,
+    /// Under a PTY.
+    pub tty: bool,
+    /// When it started, unix ms.
+    pub started_ms: u64,
+    /// Still running (or its output still being read).
+    pub running: bool,
+    /// Exit code, once exited normally.
+    pub exit_code: Option<i32>,
+    /// Signal name, once killed by one.
+    pub signal: Option<String>,
+    /// The offset after its output so far.
+    pub offset: u64,
 }
 
 /// A command that ended while no call waited on it.
@@ -320,8 +391,15 @@ impl Sessions {
             (child, Input::Pipe(stdin), None, vec![Box::new(stdout), Box::new(stderr)])
         };
         let pgid = child.id().map(|p| p as i32).unwrap_or(0);
+        let started_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
         let s = Arc::new(Session {
             owner: spec.owner.clone(),
+            command: spec.command.clone(),
+            tty: spec.tty,
+            started_ms,
             pgid,
             input: tokio::sync::Mutex::new(Some(input)),
             pty,
@@ -405,6 +483,47 @@ impl Sessions {
             .rev()
             .find(|(k, at, s)| k == id && s.owner == owner && at.elapsed() <= ANSWERED_FOR)
             .map(|(_, _, s)| s.clone())
+    }
+
+    /// A look at a session's output from `from`, waiting up to `yield_for` for some past it:
+    /// no input, and neither the cursor nor the session moves. An ended session is answered for
+    /// as long as it is kept.
+    pub async fn peek(
+        &self,
+        id: &str,
+        owner: &str,
+        from: u64,
+        yield_for: Duration,
+        max: usize,
+    ) -> Result<Reply, SessionError> {
+        let s = match self.get(id, owner) {
+            Ok(s) => s,
+            Err(SessionError::NotFound) => self.answered(id, owner).ok_or(SessionError::NotFound)?,
+            Err(e) => return Err(e),
+        };
+        s.wait_output(from, yield_for).await;
+        Ok(s.peek(from, max))
+    }
+
+    /// The sessions of `owner`: those that run or whose end was not answered yet, then the
+    /// ended ones still kept, newest first; at most `ANSWERED_KEPT` of the latter.
+    pub fn list(&self, owner: &str) -> Vec<Summary> {
+        let mut out: Vec<Summary> = self
+            .inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(_, s)| s.owner == owner)
+            .map(|(id, s)| s.summary(id))
+            .collect();
+        out.sort_by(|a, b| b.started_ms.cmp(&a.started_ms).then_with(|| a.session_id.cmp(&b.session_id)));
+        let kept = self.answered.lock().unwrap_or_else(|p| p.into_inner());
+        for (id, at, s) in kept.iter().rev() {
+            if s.owner == owner && at.elapsed() <= ANSWERED_FOR && !out.iter().any(|o| &o.session_id == id) {
+                out.push(s.summary(id));
+            }
+        }
+        out
     }
 
     /// Writes input (may be empty: only read) and waits up to `yield_for`.

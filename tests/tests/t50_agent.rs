@@ -262,6 +262,74 @@ async fn t35_raw_files() {
 
 /// The 30 s edge of `yieldTimeMs`: a command still running after 30 s is answered `running`
 /// at the 30 s mark, not before and not much after.
+/// Sessions an E2B user can live with: listed, and read (running or ended) by a look that never
+/// moves the offset the input calls answer from.
+#[tokio::test]
+async fn t36_sessions_are_listed_and_read_after_they_end() {
+    let c = TestCluster::start(1).await;
+    let (id, _agent) = linked(&c, "look").await;
+    let get = |path: String| {
+        let c = &c;
+        async move { c.call(Method::GET, 1, &path, &c.token, None).await }
+    };
+    let (s, v) = run(&c, &id, json!({"command": "printf 'one\\n'; sleep 0.2; printf 'two\\n'"})).await;
+    assert_eq!((s, &v["running"], &v["session"]), (200, &json!(false), &Value::Null), "{v}");
+    let ended = v["sessionId"].as_str().expect("sessionId").to_string();
+    let (s, v) = run(&c, &id, json!({"command": "sleep 0.5; echo late; sleep 30", "yieldTimeMs": 250})).await;
+    assert_eq!((s, &v["running"], &v["output"]), (200, &json!(true), &json!("")), "{v}");
+    let running = v["session"].as_str().expect("session").to_string();
+
+    // Listed: the running one first, then the ended one, each with its command and state.
+    let (s, v) = get(format!("/v1/computers/{id}/sessions")).await;
+    assert_eq!(s, 200, "{v}");
+    let listed: Vec<(&str, bool)> = v["sessions"]
+        .as_array()
+        .expect("sessions")
+        .iter()
+        .map(|s| (s["session"].as_str().unwrap_or(""), s["running"] == true))
+        .collect();
+    assert_eq!(listed, [(running.as_str(), true), (ended.as_str(), false)], "{v}");
+    let done = &v["sessions"][1];
+    assert_eq!((&done["exitCode"], &done["offset"], &done["tty"]), (&json!(0), &json!(8), &json!(false)), "{v}");
+    assert!(done["command"].as_str().is_some_and(|c| c.starts_with("printf 'one")), "{v}");
+
+    // The ended one reads whole, or from an offset.
+    let (s, v) = get(format!("/v1/computers/{id}/sessions/{ended}")).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        (&v["output"], &v["running"], &v["exitCode"], &v["offset"]),
+        (&json!("one\ntwo\n"), &json!(false), &json!(0), &json!(8))
+    );
+    let (_, v) = get(format!("/v1/computers/{id}/sessions/{ended}?fromOffset=4")).await;
+    assert_eq!(v["output"], "two\n", "{v}");
+
+    // A look waits for output, and leaves the polling offset where it was: the next input call
+    // answers the same output.
+    let (s, v) = get(format!("/v1/computers/{id}/sessions/{running}?yieldTimeMs=5000")).await;
+    assert_eq!((s, &v["output"], &v["running"]), (200, &json!("late\n"), &json!(true)), "{v}");
+    let v = input(&c, &id, &running, "", 250).await;
+    assert_eq!(v["output"], "late\n", "the look moved nothing: {v}");
+
+    // Bad input and unknown sessions: the JSON error body.
+    let (s, v) = get(format!("/v1/computers/{id}/sessions/{running}?yieldTimeMs=30001")).await;
+    assert_eq!((s, kind(&v)), (400, "invalid_request"), "{v}");
+    let (s, v) = get(format!("/v1/computers/{id}/sessions/{running}?since=3")).await;
+    assert_eq!((s, kind(&v)), (400, "invalid_request"), "{v}");
+    let (s, v) = get(format!("/v1/computers/{id}/sessions/cse_nobody")).await;
+    assert_eq!((s, kind(&v)), (404, "not_found"), "{v}");
+
+    // Killed, it is listed as ended by its signal.
+    let (s, _) = c.call(Method::DELETE, 1, &format!("/v1/computers/{id}/sessions/{running}"), &c.token, None).await;
+    assert_eq!(s, 200);
+    let (_, v) = get(format!("/v1/computers/{id}/sessions")).await;
+    let killed = v["sessions"].as_array().expect("sessions").iter().find(|s| s["session"] == running.as_str()).cloned();
+    assert_eq!(
+        killed.map(|k| (k["running"].clone(), k["signal"].clone())),
+        Some((json!(false), json!("SIGKILL"))),
+        "{v}"
+    );
+}
+
 #[tokio::test]
 async fn t32_yield_30s_edge() {
     let c = TestCluster::start(1).await;

@@ -151,6 +151,8 @@ fn groups(seen: &mut dyn FnMut(&[RoutePair])) -> Groups {
     seen(&pairs);
     let (sessions, pairs) = group! {
         post "/v1/computers/{id}/sessions" => sessions::start,
+        get "/v1/computers/{id}/sessions" => sessions::list,
+        get "/v1/computers/{id}/sessions/{sid}" => sessions::get,
         delete "/v1/computers/{id}/sessions/{sid}" => sessions::stop,
         post "/v1/computers/{id}/sessions/{sid}/input" => sessions::input,
         post "/v1/computers/{id}/sessions/{sid}/resize" => sessions::resize,

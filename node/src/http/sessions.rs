@@ -30,6 +30,7 @@ use super::ApiError;
 use super::AppState;
 use super::Auth;
 use super::calls::admit;
+use super::calls::agent_for;
 use super::calls::parse_user;
 use super::calls::run_as;
 #[allow(unused_imports)]
@@ -82,7 +83,10 @@ pub fn unescape(s: &str) -> Result<Vec<u8>, ApiError> {
 
 fn answer(r: SessionReply) -> Json<Value> {
     Json(json!({
-        "session": if r.running { Some(r.session_id) } else { None },
+        // The id always, to read the session later (`GET …/sessions/:sid`, kept 10 minutes after
+        // it ended); `session` only while it runs, to send it input.
+        "sessionId": r.session_id,
+        "session": if r.running { Some(r.session_id.clone()) } else { None },
         "running": r.running,
         "exitCode": r.exit_code,
         "signal": r.signal,
@@ -228,6 +232,7 @@ pub async fn input(
         from_offset: b.from_offset,
         repeat: b.from_offset.is_some(),
         owner: owner_of(&caller),
+        peek: false,
     };
     let r = ask(&h, |reply| SessionMessage::Input(req, reply)).await?;
     Ok(answer(r))
@@ -274,6 +279,87 @@ pub async fn stop(
     let req = SessionRef { session_id: sid, max_output_bytes: MAX_OUTPUT_DEFAULT, owner: owner_of(&caller) };
     let r = ask(&h, |reply| SessionMessage::Kill(req, reply)).await?;
     Ok(answer(r))
+}
+
+/// `GET …/sessions/:sid?fromOffset=&maxOutputBytes=&yieldTimeMs=`
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LookQuery {
+    from_offset: Option<u64>,
+    max_output_bytes: Option<u32>,
+    yield_time_ms: Option<u32>,
+}
+
+/// `GET /v1/computers/:id/sessions/:sid`: a look at a session, running or ended (its agent keeps
+/// an ended one 10 minutes): its state and its output from `fromOffset` (default 0), waiting up
+/// to `yieldTimeMs` (default 0) for some past it. Only a look: the offset that input calls
+/// answer from does not move.
+#[utoipa::path(get, path = "/v1/computers/{id}/sessions/{sid}", operation_id = "sessions_get", tag = "sessions", params(("id" = String, Path), ("sid" = String, Path), ("fromOffset" = Option<u64>, Query), ("maxOutputBytes" = Option<u32>, Query), ("yieldTimeMs" = Option<u32>, Query, description = "0..=30000, default 0")), responses((status = 200, description = "`{\"session\", \"running\", \"exitCode\", \"signal\", \"output\", \"truncated\", \"fromOffset\", \"offset\"}`", body = Object), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+pub async fn get(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path((id, sid)): Path<(String, String)>,
+    q: Result<axum::extract::Query<LookQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let caller = auth.current(&state).await?;
+    let axum::extract::Query(q) = q.map_err(|e| ApiError::invalid(e.body_text()))?;
+    let yield_ms = q.yield_time_ms.unwrap_or(0);
+    if yield_ms > *YIELD_RANGE.end() {
+        return Err(ApiError::invalid("yieldTimeMs must be 0..=30000"));
+    }
+    let (_, max) = limits(None, q.max_output_bytes)?;
+    if !sid.starts_with("cse_") || sid.len() > 100 {
+        return Err(ApiError::not_found("no such session"));
+    }
+    let from = q.from_offset.unwrap_or(0);
+    let mut agent = agent_for(&state, &caller, &id, false).await?;
+    let req = SessionInput {
+        session_id: sid.clone(),
+        yield_ms,
+        max_output_bytes: max,
+        from_offset: Some(from),
+        owner: owner_of(&caller),
+        peek: true,
+        ..Default::default()
+    };
+    let r = agent.input(req).await.map_err(|s| ApiError::from(CallError::from_status(s)))?.into_inner();
+    Ok(Json(json!({
+        "session": sid,
+        "running": r.running,
+        "exitCode": r.exit_code,
+        "signal": r.signal,
+        "output": r.output,
+        "truncated": r.truncated,
+        "fromOffset": from,
+        "offset": r.offset,
+    })))
+}
+
+/// `GET /v1/computers/:id/sessions`: the caller's sessions on the Computer, the running ones
+/// first (newest first), then the ended ones its agent still keeps (10 minutes).
+#[utoipa::path(get, path = "/v1/computers/{id}/sessions", operation_id = "sessions_list", tag = "sessions", params(("id" = String, Path)), responses((status = 200, description = "`{\"sessions\": [{\"session\", \"command\", \"tty\", \"startedAt\", \"running\", \"exitCode\", \"signal\", \"offset\"}]}`", body = Object), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+pub async fn list(State(state): State<AppState>, auth: Auth, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let caller = auth.current(&state).await?;
+    let mut agent = agent_for(&state, &caller, &id, false).await?;
+    let req = SessionRef { owner: owner_of(&caller), ..Default::default() };
+    let l = agent.list_sessions(req).await.map_err(|s| ApiError::from(CallError::from_status(s)))?.into_inner();
+    let sessions: Vec<Value> = l
+        .sessions
+        .into_iter()
+        .map(|s| {
+            json!({
+                "session": s.session_id,
+                "command": s.command,
+                "tty": s.tty,
+                "startedAt": s.started_ms,
+                "running": s.running,
+                "exitCode": s.exit_code,
+                "signal": s.signal,
+                "offset": s.offset,
+            })
+        })
+        .collect();
+    Ok(Json(json!({ "sessions": sessions })))
 }
 
 #[cfg(test)]
