@@ -328,6 +328,33 @@ async fn t36_sessions_are_listed_and_read_after_they_end() {
         Some((json!(false), json!("SIGKILL"))),
         "{v}"
     );
+
+    // The output as server-sent events: as it comes, then its end; resumed from an id (an
+    // offset), it goes on from there.
+    let body = json!({"command": "for i in 1 2 3; do echo $i; sleep 0.3; done; exit 4", "yieldTimeMs": 250});
+    let (_, v) = run(&c, &id, body).await;
+    let sid = v["sessionId"].as_str().expect("sessionId").to_string();
+    let polled = v["output"].as_str().expect("output").to_string();
+    let url = c.url(1, &format!("/v1/computers/{id}/sessions/{sid}/output"));
+    let mut sse = computerd_tests::sse::Sse::open(&url, &c.token, None).await;
+    let (mut text, mut ids, mut end) = (String::new(), Vec::new(), None);
+    while let Some((offset, kind, data)) = sse.next().await {
+        ids.push(offset);
+        match kind.as_str() {
+            "output" => text.push_str(data["output"].as_str().expect("output")),
+            "end" => end = Some(data),
+            other => panic!("an event {other}"),
+        }
+    }
+    assert_eq!(text, "1\n2\n3\n");
+    assert_eq!(end.map(|e| e["exitCode"].clone()), Some(json!(4)));
+    assert!(ids.windows(2).all(|w| w[0] <= w[1]) && ids.last() == Some(&6), "{ids:?}");
+    let mut resumed = computerd_tests::sse::Sse::open(&url, &c.token, Some(2)).await;
+    let first = resumed.next().await.expect("an event");
+    assert_eq!((first.1.as_str(), first.2["output"].as_str()), ("output", Some("2\n3\n")), "{first:?}");
+    // The polling calls go on from where they were: together they answer the output once.
+    let v = input(&c, &id, &sid, "", 250).await;
+    assert_eq!(format!("{polled}{}", v["output"].as_str().unwrap_or("")), "1\n2\n3\n", "the stream moved nothing: {v}");
 }
 
 #[tokio::test]

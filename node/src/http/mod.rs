@@ -156,6 +156,7 @@ fn groups(seen: &mut dyn FnMut(&[RoutePair])) -> Groups {
         delete "/v1/computers/{id}/sessions/{sid}" => sessions::stop,
         post "/v1/computers/{id}/sessions/{sid}/input" => sessions::input,
         post "/v1/computers/{id}/sessions/{sid}/resize" => sessions::resize,
+        get "/v1/computers/{id}/sessions/{sid}/output" => sessions::output,
     };
     seen(&pairs);
     let (files, pairs) = group! {

@@ -362,6 +362,108 @@ pub async fn list(State(state): State<AppState>, auth: Auth, Path(id): Path<Stri
     Ok(Json(json!({ "sessions": sessions })))
 }
 
+/// `GET …/sessions/:sid/output?fromOffset=`
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct OutputQuery {
+    from_offset: Option<u64>,
+}
+
+/// How long one response of an output stream lasts: it ends before a session call's deadline
+/// (40 s, here and on a forwarding node), and the client goes on from its last id.
+const STREAM_WINDOW: std::time::Duration = std::time::Duration::from_secs(25);
+
+/// `GET /v1/computers/:id/sessions/:sid/output`: the session's output as server-sent events,
+/// from `fromOffset` or the `Last-Event-ID` (an offset; default 0): `output` events
+/// (`{"output", "truncated", "offset"}`, id = the offset after it), then one `end` event
+/// (`{"exitCode", "signal", "offset"}`) when the command has ended, and the stream closes. It only
+/// reads: the offset that input calls answer from does not move. Rights are checked again before
+/// each look. One response lasts at most 25 s (a session call's bounds hold for it, here and when
+/// forwarded to the link's node): the client reconnects with `Last-Event-ID`, as `EventSource`
+/// does by itself, through any node; ids are offsets, so nothing is lost or repeated.
+#[utoipa::path(get, path = "/v1/computers/{id}/sessions/{sid}/output", operation_id = "sessions_output", tag = "sessions", params(("id" = String, Path), ("sid" = String, Path), ("fromOffset" = Option<u64>, Query), ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this offset")), responses((status = 200, description = "`text/event-stream`: `output` events, then `end`", content_type = "text/event-stream"), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+pub async fn output(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path((id, sid)): Path<(String, String)>,
+    headers: axum::http::HeaderMap,
+    q: Result<axum::extract::Query<OutputQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
+    use axum::response::sse::Event;
+    use axum::response::sse::KeepAlive;
+    use axum::response::sse::Sse;
+    let caller = auth.current(&state).await?;
+    let axum::extract::Query(q) = q.map_err(|e| ApiError::invalid(e.body_text()))?;
+    let last = match headers.get("last-event-id") {
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .ok_or_else(|| ApiError::invalid("Last-Event-ID is an output offset"))?,
+        ),
+        None => None,
+    };
+    if !sid.starts_with("cse_") || sid.len() > 100 {
+        return Err(ApiError::not_found("no such session"));
+    }
+    let owner = owner_of(&caller);
+    // The first look answers now, so an unknown session is a 404 rather than an empty stream.
+    let mut agent = agent_for(&state, &caller, &id, false).await?;
+    let from = last.or(q.from_offset).unwrap_or(0);
+    let look = move |from: u64, yield_ms: u32| SessionInput {
+        session_id: sid.clone(),
+        yield_ms,
+        max_output_bytes: MAX_OUTPUT_DEFAULT,
+        from_offset: Some(from),
+        owner: owner.clone(),
+        peek: true,
+        ..Default::default()
+    };
+    agent.input(look(from, 0)).await.map_err(|s| ApiError::from(CallError::from_status(s)))?;
+    let until = tokio::time::Instant::now() + STREAM_WINDOW;
+    let stream = futures::stream::unfold(
+        (state, auth, id, agent, from, false, look),
+        move |(state, auth, id, mut agent, cursor, ended, look)| async move {
+            if ended {
+                return None;
+            }
+            loop {
+                let left = until.saturating_duration_since(tokio::time::Instant::now());
+                if left.is_zero() {
+                    return None;
+                }
+                // Rights again before each look: a revoked token or a hidden Computer ends it.
+                state
+                    .cluster
+                    .state()
+                    .read(|s| s.caller_by_hash(auth.hash()).and_then(|c| s.visible_computer(&c, &id).map(|_| ())))
+                    .ok()?;
+                let r = agent.input(look(cursor, left.as_millis() as u32)).await.ok()?.into_inner();
+                if !r.output.is_empty() || r.truncated {
+                    let data = json!({"output": r.output, "truncated": r.truncated, "offset": r.offset});
+                    let ev = Event::default().id(r.offset.to_string()).event("output").data(data.to_string());
+                    return Some((
+                        Ok::<_, std::convert::Infallible>(ev),
+                        (state, auth, id, agent, r.offset, false, look),
+                    ));
+                }
+                if !r.running {
+                    let data = json!({"exitCode": r.exit_code, "signal": r.signal, "offset": r.offset});
+                    let ev = Event::default().id(r.offset.to_string()).event("end").data(data.to_string());
+                    return Some((Ok(ev), (state, auth, id, agent, r.offset, true, look)));
+                }
+            }
+        },
+    );
+    // `retry`: reconnect at once when a window ends.
+    let stream = futures::StreamExt::chain(
+        futures::stream::once(async { Ok(Event::default().retry(std::time::Duration::from_millis(100))) }),
+        stream,
+    );
+    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(std::time::Duration::from_secs(10))).into_response())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
