@@ -116,25 +116,30 @@ impl Session {
             && *self.readers.lock().unwrap_or_else(|p| p.into_inner()) == 0
     }
 
-    fn reply(&self, from: Option<u64>, max: usize) -> Reply {
+    /// The exit, once the command is done (exited, and its output read to the end).
+    fn ended(&self) -> Option<(Option<i32>, Option<String>)> {
         let exit = self.exit.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let done = self.done();
-        let chunk = self.out.lock().unwrap_or_else(|p| p.into_inner()).read(from, max, done);
-        match exit.filter(|_| done) {
+        // (Apart: `done` takes the exit lock too.)
+        exit.filter(|_| self.done())
+    }
+
+    /// The session's state with the chunk `read` takes from its output (told whether it is done).
+    fn answer(&self, read: impl FnOnce(&mut OutputBuf, bool) -> Chunk) -> Reply {
+        let exit = self.ended();
+        let chunk = read(&mut self.out.lock().unwrap_or_else(|p| p.into_inner()), exit.is_some());
+        match exit {
             Some((code, signal)) => Reply { running: false, exit_code: code, signal, chunk },
             None => Reply { running: true, exit_code: None, signal: None, chunk },
         }
     }
 
+    fn reply(&self, from: Option<u64>, max: usize) -> Reply {
+        self.answer(|out, done| out.read(from, max, done))
+    }
+
     /// Output from `from` as it stands, without moving the cursor.
     fn peek(&self, from: u64, max: usize) -> Reply {
-        let exit = self.exit.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let done = self.done();
-        let chunk = self.out.lock().unwrap_or_else(|p| p.into_inner()).peek(from, max, done);
-        match exit.filter(|_| done) {
-            Some((code, signal)) => Reply { running: false, exit_code: code, signal, chunk },
-            None => Reply { running: true, exit_code: None, signal: None, chunk },
-        }
+        self.answer(|out, done| out.peek(from, max, done))
     }
 
     /// Waits until there is output past `from`, the command is done, or `yield_for` passed.
@@ -154,9 +159,7 @@ impl Session {
     }
 
     fn summary(&self, id: &str) -> Summary {
-        let exit = self.exit.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        // (Apart: `done` takes the exit lock too.)
-        let exit = exit.filter(|_| self.done());
+        let exit = self.ended();
         Summary {
             session_id: id.to_string(),
             command: self.command.clone(),

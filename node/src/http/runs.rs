@@ -400,15 +400,7 @@ pub async fn events(
 ) -> Result<Response, ApiError> {
     let caller = auth.current(&state).await?;
     let Query(q) = q.map_err(|e| ApiError::invalid(e.body_text()))?;
-    let last = match headers.get("last-event-id") {
-        Some(v) => Some(
-            v.to_str()
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .ok_or_else(|| ApiError::invalid("Last-Event-ID is an event's seq"))?,
-        ),
-        None => None,
-    };
+    let last = super::util::last_event_id(&headers, "an event's seq")?;
     let after = last.or(q.after).unwrap_or(0);
     let run = visible(&state, &caller, &id)?;
     let sse = headers.get("accept").and_then(|v| v.to_str().ok()).is_some_and(|v| v.contains("text/event-stream"));

@@ -126,12 +126,18 @@ pub struct StartIn {
     user: Option<String>,
 }
 
-/// The session's actor, if the caller may have started it (others get 404; the agent checks the
-/// owner again).
-async fn session_of(state: &AppState, caller: &Caller, computer: &str, sid: &str) -> Result<SessionHandle, ApiError> {
+/// A session id has our form, or names no session.
+fn check_sid(sid: &str) -> Result<(), ApiError> {
     if !sid.starts_with("cse_") || sid.len() > 100 {
         return Err(ApiError::not_found("no such session"));
     }
+    Ok(())
+}
+
+/// The session's actor, if the caller may have started it (others get 404; the agent checks the
+/// owner again).
+async fn session_of(state: &AppState, caller: &Caller, computer: &str, sid: &str) -> Result<SessionHandle, ApiError> {
+    check_sid(sid)?;
     let h = state
         .sessions
         .get_or_start(sid, computer, &owner_of(caller))
@@ -308,9 +314,7 @@ pub async fn get(
         return Err(ApiError::invalid("yieldTimeMs must be 0..=30000"));
     }
     let (_, max) = limits(None, q.max_output_bytes)?;
-    if !sid.starts_with("cse_") || sid.len() > 100 {
-        return Err(ApiError::not_found("no such session"));
-    }
+    check_sid(&sid)?;
     let from = q.from_offset.unwrap_or(0);
     let mut agent = agent_for(&state, &caller, &id, false).await?;
     let req = SessionInput {
@@ -395,18 +399,8 @@ pub async fn output(
     use axum::response::sse::Sse;
     let caller = auth.current(&state).await?;
     let axum::extract::Query(q) = q.map_err(|e| ApiError::invalid(e.body_text()))?;
-    let last = match headers.get("last-event-id") {
-        Some(v) => Some(
-            v.to_str()
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .ok_or_else(|| ApiError::invalid("Last-Event-ID is an output offset"))?,
-        ),
-        None => None,
-    };
-    if !sid.starts_with("cse_") || sid.len() > 100 {
-        return Err(ApiError::not_found("no such session"));
-    }
+    let last = super::util::last_event_id(&headers, "an output offset")?;
+    check_sid(&sid)?;
     let owner = owner_of(&caller);
     // The first look answers now, so an unknown session is a 404 rather than an empty stream.
     let mut agent = agent_for(&state, &caller, &id, false).await?;

@@ -21,6 +21,19 @@ pub async fn propose(state: &AppState, cmd: Command) -> Result<Option<String>, A
     }
 }
 
+/// A stream's `Last-Event-ID`, when sent: a number (`what` names it in the error).
+pub fn last_event_id(headers: &axum::http::HeaderMap, what: &str) -> Result<Option<u64>, ApiError> {
+    headers
+        .get("last-event-id")
+        .map(|v| {
+            v.to_str()
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .ok_or_else(|| ApiError::invalid(format!("Last-Event-ID is {what}")))
+        })
+        .transpose()
+}
+
 /// A display name: 1 to 200 printable characters, trimmed.
 pub fn check_name(name: &str) -> Result<String, ApiError> {
     let name = name.trim();
