@@ -158,6 +158,17 @@ impl PreparedCommand {
         self.body["commandKey"].as_str().unwrap_or_default()
     }
 
+    /// A command prepared earlier (its method, path and body, key included), e.g. kept on disk
+    /// while its answer was outstanding: sending it again is safe.
+    pub fn restore(client: &Client, method: reqwest::Method, path: impl Into<String>, body: Value) -> Self {
+        PreparedCommand { client: client.clone(), method, path: path.into(), body }
+    }
+
+    /// The method, path and body (key included), to keep the command until its answer arrives.
+    pub fn parts(&self) -> (&reqwest::Method, &str, &Value) {
+        (&self.method, &self.path, &self.body)
+    }
+
     /// Sends the command; answers its receipt (the same one every time).
     pub async fn send(&self) -> Result<Receipt, Error> {
         let v = self.client.request(self.method.clone(), &self.path, Some(&self.body)).await?;
@@ -190,6 +201,27 @@ impl Client {
         Self { base: base.into().trim_end_matches('/').to_string(), token: token.into(), http }
     }
 
+    /// A client that sends through `http` (e.g. one without a total timeout, for long copies and
+    /// streams).
+    pub fn with_http(base: impl Into<String>, token: impl Into<String>, http: reqwest::Client) -> Self {
+        Self { base: base.into().trim_end_matches('/').to_string(), token: token.into(), http }
+    }
+
+    /// A request to `path` with the token, for answers that are not JSON (bytes, event streams).
+    pub fn raw(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.http.request(method, format!("{}{}", self.base, path)).bearer_auth(&self.token)
+    }
+
+    /// Turns a non-2xx answer into [`Error::Api`] (reading its JSON error body); passes others on.
+    pub async fn check(resp: reqwest::Response) -> Result<reqwest::Response, Error> {
+        let status = resp.status().as_u16();
+        if (200..300).contains(&status) {
+            return Ok(resp);
+        }
+        let v: Value = resp.json().await.unwrap_or(Value::Null);
+        Err(api_error(status, &v))
+    }
+
     /// Lifecycle commands on Computers.
     pub fn computers(&self) -> Computers<'_> {
         Computers { client: self }
@@ -207,14 +239,7 @@ impl Client {
         if (200..300).contains(&status) {
             return Ok(v);
         }
-        let e = &v["error"];
-        Err(Error::Api {
-            status,
-            kind: e["kind"].as_str().unwrap_or("unknown").into(),
-            message: e["message"].as_str().unwrap_or_default().into(),
-            error_id: e["errorId"].as_str().unwrap_or_default().into(),
-            execution_id: e["executionId"].as_str().map(String::from),
-        })
+        Err(api_error(status, &v))
     }
 
     /// Reads an execution.
@@ -242,6 +267,17 @@ impl Client {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+}
+
+fn api_error(status: u16, v: &Value) -> Error {
+    let e = &v["error"];
+    Error::Api {
+        status,
+        kind: e["kind"].as_str().unwrap_or("unknown").into(),
+        message: e["message"].as_str().unwrap_or_default().into(),
+        error_id: e["errorId"].as_str().unwrap_or_default().into(),
+        execution_id: e["executionId"].as_str().map(String::from),
     }
 }
 

@@ -6,6 +6,7 @@
 pub mod agent;
 pub mod chromium;
 pub mod cluster;
+pub mod ctl;
 pub mod dev;
 pub mod docker;
 pub mod lb;

@@ -1,0 +1,592 @@
+//! `computerctl`: the computerd API from a terminal.
+//!
+//! `login` keeps the URL and token (0600); every other command calls the API with them. Lifecycle
+//! commands keep their command key on disk until the answer arrives (`pending`), so a lost
+//! answer is resent with the same key by running the same command again. `--json` prints the
+//! API's answers as they are, for scripts.
+
+mod config;
+mod copy;
+mod exec;
+mod pending;
+mod sse;
+
+use std::io::BufRead;
+use std::io::IsTerminal;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use anyhow::bail;
+use clap::Parser;
+use clap::Subcommand;
+use computerd_client::Client;
+use computerd_client::NewComputer;
+use computerd_client::Source;
+use reqwest::Method;
+use serde_json::Value;
+use serde_json::json;
+
+/// The computerd API from a terminal.
+#[derive(Parser)]
+#[command(name = "computerctl", version, about)]
+struct Cli {
+    /// Print the API's JSON answers (for scripts).
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Keep the cluster's URL and a token (asked for on the terminal, or read from a file or
+    /// stdin; never from the command line, where other users could read it).
+    Login {
+        /// The API's base URL, e.g. `http://127.0.0.1:8080`.
+        #[arg(long)]
+        url: String,
+        /// Read the token from this file (`-` for stdin).
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+    },
+    /// Computers: list, read, create, pause, resume, delete.
+    #[command(subcommand)]
+    Computers(Computers),
+    /// Run a command in a Computer (`bash -lc`), streaming its output; exits with its status.
+    Exec {
+        /// Forward stdin to the command.
+        #[arg(short, long)]
+        interactive: bool,
+        /// Give the command a terminal (with `-i`: this terminal in raw mode, resized with it).
+        #[arg(short, long)]
+        tty: bool,
+        /// `root` to run as root (if allowed), `user` (the default).
+        #[arg(long)]
+        user: Option<String>,
+        /// The working directory.
+        #[arg(long)]
+        cwd: Option<String>,
+        /// `NAME=value`, repeatable.
+        #[arg(short, long = "env")]
+        env: Vec<String>,
+        /// The Computer.
+        computer: String,
+        /// One argument: a command line; several: a command and its arguments. Without one,
+        /// an interactive `bash`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<String>,
+    },
+    /// Copy a file to or from a Computer (`cmp_…:/path`), checked by SHA-256 both ways.
+    Cp {
+        /// `LOCAL` or `cmp_…:PATH`.
+        from: String,
+        /// `cmp_…:PATH` or `LOCAL`.
+        to: String,
+        /// `root` to read or write as root (if allowed).
+        #[arg(long)]
+        user: Option<String>,
+    },
+    /// List a directory in a Computer.
+    Files {
+        /// The Computer.
+        computer: String,
+        /// The directory (relative paths start at the workspace).
+        #[arg(default_value = ".")]
+        path: String,
+    },
+    /// Shell sessions.
+    #[command(subcommand)]
+    Sessions(Sessions),
+    /// MCP tool packages of a bot.
+    #[command(subcommand)]
+    Tools(Tools),
+    /// A Computer's public port addresses.
+    #[command(subcommand)]
+    Ports(Ports),
+    /// A Computer's desktop.
+    #[command(subcommand)]
+    Desktop(Desktop),
+}
+
+#[derive(Subcommand)]
+enum Computers {
+    /// The Computers you may see.
+    Ls,
+    /// One Computer.
+    Get {
+        /// `cmp_…`
+        computer: String,
+    },
+    /// Create a Computer: a provider's sandbox, or (`--paired`) your own machine.
+    Create {
+        /// A display name.
+        #[arg(long)]
+        name: Option<String>,
+        /// The provider (`cpp_…`, see `GET /v1/computer-providers`).
+        #[arg(long, conflicts_with = "paired", required_unless_present = "paired")]
+        provider: Option<String>,
+        /// The provider's template.
+        #[arg(long)]
+        template: Option<String>,
+        /// Pair a machine of your own: answers the code to start `computer-agent` with.
+        #[arg(long)]
+        paired: bool,
+        /// With a desktop (screenshots, mouse, keyboard, browser).
+        #[arg(long)]
+        desktop: bool,
+        /// Pause after this many seconds without work (default 600; 0 = never).
+        #[arg(long, default_value_t = 600)]
+        pause_after: u64,
+        /// Owned by the organization.
+        #[arg(long)]
+        shared: bool,
+        /// Wait until the execution ends.
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Pause a Computer.
+    Pause {
+        /// `cmp_…`
+        computer: String,
+        /// Wait until the execution ends.
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Resume a Computer.
+    Resume {
+        /// `cmp_…`
+        computer: String,
+        /// Wait until the execution ends.
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Delete a Computer.
+    Rm {
+        /// `cmp_…`
+        computer: String,
+        /// Wait until the execution ends.
+        #[arg(long)]
+        wait: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum Sessions {
+    /// Your sessions on a Computer: running ones, then those that ended in the last 10 minutes.
+    Ls {
+        /// `cmp_…`
+        computer: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum Tools {
+    /// A bot's installed packages (bindings) and their tools.
+    Ls {
+        /// `bot_…`
+        bot: String,
+    },
+    /// Install an MCP package from a file in a Computer's workspace.
+    Install {
+        /// `bot_…`
+        bot: String,
+        /// The Computer holding the archive.
+        #[arg(long)]
+        computer: String,
+        /// The archive's path in the Computer.
+        #[arg(long)]
+        artifact: String,
+        /// The manifest (a local JSON file; the format: docs/tool-packages.md).
+        #[arg(long)]
+        manifest: PathBuf,
+    },
+    /// Call a tool of a binding (journaled: the same `--operation-id` never runs twice).
+    Call {
+        /// `bot_…`
+        bot: String,
+        /// The binding.
+        binding: String,
+        /// The tool's name.
+        tool: String,
+        /// The arguments, a JSON object.
+        #[arg(long, default_value = "{}")]
+        args: String,
+        /// The call's id (default: a new one).
+        #[arg(long)]
+        operation_id: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum Ports {
+    /// The Computer's open ports.
+    Ls {
+        /// `cmp_…`
+        computer: String,
+    },
+    /// Give a port a public address (shown this once).
+    Open {
+        /// `cmp_…`
+        computer: String,
+        /// The port in the Computer.
+        port: u16,
+    },
+    /// End a port's address.
+    Close {
+        /// `cmp_…`
+        computer: String,
+        /// The port.
+        port: u16,
+    },
+}
+
+#[derive(Subcommand)]
+enum Desktop {
+    /// Save a screenshot.
+    Screenshot {
+        /// `cmp_…`
+        computer: String,
+        /// Where (default `screenshot.<format>`).
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// `png`, `webp` (lossless) or `jpeg`.
+        #[arg(long, default_value = "png")]
+        format: String,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("computerctl: {e}");
+            std::process::exit(1);
+        }
+    };
+    let code = rt.block_on(run(cli)).unwrap_or_else(|e| {
+        eprintln!("computerctl: {e:#}");
+        // EX_TEMPFAIL: a lost answer; the same command again resends it safely.
+        if e.downcast_ref::<pending::Lost>().is_some_and(|l| !l.key.is_empty()) { 75 } else { 1 }
+    });
+    // Do not wait for a blocked read of stdin (`exec -i`).
+    std::process::exit(code);
+}
+
+/// A client without a total timeout (copies and streams last), but with a connect timeout.
+fn client(login: &config::Login) -> anyhow::Result<Client> {
+    let http = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .read_timeout(Duration::from_secs(60))
+        .build()
+        .context("cannot make an HTTP client")?;
+    Ok(Client::with_http(&login.url, &login.token, http))
+}
+
+async fn run(cli: Cli) -> anyhow::Result<i32> {
+    let json = cli.json;
+    if let Cmd::Login { url, token_file } = cli.command {
+        return login(url, token_file, json).await;
+    }
+    let c = client(&config::load()?)?;
+    match cli.command {
+        Cmd::Login { .. } => bail!("login is handled above"),
+        Cmd::Computers(cmd) => computers(&c, cmd, json).await,
+        Cmd::Exec { interactive, tty, user, cwd, env, computer, command } => {
+            let env = env
+                .iter()
+                .map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+                .collect::<Option<Vec<_>>>()
+                .context("--env takes NAME=value")?;
+            let command = if command.is_empty() { "bash".to_string() } else { exec::command_line(&command) };
+            exec::run(&c, exec::ExecArgs { computer, command, interactive, tty, user, cwd, env }).await
+        }
+        Cmd::Cp { from, to, user } => {
+            let done = copy::copy(&c, copy::End::parse(&from), copy::End::parse(&to), user.as_deref()).await?;
+            show(json, &done, |v| format!("{} ({} bytes, sha256 {})", v["path"], v["size"], v["sha256"]));
+            Ok(0)
+        }
+        Cmd::Files { computer, path } => {
+            let v = get(&c, &format!("/v1/computers/{computer}/directory?path={}", esc(&path))).await?;
+            show(json, &v, |v| {
+                rows(&v["entries"], |e| {
+                    format!("{:<5} {:>10}  {}", e["type"].as_str().unwrap_or("?"), e["size"], e["name"].as_str().unwrap_or(""))
+                })
+            });
+            Ok(0)
+        }
+        Cmd::Sessions(Sessions::Ls { computer }) => {
+            let v = get(&c, &format!("/v1/computers/{computer}/sessions")).await?;
+            show(json, &v, |v| {
+                rows(&v["sessions"], |s| {
+                    let state = if s["running"] == true {
+                        "running".to_string()
+                    } else {
+                        format!("exit {}", s["exitCode"].as_i64().map(|c| c.to_string()).unwrap_or_else(|| s["signal"].to_string()))
+                    };
+                    format!("{}  {:<10} {}", s["session"].as_str().unwrap_or(""), state, s["command"].as_str().unwrap_or(""))
+                })
+            });
+            Ok(0)
+        }
+        Cmd::Tools(cmd) => tools(&c, cmd, json).await,
+        Cmd::Ports(cmd) => ports(&c, cmd, json).await,
+        Cmd::Desktop(Desktop::Screenshot { computer, output, format }) => {
+            let resp = c
+                .raw(Method::POST, &format!("/v1/computers/{computer}/desktop/screenshot"))
+                .header("Accept", format!("image/{format}"))
+                .json(&json!({"format": format}))
+                .send()
+                .await?;
+            let resp = Client::check(resp).await?;
+            let dim = |k: &str| resp.headers().get(k).and_then(|v| v.to_str().ok()).unwrap_or("?").to_string();
+            let (w, h) = (dim("x-width"), dim("x-height"));
+            let bytes = resp.bytes().await?;
+            let out = output.unwrap_or_else(|| PathBuf::from(format!("screenshot.{format}")));
+            std::fs::write(&out, &bytes).with_context(|| format!("cannot write {}", out.display()))?;
+            let v = json!({"path": out.display().to_string(), "width": w, "height": h, "size": bytes.len()});
+            show(json, &v, |v| format!("{} ({}x{}, {} bytes)", out.display(), v["width"].as_str().unwrap_or("?"), v["height"].as_str().unwrap_or("?"), v["size"]));
+            Ok(0)
+        }
+    }
+}
+
+/// Percent-escapes a query value.
+fn esc(s: &str) -> String {
+    s.bytes()
+        .map(|b| if b.is_ascii_alphanumeric() || b"-_.~/".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") })
+        .collect()
+}
+
+async fn get(c: &Client, path: &str) -> anyhow::Result<Value> {
+    Ok(c.request(Method::GET, path, None).await?)
+}
+
+/// Prints `v` as JSON, or as `human` says.
+fn show(json: bool, v: &Value, human: impl Fn(&Value) -> String) {
+    let text = if json { format!("{v:#}") } else { human(v) };
+    let mut out = std::io::stdout();
+    let _ = writeln!(out, "{text}");
+}
+
+fn rows(list: &Value, row: impl Fn(&Value) -> String) -> String {
+    let lines: Vec<String> = list.as_array().map(|a| a.iter().map(&row).collect()).unwrap_or_default();
+    if lines.is_empty() { "(none)".into() } else { lines.join("\n") }
+}
+
+async fn login(url: String, token_file: Option<PathBuf>, json: bool) -> anyhow::Result<i32> {
+    let token = match token_file {
+        Some(p) if p.as_os_str() == "-" => read_line(&mut std::io::stdin().lock())?,
+        Some(p) => std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))?,
+        None if std::io::stdin().is_terminal() => prompt_hidden("Token: ")?,
+        None => read_line(&mut std::io::stdin().lock())?,
+    };
+    let token = token.trim().to_string();
+    if token.is_empty() {
+        bail!("no token given");
+    }
+    let login = config::Login { url: url.trim_end_matches('/').to_string(), token };
+    // The token must work before it is kept.
+    let c = client(&login)?;
+    let v = c.request(Method::GET, "/v1/computers?limit=1", None).await.context("the token was not accepted")?;
+    let _ = v;
+    let path = config::save(&login)?;
+    show(json, &json!({"url": login.url, "config": path.display().to_string()}), |_| {
+        format!("logged in to {} (kept in {}, mode 0600)", login.url, path.display())
+    });
+    Ok(0)
+}
+
+fn read_line(r: &mut impl BufRead) -> anyhow::Result<String> {
+    let mut s = String::new();
+    r.read_line(&mut s)?;
+    Ok(s)
+}
+
+/// Asks on the terminal without echoing what is typed.
+fn prompt_hidden(prompt: &str) -> anyhow::Result<String> {
+    use nix::sys::termios;
+    use std::os::fd::AsFd;
+    eprint!("{prompt}");
+    let _ = std::io::stderr().flush();
+    let stdin = std::io::stdin();
+    let saved = termios::tcgetattr(stdin.as_fd()).ok();
+    if let Some(t) = &saved {
+        let mut quiet = t.clone();
+        quiet.local_flags.remove(termios::LocalFlags::ECHO);
+        let _ = termios::tcsetattr(stdin.as_fd(), termios::SetArg::TCSANOW, &quiet);
+    }
+    let line = read_line(&mut stdin.lock());
+    if let Some(t) = &saved {
+        let _ = termios::tcsetattr(stdin.as_fd(), termios::SetArg::TCSANOW, t);
+    }
+    eprintln!();
+    line
+}
+
+fn computer_row(c: &Value) -> String {
+    format!(
+        "{}  {:<9} {}",
+        c["id"].as_str().unwrap_or(""),
+        c["state"].as_str().unwrap_or(""),
+        c["name"].as_str().unwrap_or("")
+    )
+}
+
+async fn computers(c: &Client, cmd: Computers, json: bool) -> anyhow::Result<i32> {
+    let (prepared, wait) = match cmd {
+        Computers::Ls => {
+            let mut all = Vec::new();
+            let mut after: Option<String> = None;
+            loop {
+                let path = match &after {
+                    Some(a) => format!("/v1/computers?after={}", esc(a)),
+                    None => "/v1/computers".to_string(),
+                };
+                let v = get(c, &path).await?;
+                all.extend(v["computers"].as_array().cloned().unwrap_or_default());
+                match v["nextAfter"].as_str() {
+                    Some(n) => after = Some(n.to_string()),
+                    None => break,
+                }
+            }
+            show(json, &json!({"computers": all}), |v| rows(&v["computers"], computer_row));
+            return Ok(0);
+        }
+        Computers::Get { computer } => {
+            let v = get(c, &format!("/v1/computers/{computer}")).await?;
+            show(json, &v, |v| format!("{v:#}"));
+            return Ok(0);
+        }
+        Computers::Create { name, provider, template, paired, desktop, pause_after, shared, wait } => {
+            let source = match provider {
+                Some(p) if !paired => Source::Provider { provider: p, template },
+                _ => Source::Paired,
+            };
+            let mut new = NewComputer::new(source);
+            new.name = name;
+            new.desktop = desktop;
+            new.pause_after = (pause_after > 0).then_some(pause_after);
+            new.shared = shared;
+            (c.computers().create(new), wait)
+        }
+        Computers::Pause { computer, wait } => (c.computers().pause(&computer), wait),
+        Computers::Resume { computer, wait } => (c.computers().resume(&computer), wait),
+        Computers::Rm { computer, wait } => (c.computers().delete(&computer), wait),
+    };
+    let kept = pending::Pending::keep(c, prepared)?;
+    if kept.resent {
+        eprintln!(
+            "computerctl: sending again the command {} whose answer was lost",
+            kept.command.command_key()
+        );
+    }
+    let mut receipt = kept.send().await?;
+    if wait {
+        receipt = c.wait_execution(&receipt.execution_id, Duration::from_secs(600)).await?;
+    }
+    let v = json!({
+        "executionId": receipt.execution_id,
+        "commandKey": receipt.command_key,
+        "kind": receipt.kind,
+        "state": receipt.state,
+        "computerId": receipt.resource.id,
+        "pairingCode": receipt.pairing_code,
+        "approvalId": receipt.approval_id,
+    });
+    show(json, &v, |v| {
+        let mut s = format!(
+            "{} {} {}: {}",
+            v["kind"].as_str().unwrap_or(""),
+            v["computerId"].as_str().unwrap_or(""),
+            v["executionId"].as_str().unwrap_or(""),
+            v["state"].as_str().unwrap_or("")
+        );
+        if let Some(code) = v["pairingCode"].as_str() {
+            s.push_str(&format!("\npairing code: {code} (computer-agent --server URL --pairing-code {code})"));
+        }
+        if let Some(a) = v["approvalId"].as_str() {
+            s.push_str(&format!("\nwaiting for approval {a}"));
+        }
+        s
+    });
+    Ok(if receipt.state == "failed" || receipt.state == "outcome_unknown" { 1 } else { 0 })
+}
+
+async fn tools(c: &Client, cmd: Tools, json: bool) -> anyhow::Result<i32> {
+    match cmd {
+        Tools::Ls { bot } => {
+            let v = get(c, &format!("/api/bots/{bot}/tools")).await?;
+            show(json, &v, |v| {
+                rows(&v["bindings"], |b| {
+                    let tools: Vec<&str> = b["tools"]
+                        .as_array()
+                        .map(|t| t.iter().filter_map(|t| t["name"].as_str().or(t.as_str())).collect())
+                        .unwrap_or_default();
+                    format!(
+                        "{}  {} {}  {}",
+                        b["bindingId"].as_str().or(b["id"].as_str()).unwrap_or(""),
+                        b["name"].as_str().or(b["package"].as_str()).unwrap_or(""),
+                        b["version"].as_str().unwrap_or(""),
+                        tools.join(", ")
+                    )
+                })
+            });
+        }
+        Tools::Install { bot, computer, artifact, manifest } => {
+            let text = std::fs::read(&manifest).with_context(|| format!("cannot read {}", manifest.display()))?;
+            let manifest: Value = serde_json::from_slice(&text).context("the manifest is not JSON")?;
+            let bar = indicatif::ProgressBar::new_spinner();
+            bar.set_message("installing (the node checks and unpacks the archive)");
+            bar.enable_steady_tick(Duration::from_millis(120));
+            let body = json!({"artifactPath": artifact, "manifest": manifest, "computerId": computer});
+            let v = c.request(Method::POST, &format!("/api/bots/{bot}/tools/install"), Some(&body)).await;
+            bar.finish_and_clear();
+            let v = v?;
+            show(json, &v, |v| format!("installed: binding {}", v["bindingId"].as_str().unwrap_or("")));
+        }
+        Tools::Call { bot, binding, tool, args, operation_id } => {
+            let arguments: Value = serde_json::from_str(&args).context("--args is not a JSON object")?;
+            if !arguments.is_object() {
+                bail!("--args must be a JSON object");
+            }
+            let op = operation_id.unwrap_or_else(|| format!("op_{}", hex::encode(rand_bytes())));
+            let body = json!({"operationId": op, "tool": tool, "arguments": arguments});
+            let v = c.request(Method::POST, &format!("/api/bots/{bot}/tools/{binding}/call"), Some(&body)).await?;
+            show(json, &v, |v| format!("{:#}", v["result"]));
+        }
+    }
+    Ok(0)
+}
+
+/// 16 random bytes (from the kernel), for operation ids.
+fn rand_bytes() -> [u8; 16] {
+    let mut b = [0u8; 16];
+    let _ = std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b));
+    b
+}
+
+async fn ports(c: &Client, cmd: Ports, json: bool) -> anyhow::Result<i32> {
+    match cmd {
+        Ports::Ls { computer } => {
+            let v = get(c, &format!("/v1/computers/{computer}/ports")).await?;
+            show(json, &v, |v| {
+                rows(&v["ports"], |p| format!("{:<6} {:<5} {}", p["port"], p["protocol"].as_str().unwrap_or(""), p["state"].as_str().unwrap_or("")))
+            });
+        }
+        Ports::Open { computer, port } => {
+            let v = c.request(Method::PUT, &format!("/v1/computers/{computer}/ports/{port}"), Some(&json!({}))).await?;
+            show(json, &v, |v| match v["url"].as_str() {
+                Some(u) => format!("{u}\n(shown this once: anyone with this address may use the port)"),
+                None => format!("waiting for approval {}", v["approvalId"].as_str().unwrap_or("")),
+            });
+        }
+        Ports::Close { computer, port } => {
+            c.request(Method::DELETE, &format!("/v1/computers/{computer}/ports/{port}"), None).await?;
+            show(json, &json!({"closed": port}), |_| format!("port {port} closed"));
+        }
+    }
+    Ok(0)
+}
