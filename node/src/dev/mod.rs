@@ -155,6 +155,17 @@ pub async fn dev(cfg: DevConfig, shutdown: impl Future<Output = ()> + Send + 'st
     println!(
         "try:  curl -s -H 'Authorization: Bearer {token}' -H 'content-type: application/json' \\\n        {base}/v1/computers/{computer}/sessions -d '{{\"command\":\"uname -a\"}}'"
     );
+    // The CLI is built beside this binary (`cargo build --workspace --bins`).
+    let ctl = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join("computerctl")))
+        .filter(|p| p.exists())
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| "computerctl".into());
+    println!(
+        "or:   {ctl} login --url {base} --token-file {}\n      {ctl} exec -it {computer} bash",
+        token_path.display()
+    );
     match docker {
         Ok(s) => match sandboxes::provider(&base, &token, &s, &agent_bin).await {
             Ok(id) => {
