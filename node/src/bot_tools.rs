@@ -7,7 +7,7 @@
 //! caller's rights and token limits are checked on the node that serves it, capability deciders
 //! decide (and a decision that cannot be made refuses, fail closed), calls on a Computer's agent
 //! run on the node holding its link, and errors keep their kind. The same list is served as JSON
-//! schemas (`GET /v1/tools?format=openai|anthropic`) and, later, over MCP; the desktop, browser
+//! schemas (`GET /v1/tools?format=openai|anthropic`) and over MCP (`/mcp`); the desktop, browser
 //! and run issues add their tools here.
 
 use serde_json::Value;
@@ -53,6 +53,29 @@ impl Args<'_> {
         self.str(key).filter(|s| !s.is_empty()).ok_or_else(|| BadArguments(format!("`{key}` is required")))
     }
 
+    /// A non-negative integer for a query parameter (absent or null: `None`); nothing but digits
+    /// can reach the query.
+    fn uint(&self, key: &str) -> Result<Option<u64>, BadArguments> {
+        match self.0.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => {
+                v.as_u64().map(Some).ok_or_else(|| BadArguments(format!("`{key}` must be a non-negative integer")))
+            }
+        }
+    }
+
+    /// The given integer keys of the arguments that are present, as a query string (`?a=1&b=2`,
+    /// or empty).
+    fn query(&self, keys: &[&str]) -> Result<String, BadArguments> {
+        let mut parts = Vec::new();
+        for key in keys {
+            if let Some(v) = self.uint(key)? {
+                parts.push(format!("{key}={v}"));
+            }
+        }
+        Ok(if parts.is_empty() { String::new() } else { format!("?{}", parts.join("&")) })
+    }
+
     /// An id of `prefix_…` for a path segment (nothing else can reach the path).
     fn id(&self, key: &str, prefix: &str) -> Result<&str, BadArguments> {
         let v = self.required(key)?;
@@ -92,7 +115,7 @@ pub fn find(name: &str) -> Option<&'static BotTool> {
     TOOLS.iter().find(|t| t.name == name)
 }
 
-static TOOLS: [BotTool; 9] = [
+static TOOLS: [BotTool; 11] = [
     BotTool {
         name: "openbot_computers_list",
         description: "Lists the Computers this bot may use, with their state.",
@@ -172,8 +195,8 @@ static TOOLS: [BotTool; 9] = [
     BotTool {
         name: "openbot_computer_exec",
         description: "Runs a shell command on a Computer (bash -lc, as `user` in /workspace) and answers its output \
-                      up to yieldTimeMs. A command still running answers its session id: read on or type into it \
-                      with openbot_computer_write_stdin.",
+                      up to yieldTimeMs. A command still running answers its session id: read its output later \
+                      with openbot_computer_session_read, or type into it with openbot_computer_write_stdin.",
         parameters: || {
             object(
                 json!({
@@ -224,6 +247,45 @@ static TOOLS: [BotTool; 9] = [
                 path: format!("/v1/computers/{id}/sessions/{session}/input"),
                 body: Some(body),
             })
+        },
+    },
+    BotTool {
+        name: "openbot_computer_sessions_list",
+        description: "Lists your shell sessions on a Computer: the running ones first, then those that ended in \
+                      the last 10 minutes, each with its session id, command, whether it still runs, its exit code \
+                      or signal, and how much output it has made (offset). Use it to find a command you started \
+                      whose session id you no longer have, or to see which of your commands are still running.",
+        parameters: || object(json!({"computerId": {"type": "string", "description": COMPUTER}}), &["computerId"]),
+        request: |a, _| {
+            let id = a.id("computerId", "cmp")?;
+            Ok(ApiCall { method: "GET", path: format!("/v1/computers/{id}/sessions"), body: None })
+        },
+    },
+    BotTool {
+        name: "openbot_computer_session_read",
+        description: "Reads the output of one of your sessions on a Computer, running or ended (up to 10 minutes \
+                      after it ended), from fromOffset, with its state and exit code. Use it to see the output of a \
+                      command that ran past its wait (openbot_computer_exec answered `running` and a session id), or \
+                      to read again output you already saw. It only looks: nothing is typed and the offset \
+                      openbot_computer_write_stdin answers from does not move. Pass the `offset` it answers as the \
+                      next fromOffset to read only new output; yieldTimeMs waits for some.",
+        parameters: || {
+            object(
+                json!({
+                    "computerId": {"type": "string", "description": COMPUTER},
+                    "sessionId": {"type": "string", "description": "The session id (cse_…) from openbot_computer_exec or openbot_computer_sessions_list."},
+                    "fromOffset": {"type": "integer", "minimum": 0, "description": "Read the output from this byte offset (default 0: from the start)."},
+                    "maxOutputBytes": {"type": "integer", "minimum": 1, "maximum": 1048576},
+                    "yieldTimeMs": {"type": "integer", "minimum": 0, "maximum": 30000, "description": "Wait up to this long for output past fromOffset (default 0: answer at once)."}
+                }),
+                &["computerId", "sessionId"],
+            )
+        },
+        request: |a, _| {
+            let id = a.id("computerId", "cmp")?;
+            let session = a.id("sessionId", "cse")?;
+            let query = a.query(&["fromOffset", "maxOutputBytes", "yieldTimeMs"])?;
+            Ok(ApiCall { method: "GET", path: format!("/v1/computers/{id}/sessions/{session}{query}"), body: None })
         },
     },
     BotTool {
@@ -355,6 +417,35 @@ mod tests {
             call.body.expect("body")["source"],
             json!({"_tag": "Provider", "provider": "cpp_1", "template": null})
         );
+        let list = find("openbot_computer_sessions_list").expect("sessions list");
+        let call = (list.request)(&Args(&json!({"computerId": "cmp_1"})), None).expect("a request");
+        assert_eq!(call, ApiCall { method: "GET", path: "/v1/computers/cmp_1/sessions".into(), body: None });
+        let read = find("openbot_computer_session_read").expect("session read");
+        let args = json!({"computerId": "cmp_1", "sessionId": "cse_2", "fromOffset": 5, "yieldTimeMs": 0, "maxOutputBytes": null});
+        let call = (read.request)(&Args(&args), None).expect("a request");
+        assert_eq!(
+            (call.method, call.path.as_str()),
+            ("GET", "/v1/computers/cmp_1/sessions/cse_2?fromOffset=5&yieldTimeMs=0")
+        );
+        assert_eq!(call.body, None);
+        let call =
+            (read.request)(&Args(&json!({"computerId": "cmp_1", "sessionId": "cse_2"})), None).expect("a request");
+        assert_eq!(call.path, "/v1/computers/cmp_1/sessions/cse_2");
+        for bad in [
+            json!({"computerId": "cmp_1", "sessionId": "cse_2?fromOffset=9"}),
+            json!({"computerId": "cmp_1", "sessionId": "../cse_2"}),
+            json!({"computerId": "cmp_1"}),
+            json!({"computerId": "cmp_1", "sessionId": "cse_2", "fromOffset": "0&yieldTimeMs=30000"}),
+            json!({"computerId": "cmp_1", "sessionId": "cse_2", "fromOffset": -1}),
+            json!({"computerId": "cmp_1", "sessionId": "cse_2", "yieldTimeMs": 1.5}),
+        ] {
+            assert!((read.request)(&Args(&bad), None).is_err(), "{bad}");
+        }
+        let schema = (read.parameters)();
+        assert_eq!(schema["required"], json!(["computerId", "sessionId"]));
+        for key in ["fromOffset", "maxOutputBytes", "yieldTimeMs"] {
+            assert_eq!(schema["properties"][key]["type"], "integer", "{key}");
+        }
         let mcp = find("computer_mcp").expect("computer_mcp");
         assert!((mcp.request)(&Args(&json!({"action": "list"})), None).is_err(), "a bot's tool");
         let call = (mcp.request)(&Args(&json!({"action": "list"})), Some("bot_1")).expect("a request");

@@ -1,7 +1,9 @@
 //! The bot tools over HTTP (`GET /v1/tools`, `POST /v1/tools/call`), against a real node and a
 //! real `computer-agent`: listed in OpenAI's and Anthropic's formats; a bot runs
-//! `python3 -c 'print(42)'` and types into a Python REPL on a Computer it holds a grant on; the
-//! API's errors pass through with their kinds (no grant, a bad id, a member calling a bot's tool).
+//! `python3 -c 'print(42)'`, lists its sessions and reads their output (an ended one's, and a
+//! running one's twice the same, then on until it ends), and types into a Python REPL on a
+//! Computer it holds a grant on; the API's errors pass through with their kinds (no grant, a bad
+//! id, a member calling a bot's tool, no such session).
 
 use computerd_tests::TestCluster;
 use computerd_tests::agent::AgentProc;
@@ -11,13 +13,15 @@ use reqwest::Method;
 use serde_json::Value;
 use serde_json::json;
 
-const TOOLS: [&str; 9] = [
+const TOOLS: [&str; 11] = [
     "openbot_computers_list",
     "openbot_computers_acquire",
     "openbot_computers_create",
     "openbot_computers_release",
     "openbot_computer_exec",
     "openbot_computer_write_stdin",
+    "openbot_computer_sessions_list",
+    "openbot_computer_session_read",
     "openbot_computer_screenshot",
     "openbot_computer_desktop_actions",
     "computer_mcp",
@@ -83,6 +87,74 @@ async fn t10_listed_in_two_formats_and_run_with_the_apis_rules() {
             .await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["result"]["output"], "42\n", "{v}");
+    let printed = v["result"]["sessionId"].as_str().expect("the ended session's id").to_string();
+
+    // A command still running after its call: the bot finds it in its list and reads its
+    // output, as often as it likes, while it runs and after it ended.
+    let args = json!({"computerId": id, "command": "echo first; read x; echo \"got $x\"", "yieldTimeMs": 250});
+    let (s, v) = call(&c, &bot_token, "openbot_computer_exec", args).await;
+    assert_eq!((s, v["result"]["running"].clone()), (200, json!(true)), "waits for its stdin: {v}");
+    let waiting = v["result"]["session"].as_str().expect("a running session").to_string();
+    let (s, v) = call(&c, &bot_token, "openbot_computer_sessions_list", json!({"computerId": id})).await;
+    assert_eq!(s, 200, "{v}");
+    let sessions = v["result"]["sessions"].as_array().expect("sessions");
+    let ids: Vec<&str> = sessions.iter().filter_map(|s| s["session"].as_str()).collect();
+    assert_eq!(ids, [waiting.as_str(), printed.as_str()], "the running one first, then the ended one: {v}");
+    assert_eq!(
+        (sessions[0]["running"].clone(), sessions[0]["command"].clone()),
+        (json!(true), json!("echo first; read x; echo \"got $x\"")),
+        "{v}"
+    );
+    assert_eq!(
+        (sessions[1]["running"].clone(), sessions[1]["exitCode"].clone(), sessions[1]["command"].clone()),
+        (json!(false), json!(0), json!("python3 -c 'print(42)'")),
+        "{v}"
+    );
+    let read = |session: &str, from: u64, yield_ms: u64| json!({"computerId": id, "sessionId": session, "fromOffset": from, "yieldTimeMs": yield_ms});
+    let (s, v) = call(&c, &bot_token, "openbot_computer_session_read", read(&printed, 0, 0)).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        (v["result"]["output"].clone(), v["result"]["running"].clone(), v["result"]["exitCode"].clone()),
+        (json!("42\n"), json!(false), json!(0)),
+        "an ended session's output, read again: {v}"
+    );
+    for _ in 0..2 {
+        // Twice the same: a read only looks.
+        let (s, v) = call(&c, &bot_token, "openbot_computer_session_read", read(&waiting, 0, 10_000)).await;
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(
+            (v["result"]["output"].clone(), v["result"]["running"].clone(), v["result"]["offset"].clone()),
+            (json!("first\n"), json!(true), json!(6)),
+            "{v}"
+        );
+    }
+    let args = json!({"computerId": id, "session": waiting, "chars": "hi\n", "yieldTimeMs": 250});
+    let (s, v) = call(&c, &bot_token, "openbot_computer_write_stdin", args).await;
+    assert_eq!(s, 200, "{v}");
+    // Read on from the offset seen, until it ends.
+    let (mut from, mut after, mut last) = (6, String::new(), Value::Null);
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::time::Instant::now() < until && last["running"] != json!(false) {
+        let (s, v) = call(&c, &bot_token, "openbot_computer_session_read", read(&waiting, from, 5_000)).await;
+        assert_eq!(s, 200, "{v}");
+        after.push_str(v["result"]["output"].as_str().unwrap_or_default());
+        from = v["result"]["offset"].as_u64().expect("offset");
+        last = v["result"].clone();
+    }
+    assert_eq!(
+        (after.as_str(), last["running"].clone(), last["exitCode"].clone(), from),
+        ("got hi\n", json!(false), json!(0), 13),
+        "{last}"
+    );
+    let (s, v) = call(&c, &bot_token, "openbot_computer_session_read", read(&waiting, 0, 0)).await;
+    assert_eq!((s, v["result"]["output"].as_str()), (200, Some("first\ngot hi\n")), "all of it, after its end: {v}");
+    let (s, v) = call(&c, &bot_token, "openbot_computer_session_read", read("cse_nope", 0, 0)).await;
+    assert_eq!((s, v["error"]["kind"].as_str()), (404, Some("not_found")), "{v}");
+    let args = json!({"computerId": id, "sessionId": printed, "fromOffset": "0&yieldTimeMs=30000"});
+    let (s, v) = call(&c, &bot_token, "openbot_computer_session_read", args).await;
+    assert_eq!((s, v["error"]["kind"].as_str()), (400, Some("invalid_request")), "{v}");
+    let (s, v) = call(&c, &bot_token, "openbot_computer_sessions_list", json!({"computerId": other})).await;
+    assert_eq!((s, v["error"]["kind"].as_str()), (403, Some("forbidden")), "no grant there: {v}");
 
     // A REPL in a terminal: the session goes on after its wait, and stdin reaches it.
     let args = json!({"computerId": id, "command": "python3 -q", "tty": true, "yieldTimeMs": 1000});
