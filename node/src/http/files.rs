@@ -237,7 +237,7 @@ fn gone() -> ApiError {
 }
 
 /// `DELETE /v1/computers/:id/files?path=`
-#[utoipa::path(delete, path = "/v1/computers/{id}/files", operation_id = "files_remove", tag = "files", params(("id" = String, Path), ("path" = String, Query), ("user" = Option<String>, Query)), responses((status = 200, body = Object), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+#[utoipa::path(delete, path = "/v1/computers/{id}/files", operation_id = "files_remove", tag = "files", params(("id" = String, Path), ("path" = String, Query), ("user" = Option<String>, Query)), responses((status = 204, description = "Removed"), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn remove(
     State(state): State<AppState>,
     auth: Auth,

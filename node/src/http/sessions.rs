@@ -253,7 +253,7 @@ pub struct ResizeIn {
 }
 
 /// `POST /v1/computers/:id/sessions/:sid/resize`
-#[utoipa::path(post, path = "/v1/computers/{id}/sessions/{sid}/resize", operation_id = "sessions_resize", tag = "sessions", params(("id" = String, Path), ("sid" = String, Path)), request_body = ResizeIn, responses((status = 200, body = Object), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+#[utoipa::path(post, path = "/v1/computers/{id}/sessions/{sid}/resize", operation_id = "sessions_resize", tag = "sessions", params(("id" = String, Path), ("sid" = String, Path)), request_body = ResizeIn, responses((status = 204, description = "Resized"), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn resize(
     State(state): State<AppState>,
     auth: Auth,
