@@ -91,7 +91,7 @@ impl World {
         };
         w.must(Command::CreateProvider { by: OWNER.into(), provider });
         let bot = Bot { id: BOT.into(), name: "b".into(), member_id: "mem_o".into(), created_at: 1, archived_at: None };
-        w.must(Command::CreateBot { by: OWNER.into(), bot });
+        w.must(Command::CreateBot { by: OWNER.into(), bot, parent: None });
         w.must(Command::CreateToken { by: OWNER.into(), token: token(BOT_TOKEN, Principal::Bot(BOT.into())) });
         w
     }

@@ -80,6 +80,9 @@ pub async fn list_members(State(state): State<AppState>, auth: Auth) -> Result<J
 pub struct NewBot {
     name: String,
     member_id: Option<String>,
+    /// The bot that gives this one work (of the same member): a delegation `dlg_<bot id>` is
+    /// recorded with it, which the parent can end.
+    parent_bot_id: Option<String>,
 }
 
 /// `POST /v1/bots`: the bot belongs to `memberId` (default: the caller).
@@ -101,7 +104,11 @@ pub async fn create_bot(
     };
     let bot =
         Bot { id: new_id("bot"), name: check_name(&body.name)?, member_id, created_at: now_ms(), archived_at: None };
-    propose(&state, Command::CreateBot { by: caller.token.id, bot: bot.clone() }).await?;
+    if let Some(p) = &body.parent_bot_id {
+        check_id(p, "bot", "parentBotId")?;
+    }
+    let parent = body.parent_bot_id;
+    propose(&state, Command::CreateBot { by: caller.token.id, bot: bot.clone(), parent }).await?;
     Ok((StatusCode::CREATED, Json(bot)))
 }
 

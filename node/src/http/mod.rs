@@ -9,6 +9,7 @@ mod browser;
 mod calls;
 mod computers;
 mod copies;
+mod delegations;
 mod desktop;
 mod desktop_stream;
 mod error;
@@ -110,6 +111,9 @@ fn groups(seen: &mut dyn FnMut(&[RoutePair])) -> Groups {
         get "/v1/computers/{id}/sandbox" => computers::sandbox,
         post "/v1/computers/{id}/acquire" => computers::acquire,
         post "/v1/computers/{id}/release" => computers::release,
+        post "/v1/bots/{bot}/delegations" => delegations::create,
+        get "/v1/bots/{bot}/delegations" => delegations::list,
+        delete "/v1/bots/{bot}/delegations/{delegation}" => delegations::end,
         get "/v1/computers/{id}/bots" => grants::list,
         put "/v1/computers/{id}/bots/{bot}" => grants::put,
         get "/v1/computers/{id}/bots/{bot}" => grants::get,

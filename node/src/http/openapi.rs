@@ -15,6 +15,7 @@ use super::bot_tools;
 use super::browser;
 use super::computers;
 use super::copies;
+use super::delegations;
 use super::desktop;
 use super::desktop_stream;
 use super::events;
@@ -60,6 +61,7 @@ impl Modify for BearerAuth {
         computers::create, computers::list, computers::get, computers::pause, computers::resume,
         computers::delete, computers::stop, computers::usage, computers::sandbox, computers::acquire, computers::release,
         grants::put, grants::get, grants::list, grants::delete,
+        delegations::create, delegations::list, delegations::end,
         executions::get, executions::decide,
         events::events,
         approvals::list, approvals::decide, approvals::get_rules, approvals::put_rules,

@@ -86,6 +86,11 @@ impl State {
         self.rules.clone().unwrap_or_else(default_rules)
     }
 
+    /// A bot's grant on a Computer.
+    pub fn grant(&self, computer_id: &str, bot_id: &str) -> Option<&Grant> {
+        self.grants.get(computer_id).and_then(|g| g.get(bot_id))
+    }
+
     /// Whether a bot holds a grant on a Computer.
     pub fn has_grant(&self, computer_id: &str, bot_id: &str) -> bool {
         self.grants.get(computer_id).is_some_and(|g| g.contains_key(bot_id))
@@ -198,6 +203,18 @@ impl State {
     }
 
     pub(crate) fn insert_grant(&mut self, computer_id: &str, bot_id: &str, by_member: &str, at_ms: u64) {
+        self.insert_grant_via(computer_id, bot_id, by_member, at_ms, None);
+    }
+
+    /// A grant, acquired through the delegation `via` when set.
+    pub(crate) fn insert_grant_via(
+        &mut self,
+        computer_id: &str,
+        bot_id: &str,
+        by_member: &str,
+        at_ms: u64,
+        via: Option<String>,
+    ) {
         self.grants.entry(computer_id.to_string()).or_default().entry(bot_id.to_string()).or_insert_with(|| Grant {
             computer_id: computer_id.to_string(),
             bot_id: bot_id.to_string(),
@@ -205,6 +222,7 @@ impl State {
             created_at: at_ms,
             allow_root: false,
             paths: Vec::new(),
+            via,
         });
         self.index_grant(computer_id, bot_id);
     }
@@ -218,9 +236,9 @@ impl State {
         } else {
             self.check_grant_rights(&caller, computer_id, bot_id)?;
         }
-        self.remove_grant(computer_id, bot_id);
-        // The bot's tool bindings there close with the grant.
-        self.close_bot_bindings(computer_id, bot_id);
+        // The bot's tool bindings there close with the grant, and so do the grants acquired there
+        // through its delegations.
+        self.end_grant(computer_id, bot_id);
         Ok(())
     }
 
@@ -252,6 +270,11 @@ impl State {
         match self.decide_capability(&caller, Capability::Acquire, computer_id)? {
             Effect::Allow => {
                 self.insert_grant(computer_id, &bot.id, &caller.member.id, at_ms);
+                Ok(None)
+            }
+            // The bot that gave this one work holds a grant here: the delegation decides.
+            Effect::Ask if let Some(via) = self.delegation_for(&bot.id, computer_id) => {
+                self.insert_grant_via(computer_id, &bot.id, &caller.member.id, at_ms, Some(via));
                 Ok(None)
             }
             Effect::Ask => {

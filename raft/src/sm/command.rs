@@ -111,6 +111,23 @@ pub enum Command {
         by: String,
         /// The new bot.
         bot: Bot,
+        /// The bot that gives it work (a delegation `dlg_<bot id>` is recorded with it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        parent: Option<String>,
+    },
+    /// A parent bot gives a child bot work: the child may acquire the parent's Computers.
+    Delegate {
+        /// The token id of the caller (the parent bot, its member or an admin).
+        by: String,
+        /// The delegation.
+        delegation: super::delegation::Delegation,
+    },
+    /// Ends a delegation and the grants acquired through it.
+    EndDelegation {
+        /// The token id of the caller (the parent bot, its member or an admin).
+        by: String,
+        /// `dlg_…`
+        delegation_id: String,
     },
     /// Archives a bot: its tokens stop working and its rights end.
     ArchiveBot {
@@ -750,6 +767,8 @@ impl Command {
             Command::Bootstrap { .. } => "bootstrap",
             Command::CreateMember { .. } => "create_member",
             Command::CreateBot { .. } => "create_bot",
+            Command::Delegate { .. } => "delegate",
+            Command::EndDelegation { .. } => "end_delegation",
             Command::ArchiveBot { .. } => "archive_bot",
             Command::CreateToken { .. } => "create_token",
             Command::RevokeToken { .. } => "revoke_token",

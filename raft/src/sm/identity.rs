@@ -147,8 +147,9 @@ impl State {
         Ok(())
     }
 
-    pub(crate) fn create_bot(&mut self, by: &str, bot: &Bot) -> Result<(), Reject> {
-        self.caller_by_token_id(by)?.check_admin_write()?;
+    pub(crate) fn create_bot(&mut self, by: &str, bot: &Bot, parent: Option<&str>) -> Result<(), Reject> {
+        let caller = self.caller_by_token_id(by)?;
+        caller.check_admin_write()?;
         if let Some(existing) = self.bots.get(&bot.id) {
             return same_or_conflict(existing == bot, "bot");
         }
@@ -159,6 +160,21 @@ impl State {
             return Err(Reject::new(RejectKind::Invalid, "a new bot cannot be archived"));
         }
         self.bots.insert(bot.id.clone(), bot.clone());
+        // A bot created with a parent: the parent gave it work (a delegation it can end).
+        if let Some(parent) = parent {
+            let d = super::delegation::Delegation {
+                id: format!("dlg_{}", bot.id),
+                parent_bot_id: parent.to_string(),
+                child_bot_id: bot.id.clone(),
+                made_by: caller.member.id.clone(),
+                created_at: bot.created_at,
+            };
+            if let Err(e) = self.check_new_delegation(&d) {
+                self.bots.remove(&bot.id);
+                return Err(e);
+            }
+            self.insert_delegation(d);
+        }
         Ok(())
     }
 
@@ -168,10 +184,12 @@ impl State {
         if bot.archived_at.is_none() {
             bot.archived_at = Some(at_ms);
         }
-        // Archiving ends the bot's rights; the Computers stay.
+        // Archiving ends the bot's rights (and what others acquired through its delegations);
+        // the Computers stay.
+        self.drop_delegations_of(bot_id);
         let granted: Vec<String> = self.granted_to(bot_id).cloned().collect();
         for computer in granted {
-            self.remove_grant(&computer, bot_id);
+            self.end_grant(&computer, bot_id);
         }
         self.close_all_bot_bindings(bot_id);
         Ok(())
@@ -343,7 +361,7 @@ mod tests {
             created_at: 1,
             archived_at: None,
         };
-        assert_eq!(s.apply(&Command::CreateBot { by: "tok_owner".into(), bot }), Response::Ok);
+        assert_eq!(s.apply(&Command::CreateBot { by: "tok_owner".into(), bot, parent: None }), Response::Ok);
         assert_eq!(
             s.apply(&Command::CreateToken {
                 by: "tok_owner".into(),

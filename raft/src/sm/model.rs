@@ -304,6 +304,10 @@ pub struct Grant {
     /// so a symlink does not lead out. Only a member sets them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub paths: Vec<String>,
+    /// The delegation (`dlg_…`) the bot acquired this grant through: it ends with it, and with
+    /// the parent's own grant on the Computer. `None` for a grant a member gave or approved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub via: Option<String>,
 }
 
 /// The four capabilities decided by the decider chain.

@@ -114,6 +114,9 @@ pub struct State {
     /// rebuilt when a snapshot loads (`computer_index`).
     #[serde(skip)]
     pub computer_index: super::computer_index::ComputerIndex,
+    /// Which bot gave which bot work (`delegation`).
+    #[serde(default)]
+    pub delegations: super::delegation::Delegations,
     /// Public port addresses (`ports`): at most `ports::MAX_PORTS` per Computer, gone with it.
     #[serde(default)]
     pub ports: super::model::Ports,
@@ -363,7 +366,9 @@ impl State {
                 Ok(())
             }
             Command::CreateMember { by, member } => self.create_member(by, member),
-            Command::CreateBot { by, bot } => self.create_bot(by, bot),
+            Command::CreateBot { by, bot, parent } => self.create_bot(by, bot, parent.as_deref()),
+            Command::Delegate { by, delegation } => self.delegate(by, delegation),
+            Command::EndDelegation { by, delegation_id } => self.end_delegation(by, delegation_id),
             Command::ArchiveBot { by, bot_id, at_ms } => self.archive_bot(by, bot_id, *at_ms),
             Command::CreateToken { by, token } => self.create_token(by, token),
             Command::RevokeToken { by, token_id, at_ms } => self.revoke_token(by, token_id, *at_ms),

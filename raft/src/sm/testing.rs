@@ -70,7 +70,7 @@ pub fn world() -> super::State {
     };
     ok(s.apply(&Command::CreateProvider { by: OWNER.into(), provider }));
     let bot = Bot { id: "bot_1".into(), name: "b".into(), member_id: "mem_o".into(), created_at: 1, archived_at: None };
-    ok(s.apply(&Command::CreateBot { by: OWNER.into(), bot }));
+    ok(s.apply(&Command::CreateBot { by: OWNER.into(), bot, parent: None }));
     ok(s.apply(&Command::CreateToken { by: OWNER.into(), token: token("tok_bot", Principal::Bot("bot_1".into())) }));
     s
 }

@@ -48,7 +48,7 @@ fn world() -> State {
         join_secret_hash: None,
     }));
     let bot = Bot { id: "bot_1".into(), name: "b".into(), member_id: "mem_o".into(), created_at: 1, archived_at: None };
-    ok(s.apply(&Command::CreateBot { by: OWNER.into(), bot }));
+    ok(s.apply(&Command::CreateBot { by: OWNER.into(), bot, parent: None }));
     ok(s.apply(&Command::CreateToken { by: OWNER.into(), token: token(BOT, Principal::Bot("bot_1".into())) }));
     for c in ["cmp_1", "cmp_2"] {
         s.computers.insert(c.into(), computer(c));
