@@ -2,17 +2,32 @@
 //! `computer-agent`, with the official MCP Python SDK (PyPI `mcp`, installed by `.ci/run`) as the
 //! client (`tests/fixtures/mcp_client.py`): it lists the tools, runs `python3 -c 'print(42)'`,
 //! starts a 5 s command and receives its `computer_session` notice when it ends, types into a
-//! Python REPL in a terminal, and sees the API's refusals as tool errors with their kinds.
+//! Python REPL in a terminal, and sees the API's refusals as tool errors with their kinds. With
+//! the real Docker engine, a bot creates its own sandbox with a desktop over MCP, runs a command
+//! in it, sees its screen as MCP image content, and destroys it.
 
 use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
 
 use computerd_tests::TestCluster;
 use computerd_tests::agent::AgentProc;
 use computerd_tests::agent::paired_computer;
 use computerd_tests::agent::wait_state;
+use computerd_tests::docker::Containers;
+use computerd_tests::docker::DESKTOP_IMAGE;
+use computerd_tests::docker::IMAGE;
+use computerd_tests::docker::containers_of;
+use computerd_tests::docker::docker_provider;
+use computerd_tests::docker::ensure_desktop_image;
+use computerd_tests::docker::inspect;
+use computerd_tests::wait_for;
 use reqwest::Method;
 use serde_json::Value;
 use serde_json::json;
+use tokio::io::AsyncBufReadExt;
+use tokio::io::AsyncWriteExt;
+use tokio::io::BufReader;
 
 #[tokio::test]
 async fn t10_an_mcp_client_lists_runs_and_hears_a_command_end() {
@@ -91,4 +106,111 @@ async fn t10_an_mcp_client_lists_runs_and_hears_a_command_end() {
         .filter(|e| e["type"] == "computer_session" && e["data"]["sessionId"] == session)
         .count();
     assert_eq!(ends, 1, "{v}");
+}
+
+/// A bot, through the MCP Python SDK only, creates a sandbox with a desktop at the Docker provider
+/// (`openbot_computers_create` with `desktop` and a `reason`, allowed for it by a capability
+/// rule), waits until it and its desktop run (polling `openbot_computers_list`), runs
+/// `python3 -c 'print(42)'` in it, takes a screenshot that comes as MCP image content (a PNG of
+/// the display's size), and releases it with `destroy`: the container that ran it is gone.
+#[tokio::test]
+async fn t20_a_bot_creates_uses_and_destroys_a_desktop_sandbox_over_mcp() {
+    ensure_desktop_image();
+    let c = TestCluster::start(1).await;
+    let templates = json!({"templates": {
+        "default": {"image": IMAGE, "cpus": 1.0, "memoryMb": 512, "pids": 256},
+        "desktop": {"image": DESKTOP_IMAGE, "cpus": 1.0, "memoryMb": 1024, "pids": 512},
+    }});
+    let provider = docker_provider(&c, templates).await;
+    let (s, bot) = c.call(Method::POST, 1, "/v1/bots", &c.token, Some(json!({"name": "mcp-sandboxer"}))).await;
+    assert_eq!(s, 201, "{bot}");
+    let bot = bot["id"].as_str().expect("bot").to_string();
+    // A bot's create and delete ask a person by default: this bot may create at this provider
+    // and delete (what it made) without asking; everything else keeps the default rules.
+    let rules = json!({"rules": [
+        {"capability": "computers.create", "effect": "allow", "bot": bot, "provider": provider},
+        {"capability": "computers.delete", "effect": "allow", "bot": bot},
+        {"actor": "member", "effect": "allow"},
+        {"actor": "bot", "effect": "ask"},
+    ]});
+    let (s, v) = c.call(Method::PUT, 1, "/v1/capability-rules", &c.token, Some(rules)).await;
+    assert_eq!(s, 200, "{v}");
+    let bot_token = c.mint(json!({"botId": bot})).await;
+
+    let begun = std::time::Instant::now();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/mcp_client.py");
+    let mut client = tokio::process::Command::new("python3")
+        .arg(&script)
+        .args(["sandbox", &c.url(1, "/mcp"), &provider])
+        .env("BOT_TOKEN", &bot_token)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python3 runs (the MCP SDK is installed by .ci/run)");
+    let mut stdin = client.stdin.take().expect("stdin");
+    let mut lines = BufReader::new(client.stdout.take().expect("stdout")).lines();
+    let mut cleanup = Containers::default();
+    let mut container = None;
+    let mut display = (Value::Null, Value::Null);
+    let seen: Value = tokio::time::timeout(Duration::from_secs(300), async {
+        loop {
+            let line = lines.next_line().await.expect("the client's stdout").expect("the client's summary");
+            let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+            let Some(id) = v.get("running").and_then(Value::as_str) else { return v };
+            // While the bot holds it: the sandbox is one running container of the desktop image.
+            cleanup.track(id);
+            let list = containers_of(id);
+            assert_eq!(list.len(), 1, "exactly one container for {id}");
+            assert_eq!(inspect(&list[0], "{{.Config.Image}}"), DESKTOP_IMAGE);
+            assert_eq!(inspect(&list[0], "{{.State.Running}}"), "true");
+            // The display's size, as its agent reports it.
+            let (s, d) = c.call(Method::GET, 1, &format!("/v1/computers/{id}/desktop"), &c.token, None).await;
+            assert_eq!(s, 200, "{d}");
+            display = (d["width"].clone(), d["height"].clone());
+            container = Some((id.to_string(), list[0].clone()));
+            stdin.write_all(b"release\n").await.expect("to the client's stdin");
+            stdin.flush().await.expect("flush");
+        }
+    })
+    .await
+    .expect("the MCP client is done within 5 minutes");
+    let status = client.wait().await.expect("the client's exit");
+    eprintln!("the MCP client took {:?}", begun.elapsed());
+    assert!(status.success(), "the MCP client failed: {seen}");
+
+    assert_eq!(seen["create"]["isError"], false, "{seen}");
+    let created = &seen["create"]["answer"];
+    assert_eq!((created["kind"].as_str(), created["approvalId"].as_str()), (Some("create"), None), "{seen}");
+    let id = created["resource"]["id"].as_str().expect("the new Computer's id");
+    let states = seen["states"].as_array().expect("the states seen");
+    assert_eq!(states.last(), Some(&json!(["running", "running"])), "{seen}");
+    assert_eq!(display, (json!(1280), json!(800)), "the sandbox's display");
+    let (id_seen, container) = container.expect("the client said when its sandbox ran");
+    assert_eq!(id_seen, id);
+
+    assert_eq!(seen["print42"]["isError"], false, "{seen}");
+    assert_eq!(seen["print42"]["answer"]["output"], "42\n", "{seen}");
+
+    let shot = &seen["screenshot"];
+    assert_eq!(shot["isError"], false, "{seen}");
+    assert_eq!(shot["content"], json!(["image", "text"]), "the image, then the rest of the answer: {seen}");
+    assert_eq!(shot["mimeType"], "image/png", "{seen}");
+    assert_eq!(shot["png"], json!([display.0, display.1]), "a PNG of the display's size: {seen}");
+    assert_eq!((shot["answer"]["width"].clone(), shot["answer"]["height"].clone()), display, "{seen}");
+    assert!(shot["answer"].get("data").is_none(), "the image only once, as image content: {seen}");
+
+    let release = &seen["release"];
+    assert_eq!(release["isError"], false, "{seen}");
+    assert_eq!((release["answer"]["kind"].as_str(), release["answer"]["approvalId"].as_str()), (Some("delete"), None));
+    wait_for("the Computer to be deleted", Duration::from_secs(60), || async {
+        let (s, _) = c.call(Method::GET, 1, &format!("/v1/computers/{id}"), &c.token, None).await;
+        (s == 404).then_some(())
+    })
+    .await;
+    assert!(containers_of(id).is_empty(), "the container is gone");
+    let inspected =
+        std::process::Command::new("docker").args(["inspect", &container]).output().expect("docker inspect");
+    assert!(!inspected.status.success(), "docker knows no container {container} any more");
 }
