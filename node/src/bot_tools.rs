@@ -86,6 +86,29 @@ impl Args<'_> {
         }
     }
 
+    /// A string that must be present (it may be empty).
+    fn string(&self, key: &str) -> Result<&str, BadArguments> {
+        self.str(key).ok_or_else(|| BadArguments(format!("`{key}` is required (a string)")))
+    }
+
+    /// A non-empty list of strings that must be present.
+    fn strings(&self, key: &str) -> Result<(), BadArguments> {
+        match self.0.get(key).and_then(Value::as_array) {
+            Some(v) if !v.is_empty() && v.iter().all(Value::is_string) => Ok(()),
+            _ => Err(BadArguments(format!("`{key}` is required: a non-empty list of strings"))),
+        }
+    }
+
+    /// A name of `[A-Za-z0-9_-]` (and `.`, `:` where `extra` says) for a path segment, never
+    /// only dots (nothing else can reach the path).
+    fn segment(&self, key: &str, extra: &[u8]) -> Result<&str, BadArguments> {
+        let v = self.required(key)?;
+        let ok = v.len() <= 128
+            && v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || extra.contains(&b))
+            && !v.bytes().all(|b| b == b'.');
+        if ok { Ok(v) } else { Err(BadArguments(format!("`{key}` is not a valid {key}"))) }
+    }
+
     /// The given keys of the arguments that are present, as a body (renamed where the API's
     /// name differs).
     fn pick(&self, keys: &[(&str, &str)]) -> Value {
@@ -105,6 +128,66 @@ fn object(properties: Value, required: &[&str]) -> Value {
 
 const COMPUTER: &str = "The Computer's id (cmp_…), from openbot_computers_list.";
 
+const SESSION: &str = "The browser session's id (b-…), from openbot_browser_open.";
+
+const TAB: &str = "The tab's id (needed only when the session has more than one tab).";
+
+const REF: &str = "An element's ref (`e12`) from the latest openbot_browser_snapshot of this tab.";
+
+const ACTION_ID: &str = "Your id for this action (1-128 of [A-Za-z0-9-_.:]). Give one whenever the action may \
+                         change something outside (send, buy, post, delete): the same id is never sent twice, a \
+                         retry answers the first attempt's record (read it with openbot_browser_action).";
+
+/// The schema of a browser tool: computerId, session, tab, then `props`; `acting` adds the action
+/// record's fields.
+fn browser_schema(props: Value, required: &[&str], acting: bool) -> Value {
+    let mut all = json!({
+        "computerId": {"type": "string", "description": COMPUTER},
+        "session": {"type": "string", "description": SESSION},
+        "tab": {"type": "string", "description": TAB}
+    });
+    let extra = props.as_object().into_iter().flatten();
+    let action = json!({
+        "actionId": {"type": "string", "minLength": 1, "maxLength": 128, "pattern": "^[A-Za-z0-9._:-]+$", "description": ACTION_ID},
+        "runId": {"type": "string", "description": "The run this action belongs to (with an actionId)."},
+        "intent": {"type": "string", "maxLength": 1024, "description": "What the action is meant to do, in words (with an actionId; kept in the record)."},
+        "evidence": {"type": "object", "description": "What you know that justifies it (a file's SHA-256, the account, …), kept with the record (with an actionId)."}
+    });
+    let action = if acting { action.as_object().cloned().unwrap_or_default() } else { Default::default() };
+    if let Some(o) = all.as_object_mut() {
+        for (k, v) in extra.chain(action.iter()) {
+            o.insert(k.clone(), v.clone());
+        }
+    }
+    let mut keys = vec!["computerId", "session"];
+    keys.extend_from_slice(required);
+    object(all, &keys)
+}
+
+/// The request of a browser tool: `POST /v1/computers/:id/browser/{route}` with session, tab
+/// and `keys` (the action record's too when `acting`), after the required ones are checked by
+/// `check`.
+fn browser_call(
+    a: &Args,
+    route: &str,
+    keys: &[&str],
+    acting: bool,
+    check: impl Fn(&Args) -> Result<(), BadArguments>,
+) -> Result<ApiCall, BadArguments> {
+    let id = a.id("computerId", "cmp")?;
+    a.required("session")?;
+    check(a)?;
+    let mut all = vec!["session", "tab"];
+    all.extend_from_slice(keys);
+    if acting {
+        all.extend_from_slice(&["actionId", "runId", "intent", "evidence"]);
+    }
+    let pairs: Vec<(&str, &str)> = all.iter().map(|k| (*k, *k)).collect();
+    Ok(ApiCall { method: "POST", path: format!("/v1/computers/{id}/browser/{route}"), body: Some(a.pick(&pairs)) })
+}
+
+const WAIT: &str = "How long to wait for a page load it starts, in ms (default 15000).";
+
 /// Every bot tool, in the order they are listed.
 pub fn registry() -> &'static [BotTool] {
     &TOOLS
@@ -115,7 +198,7 @@ pub fn find(name: &str) -> Option<&'static BotTool> {
     TOOLS.iter().find(|t| t.name == name)
 }
 
-static TOOLS: [BotTool; 11] = [
+static TOOLS: [BotTool; 24] = [
     BotTool {
         name: "openbot_computers_list",
         description: "Lists the Computers this bot may use, with their state.",
@@ -332,6 +415,270 @@ static TOOLS: [BotTool; 11] = [
         },
     },
     BotTool {
+        name: "openbot_browser_open",
+        description: "Opens a browser session on a Computer and answers its id (`session`) and tabs. mode \
+                      `automation` (default) is headless; `takeover` runs it on the Computer's desktop, where a \
+                      person can watch and take control. A profile keeps cookies and sign-ins between sessions; \
+                      one open session per profile, at most 4 sessions.",
+        parameters: || {
+            object(
+                json!({
+                    "computerId": {"type": "string", "description": COMPUTER},
+                    "mode": {"type": "string", "enum": ["automation", "takeover"]},
+                    "profile": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$", "description": "The profile to use (default `default`)."},
+                    "url": {"type": "string", "description": "A first page to load (http, https or about:blank)."}
+                }),
+                &["computerId"],
+            )
+        },
+        request: |a, _| {
+            let id = a.id("computerId", "cmp")?;
+            let body = a.pick(&[("mode", "mode"), ("profile", "profile"), ("url", "url")]);
+            Ok(ApiCall { method: "POST", path: format!("/v1/computers/{id}/browser/sessions"), body: Some(body) })
+        },
+    },
+    BotTool {
+        name: "openbot_browser_close",
+        description: "Closes a browser session on a Computer (its profile keeps its cookies).",
+        parameters: || browser_schema(json!({}), &[], false),
+        request: |a, _| {
+            let id = a.id("computerId", "cmp")?;
+            let session = a.segment("session", b"")?;
+            Ok(ApiCall { method: "DELETE", path: format!("/v1/computers/{id}/browser/sessions/{session}"), body: None })
+        },
+    },
+    BotTool {
+        name: "openbot_browser_navigate",
+        description: "Loads a URL (http, https or about:blank) in a browser tab and waits for the load. Answers \
+                      the final url, title and HTTP status. Take a snapshot to see the page.",
+        parameters: || {
+            browser_schema(
+                json!({
+                    "url": {"type": "string"},
+                    "timeoutMs": {"type": "integer", "minimum": 1, "maximum": 60000, "description": "How long to wait for the load, in ms (default 15000)."}
+                }),
+                &["url"],
+                false,
+            )
+        },
+        request: |a, _| browser_call(a, "navigate", &["url", "timeoutMs"], false, |a| a.required("url").map(|_| ())),
+    },
+    BotTool {
+        name: "openbot_browser_snapshot",
+        description: "Answers a browser tab's accessibility tree as text: each element's role, name, value, \
+                      states and ref (`e12`). The other browser tools name elements by these refs, which hold \
+                      only for this snapshot and page: after a navigation or a StaleRef error, take a new one.",
+        parameters: || {
+            browser_schema(
+                json!({
+                    "maxElements": {"type": "integer", "minimum": 1, "maximum": 20000, "description": "At most this many elements."},
+                    "root": {"type": "string", "description": "Only the subtree of this ref."},
+                    "format": {"type": "string", "enum": ["text", "json"], "description": "`json` adds each element as an object (default `text`)."}
+                }),
+                &[],
+                false,
+            )
+        },
+        request: |a, _| browser_call(a, "snapshot", &["maxElements", "root", "format"], false, |_| Ok(())),
+    },
+    BotTool {
+        name: "openbot_browser_click",
+        description: "Clicks an element by its ref and answers the outcome (done or unknown, and whether a page \
+                      loaded). Give an actionId when the click may change something outside (submit, buy, send, \
+                      delete): a retry with the same id never clicks twice. A StaleRef error means the page \
+                      changed: take a new snapshot and use its refs.",
+        parameters: || {
+            browser_schema(
+                json!({
+                    "ref": {"type": "string", "description": REF},
+                    "timeoutMs": {"type": "integer", "minimum": 1, "maximum": 60000, "description": WAIT}
+                }),
+                &["ref"],
+                true,
+            )
+        },
+        request: |a, _| browser_call(a, "click", &["ref", "timeoutMs"], true, |a| a.required("ref").map(|_| ())),
+    },
+    BotTool {
+        name: "openbot_browser_type",
+        description: "Replaces the text of an input by its ref (empty text clears it); with submit, presses \
+                      Enter after. Give an actionId when it may change something outside (a submit that sends): \
+                      a retry with the same id never types twice. A StaleRef error means take a new snapshot.",
+        parameters: || {
+            browser_schema(
+                json!({
+                    "ref": {"type": "string", "description": REF},
+                    "text": {"type": "string", "maxLength": 16384},
+                    "submit": {"type": "boolean", "description": "Press Enter after typing."},
+                    "timeoutMs": {"type": "integer", "minimum": 1, "maximum": 60000, "description": WAIT}
+                }),
+                &["ref", "text"],
+                true,
+            )
+        },
+        request: |a, _| {
+            browser_call(a, "type", &["ref", "text", "submit", "timeoutMs"], true, |a| {
+                a.required("ref")?;
+                a.string("text").map(|_| ())
+            })
+        },
+    },
+    BotTool {
+        name: "openbot_browser_press",
+        description: "Presses a key or a combination (`Enter`, `Escape`, `ctrl+l`, `shift+Tab`) on the focused \
+                      element of a browser tab. Give an actionId when it may change something outside: a retry \
+                      with the same id never presses twice.",
+        parameters: || {
+            browser_schema(
+                json!({
+                    "keys": {"type": "string", "description": "The key or combination."},
+                    "timeoutMs": {"type": "integer", "minimum": 1, "maximum": 60000, "description": WAIT}
+                }),
+                &["keys"],
+                true,
+            )
+        },
+        request: |a, _| browser_call(a, "press", &["keys", "timeoutMs"], true, |a| a.required("keys").map(|_| ())),
+    },
+    BotTool {
+        name: "openbot_browser_select",
+        description: "Chooses options of a <select> element by its ref, each named by its value or its label. \
+                      Give an actionId when it may change something outside: a retry with the same id never \
+                      selects twice. A StaleRef error means take a new snapshot.",
+        parameters: || {
+            browser_schema(
+                json!({
+                    "ref": {"type": "string", "description": REF},
+                    "values": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 64, "description": "The options' values or labels."}
+                }),
+                &["ref", "values"],
+                true,
+            )
+        },
+        request: |a, _| {
+            browser_call(a, "select", &["ref", "values"], true, |a| {
+                a.required("ref")?;
+                a.strings("values")
+            })
+        },
+    },
+    BotTool {
+        name: "openbot_browser_hover",
+        description: "Moves the pointer over an element by its ref (to open a menu or show a tooltip). A \
+                      StaleRef error means take a new snapshot.",
+        parameters: || {
+            browser_schema(
+                json!({
+                    "ref": {"type": "string", "description": REF},
+                    "timeoutMs": {"type": "integer", "minimum": 1, "maximum": 60000, "description": WAIT}
+                }),
+                &["ref"],
+                false,
+            )
+        },
+        request: |a, _| browser_call(a, "hover", &["ref", "timeoutMs"], false, |a| a.required("ref").map(|_| ())),
+    },
+    BotTool {
+        name: "openbot_browser_upload",
+        description: "Sets the files of a file input by its ref from files on the Computer (absolute paths under \
+                      /workspace, regular, non-empty, at most 16 MiB each, at most 16). Answers each file's size \
+                      and sha256 and what the page read back. Give an actionId when the upload may change \
+                      something outside: a retry with the same id never uploads twice.",
+        parameters: || {
+            browser_schema(
+                json!({
+                    "ref": {"type": "string", "description": "The file input's ref (or the ref listed for a hidden one)."},
+                    "paths": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 16, "description": "Absolute paths under /workspace."}
+                }),
+                &["ref", "paths"],
+                true,
+            )
+        },
+        request: |a, _| {
+            browser_call(a, "upload", &["ref", "paths"], true, |a| {
+                a.required("ref")?;
+                a.strings("paths")
+            })
+        },
+    },
+    BotTool {
+        name: "openbot_browser_screenshot",
+        description: "Takes a screenshot of a browser tab: the viewport, the whole page (fullPage) or one element \
+                      (ref). Answers the image (base64 `data`, `mimeType`) with its width and height.",
+        parameters: || {
+            browser_schema(
+                json!({
+                    "fullPage": {"type": "boolean", "description": "The whole page, not only the viewport (not with ref)."},
+                    "ref": {"type": "string", "description": "Only this element (from the latest snapshot)."},
+                    "format": {"type": "string", "enum": ["png", "jpeg"]},
+                    "quality": {"type": "integer", "minimum": 1, "maximum": 100, "description": "JPEG quality (jpeg only)."}
+                }),
+                &[],
+                false,
+            )
+        },
+        request: |a, _| browser_call(a, "screenshot", &["fullPage", "ref", "format", "quality"], false, |_| Ok(())),
+    },
+    BotTool {
+        name: "openbot_browser_session_status",
+        description: "Checks whether a browser session's profile is signed in to a site (origin), as probes show \
+                      it: a selector or a text present only when signed in, the account expected, a project URL \
+                      that must load without a redirect to a login. Answers signedIn, accountMatches, \
+                      projectAccessible and the number of cookies (never their values).",
+        parameters: || {
+            browser_schema(
+                json!({
+                    "origin": {"type": "string", "description": "The site: `https://host[:port]`, nothing more."},
+                    "probes": {
+                        "type": "object",
+                        "description": "signedInSelector or signedInText is required; page and projectUrl are on origin.",
+                        "properties": {
+                            "page": {"type": "string", "description": "A page that shows who is signed in (default: the origin's /)."},
+                            "signedInSelector": {"type": "string", "description": "A CSS selector present only when signed in; its text shows the account."},
+                            "signedInText": {"type": "string", "description": "A text present only when signed in."},
+                            "account": {"type": "string", "description": "The account expected."},
+                            "projectUrl": {"type": "string", "description": "A URL that must load with a 2xx, not redirected to a login."}
+                        },
+                        "additionalProperties": false
+                    },
+                    "timeoutMs": {"type": "integer", "minimum": 1, "maximum": 60000, "description": "How long each page may take, in ms."}
+                }),
+                &["origin", "probes"],
+                false,
+            )
+        },
+        request: |a, _| {
+            browser_call(a, "session_status", &["origin", "probes", "timeoutMs"], false, |a| {
+                a.required("origin")?;
+                match a.0.get("probes") {
+                    Some(Value::Object(_)) => Ok(()),
+                    _ => Err(BadArguments("`probes` is required (an object)".into())),
+                }
+            })
+        },
+    },
+    BotTool {
+        name: "openbot_browser_action",
+        description: "Reads the record of a browser action you sent with an actionId: its tool, state (prepared, \
+                      dispatching, done, failed or unknown), request, result and error. Use it after a timeout or \
+                      an error to learn whether the action happened before trying anything again; `unknown` \
+                      means it may have: check the page instead of repeating it.",
+        parameters: || {
+            object(
+                json!({
+                    "computerId": {"type": "string", "description": COMPUTER},
+                    "actionId": {"type": "string", "description": "The actionId you gave the click, type, press, select or upload."}
+                }),
+                &["computerId", "actionId"],
+            )
+        },
+        request: |a, _| {
+            let id = a.id("computerId", "cmp")?;
+            let action = a.segment("actionId", b".:")?;
+            Ok(ApiCall { method: "GET", path: format!("/v1/computers/{id}/browser/actions/{action}"), body: None })
+        },
+    },
+    BotTool {
         name: "computer_mcp",
         description: "The MCP tool servers installed on this bot's Computers: `list` the bindings, `discover` a \
                       binding's tools, `call` one (with an operationId: a repeat answers the first result).",
@@ -450,5 +797,159 @@ mod tests {
         assert!((mcp.request)(&Args(&json!({"action": "list"})), None).is_err(), "a bot's tool");
         let call = (mcp.request)(&Args(&json!({"action": "list"})), Some("bot_1")).expect("a request");
         assert_eq!(call.path, "/api/bots/bot_1/tools/computer_mcp");
+    }
+
+    #[test]
+    fn browser_tools_map_to_the_browser_routes_and_refuse_bad_arguments() {
+        let b = "/v1/computers/cmp_1/browser";
+        let call = |name: &str, args: Value| {
+            let t = find(name).unwrap_or_else(|| panic!("{name}"));
+            (t.request)(&Args(&args), Some("bot_1"))
+        };
+        let s = |extra: Value| {
+            let mut v = json!({"computerId": "cmp_1", "session": "b-0123456789abcdef"});
+            if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
+                o.extend(e.clone());
+            }
+            v
+        };
+        let ok = [
+            (
+                "openbot_browser_open",
+                json!({"computerId": "cmp_1", "mode": "takeover", "profile": "work", "x": 1}),
+                "POST",
+                format!("{b}/sessions"),
+                Some(json!({"mode": "takeover", "profile": "work"})),
+            ),
+            ("openbot_browser_close", s(json!({})), "DELETE", format!("{b}/sessions/b-0123456789abcdef"), None),
+            (
+                "openbot_browser_navigate",
+                s(json!({"url": "https://example.com/", "timeoutMs": 500, "tab": "t1"})),
+                "POST",
+                format!("{b}/navigate"),
+                Some(
+                    json!({"session": "b-0123456789abcdef", "tab": "t1", "url": "https://example.com/", "timeoutMs": 500}),
+                ),
+            ),
+            (
+                "openbot_browser_snapshot",
+                s(json!({"maxElements": 10, "actionId": "a"})),
+                "POST",
+                format!("{b}/snapshot"),
+                Some(json!({"session": "b-0123456789abcdef", "maxElements": 10})),
+            ),
+            (
+                "openbot_browser_click",
+                s(json!({"ref": "e3", "actionId": "buy-1", "intent": "buy", "extra": 1})),
+                "POST",
+                format!("{b}/click"),
+                Some(json!({"session": "b-0123456789abcdef", "ref": "e3", "actionId": "buy-1", "intent": "buy"})),
+            ),
+            (
+                "openbot_browser_type",
+                s(json!({"ref": "e4", "text": "", "submit": true})),
+                "POST",
+                format!("{b}/type"),
+                Some(json!({"session": "b-0123456789abcdef", "ref": "e4", "text": "", "submit": true})),
+            ),
+            (
+                "openbot_browser_press",
+                s(json!({"keys": "Enter", "actionId": "p:1"})),
+                "POST",
+                format!("{b}/press"),
+                Some(json!({"session": "b-0123456789abcdef", "keys": "Enter", "actionId": "p:1"})),
+            ),
+            (
+                "openbot_browser_select",
+                s(json!({"ref": "e5", "values": ["a"]})),
+                "POST",
+                format!("{b}/select"),
+                Some(json!({"session": "b-0123456789abcdef", "ref": "e5", "values": ["a"]})),
+            ),
+            (
+                "openbot_browser_hover",
+                s(json!({"ref": "e6"})),
+                "POST",
+                format!("{b}/hover"),
+                Some(json!({"session": "b-0123456789abcdef", "ref": "e6"})),
+            ),
+            (
+                "openbot_browser_upload",
+                s(json!({"ref": "e7", "paths": ["/workspace/a.pdf"], "actionId": "u"})),
+                "POST",
+                format!("{b}/upload"),
+                Some(
+                    json!({"session": "b-0123456789abcdef", "ref": "e7", "paths": ["/workspace/a.pdf"], "actionId": "u"}),
+                ),
+            ),
+            (
+                "openbot_browser_screenshot",
+                s(json!({"fullPage": true})),
+                "POST",
+                format!("{b}/screenshot"),
+                Some(json!({"session": "b-0123456789abcdef", "fullPage": true})),
+            ),
+            (
+                "openbot_browser_session_status",
+                s(json!({"origin": "https://example.com", "probes": {"signedInText": "Log out"}})),
+                "POST",
+                format!("{b}/session_status"),
+                Some(
+                    json!({"session": "b-0123456789abcdef", "origin": "https://example.com", "probes": {"signedInText": "Log out"}}),
+                ),
+            ),
+            (
+                "openbot_browser_action",
+                json!({"computerId": "cmp_1", "actionId": "buy-1.a:2"}),
+                "GET",
+                format!("{b}/actions/buy-1.a:2"),
+                None,
+            ),
+        ];
+        for (name, args, method, path, body) in ok {
+            let got = call(name, args).unwrap_or_else(|e| panic!("{name}: {e:?}"));
+            assert_eq!(got, ApiCall { method, path, body }, "{name}");
+        }
+        let bad = [
+            ("openbot_browser_open", json!({"computerId": "cmp_1/../x"})),
+            ("openbot_browser_close", json!({"computerId": "cmp_1"})),
+            ("openbot_browser_close", json!({"computerId": "cmp_1", "session": "b-1/../../x"})),
+            ("openbot_browser_navigate", s(json!({}))),
+            ("openbot_browser_navigate", json!({"computerId": "cmp_1", "url": "https://x/"})),
+            ("openbot_browser_snapshot", json!({"session": "b-1"})),
+            ("openbot_browser_click", s(json!({}))),
+            ("openbot_browser_click", s(json!({"ref": 3}))),
+            ("openbot_browser_type", s(json!({"ref": "e1"}))),
+            ("openbot_browser_type", s(json!({"ref": "e1", "text": 5}))),
+            ("openbot_browser_press", s(json!({"keys": ""}))),
+            ("openbot_browser_select", s(json!({"ref": "e1", "values": []}))),
+            ("openbot_browser_select", s(json!({"ref": "e1", "values": "a"}))),
+            ("openbot_browser_hover", s(json!({}))),
+            ("openbot_browser_upload", s(json!({"ref": "e1", "paths": [1]}))),
+            ("openbot_browser_upload", s(json!({"paths": ["/workspace/a"]}))),
+            ("openbot_browser_session_status", s(json!({"origin": "https://example.com"}))),
+            ("openbot_browser_session_status", s(json!({"origin": "https://example.com", "probes": "x"}))),
+            ("openbot_browser_action", json!({"computerId": "cmp_1"})),
+            ("openbot_browser_action", json!({"computerId": "cmp_1", "actionId": ".."})),
+            ("openbot_browser_action", json!({"computerId": "cmp_1", "actionId": "a/../b"})),
+            ("openbot_browser_action", json!({"computerId": "cmp_1", "actionId": "a?bot=bot_2"})),
+        ];
+        for (name, args) in bad {
+            assert!(call(name, args.clone()).is_err(), "{name}: {args}");
+        }
+        // Each schema requires what its route requires; the acting tools carry actionId.
+        let required = |name: &str| (find(name).map(|t| (t.parameters)())).unwrap_or_default()["required"].clone();
+        assert_eq!(required("openbot_browser_open"), json!(["computerId"]));
+        assert_eq!(required("openbot_browser_type"), json!(["computerId", "session", "ref", "text"]));
+        assert_eq!(required("openbot_browser_session_status"), json!(["computerId", "session", "origin", "probes"]));
+        assert_eq!(required("openbot_browser_action"), json!(["computerId", "actionId"]));
+        for t in registry().iter().filter(|t| t.name.starts_with("openbot_browser_")) {
+            let p = (t.parameters)();
+            let acting = ["click", "type", "press", "select", "upload"].iter().any(|a| t.name.ends_with(a));
+            assert_eq!(p["properties"].get("actionId").is_some(), acting || t.name.ends_with("_action"), "{}", t.name);
+            if acting {
+                assert!(t.description.contains("actionId"), "{}", t.name);
+            }
+        }
     }
 }

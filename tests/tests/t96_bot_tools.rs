@@ -13,7 +13,7 @@ use reqwest::Method;
 use serde_json::Value;
 use serde_json::json;
 
-const TOOLS: [&str; 11] = [
+const TOOLS: [&str; 24] = [
     "openbot_computers_list",
     "openbot_computers_acquire",
     "openbot_computers_create",
@@ -24,6 +24,19 @@ const TOOLS: [&str; 11] = [
     "openbot_computer_session_read",
     "openbot_computer_screenshot",
     "openbot_computer_desktop_actions",
+    "openbot_browser_open",
+    "openbot_browser_close",
+    "openbot_browser_navigate",
+    "openbot_browser_snapshot",
+    "openbot_browser_click",
+    "openbot_browser_type",
+    "openbot_browser_press",
+    "openbot_browser_select",
+    "openbot_browser_hover",
+    "openbot_browser_upload",
+    "openbot_browser_screenshot",
+    "openbot_browser_session_status",
+    "openbot_browser_action",
     "computer_mcp",
 ];
 
