@@ -4,7 +4,9 @@
 //! `StaleRef` and reach nothing; every bad upload path is refused with its reason before CDP;
 //! `report.pdf` is set on a hidden file input reached through its label (name and size read
 //! back, and the site's own upload counted); a lost answer to a submit leaves the outcome
-//! `unknown` while the site counted it; select, hover, type with submit, press, screenshots;
+//! `unknown` while the site counted it; a snapshot trimmed by `maxElements` and one of a subtree
+//! (`root`: only what is inside, its refs usable, a hidden file input inside it listed through its
+//! label); select, hover, type with submit, press, screenshots;
 //! `session_status` on a signed-in and a signed-out profile. Needs root, python3 and chromium
 //! (installed by `.ci/run`): it fails without them.
 
@@ -195,6 +197,66 @@ async fn a_real_browser_on_the_test_site() {
     assert_eq!(clicked["outcome"]["state"], "unknown", "{clicked}");
     s.wait_uploads("b", 2);
     std::fs::remove_file(s.state.join("control.json")).expect("control");
+
+    // Trimmed snapshots: `maxElements` lists at most that many and says so; a subtree (`root`)
+    // lists only what is inside its root, its refs reach elements inside, and a hidden file
+    // input inside it is listed through its label.
+    let docs = format!("{}/projects/b/documents", s.url);
+    let nav = call(&b, json!({"op": "navigate", "args": {"session": sid, "url": docs}})).await;
+    assert_eq!(nav["title"], "Project B documents", "{nav}");
+    let few = call(&b, json!({"op": "snapshot", "args": {"session": sid, "format": "json", "maxElements": 5}})).await;
+    let few_n = few["elements"].as_array().map(Vec::len);
+    assert!(few_n.is_some_and(|n| (1..=5).contains(&n)), "at most 5 elements: {few}");
+    assert_eq!(few["text"].as_str().map(|t| t.lines().count()), few_n, "{few}");
+    assert_eq!(few["truncated"], true, "{few}");
+    let full = snapshot(&b, &sid).await;
+    assert_eq!(full["truncated"], false, "{full}");
+    let full_n = full["elements"].as_array().map_or(0, Vec::len);
+    assert!(full_n > 5, "the untrimmed snapshot lists more than 5: {full}");
+    let outside = find(&full, "link", "Projects");
+    let sub = call(
+        &b,
+        json!({"op": "snapshot", "args": {"session": sid, "format": "json", "root": find(&full, "form", "Upload form")}}),
+    )
+    .await;
+    assert_eq!(sub["truncated"], false, "{sub}");
+    let listed: Vec<(String, String)> = sub["elements"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| (e["role"].as_str().unwrap_or_default().into(), e["name"].as_str().unwrap_or_default().into()))
+        .collect();
+    let has = |role: &str, name: &str| listed.iter().any(|(r, n)| r == role && n == name);
+    assert!(has("form", "Upload form") && has("button", "Choose file") && has("button", "Upload"), "{listed:?}");
+    assert!(!has("link", "Projects") && !has("heading", "Upload"), "only the form's subtree: {listed:?}");
+    assert!(!listed.iter().any(|(r, _)| r == "file input"), "the hidden input is outside the form: {listed:?}");
+    assert!(listed.len() < full_n, "{listed:?}");
+    let (kind, why) = refused(&b, json!({"op": "click", "args": {"session": sid, "ref": outside}})).await;
+    assert_eq!(kind, ErrorKind::StaleRef, "a ref of the page's snapshot, not the subtree's: {why}");
+    let up = call(
+        &b,
+        json!({"op": "upload", "args": {"session": sid, "ref": find(&sub, "button", "Choose file"), "paths": [w("report.pdf")]}}),
+    )
+    .await;
+    assert_eq!(up["accepted"], true, "the subtree's ref is the form's file input: {up}");
+    assert_eq!(up["readBack"], json!([{"name": "report.pdf", "size": REPORT.len()}]), "{up}");
+    let full = snapshot(&b, &sid).await;
+    let group = find(&full, "group", "Quick upload");
+    let sub = call(&b, json!({"op": "snapshot", "args": {"session": sid, "format": "json", "root": group}})).await;
+    let in_group: Vec<&Value> = sub["elements"].as_array().into_iter().flatten().collect();
+    assert!(
+        in_group
+            .iter()
+            .any(|e| e["role"] == "file input" && e["name"] == "Upload document" && e["states"] == json!(["hidden"])),
+        "the hidden file input inside the subtree, by its label:\n{}",
+        sub["text"]
+    );
+    assert!(!in_group.iter().any(|e| e["name"] == "Choose file" || e["name"] == "Projects"), "{}", sub["text"]);
+    let hidden = find(&sub, "file input", "Upload document");
+    let up =
+        call(&b, json!({"op": "upload", "args": {"session": sid, "ref": hidden, "paths": [w("report.pdf")]}})).await;
+    assert_eq!(up["accepted"], true, "{up}");
+    s.wait_uploads("b", 3);
 
     // Widgets: a re-rendered element's ref is stale; select, hover, type + submit, press.
     let nav = call(&b, json!({"op": "navigate", "args": {"session": sid, "url": format!("{}/widgets", s.url)}})).await;

@@ -780,7 +780,7 @@ async fn snapshot(
     let loader = loader_of(cdp, &s).await?;
     let tree = call(cdp, &s, "Accessibility.getFullAXTree", json!({})).await?;
     let max = r.max_elements.unwrap_or(browser::MAX_ELEMENTS);
-    let (listed, truncated) = listing(tree["nodes"].as_array().map_or(&[], Vec::as_slice), root_backend, max);
+    let (listed, mut truncated) = listing(tree["nodes"].as_array().map_or(&[], Vec::as_slice), root_backend, max);
     // A large page's tree is megabytes of JSON values: freed off this call's path.
     tokio::task::spawn_blocking(move || drop(tree));
     let mut refs = HashMap::new();
@@ -810,20 +810,38 @@ async fn snapshot(
             elements.push(json!({"ref": rn.map(|n| format!("e{n}")), "role": l.role, "name": l.name, "value": l.value, "states": l.states, "depth": l.depth}));
         }
     }
-    // File inputs the tree hides (`display: none` behind a label) are listed by their label.
-    if root_backend.is_none() {
+    // File inputs the tree hides (`display: none` behind a label) are listed by their label:
+    // those of the page, or of the subtree (the inputs inside its root's node). They count
+    // towards `maxElements` like the rest.
+    let mut shown = listed.len();
+    {
         let doc = call(cdp, &s, "DOM.getDocument", json!({"depth": 0})).await?;
-        let root_id = doc["root"]["nodeId"].as_i64().unwrap_or(0);
-        let found =
-            call(cdp, &s, "DOM.querySelectorAll", json!({"nodeId": root_id, "selector": "input[type=file]"})).await?;
+        let root_id = match root_backend {
+            None => doc["root"]["nodeId"].as_i64().unwrap_or(0),
+            Some(b) => {
+                let pushed =
+                    call(cdp, &s, "DOM.pushNodesByBackendIdsToFrontend", json!({"backendNodeIds": [b]})).await?;
+                pushed["nodeIds"][0].as_i64().unwrap_or(0)
+            }
+        };
+        let found = if root_id == 0 {
+            Value::Null
+        } else {
+            call(cdp, &s, "DOM.querySelectorAll", json!({"nodeId": root_id, "selector": "input[type=file]"})).await?
+        };
         for id in found["nodeIds"].as_array().into_iter().flatten().take(32) {
             let d = call(cdp, &s, "DOM.describeNode", json!({"nodeId": id})).await?;
             let Some(b) = d["node"]["backendNodeId"].as_i64() else { continue };
             if listed_backends.contains(&b) {
                 continue;
             }
+            if shown >= max {
+                truncated = true;
+                break;
+            }
             let obj = call(cdp, &s, "DOM.resolveNode", json!({"backendNodeId": b})).await?;
             let Some(obj) = obj["object"]["objectId"].as_str() else { continue };
+            shown += 1;
             let label = function(cdp, &s, obj, LABEL, json!([])).await?.as_str().map(cut).unwrap_or_default();
             *next_ref += 1;
             let n = *next_ref;
