@@ -120,7 +120,7 @@ pub enum Command {
         /// The token id of the caller (the parent bot, its member or an admin).
         by: String,
         /// The delegation.
-        delegation: super::delegation::Delegation,
+        delegation: super::model::Delegation,
     },
     /// Ends a delegation and the grants acquired through it.
     EndDelegation {

@@ -162,7 +162,7 @@ impl State {
         self.bots.insert(bot.id.clone(), bot.clone());
         // A bot created with a parent: the parent gave it work (a delegation it can end).
         if let Some(parent) = parent {
-            let d = super::delegation::Delegation {
+            let d = super::model::Delegation {
                 id: format!("dlg_{}", bot.id),
                 parent_bot_id: parent.to_string(),
                 child_bot_id: bot.id.clone(),

@@ -41,8 +41,6 @@ pub use command::REQUEST_VERSION;
 pub use command::Request;
 pub use command::Stamped;
 pub use computer_index::ComputerIndex;
-pub use delegation::Delegation;
-pub use delegation::Delegations;
 pub use delegation::MAX_DELEGATIONS;
 pub use computer_index::MAX_LIST as MAX_COMPUTER_LIST;
 pub use events::EVENT_LOG_LEN;

@@ -1,7 +1,8 @@
 //! Records of the Computers API: providers, Computers, lifecycle executions, grants, capability
-//! rules and approvals (usage spans are in `usage.rs`, events in `events.rs`).
+//! rules, approvals and delegations (usage spans are in `usage.rs`, events in `events.rs`).
 
 use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 
 use serde::Deserialize;
 use serde::Serialize;
@@ -647,4 +648,55 @@ pub struct Artifact {
     pub bot_id: Option<String>,
     /// Unix ms.
     pub created_at: u64,
+}
+
+/// A parent bot's delegation to a child bot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Delegation {
+    /// `dlg_…`
+    pub id: String,
+    /// The bot that gave the work.
+    pub parent_bot_id: String,
+    /// The bot that does it.
+    pub child_bot_id: String,
+    /// Who made it: the parent bot, or a member (`mem_…`).
+    pub made_by: String,
+    /// Unix ms.
+    pub created_at: u64,
+}
+
+/// The live delegations, by id and by bot (both directions).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delegations {
+    /// By id.
+    pub by_id: BTreeMap<String, Delegation>,
+    /// bot id -> ids of the delegations it gave or received.
+    pub by_bot: BTreeMap<String, BTreeSet<String>>,
+}
+
+impl Delegations {
+    /// The live delegations `bot` gave or received.
+    pub fn of<'a>(&'a self, bot: &str) -> impl Iterator<Item = &'a Delegation> + 'a {
+        self.by_bot.get(bot).into_iter().flatten().filter_map(|id| self.by_id.get(id))
+    }
+
+    pub(crate) fn insert(&mut self, d: Delegation) {
+        self.by_bot.entry(d.parent_bot_id.clone()).or_default().insert(d.id.clone());
+        self.by_bot.entry(d.child_bot_id.clone()).or_default().insert(d.id.clone());
+        self.by_id.insert(d.id.clone(), d);
+    }
+
+    pub(crate) fn remove(&mut self, id: &str) -> Option<Delegation> {
+        let d = self.by_id.remove(id)?;
+        for bot in [&d.parent_bot_id, &d.child_bot_id] {
+            if let Some(ids) = self.by_bot.get_mut(bot) {
+                ids.remove(id);
+                if ids.is_empty() {
+                    self.by_bot.remove(bot);
+                }
+            }
+        }
+        Some(d)
+    }
 }

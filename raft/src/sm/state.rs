@@ -116,7 +116,7 @@ pub struct State {
     pub computer_index: super::computer_index::ComputerIndex,
     /// Which bot gave which bot work (`delegation`).
     #[serde(default)]
-    pub delegations: super::delegation::Delegations,
+    pub delegations: super::model::Delegations,
     /// Public port addresses (`ports`): at most `ports::MAX_PORTS` per Computer, gone with it.
     #[serde(default)]
     pub ports: super::model::Ports,
