@@ -155,7 +155,7 @@ pub async fn dev(cfg: DevConfig, shutdown: impl Future<Output = ()> + Send + 'st
     println!(
         "try:  curl -s -H 'Authorization: Bearer {token}' -H 'content-type: application/json' \\\n        {base}/v1/computers/{computer}/sessions -d '{{\"command\":\"uname -a\"}}'"
     );
-    // The CLI is built beside this binary (`cargo build --workspace --bins`).
+    // The CLI is built beside this binary (the README's set-up command builds all three).
     let ctl = std::env::current_exe()
         .ok()
         .and_then(|p| p.parent().map(|d| d.join("computerctl")))
