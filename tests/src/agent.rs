@@ -23,19 +23,7 @@ use crate::wait_for;
 /// The `computer-agent` binary, built once per test process.
 pub fn agent_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf();
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .args(["build", "-q", "-p", "computer-agent", "--bin", "computer-agent"])
-            .current_dir(&root)
-            .status()
-            .expect("run cargo build");
-        assert!(status.success(), "building computer-agent failed");
-        let target = std::env::var("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|_| root.join("target"));
-        target.join("debug").join("computer-agent")
-    })
-    .clone()
+    BIN.get_or_init(|| crate::cluster::build_bin("computer-agent", "computer-agent")).clone()
 }
 
 /// Gives a process (an agent, or `computerd dev`, which starts one) a HOME of its own beside

@@ -30,22 +30,26 @@ use crate::wait::wait_for;
 /// The `computerd` binary, built once per test process (a no-op when it is up to date).
 pub fn computerd_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Ok(p) = std::env::var("COMPUTERD_BIN") {
-            return PathBuf::from(p);
-        }
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf();
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .args(["build", "-q", "-p", "computerd-node", "--bin", "computerd"])
-            .current_dir(&root)
-            .status()
-            .expect("run cargo build");
-        assert!(status.success(), "building computerd failed");
-        let target = std::env::var("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|_| root.join("target"));
-        target.join("debug").join("computerd")
+    BIN.get_or_init(|| match std::env::var("COMPUTERD_BIN") {
+        Ok(p) => PathBuf::from(p),
+        Err(_) => build_bin("computerd-node", "computerd"),
     })
     .clone()
+}
+
+/// Builds `bin` of the workspace's `package` (debug; a no-op when it is up to date) and answers
+/// its path.
+pub fn build_bin(package: &str, bin: &str) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["build", "-q", "-p", package, "--bin", bin])
+        .current_dir(&root)
+        .status()
+        .expect("run cargo build");
+    assert!(status.success(), "building {bin} failed");
+    let target = std::env::var("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|_| root.join("target"));
+    target.join("debug").join(bin)
 }
 
 /// A free loopback port (bound, read, released).

@@ -5,7 +5,6 @@ use std::io::Read;
 use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
 use std::path::PathBuf;
 use std::process::Command;
 use std::process::ExitStatus;
@@ -20,19 +19,7 @@ use std::time::Instant;
 /// The `computerctl` binary, built once per test process.
 pub fn ctl_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf();
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .args(["build", "-q", "-p", "computerctl", "--bin", "computerctl"])
-            .current_dir(&root)
-            .status()
-            .expect("run cargo build");
-        assert!(status.success(), "building computerctl failed");
-        let target = std::env::var("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|_| root.join("target"));
-        target.join("debug").join("computerctl")
-    })
-    .clone()
+    BIN.get_or_init(|| crate::cluster::build_bin("computerctl", "computerctl")).clone()
 }
 
 /// What the terminal has shown so far.
