@@ -382,16 +382,21 @@ impl Sessions {
             let writer = tokio::fs::File::from_std(std::fs::File::from(dup(&master)?));
             (child, Input::Pty(writer), Some(master), vec![Box::new(reader)])
         } else {
-            cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
+            // stdout and stderr share one pipe, as `2>&1` would: the output keeps the order in
+            // which the command wrote it.
+            let (tx, rx) = tokio::net::unix::pipe::pipe().map_err(|e| SessionError::Spawn(e.to_string()))?;
+            let out = tx.into_blocking_fd().map_err(|e| SessionError::Spawn(e.to_string()))?;
+            let err = out.try_clone().map_err(|e| SessionError::Spawn(e.to_string()))?;
+            cmd.stdin(Stdio::piped()).stdout(Stdio::from(out)).stderr(Stdio::from(err)).process_group(0);
             // SAFETY: only async-signal-safe calls between fork and exec (no allocation).
             unsafe {
                 cmd.pre_exec(become_account);
             }
             let mut child = cmd.spawn().map_err(spawn_error)?;
             let stdin = child.stdin.take().ok_or_else(|| SessionError::Spawn("no stdin".into()))?;
-            let stdout = child.stdout.take().ok_or_else(|| SessionError::Spawn("no stdout".into()))?;
-            let stderr = child.stderr.take().ok_or_else(|| SessionError::Spawn("no stderr".into()))?;
-            (child, Input::Pipe(stdin), None, vec![Box::new(stdout), Box::new(stderr)])
+            // Our copies of the write end went into `cmd`; drop them so the reader sees the end.
+            drop(cmd);
+            (child, Input::Pipe(stdin), None, vec![Box::new(rx)])
         };
         let pgid = child.id().map(|p| p as i32).unwrap_or(0);
         let started_ms = std::time::SystemTime::now()
@@ -647,6 +652,15 @@ mod tests {
         assert_eq!(r.exit_code, Some(3));
         assert!(r.chunk.text.contains("hi\n") && r.chunk.text.contains("err\n"), "{:?}", r.chunk.text);
         assert!(s.is_empty(), "a finished session is forgotten once answered");
+    }
+
+    #[tokio::test]
+    async fn stdout_and_stderr_keep_the_order_they_were_written_in() {
+        let s = Sessions::default();
+        let script = "for i in $(seq 1 200); do echo o$i; echo e$i >&2; done";
+        let r = s.start("o", spec(script), Duration::from_secs(20), 1 << 20).await.expect("start");
+        let want: String = (1..=200).map(|i| format!("o{i}\ne{i}\n")).collect();
+        assert_eq!(r.chunk.text, want);
     }
 
     #[tokio::test]
