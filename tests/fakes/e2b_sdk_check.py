@@ -31,6 +31,7 @@ from e2b.connection_config import ConnectionConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.dont_write_bytecode = True  # leave no __pycache__ in the tree
 import e2b_fake  # noqa: E402  (only for the schema cross-check)
 
 failures = []
