@@ -107,6 +107,9 @@ fn outcome(answer: Option<Result<Option<String>, ProviderError>>, timeout: Durat
         Some(Err(ProviderError::Rejected(m))) => {
             Outcome::Failed { error: ExecutionError { kind: "provider_rejected".into(), message: m } }
         }
+        Some(Err(ProviderError::Refused { kind, message })) => {
+            Outcome::Failed { error: ExecutionError { kind, message } }
+        }
         Some(Err(ProviderError::Lost(m))) => Outcome::Unknown { reason: m },
         None => Outcome::Unknown { reason: format!("no answer within {timeout:?}") },
     }
@@ -227,7 +230,7 @@ impl ComputerActorState {
                 let result = match &answer {
                     Some(Ok(_)) => "ok",
                     Some(Err(ProviderError::NotSent(_))) => "not_sent",
-                    Some(Err(ProviderError::Rejected(_))) => "rejected",
+                    Some(Err(ProviderError::Rejected(_) | ProviderError::Refused { .. })) => "rejected",
                     Some(Err(ProviderError::Lost(_))) => "lost",
                     None => "timeout",
                 };

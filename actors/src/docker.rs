@@ -62,12 +62,8 @@ pub const DEFAULT_IMAGE: &str = "computerd-sandbox:latest";
 /// The image used for a Computer created with a desktop when no template names one
 /// (`deploy/build-desktop-image.sh`: Xvfb, a window manager, x11vnc, Chromium).
 pub const DESKTOP_IMAGE: &str = "computerd-desktop:latest";
-/// Chromium in the desktop image (the agent's browser).
-pub const CHROMIUM: &str = "/usr/bin/chromium";
-/// The size of a sandbox's desktop.
-pub const DESKTOP_GEOMETRY: &str = "1280x800x24";
-/// Where the agent keeps its credential inside a sandbox.
-const AGENT_STATE: &str = "/var/lib/computer-agent";
+pub use crate::provider::CHROMIUM;
+pub use crate::provider::DESKTOP_GEOMETRY;
 /// Where the image keeps the agent.
 const AGENT_PATH: &str = "/usr/local/bin/computer-agent";
 /// The label with the Computer id.
@@ -378,45 +374,18 @@ impl DockerProvider {
             // Nothing was created yet: a failure here is a failure before the create was sent.
             None => ensure_network(docker).await.map_err(|e| match classify(e) {
                 ProviderError::Lost(m) | ProviderError::NotSent(m) => ProviderError::NotSent(m),
-                ProviderError::Rejected(m) => ProviderError::NotSent(format!("the sandbox network: {m}")),
+                ProviderError::Rejected(m) | ProviderError::Refused { message: m, .. } => {
+                    ProviderError::NotSent(format!("the sandbox network: {m}"))
+                }
             }),
         }
     }
 
     fn container_body(&self, spec: &CreateSpec, t: &Template, network: &str) -> ContainerCreateBody {
-        let mut env = vec![
-            format!("COMPUTER_AGENT_SERVER={}", self.config.server_url),
-            format!("COMPUTER_AGENT_STATE={AGENT_STATE}"),
-            "HOME=/root".to_string(),
-            // Sessions and file calls run as the image's `user` (uid 1000) in its workspace,
-            // unless a call says root; the agent alone stays root.
-            "COMPUTER_AGENT_USER=user".to_string(),
-            "COMPUTER_AGENT_WORKDIR=/workspace".to_string(),
-        ];
-        if let Some(code) = &spec.pairing_code {
-            env.push(format!("COMPUTER_AGENT_PAIR={code}"));
-        }
-        // An http:// serverUrl is a plain WebSocket across the Docker network, which the agent
-        // refuses unless told: the operator chose it in the provider's config.
-        if self.config.server_url.starts_with("http://") {
-            env.push("COMPUTER_AGENT_INSECURE=true".to_string());
-        }
-        if let Some(ca) = &self.config.ca_cert {
-            env.push(format!("COMPUTER_AGENT_CA_PEM={ca}"));
-        }
-        // The Computer's own binding UIDs (no range: a Computer from before ranges existed, on
-        // the agent's default).
-        if let Some(uid) = spec.first_uid {
-            env.push(format!("COMPUTER_AGENT_MCP_FIRST_UID={uid}"));
-        }
-        // Its ports get public addresses through the agent's link.
-        env.push("COMPUTER_AGENT_PORTS=true".to_string());
-        // The agent starts the display and keeps it (the image must have Xvfb).
-        if spec.desktop {
-            env.push(format!("COMPUTER_AGENT_DESKTOP={DESKTOP_GEOMETRY}"));
-            // And a browser: the desktop image's Chromium, over a CDP pipe.
-            env.push(format!("COMPUTER_AGENT_BROWSER={CHROMIUM}"));
-        }
+        let env = crate::provider::agent_env(spec, &self.config.server_url, self.config.ca_cert.as_deref())
+            .into_iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
         let labels = HashMap::from([
             (LABEL_COMPUTER.to_string(), spec.computer_id.clone()),
             (LABEL_KEY.to_string(), spec.command_key.clone()),
@@ -470,7 +439,9 @@ impl Provider for DockerProvider {
                     }
                 }
                 // The container exists either way; only its start is in doubt.
-                ProviderError::NotSent(m) | ProviderError::Lost(m) => Err(ProviderError::Lost(m)),
+                ProviderError::NotSent(m) | ProviderError::Lost(m) | ProviderError::Refused { message: m, .. } => {
+                    Err(ProviderError::Lost(m))
+                }
             },
         }
     }

@@ -7,8 +7,12 @@ use std::time::Duration;
 use computerd_raft::sm::Provider as ProviderRecord;
 use computerd_raft::sm::ProviderKind;
 
+use crate::daytona::DaytonaConfig;
+use crate::daytona::DaytonaProvider;
 use crate::docker::DockerConfig;
 use crate::docker::DockerProvider;
+use crate::e2b::E2bConfig;
+use crate::e2b::E2bProvider;
 use crate::fake::FakeProvider;
 use crate::provider::Provider;
 use crate::provider::Unavailable;
@@ -45,8 +49,26 @@ impl ProviderFactory {
                     Err(e) => Arc::new(Unavailable(e)),
                 }
             }
-            (kind, _) => Arc::new(Unavailable(format!("the {kind:?} adapter is not available in this build"))),
+            (ProviderKind::E2b, _) => {
+                let cfg: serde_json::Map<String, serde_json::Value> = p.config.clone().into_iter().collect();
+                match E2bConfig::parse(&cfg).and_then(|c| E2bProvider::new(c, secret(p, "apiKey"), timeout)) {
+                    Ok(a) => Arc::new(a),
+                    Err(e) => Arc::new(Unavailable(e)),
+                }
+            }
+            (ProviderKind::Daytona, _) => {
+                let cfg: serde_json::Map<String, serde_json::Value> = p.config.clone().into_iter().collect();
+                match DaytonaConfig::parse(&cfg).and_then(|c| DaytonaProvider::new(c, secret(p, "apiKey"), timeout)) {
+                    Ok(a) => Arc::new(a),
+                    Err(e) => Arc::new(Unavailable(e)),
+                }
+            }
         };
         (adapter, timeout)
     }
+}
+
+/// A credential field of a provider record (empty when missing).
+fn secret(p: &ProviderRecord, key: &str) -> String {
+    p.secrets.get(key).and_then(|v| v.as_str()).unwrap_or_default().to_string()
 }

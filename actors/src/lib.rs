@@ -16,10 +16,13 @@
 #![warn(missing_docs)]
 
 pub mod computer;
+pub mod daytona;
 pub mod docker;
 pub mod driver;
+pub mod e2b;
 pub mod factory;
 pub mod fake;
+pub mod http_call;
 pub mod idle;
 pub mod link;
 pub mod liveness;

@@ -7,6 +7,8 @@
 //! the last leaves the outcome unknown. Calls may be cancelled by the caller's deadline, which
 //! the caller then treats as [`ProviderError::Lost`].
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 
 /// What a create needs to know.
@@ -27,6 +29,70 @@ pub struct CreateSpec {
     pub first_uid: Option<u32>,
 }
 
+/// Where the agent keeps its credential inside a sandbox.
+pub const AGENT_STATE: &str = "/var/lib/computer-agent";
+/// Chromium in the desktop image (the agent's browser).
+pub const CHROMIUM: &str = "/usr/bin/chromium";
+/// The size of a sandbox's desktop.
+pub const DESKTOP_GEOMETRY: &str = "1280x800x24";
+
+/// The environment that starts our agent in a new sandbox (every provider that runs one): the
+/// cluster's URL, the create's one-time pairing code, how to trust the cluster, and what the
+/// sandbox offers (ports, a desktop and its browser).
+pub fn agent_env(spec: &CreateSpec, server_url: &str, ca_cert: Option<&str>) -> Vec<(String, String)> {
+    let mut env = vec![
+        ("COMPUTER_AGENT_SERVER".to_string(), server_url.to_string()),
+        ("COMPUTER_AGENT_STATE".to_string(), AGENT_STATE.to_string()),
+        ("HOME".to_string(), "/root".to_string()),
+        // Sessions and file calls run as the image's `user` (uid 1000) in its workspace, unless a
+        // call says root; the agent alone stays root.
+        ("COMPUTER_AGENT_USER".to_string(), "user".to_string()),
+        ("COMPUTER_AGENT_WORKDIR".to_string(), "/workspace".to_string()),
+    ];
+    if let Some(code) = &spec.pairing_code {
+        env.push(("COMPUTER_AGENT_PAIR".into(), code.clone()));
+    }
+    // An http:// serverUrl is a plain WebSocket across the network, which the agent refuses
+    // unless told: the operator chose it in the provider's config.
+    if server_url.starts_with("http://") {
+        env.push(("COMPUTER_AGENT_INSECURE".into(), "true".into()));
+    }
+    if let Some(ca) = ca_cert {
+        env.push(("COMPUTER_AGENT_CA_PEM".into(), ca.to_string()));
+    }
+    // The Computer's own binding UIDs (sandboxes sharing a kernel; none: the agent's default).
+    if let Some(uid) = spec.first_uid {
+        env.push(("COMPUTER_AGENT_MCP_FIRST_UID".into(), uid.to_string()));
+    }
+    // Its ports get public addresses through the agent's link.
+    env.push(("COMPUTER_AGENT_PORTS".into(), "true".into()));
+    // The agent starts the display and keeps it (the image must have Xvfb), and a browser: the
+    // image's Chromium, over a CDP pipe.
+    if spec.desktop {
+        env.push(("COMPUTER_AGENT_DESKTOP".into(), DESKTOP_GEOMETRY.into()));
+        env.push(("COMPUTER_AGENT_BROWSER".into(), CHROMIUM.into()));
+    }
+    env
+}
+
+/// Checks a remote provider's `serverUrl` and `caCert` (what its sandboxes' agents dial).
+pub fn check_server_url(kind: &str, server_url: &str, ca_cert: Option<&str>) -> Result<(), String> {
+    if !(server_url.starts_with("http://") || server_url.starts_with("https://")) {
+        return Err(format!("{kind} provider config: serverUrl must be an http:// or https:// URL"));
+    }
+    if let Some(ca) = ca_cert {
+        if !server_url.starts_with("https://") {
+            return Err(format!("{kind} provider config: caCert pins the CA of an https:// serverUrl"));
+        }
+        if !ca.trim_start().starts_with("-----BEGIN CERTIFICATE-----") || ca.len() > 16 * 1024 {
+            return Err(format!(
+                "{kind} provider config: caCert must be one PEM certificate (-----BEGIN CERTIFICATE-----)"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// How a provider call failed.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum ProviderError {
@@ -36,6 +102,16 @@ pub enum ProviderError {
     /// The provider answered and refused: the call had no effect.
     #[error("rejected by the provider: {0}")]
     Rejected(String),
+    /// The provider answered and refused for a reason the caller can act on (a missing
+    /// template, a quota, a wrong credential, a rate limit): the call had no effect. `kind` is
+    /// the execution's error kind.
+    #[error("refused by the provider ({kind}): {message}")]
+    Refused {
+        /// `template_not_found`, `provider_quota`, `provider_unauthorized`, `provider_rate_limited`.
+        kind: String,
+        /// The provider's words.
+        message: String,
+    },
     /// Sent, but the answer was lost or came too late: the effect is unknown.
     #[error("answer lost: {0}")]
     Lost(String),
@@ -69,6 +145,15 @@ pub trait Provider: Send + Sync {
     /// lost and then decided succeeded), if the provider names sandboxes deterministically.
     fn reference_of(&self, _computer_id: &str) -> Option<String> {
         None
+    }
+    /// How often a running sandbox's own expiry must be pushed ahead with
+    /// [`Provider::keep_alive`] (`None`: it has none, as Docker's).
+    fn keep_alive_every(&self) -> Option<Duration> {
+        None
+    }
+    /// Pushes a running sandbox's own expiry ahead (E2B's absolute timeout). Never resumes it.
+    async fn keep_alive(&self, _sandbox: &str) -> Result<(), ProviderError> {
+        Ok(())
     }
     /// Every sandbox the provider holds for any Computer, by Computer id (`None`: the provider
     /// cannot list them, so vanished sandboxes are not watched for).

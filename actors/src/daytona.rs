@@ -1,0 +1,313 @@
+//! The `daytona` provider: sandboxes at Daytona, through its published REST API (the API
+//! server of `daytonaio/daytona`, `apps/api`, routes under `/sandbox`), authenticated with
+//! `Authorization: Bearer <apiKey>` (and `X-Daytona-Organization-ID` when configured).
+//!
+//! - **create** = `POST /sandbox` from the snapshot (the Computer's template, else the config's
+//!   `snapshot`, default `computerd-agent`: an image whose entrypoint is our agent), with our
+//!   agent's settings as `env` and `labels` naming the Computer and the command key. Daytona's
+//!   own auto-stop is off (`autoStopInterval: 0`), auto-archive at its maximum (`0`) and
+//!   auto-delete off (`-1`), because `pauseAfter` is ours.
+//! - **pause** = `POST /sandbox/{id}/stop`: files are kept, processes are not (the Computer's
+//!   `pauseKeeps` says `files`). On start the entrypoint runs again and the agent links again
+//!   with the credential it kept on disk.
+//! - **resume** = `POST /sandbox/{id}/start`.
+//! - **delete** = `DELETE /sandbox/{id}`; 404 means it is gone already.
+//! - **inspect** = `GET /sandbox?labels={"computerd.computer": "<id>"}`.
+//!
+//! A `tty` session on a Daytona Computer is refused with `ComputerUnsupported` (SPEC §2) by the
+//! session route, which knows the provider kind.
+//!
+//! Failures: no connection is `NotSent`; 401/403 `provider_unauthorized` (a 403 about a quota is
+//! `provider_quota`), a missing snapshot `template_not_found`, 429 `provider_rate_limited`, other
+//! 4xx `provider_rejected`; a 5xx, a cut connection or no answer within the deadline is `Lost`.
+//! One attempt per call, never a retry.
+//!
+//! Config: `serverUrl` (required) and `caCert` as for docker; `endpoint` (default
+//! `https://app.daytona.io/api`; `http://` to loopback only, for tests); `snapshot`; `target`
+//! (the region); `organizationId`; `timeoutMs`. Secret: `apiKey` (write-only; sent only to
+//! `endpoint`, never logged).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::Deserialize;
+use serde_json::Value;
+use serde_json::json;
+
+use crate::http_call::Answer;
+use crate::http_call::Endpoint;
+use crate::http_call::encode;
+use crate::provider::CreateSpec;
+use crate::provider::Provider;
+use crate::provider::ProviderError;
+use crate::provider::SandboxInfo;
+use crate::provider::agent_env;
+use crate::provider::check_server_url;
+
+/// Daytona's API.
+pub const DEFAULT_ENDPOINT: &str = "https://app.daytona.io/api";
+/// The snapshot of a Computer that names none.
+pub const DEFAULT_SNAPSHOT: &str = "computerd-agent";
+/// The label with the Computer id.
+pub const LABEL_COMPUTER: &str = "computerd.computer";
+/// The label with the create's command key.
+pub const LABEL_KEY: &str = "computerd.command-key";
+
+/// A daytona provider's config.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DaytonaConfig {
+    /// What agents dial.
+    pub server_url: String,
+    /// A private CA (PEM) the agents pin for `serverUrl`.
+    #[serde(default)]
+    pub ca_cert: Option<String>,
+    /// Daytona's API base URL.
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    /// The snapshot of a Computer that names no template.
+    #[serde(default)]
+    pub snapshot: Option<String>,
+    /// The region.
+    #[serde(default)]
+    pub target: Option<String>,
+    /// The organization, when the key serves several.
+    #[serde(default)]
+    pub organization_id: Option<String>,
+    /// The call deadline (read by the factory).
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
+impl DaytonaConfig {
+    /// Parses and checks a provider record's config (user input: every problem is named).
+    pub fn parse(config: &serde_json::Map<String, Value>) -> Result<DaytonaConfig, String> {
+        let c: DaytonaConfig = serde_json::from_value(Value::Object(config.clone()))
+            .map_err(|e| format!("daytona provider config: {e}"))?;
+        check_server_url("daytona", &c.server_url, c.ca_cert.as_deref())?;
+        Endpoint::parse(c.endpoint.as_deref().unwrap_or(DEFAULT_ENDPOINT), None)
+            .map_err(|e| format!("daytona provider config: {e}"))?;
+        for (name, v) in [("snapshot", &c.snapshot), ("target", &c.target), ("organizationId", &c.organization_id)] {
+            if v.as_deref().is_some_and(|t| t.is_empty() || t.len() > 256 || t.chars().any(char::is_control)) {
+                return Err(format!("daytona provider config: {name} must be 1 to 256 printable bytes"));
+            }
+        }
+        Ok(c)
+    }
+}
+
+/// The adapter of one daytona provider record.
+pub struct DaytonaProvider {
+    config: DaytonaConfig,
+    endpoint: Endpoint,
+    bearer: String,
+    deadline: Duration,
+}
+
+impl std::fmt::Debug for DaytonaProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the key.
+        f.debug_struct("DaytonaProvider").field("endpoint", &self.endpoint).finish_non_exhaustive()
+    }
+}
+
+/// What a Daytona error answer says, for a message.
+fn says(a: &Answer) -> String {
+    let v = a.json();
+    let m = match v.get("message") {
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::Array(list)) => Some(list.iter().filter_map(Value::as_str).collect::<Vec<_>>().join("; ")),
+        _ => None,
+    };
+    match m {
+        Some(m) => format!("Daytona answered {}: {m}", a.status),
+        None => format!("Daytona answered {}: {}", a.status, a.excerpt()),
+    }
+}
+
+/// Sorts a Daytona answer that is not a success. `create` says whether "not found" means the
+/// snapshot.
+fn refusal(a: &Answer, create: bool) -> ProviderError {
+    let message = says(a);
+    let lower = message.to_ascii_lowercase();
+    let refused = |kind: &str| ProviderError::Refused { kind: kind.into(), message: message.clone() };
+    match a.status {
+        400..=499 if lower.contains("quota") || lower.contains("limit exceeded") => refused("provider_quota"),
+        401 | 403 => refused("provider_unauthorized"),
+        429 => refused("provider_rate_limited"),
+        400 | 404 if create && lower.contains("snapshot") && lower.contains("not found") => {
+            refused("template_not_found")
+        }
+        400..=499 => ProviderError::Rejected(message),
+        _ => ProviderError::Lost(format!("{message} (a server error: the call may have taken effect)")),
+    }
+}
+
+/// A sandbox reference must be a Daytona id: it goes into a path.
+fn check_id(sandbox: &str) -> Result<(), ProviderError> {
+    if sandbox.is_empty() || sandbox.len() > 128 || !sandbox.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+        return Err(ProviderError::NotSent(format!("{sandbox:?} is not a Daytona sandbox id")));
+    }
+    Ok(())
+}
+
+impl DaytonaProvider {
+    /// An adapter for a parsed config, its API key and the call deadline.
+    pub fn new(config: DaytonaConfig, api_key: String, timeout: Duration) -> Result<Self, String> {
+        let endpoint = Endpoint::parse(config.endpoint.as_deref().unwrap_or(DEFAULT_ENDPOINT), None)?;
+        if api_key.is_empty() || api_key.chars().any(char::is_control) {
+            return Err("the daytona provider has no usable apiKey".into());
+        }
+        let deadline = timeout.saturating_sub(Duration::from_millis(250)).max(Duration::from_millis(250));
+        Ok(DaytonaProvider { config, endpoint, bearer: format!("Bearer {api_key}"), deadline })
+    }
+
+    async fn call(&self, method: http::Method, path: &str, body: Option<&Value>) -> Result<Answer, ProviderError> {
+        let mut headers = vec![("Authorization", self.bearer.as_str())];
+        if let Some(org) = &self.config.organization_id {
+            headers.push(("X-Daytona-Organization-ID", org.as_str()));
+        }
+        self.endpoint.call(method, path, &headers, body, self.deadline).await
+    }
+
+    /// The body of a create.
+    fn create_body(&self, spec: &CreateSpec) -> Value {
+        let snapshot = spec.template.clone().or_else(|| self.config.snapshot.clone());
+        let env: serde_json::Map<String, Value> = agent_env(spec, &self.config.server_url, self.config.ca_cert.as_deref())
+            .into_iter()
+            .map(|(k, v)| (k, Value::String(v)))
+            .collect();
+        let mut b = json!({
+            "snapshot": snapshot.unwrap_or_else(|| DEFAULT_SNAPSHOT.into()),
+            "env": env,
+            "labels": {LABEL_COMPUTER: spec.computer_id, LABEL_KEY: spec.command_key},
+            "autoStopInterval": 0,
+            "autoArchiveInterval": 0,
+            "autoDeleteInterval": -1,
+        });
+        if let Some(t) = &self.config.target {
+            b["target"] = json!(t);
+        }
+        b
+    }
+
+    async fn expect_ok(&self, method: http::Method, path: String, gone_ok: bool) -> Result<(), ProviderError> {
+        let a = self.call(method, &path, None).await?;
+        match a.status {
+            200..=299 => Ok(()),
+            404 if gone_ok => Ok(()),
+            _ => Err(refusal(&a, false)),
+        }
+    }
+}
+
+#[async_trait]
+impl Provider for DaytonaProvider {
+    async fn create(&self, spec: &CreateSpec) -> Result<String, ProviderError> {
+        let a = self.call(http::Method::POST, "/sandbox", Some(&self.create_body(spec))).await?;
+        if !(200..=299).contains(&a.status) {
+            return Err(refusal(&a, true));
+        }
+        match a.json().get("id").and_then(Value::as_str) {
+            Some(id) if check_id(id).is_ok() => Ok(id.to_string()),
+            _ => Err(ProviderError::Lost(format!("Daytona answered {} without a usable sandbox id", a.status))),
+        }
+    }
+
+    async fn pause(&self, sandbox: &str, _command_key: &str) -> Result<(), ProviderError> {
+        check_id(sandbox)?;
+        self.expect_ok(http::Method::POST, format!("/sandbox/{sandbox}/stop"), false).await
+    }
+
+    async fn resume(&self, sandbox: &str, _command_key: &str) -> Result<(), ProviderError> {
+        check_id(sandbox)?;
+        self.expect_ok(http::Method::POST, format!("/sandbox/{sandbox}/start"), false).await
+    }
+
+    async fn delete(&self, sandbox: &str, _command_key: &str) -> Result<(), ProviderError> {
+        check_id(sandbox)?;
+        self.expect_ok(http::Method::DELETE, format!("/sandbox/{sandbox}"), true).await
+    }
+
+    async fn inspect(&self, computer_id: &str) -> Result<Option<SandboxInfo>, ProviderError> {
+        let labels = json!({LABEL_COMPUTER: computer_id}).to_string();
+        let a = self.call(http::Method::GET, &format!("/sandbox?labels={}", encode(&labels)), None).await?;
+        if a.status != 200 {
+            return Err(refusal(&a, false));
+        }
+        let v = a.json();
+        let Some(items) = v.get("items").and_then(Value::as_array) else {
+            return Err(ProviderError::Lost("Daytona's list answer has no items".into()));
+        };
+        Ok(items
+            .iter()
+            .filter(|s| s["labels"][LABEL_COMPUTER] == computer_id)
+            .filter(|s| !matches!(s["state"].as_str(), Some("destroyed" | "destroying")))
+            .find_map(|s| {
+                Some(SandboxInfo {
+                    sandbox: s["id"].as_str()?.to_string(),
+                    state: s["state"].as_str().unwrap_or("unknown").to_string(),
+                })
+            }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(v: Value) -> Result<DaytonaConfig, String> {
+        DaytonaConfig::parse(v.as_object().expect("object"))
+    }
+
+    #[test]
+    fn config_is_checked() {
+        assert!(cfg(json!({"serverUrl": "https://cd.example.com"})).is_ok());
+        assert!(cfg(json!({})).is_err());
+        assert!(cfg(json!({"serverUrl": "https://x", "endpoint": "http://app.daytona.io/api"})).is_err());
+        assert!(cfg(json!({"serverUrl": "https://x", "snapshot": ""})).is_err());
+        assert!(cfg(json!({"serverUrl": "https://x", "autoStop": 5})).is_err());
+    }
+
+    #[test]
+    fn a_create_body_turns_daytonas_own_timers_off() {
+        let c = cfg(json!({"serverUrl": "https://cd.example.com", "target": "eu"})).expect("ok");
+        let p = DaytonaProvider::new(c, "key".into(), Duration::from_secs(5)).expect("adapter");
+        let spec = CreateSpec {
+            computer_id: "cmp_1".into(),
+            command_key: "k1".into(),
+            template: Some("snap".into()),
+            desktop: false,
+            pairing_code: Some("code".into()),
+            first_uid: None,
+        };
+        let b = p.create_body(&spec);
+        assert_eq!(b["snapshot"], "snap");
+        assert_eq!((b["autoStopInterval"].clone(), b["autoDeleteInterval"].clone()), (json!(0), json!(-1)));
+        assert_eq!(b["labels"], json!({"computerd.computer": "cmp_1", "computerd.command-key": "k1"}));
+        assert_eq!((b["env"]["COMPUTER_AGENT_PAIR"].clone(), b["target"].clone()), (json!("code"), json!("eu")));
+        assert!(!format!("{p:?}").contains("Bearer"), "the key is never shown");
+    }
+
+    #[test]
+    fn refusals_are_sorted() {
+        let a = |status: u16, msg: &str| Answer {
+            status,
+            body: serde_json::to_vec(&json!({"statusCode": status, "message": msg})).expect("json").into(),
+            retry_after: None,
+        };
+        let kind = |e: ProviderError| match e {
+            ProviderError::Refused { kind, .. } => kind,
+            ProviderError::Rejected(_) => "rejected".into(),
+            ProviderError::Lost(_) => "lost".into(),
+            ProviderError::NotSent(_) => "not_sent".into(),
+        };
+        assert_eq!(kind(refusal(&a(401, "Unauthorized"), true)), "provider_unauthorized");
+        assert_eq!(kind(refusal(&a(403, "Total CPU quota exceeded"), true)), "provider_quota");
+        assert_eq!(kind(refusal(&a(404, "Snapshot snap not found"), true)), "template_not_found");
+        assert_eq!(kind(refusal(&a(400, "Snapshot snap not found"), true)), "template_not_found");
+        assert_eq!(kind(refusal(&a(429, "ThrottlerException: Too Many Requests"), false)), "provider_rate_limited");
+        assert_eq!(kind(refusal(&a(400, "Sandbox is not started"), false)), "rejected");
+        assert_eq!(kind(refusal(&a(502, "Bad Gateway"), true)), "lost");
+    }
+}
