@@ -201,9 +201,22 @@ impl ComputerActorState {
             // Own machines: nothing to call; the pairing code was stored with the execution.
             None => Outcome::Succeeded { sandbox: None },
             Some((adapter, timeout)) => {
-                let sandbox =
-                    computer.sandbox.clone().or_else(|| adapter.reference_of(&computer.id)).unwrap_or_default();
+                let recorded = computer.sandbox.clone().or_else(|| adapter.reference_of(&computer.id));
                 let call = async {
+                    // A create whose answer was lost and then decided succeeded recorded no
+                    // reference: find the sandbox by its labels first (a read, which changes
+                    // nothing; failing it, nothing was sent).
+                    let sandbox = match (&recorded, exe.kind) {
+                        (Some(s), _) => s.clone(),
+                        (None, ExecutionKind::Create) => String::new(),
+                        (None, _) => match adapter.inspect(&computer.id).await {
+                            Ok(Some(info)) => info.sandbox,
+                            Ok(None) => String::new(),
+                            Err(e) => {
+                                return Err(ProviderError::NotSent(format!("finding the sandbox by its labels: {e}")));
+                            }
+                        },
+                    };
                     match exe.kind {
                         ExecutionKind::Create => {
                             let (template, desktop) = match &computer.source {

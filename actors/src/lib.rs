@@ -24,6 +24,7 @@ pub mod factory;
 pub mod fake;
 pub mod http_call;
 pub mod idle;
+pub mod keep_alive;
 pub mod link;
 pub mod liveness;
 pub mod provider;

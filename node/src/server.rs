@@ -184,6 +184,13 @@ pub async fn run(
         watch_every,
         stop_rx.clone(),
     ));
+    // Providers' own expiry (E2B's timeout) kept ahead of running Computers, by the leader.
+    let keep_alive = tokio::spawn(computerd_actors::keep_alive::run_keep_alive(
+        cluster.clone(),
+        providers.clone(),
+        Duration::from_secs(5),
+        stop_rx.clone(),
+    ));
     let links = std::sync::Arc::new(computerd_actors::link::LinkRegistry::with_linger(linger));
     let owners = crate::owner::Owners::new(cluster.clone(), links.clone());
     // Certificates while running: revocations from the store, the CA's key for a new voter,
@@ -326,6 +333,7 @@ pub async fn run(
     let _ = reporter.await;
     let _ = scheduler.await;
     let _ = watch.await;
+    let _ = keep_alive.await;
     let _ = revocations.await;
     let _ = upkeep.await;
     cluster.shutdown().await;

@@ -66,6 +66,12 @@ pub fn computer_view(s: &computerd_raft::sm::State, c: &Computer) -> Value {
         "linkNode": c.link_node,
         "driverNode": s.placement(&c.id),
         "idlePauseAt": s.plan.get(&c.id).map(|e| e.deadline),
+        // What a pause keeps at this Computer's provider: `memory` (files, memory and running
+        // processes) or `files` (Daytona: processes end); null for an own machine.
+        "pauseKeeps": match &c.source {
+            Source::Provider { provider, .. } => s.providers.get(provider).map(|p| p.kind.pause_keeps()),
+            Source::Paired => None,
+        },
         "createdAt": c.created_at,
     });
     if c.state == ComputerState::Starting {
@@ -259,7 +265,7 @@ pub async fn create(
         Source::Provider { provider, .. } => state
             .cluster
             .state()
-            .read(|s| s.providers.get(provider).is_some_and(|p| p.kind == computerd_raft::sm::ProviderKind::Docker)),
+            .read(|s| s.providers.get(provider).is_some_and(|p| p.kind.runs_agent())),
     };
     if runs_agent {
         exe.pairing_code = Some(pairing_code());

@@ -85,6 +85,20 @@ pub async fn create(
         let plain: serde_json::Map<String, Value> = config.clone().into_iter().collect();
         computerd_actors::docker::DockerConfig::parse(&plain).map_err(ApiError::invalid)?;
     }
+    if matches!(b.kind, ProviderKind::E2b | ProviderKind::Daytona) {
+        let plain: serde_json::Map<String, Value> = config.clone().into_iter().collect();
+        let checked = match b.kind {
+            ProviderKind::E2b => computerd_actors::e2b::E2bConfig::parse(&plain).map(|_| ()),
+            _ => computerd_actors::daytona::DaytonaConfig::parse(&plain).map(|_| ()),
+        };
+        checked.map_err(ApiError::invalid)?;
+        let key = secrets.get("apiKey").and_then(Value::as_str).unwrap_or_default();
+        if key.is_empty() || key.len() > 1024 || key.chars().any(char::is_control) {
+            return Err(ApiError::invalid(
+                "this provider needs its account's API key in config.apiKey (a string; stored write-only)",
+            ));
+        }
+    }
     let p = Provider {
         id: new_id("cpp"),
         kind: b.kind,

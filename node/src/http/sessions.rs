@@ -150,6 +150,17 @@ async fn session_of(state: &AppState, caller: &Caller, computer: &str, sid: &str
     }
 }
 
+/// Whether a Computer's provider offers no terminals (Daytona, SPEC §2), so `tty` fails.
+fn without_terminals(state: &AppState, computer_id: &str) -> bool {
+    state.cluster.state().read(|s| {
+        let Some(computerd_raft::sm::Source::Provider { provider, .. }) = s.computers.get(computer_id).map(|c| &c.source)
+        else {
+            return false;
+        };
+        s.providers.get(provider).is_some_and(|p| p.kind == computerd_raft::sm::ProviderKind::Daytona)
+    })
+}
+
 /// Asks a session actor; its mailbox orders the calls of one session.
 async fn ask<T: Send + 'static>(
     h: &SessionHandle,
@@ -182,6 +193,12 @@ pub async fn start(
     let (yield_ms, max) = limits(b.yield_time_ms, b.max_output_bytes)?;
     let user = parse_user(b.user.as_deref())?;
     let who = run_as(&state, &caller, &id, user)?;
+    if b.tty && without_terminals(&state, &id) {
+        return Err(ApiError::new(
+            ErrorKind::ComputerUnsupported,
+            "this Computer's provider (Daytona) has no terminals: start the session without tty",
+        ));
+    }
     admit(&state, &caller, &id, true).await?;
     let sid = new_id("cse");
     let h = session_of(&state, &caller, &id, &sid).await?;

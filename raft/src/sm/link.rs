@@ -5,7 +5,6 @@
 
 use super::model::ComputerState;
 use super::model::ExecutionState;
-use super::model::ProviderKind;
 use super::model::Source;
 use super::response::Reject;
 use super::response::RejectKind;
@@ -17,7 +16,7 @@ impl State {
         let Some(Source::Provider { provider, .. }) = self.computers.get(computer_id).map(|c| &c.source) else {
             return false;
         };
-        self.providers.get(provider).is_some_and(|p| p.kind == ProviderKind::Docker)
+        self.providers.get(provider).is_some_and(|p| p.kind.runs_agent())
     }
 
     /// Redeems a pairing code once, before it expires; the Computer keeps the credential's hash.

@@ -22,6 +22,23 @@ pub enum ProviderKind {
     Fake,
 }
 
+impl ProviderKind {
+    /// Whether this kind's sandboxes run our `computer-agent`, started by the adapter at create
+    /// with a one-time pairing code (the fake kind's sandboxes exist only in a journal).
+    pub fn runs_agent(self) -> bool {
+        matches!(self, ProviderKind::Docker | ProviderKind::E2b | ProviderKind::Daytona)
+    }
+
+    /// What a pause keeps: `memory` (files, memory and running processes: Docker's freeze,
+    /// E2B's pause) or `files` (files only: Daytona's stop ends every process).
+    pub fn pause_keeps(self) -> &'static str {
+        match self {
+            ProviderKind::Daytona => "files",
+            ProviderKind::Docker | ProviderKind::E2b | ProviderKind::Fake => "memory",
+        }
+    }
+}
+
 /// A configured provider. `secrets` are write-only: stored, given to the adapter, never shown.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
