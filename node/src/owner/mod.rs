@@ -39,6 +39,7 @@ use computerd_proto::cluster::routing_client::RoutingClient;
 use computerd_raft::NodeId;
 use computerd_raft::cluster::Cluster;
 use computerd_raft::sm::ComputerState;
+use computerd_raft::sm::Source;
 use tonic::Status;
 use tonic::Streaming;
 use tonic::transport::Channel;
@@ -315,10 +316,14 @@ impl Owners {
     }
 
     /// True while the Computer runs our agent and is starting or running: its link is expected.
+    /// An own machine is `running` once its link's `LinkUp` is committed, a moment before the
+    /// link is registered here: its link is expected then too.
     fn expects_agent(&self, computer: &str) -> bool {
         self.cluster.state().read(|s| {
-            s.computers.get(computer).is_some_and(|c| {
-                matches!(c.state, ComputerState::Starting | ComputerState::Running) && s.runs_agent(computer)
+            s.computers.get(computer).is_some_and(|c| match c.state {
+                ComputerState::Starting => s.runs_agent(computer),
+                ComputerState::Running => s.runs_agent(computer) || matches!(c.source, Source::Paired),
+                _ => false,
             })
         })
     }
