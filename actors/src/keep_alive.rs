@@ -4,9 +4,10 @@
 //! ahead ([`Provider::keep_alive`], E2B's `POST /sandboxes/{id}/timeout`) once that interval has
 //! passed since its last refresh.
 //!
-//! Which Computers run comes from the store's idle plan (it holds exactly the running ones, so
-//! a pass never walks paused or deleted Computers). When each was last refreshed is the
-//! leader's own memory: a new leader refreshes every one at its first pass, which is early, never
+//! Which Computers run comes from the store (a pass walks the Computers under the state's read
+//! lock, as the sandbox watch does; it is a background pass of the leader, not an apply or request
+//! path; an index of running Computers by provider kind would spare it). When each was last
+//! refreshed is the leader's own memory: a new leader refreshes every one at its first pass, which is early, never
 //! late. The interval is a third of the timeout, so two failed refreshes in a row still leave
 //! the sandbox running; and E2B's sandbox is made to pause, never die, if all of them fail.
 //!
@@ -18,6 +19,7 @@ use std::time::Duration;
 use std::time::Instant;
 
 use computerd_raft::cluster::Cluster;
+use computerd_raft::sm::ComputerState;
 use computerd_raft::sm::Source;
 use tokio::sync::watch;
 
@@ -45,10 +47,11 @@ pub async fn run_keep_alive(
 pub async fn pass(cluster: &Cluster, providers: &ProviderFactory, last: &mut HashMap<String, Instant>) -> usize {
     // Running Computers with a sandbox, and their providers' records.
     let running = cluster.state().read(|s| {
-        s.plan
-            .keys()
-            .filter_map(|id| {
-                let c = s.computers.get(id)?;
+        s.computers
+            .values()
+            .filter(|c| c.state == ComputerState::Running)
+            .filter_map(|c| {
+                let id = &c.id;
                 let Source::Provider { provider, .. } = &c.source else { return None };
                 let p = s.providers.get(provider)?;
                 if !matches!(p.kind, computerd_raft::sm::ProviderKind::E2b) || c.active_execution.is_some() {

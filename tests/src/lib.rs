@@ -8,6 +8,7 @@ pub mod chromium;
 pub mod cluster;
 pub mod ctl;
 pub mod dev;
+pub mod fakes;
 pub mod docker;
 pub mod lb;
 pub mod linearizability;

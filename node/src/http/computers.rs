@@ -259,18 +259,10 @@ pub async fn create(
     };
     let mut exe = new_execution(&b.command_key, body_hash(&normalized), ExecutionKind::Create, &computer.id, now);
     // An own machine pairs with a code shown to its creator; a sandbox whose provider starts our
-    // agent is given its code by the adapter at create.
-    let runs_agent = match &computer.source {
-        Source::Paired => true,
-        Source::Provider { provider, .. } => state
-            .cluster
-            .state()
-            .read(|s| s.providers.get(provider).is_some_and(|p| p.kind.runs_agent())),
-    };
-    if runs_agent {
-        exe.pairing_code = Some(pairing_code());
-        exe.pairing_expires_at = Some(now + PAIRING_VALID_MS);
-    }
+    // agent is given its code by the adapter at create. Every create carries one: the store drops
+    // it for a provider that starts no agent (this node's state may lag a new provider's record).
+    exe.pairing_code = Some(pairing_code());
+    exe.pairing_expires_at = Some(now + PAIRING_VALID_MS);
     let s = Submit {
         by: caller.token.id.clone(),
         execution: exe,

@@ -306,13 +306,27 @@ impl Owners {
     pub async fn agent(&self, computer: &str) -> Result<Agent, CallError> {
         let link = match self.links.get(computer) {
             Some(l) => Some(l),
-            None if self.expects_agent(computer) => {
-                self.links.wait(computer, tokio::time::Instant::now() + LINK_WAIT).await
-            }
+            None if self.expects_agent(computer) => self.wait_link(computer).await,
             None => None,
         };
         let link = link.ok_or_else(|| self.not_linked(computer))?;
         link.client().await.map_err(|_| self.not_linked(computer))
+    }
+
+    /// Waits up to [`LINK_WAIT`] for the Computer's link to come up here; gives up early when
+    /// the directory shows it up on another node (the caller answers that it moved).
+    async fn wait_link(&self, computer: &str) -> Option<computerd_actors::link::Link> {
+        let deadline = tokio::time::Instant::now() + LINK_WAIT;
+        let me = self.cluster.id();
+        loop {
+            let step = (tokio::time::Instant::now() + Duration::from_millis(200)).min(deadline);
+            if let Some(l) = self.links.wait(computer, step).await {
+                return Some(l);
+            }
+            if self.directory(computer).is_some_and(|n| n != me) || tokio::time::Instant::now() >= deadline {
+                return None;
+            }
+        }
     }
 
     /// True while the Computer runs our agent and is starting or running: its link is expected.

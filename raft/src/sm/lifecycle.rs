@@ -185,6 +185,15 @@ impl State {
         exe.state = ExecutionState::Pending;
         exe.requester = caller.requester();
         exe.approval = None;
+        // The create route gives every create a pairing code (it reads its own node's state,
+        // which may not hold yet a provider just registered through another node): only a
+        // Computer whose agent pairs keeps it.
+        if let Some(Source::Provider { provider, .. }) = s.computer.as_ref().map(|c| &c.source)
+            && !self.providers.get(provider).is_some_and(|p| p.kind.runs_agent())
+        {
+            exe.pairing_code = None;
+            exe.pairing_expires_at = None;
+        }
         if let Some(c) = &s.computer {
             let mut c = c.clone();
             c.state = ComputerState::Starting;

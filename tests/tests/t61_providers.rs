@@ -1,0 +1,317 @@
+//! The E2B and Daytona providers through a 3-node cluster, against fake services that follow
+//! their published APIs (`tests/fakes/`), whose sandboxes are Docker containers running our
+//! agent: create → link → exec → pause → a call resumes → delete with exactly one effect per
+//! command; a lost create answer is `outcome_unknown` and the sandbox is found by its metadata or
+//! labels; a 429 fails with nothing re-sent; credentials go to the configured endpoint only.
+//! Each fake is also driven by its service's official Python SDK.
+
+use std::time::Duration;
+
+use computerd_tests::TestCluster;
+use computerd_tests::agent::wait_state;
+use computerd_tests::fakes::FakeService;
+use computerd_tests::wait_for;
+use reqwest::Method;
+use serde_json::Value;
+use serde_json::json;
+
+const KEY: &str = "e2b_test_key_0123456789abcdef";
+
+fn s(v: &Value, k: &str) -> String {
+    v[k].as_str().unwrap_or_else(|| panic!("{k} in {v}")).to_string()
+}
+
+async fn provider(c: &TestCluster, fake: &FakeService, extra: Value) -> String {
+    let mut config = json!({"serverUrl": c.url(1, ""), "endpoint": fake.url, "apiKey": KEY, "timeoutMs": 30000});
+    if let (Some(base), Some(more)) = (config.as_object_mut(), extra.as_object()) {
+        base.extend(more.clone());
+    }
+    let name = format!("{}-{}", fake.kind, hex::encode(rand::random::<[u8; 4]>()));
+    let body = json!({"kind": fake.kind, "name": name, "config": config});
+    let (st, v) = c.call(Method::POST, 1, "/v1/computer-providers", &c.token, Some(body)).await;
+    assert_eq!(st, 201, "{v}");
+    assert_eq!(v["secretFields"], json!(["apiKey"]), "the key is write-only: {v}");
+    assert!(!v.to_string().contains(KEY));
+    s(&v, "id")
+}
+
+async fn create(c: &TestCluster, node: u64, provider: &str, key: &str) -> (String, String) {
+    let body = json!({
+        "commandKey": key, "name": key,
+        "source": {"_tag": "Provider", "provider": provider, "template": null},
+        "pauseAfter": null,
+    });
+    let (st, v) = c.call(Method::POST, node, "/v1/computers", &c.token, Some(body)).await;
+    assert_eq!(st, 202, "{v}");
+    (v["resource"]["id"].as_str().expect("id").to_string(), s(&v, "executionId"))
+}
+
+async fn lifecycle(c: &TestCluster, node: u64, id: &str, what: &str, key: &str) -> String {
+    let url = format!("/v1/computers/{id}{what}");
+    let method = if what.is_empty() { Method::DELETE } else { Method::POST };
+    let (st, v) = c.call(method, node, &url, &c.token, Some(json!({"commandKey": key}))).await;
+    assert_eq!(st, 202, "{v}");
+    s(&v, "executionId")
+}
+
+async fn run(c: &TestCluster, node: u64, id: &str, command: &str) -> Value {
+    let body = json!({"command": command, "yieldTimeMs": 20000});
+    let (st, v) = c.call(Method::POST, node, &format!("/v1/computers/{id}/sessions"), &c.token, Some(body)).await;
+    assert_eq!(st, 200, "{v}");
+    v
+}
+
+/// Lifecycle effects of the journal (not the keep-alive refreshes), as (effect, sandbox).
+async fn lifecycle_effects(fake: &FakeService) -> Vec<(String, String)> {
+    let keep = ["create", "pause", "resume", "kill", "stop", "start", "delete"];
+    fake.effects().await.into_iter().filter(|(e, _)| keep.contains(&e.as_str())).collect()
+}
+
+/// Every request the fake saw carried the key, and none broke the published schemas.
+async fn all_valid(fake: &FakeService) {
+    for e in fake.journal().await {
+        if e["method"] == "TIMER" {
+            continue;
+        }
+        assert!(e["invalid"].is_null(), "a request the published API does not allow: {e}");
+        assert_eq!(e["keyOk"], true, "{e}");
+    }
+}
+
+/// The whole flow for one provider kind; `keeps_processes` says what its pause keeps.
+async fn flow(kind: &'static str, keeps_processes: bool) {
+    let fake = FakeService::start(kind, KEY);
+    // Another fake at another address: no request, so no credential, may ever reach it.
+    let elsewhere = FakeService::start(kind, KEY);
+    let c = TestCluster::start(3).await;
+    let p = provider(&c, &fake, json!({})).await;
+
+    let (id, exe) = create(&c, 2, &p, "create-1").await;
+    assert_eq!(c.settle(2, &exe, &c.token).await["state"], "succeeded");
+    let v = wait_state(&c, &id, "running").await;
+    assert_eq!(v["pauseKeeps"], if keeps_processes { "memory" } else { "files" }, "{v}");
+    let sandbox = s(&v, "sandboxId");
+    assert!(fake.container_of(&sandbox).is_some(), "the sandbox {sandbox} is a container of the fake");
+
+    // exec through another node: a file, and a process left running.
+    let r = run(&c, 3, &id, "echo kept > /workspace/f.txt; nohup sleep 1000 >/dev/null 2>&1 & echo $!").await;
+    assert_eq!(r["exitCode"], 0, "{r}");
+    let pid = r["output"].as_str().expect("output").trim().to_string();
+    assert!(pid.parse::<u32>().is_ok(), "{r}");
+    if kind == "daytona" {
+        let body = json!({"command": "bash", "tty": true});
+        let (st, v) = c.call(Method::POST, 1, &format!("/v1/computers/{id}/sessions"), &c.token, Some(body)).await;
+        assert_eq!((st, v["error"]["kind"].as_str()), (422, Some("ComputerUnsupported")), "{v}");
+    }
+
+    let exe = lifecycle(&c, 1, &id, "/pause", "pause-1").await;
+    assert_eq!(c.settle(1, &exe, &c.token).await["state"], "succeeded");
+    wait_state(&c, &id, "paused").await;
+
+    // A call on the paused Computer resumes it first, then runs. An agent that restarted
+    // (Daytona) may link to another node than the one the call waits on: that call answers 503
+    // `unavailable` at once, before it reached any agent, and is sent again.
+    let look = format!("cat /workspace/f.txt; kill -0 {pid} && echo alive || echo gone");
+    let body = json!({"command": look, "yieldTimeMs": 20000});
+    let path = format!("/v1/computers/{id}/sessions");
+    let (st, r) = c.call(Method::POST, 3, &path, &c.token, Some(body.clone())).await;
+    let r = if st == 503 && !keeps_processes {
+        assert_eq!(r["error"]["kind"], "unavailable", "{r}");
+        run(&c, 3, &id, &look).await
+    } else {
+        assert_eq!(st, 200, "{r}");
+        r
+    };
+    let out = r["output"].as_str().unwrap_or_default().to_string();
+    assert!(out.starts_with("kept\n"), "files survive the pause: {r}");
+    let want = if keeps_processes { "alive" } else { "gone" };
+    assert!(out.contains(want), "a process is {want} after pause and resume: {r}");
+
+    let exe = lifecycle(&c, 2, &id, "", "delete-1").await;
+    assert_eq!(c.settle(2, &exe, &c.token).await["state"], "succeeded");
+    wait_for("the sandbox's container to go", Duration::from_secs(30), || async {
+        fake.container_of(&sandbox).is_none().then_some(())
+    })
+    .await;
+
+    let (pause, resume, delete) =
+        if kind == "e2b" { ("pause", "resume", "kill") } else { ("stop", "start", "delete") };
+    let want: Vec<(String, String)> = ["create", pause, resume, delete]
+        .iter()
+        .map(|e| (e.to_string(), sandbox.clone()))
+        .collect();
+    assert_eq!(lifecycle_effects(&fake).await, want, "exactly one effect per command");
+    all_valid(&fake).await;
+    assert!(elsewhere.journal().await.is_empty(), "nothing was sent anywhere but the configured endpoint");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t10_e2b_create_exec_pause_resume_delete() {
+    flow("e2b", true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t11_daytona_create_exec_stop_start_delete() {
+    flow("daytona", false).await;
+}
+
+/// A lost create answer: `outcome_unknown`, the sandbox found by its metadata or labels, then a
+/// decision and a delete that finds it too; and a 429 that fails with nothing re-sent.
+async fn lost_and_limited(kind: &'static str) {
+    let fake = FakeService::start(kind, KEY);
+    let c = TestCluster::start(3).await;
+    let p = provider(&c, &fake, json!({})).await;
+    let create_path = if kind == "e2b" { "/sandboxes" } else { "/sandbox" };
+
+    fake.fault(json!({"method": "POST", "path": create_path, "fault": "lose_answer", "times": 1})).await;
+    let (id, exe) = create(&c, 1, &p, "lost-1").await;
+    let done = c.settle(1, &exe, &c.token).await;
+    assert_eq!(done["state"], "outcome_unknown", "{done}");
+    let made = lifecycle_effects(&fake).await;
+    assert_eq!(made.len(), 1, "one create reached the service: {made:?}");
+    let (st, found) = c.call(Method::GET, 3, &format!("/v1/computers/{id}/sandbox"), &c.token, None).await;
+    assert_eq!(st, 200, "{found}");
+    assert_eq!((found["found"].clone(), found["sandbox"].clone()), (json!(true), json!(made[0].1)), "{found}");
+    let body = json!({"outcome": "succeeded", "reason": "the sandbox is listed with the Computer's metadata"});
+    let (st, v) = c.call(Method::POST, 2, &format!("/v1/executions/{exe}/decision"), &c.token, Some(body)).await;
+    assert_eq!(st, 200, "{v}");
+    let del = lifecycle(&c, 2, &id, "", "delete-lost").await;
+    assert_eq!(c.settle(2, &del, &c.token).await["state"], "succeeded");
+    let effects = lifecycle_effects(&fake).await;
+    assert_eq!(effects.len(), 2, "{effects:?}");
+    assert_eq!(effects[1].1, made[0].1, "the delete found the sandbox by its labels: {effects:?}");
+
+    let before = fake.journal().await.len();
+    fake.fault(json!({"method": "POST", "path": create_path, "fault": "status", "status": 429, "times": 1})).await;
+    let (_, exe) = create(&c, 3, &p, "limited-1").await;
+    let done = c.settle(3, &exe, &c.token).await;
+    assert_eq!((done["state"].as_str(), done["error"]["kind"].as_str()), (Some("failed"), Some("provider_rate_limited")));
+    let after: Vec<Value> = fake.journal().await.into_iter().skip(before).filter(|e| e["method"] != "TIMER").collect();
+    let creates: Vec<&Value> = after.iter().filter(|e| e["method"] == "POST" && e["path"] == create_path).collect();
+    assert_eq!(creates.len(), 1, "nothing was re-sent: {after:?}");
+    assert_eq!((creates[0]["status"].clone(), creates[0]["effect"].clone()), (json!(429), Value::Null));
+    all_valid(&fake).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t20_e2b_a_lost_create_and_a_rate_limit() {
+    lost_and_limited("e2b").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t21_daytona_a_lost_create_and_a_rate_limit() {
+    lost_and_limited("daytona").await;
+}
+
+/// A template that does not exist and a wrong key fail with their kinds; E2B's timeout is pushed
+/// ahead while the Computer runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t30_refusals_and_e2b_keep_alive() {
+    let fake = FakeService::start("e2b", KEY);
+    let c = TestCluster::start(1).await;
+    let p = provider(&c, &fake, json!({"template": "no-such-template", "sandboxTimeoutSec": 60})).await;
+    let (_, exe) = create(&c, 1, &p, "missing-template").await;
+    let done = c.settle(1, &exe, &c.token).await;
+    assert_eq!(done["error"]["kind"], "template_not_found", "{done}");
+
+    let body = json!({"kind": "e2b", "name": "wrong", "config": {
+        "serverUrl": c.url(1, ""), "endpoint": fake.url, "apiKey": "wrong-key", "template": "computerd-agent"}});
+    let (_, v) = c.call(Method::POST, 1, "/v1/computer-providers", &c.token, Some(body)).await;
+    let (_, exe) = create(&c, 1, &s(&v, "id"), "wrong-key").await;
+    let done = c.settle(1, &exe, &c.token).await;
+    assert_eq!(done["error"]["kind"], "provider_unauthorized", "{done}");
+
+    let good = provider(&c, &fake, json!({"sandboxTimeoutSec": 60})).await;
+    let (id, _) = create(&c, 1, &good, "kept-alive").await;
+    let v = wait_state(&c, &id, "running").await;
+    let sandbox = s(&v, "sandboxId");
+    // The leader refreshes at once, then every 20 s (a third of 60 s).
+    wait_for("the sandbox's timeout to be refreshed", Duration::from_secs(30), || async {
+        fake.journal()
+            .await
+            .iter()
+            .any(|e| e["path"] == format!("/sandboxes/{sandbox}/timeout") && e["status"] == 204)
+            .then_some(())
+    })
+    .await;
+    let (st, v) = c.call(Method::POST, 1, "/v1/computer-providers", &c.token, Some(json!({"kind": "e2b", "name": "x",
+        "config": {"serverUrl": c.url(1, ""), "endpoint": "http://api.e2b.app", "apiKey": KEY}}))).await;
+    assert_eq!((st, v["error"]["kind"].as_str()), (400, Some("invalid_request")), "clear-text endpoints are refused: {v}");
+}
+
+/// Each fake answers its service's official Python SDK as the service does.
+#[test]
+fn t40_the_fakes_answer_the_official_sdks() {
+    for kind in ["e2b", "daytona"] {
+        let fake = FakeService::start(kind, KEY);
+        let (ok, out) = fake.sdk_check(KEY);
+        assert!(ok, "the {kind} SDK check failed:\n{out}");
+    }
+}
+
+/// `deploy/e2b/`: its Dockerfile builds (on the local sandbox image: no registry here), and its
+/// start command, given an envd stand-in serving `/envs`, becomes the agent with exactly the
+/// `COMPUTER_AGENT_*` settings of the create.
+#[test]
+fn t50_the_e2b_template_builds_and_its_start_command_reads_envd() {
+    use std::process::Command;
+    computerd_tests::docker::ensure_sandbox_image();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root");
+    let ctx = tempfile::tempdir().expect("context");
+    for f in ["e2b.Dockerfile", "start.sh"] {
+        std::fs::copy(root.join("deploy/e2b").join(f), ctx.path().join(f)).expect("copy");
+    }
+    std::fs::copy(computerd_tests::agent::agent_bin(), ctx.path().join("computer-agent")).expect("copy the agent");
+    let tag = format!("computerd-e2b-template:t61-{}", std::process::id());
+    let out = Command::new("docker")
+        .args(["build", "-q", "--build-arg", "BASE=computerd-sandbox:latest", "-f", "e2b.Dockerfile", "-t", &tag, "."])
+        .current_dir(ctx.path())
+        .output()
+        .expect("docker build");
+    assert!(out.status.success(), "the template builds: {}", String::from_utf8_lossy(&out.stderr));
+
+    // envd's stand-in: GET /envs answers the create's envVars (and one more that is not ours).
+    let envd = Command::new("python3")
+        .args(["-c", r#"
+import http.server, json, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"COMPUTER_AGENT_SERVER": "https://cd.example.com", "COMPUTER_AGENT_PAIR": "it's a code",
+                           "OTHER": "x"}).encode() if self.path == "/envs" else b"{}"
+        self.send_response(200 if self.path == "/envs" else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+s = http.server.HTTPServer(("127.0.0.1", 0), H)
+print(s.server_address[1], flush=True)
+s.serve_forever()
+"#])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("envd stand-in");
+    struct Kill(std::process::Child, String);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = Command::new("docker").args(["rmi", "-f", &self.1]).output();
+        }
+    }
+    let mut envd = Kill(envd, tag.clone());
+    let mut port = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(envd.0.stdout.take().expect("stdout")), &mut port)
+        .expect("port");
+    // `env` in the agent's place shows what the agent would start with.
+    let out = Command::new("docker")
+        .args(["run", "--rm", "--network", "host"])
+        .args(["-e", &format!("COMPUTERD_E2B_ENVD=http://127.0.0.1:{}", port.trim())])
+        .args(["-e", "COMPUTERD_E2B_AGENT=/usr/bin/env", &tag, "/usr/local/bin/computerd-e2b-start"])
+        .output()
+        .expect("docker run");
+    let env = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{env}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(env.lines().any(|l| l == "COMPUTER_AGENT_SERVER=https://cd.example.com"), "{env}");
+    assert!(env.lines().any(|l| l == "COMPUTER_AGENT_PAIR=it's a code"), "values are passed as they are: {env}");
+    assert!(!env.lines().any(|l| l.starts_with("OTHER=")), "only the agent's settings: {env}");
+}
