@@ -12,7 +12,8 @@
 //!   with the credential it kept on disk.
 //! - **resume** = `POST /sandbox/{id}/start`.
 //! - **delete** = `DELETE /sandbox/{id}`; 404 means it is gone already.
-//! - **inspect** = `GET /sandbox?labels={"computerd.computer": "<id>"}`.
+//! - **inspect** = `GET /sandbox?labels={"computerd.computer": "<id>"}`; **list** (the sandbox
+//!   watch) = `GET /sandbox` page by page (`nextCursor`).
 //!
 //! A `tty` session on a Daytona Computer is refused with `ComputerUnsupported` (SPEC §2) by the
 //! session route, which knows the provider kind.
@@ -27,6 +28,7 @@
 //! (the region); `organizationId`; `timeoutMs`. Secret: `apiKey` (write-only; sent only to
 //! `endpoint`, never logged).
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -52,6 +54,8 @@ pub const DEFAULT_SNAPSHOT: &str = "computerd-agent";
 pub const LABEL_COMPUTER: &str = "computerd.computer";
 /// The label with the create's command key.
 pub const LABEL_KEY: &str = "computerd.command-key";
+/// At most this many pages of 100 sandboxes are read by one list (the sandbox watch's pass).
+const MAX_PAGES: usize = 50;
 
 /// A daytona provider's config.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -229,6 +233,29 @@ impl Provider for DaytonaProvider {
         self.expect_ok(http::Method::DELETE, format!("/sandbox/{sandbox}"), true).await
     }
 
+    async fn list(&self) -> Result<Option<HashMap<String, SandboxInfo>>, ProviderError> {
+        let mut held = HashMap::new();
+        let mut cursor: Option<String> = None;
+        for _ in 0..MAX_PAGES {
+            let (items, next) = self.page(cursor.as_deref()).await?;
+            for s in &items {
+                if matches!(s["state"].as_str(), Some("destroyed" | "destroying")) {
+                    continue;
+                }
+                if let (Some(computer), Some(id)) = (s["labels"][LABEL_COMPUTER].as_str(), s["id"].as_str()) {
+                    let state = s["state"].as_str().unwrap_or("unknown").to_string();
+                    held.insert(computer.to_string(), SandboxInfo { sandbox: id.to_string(), state });
+                }
+            }
+            match next {
+                Some(c) => cursor = Some(c),
+                None => return Ok(Some(held)),
+            }
+        }
+        // Too many sandboxes to list in one pass: none is reported vanished.
+        Ok(None)
+    }
+
     async fn inspect(&self, computer_id: &str) -> Result<Option<SandboxInfo>, ProviderError> {
         let labels = json!({LABEL_COMPUTER: computer_id}).to_string();
         let a = self.call(http::Method::GET, &format!("/sandbox?labels={}", encode(&labels)), None).await?;
@@ -249,6 +276,27 @@ impl Provider for DaytonaProvider {
                     state: s["state"].as_str().unwrap_or("unknown").to_string(),
                 })
             }))
+    }
+}
+
+impl DaytonaProvider {
+    /// One page of the sandbox list (`GET /sandbox?limit=100[&cursor=…]`): its items and the
+    /// next cursor.
+    async fn page(&self, cursor: Option<&str>) -> Result<(Vec<Value>, Option<String>), ProviderError> {
+        let mut path = "/sandbox?limit=100".to_string();
+        if let Some(c) = cursor {
+            path.push_str(&format!("&cursor={}", encode(c)));
+        }
+        let a = self.call(http::Method::GET, &path, None).await?;
+        if a.status != 200 {
+            return Err(refusal(&a, false));
+        }
+        let v = a.json();
+        let Some(items) = v.get("items").and_then(Value::as_array) else {
+            return Err(ProviderError::Lost("Daytona's list answer has no items".into()));
+        };
+        let next = v.get("nextCursor").and_then(Value::as_str).filter(|c| !c.is_empty()).map(str::to_string);
+        Ok((items.clone(), next))
     }
 }
 
@@ -295,6 +343,7 @@ mod tests {
             status,
             body: serde_json::to_vec(&json!({"statusCode": status, "message": msg})).expect("json").into(),
             retry_after: None,
+            next_token: None,
         };
         let kind = |e: ProviderError| match e {
             ProviderError::Refused { kind, .. } => kind,

@@ -16,7 +16,8 @@
 //! - **resume** = `POST /sandboxes/{id}/connect`, which also resumes a paused sandbox. So it is
 //!   called only here, inside a resume execution, never to read.
 //! - **delete** = `DELETE /sandboxes/{id}` (kill); 404 means it is gone already.
-//! - **inspect** = `GET /v2/sandboxes?metadata=computerd.computer=<id>` (running and paused).
+//! - **inspect** = `GET /v2/sandboxes?metadata=computerd.computer=<id>` (running and paused);
+//!   **list** (the sandbox watch) = the same without the filter, page by page (`X-Next-Token`).
 //!
 //! Failures: no connection is `NotSent`; 401/403 `provider_unauthorized`, 404 on create
 //! `template_not_found`, 429 `provider_rate_limited`, a quota or concurrency limit
@@ -29,6 +30,7 @@
 //! `sandboxTimeoutSec` (60..=86400); `timeoutMs`. Secret: `apiKey` (write-only; sent only to
 //! `endpoint`, in the header, never logged).
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -54,6 +56,8 @@ pub const DEFAULT_TEMPLATE: &str = "computerd-agent";
 pub const META_COMPUTER: &str = "computerd.computer";
 /// The metadata key with the create's command key.
 pub const META_KEY: &str = "computerd.command-key";
+/// At most this many pages of 100 sandboxes are read by one list (the sandbox watch's pass).
+const MAX_PAGES: usize = 50;
 
 /// An e2b provider's config.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -250,6 +254,37 @@ impl Provider for E2bProvider {
             }))
     }
 
+    async fn list(&self) -> Result<Option<HashMap<String, SandboxInfo>>, ProviderError> {
+        let mut held = HashMap::new();
+        let mut token: Option<String> = None;
+        for _ in 0..MAX_PAGES {
+            let mut path = "/v2/sandboxes?state=running,paused&limit=100".to_string();
+            if let Some(t) = &token {
+                path.push_str(&format!("&nextToken={}", encode(t)));
+            }
+            let a = self.call(http::Method::GET, &path, None).await?;
+            if a.status != 200 {
+                return Err(refusal(&a, false));
+            }
+            let v = a.json();
+            let Some(list) = v.as_array() else {
+                return Err(ProviderError::Lost("E2B's list answer is not an array".into()));
+            };
+            for s in list {
+                if let (Some(computer), Some(id)) = (s["metadata"][META_COMPUTER].as_str(), s["sandboxID"].as_str()) {
+                    let state = s["state"].as_str().unwrap_or("unknown").to_string();
+                    held.insert(computer.to_string(), SandboxInfo { sandbox: id.to_string(), state });
+                }
+            }
+            match a.next_token {
+                Some(t) => token = Some(t),
+                None => return Ok(Some(held)),
+            }
+        }
+        // Too many sandboxes to list in one pass: none is reported vanished.
+        Ok(None)
+    }
+
     fn keep_alive_every(&self) -> Option<Duration> {
         // A third of the timeout: two refreshes may fail before the sandbox would pause.
         Some(Duration::from_secs(u64::from(self.config.sandbox_timeout()) / 3))
@@ -311,6 +346,7 @@ mod tests {
             status,
             body: serde_json::to_vec(&json!({"code": status, "message": msg})).expect("json").into(),
             retry_after: None,
+            next_token: None,
         };
         let kind = |e: ProviderError| match e {
             ProviderError::Refused { kind, .. } => kind,

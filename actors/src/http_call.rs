@@ -58,6 +58,8 @@ pub struct Answer {
     pub body: Bytes,
     /// `Retry-After`, when given in seconds.
     pub retry_after: Option<u64>,
+    /// `X-Next-Token` (E2B's pagination), when given.
+    pub next_token: Option<String>,
 }
 
 impl Answer {
@@ -204,12 +206,18 @@ impl Endpoint {
                 .get(http::header::RETRY_AFTER)
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.trim().parse::<u64>().ok());
+            let next_token = resp
+                .headers()
+                .get("x-next-token")
+                .and_then(|v| v.to_str().ok())
+                .filter(|v| !v.is_empty())
+                .map(str::to_string);
             let body = Limited::new(resp.into_body(), MAX_ANSWER)
                 .collect()
                 .await
                 .map_err(|e| format!("reading the answer: {e}"))?
                 .to_bytes();
-            Ok::<_, String>(Answer { status, body, retry_after })
+            Ok::<_, String>(Answer { status, body, retry_after, next_token })
         };
         match tokio::time::timeout_at(until, exchange).await {
             Ok(Ok(a)) => Ok(a),

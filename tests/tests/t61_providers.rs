@@ -315,3 +315,29 @@ s.serve_forever()
     assert!(env.lines().any(|l| l == "COMPUTER_AGENT_PAIR=it's a code"), "values are passed as they are: {env}");
     assert!(!env.lines().any(|l| l.starts_with("OTHER=")), "only the agent's settings: {env}");
 }
+
+/// A sandbox deleted at the provider behind the cluster's back is reported (`failed`, with a
+/// `SandboxVanished` event): the sandbox watch lists each provider's sandboxes page by page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t35_a_sandbox_deleted_at_the_provider_is_reported() {
+    let c = TestCluster::start_with(1, &["--sandbox-watch-secs", "0.5"]).await;
+    for kind in ["e2b", "daytona"] {
+        let fake = FakeService::start(kind, KEY);
+        let p = provider(&c, &fake, json!({})).await;
+        let (id, _) = create(&c, 1, &p, &format!("vanish-{kind}")).await;
+        let v = wait_state(&c, &id, "running").await;
+        let sandbox = s(&v, "sandboxId");
+        let (url, auth) = if kind == "e2b" {
+            (format!("{}/sandboxes/{sandbox}", fake.url), ("X-API-Key", KEY.to_string()))
+        } else {
+            (format!("{}/sandbox/{sandbox}", fake.url), ("Authorization", format!("Bearer {KEY}")))
+        };
+        let r = reqwest::Client::new().delete(url).header(auth.0, auth.1).send().await.expect("delete at the provider");
+        assert!(r.status().is_success(), "{}", r.status());
+        wait_state(&c, &id, "failed").await;
+        let (_, ev) = c.call(Method::GET, 1, "/v1/events?limit=1000", &c.token, None).await;
+        let vanished =
+            ev["events"].as_array().into_iter().flatten().any(|e| e["type"] == "SandboxVanished" && e["computerId"] == id.as_str());
+        assert!(vanished, "{kind}: {ev}");
+    }
+}
