@@ -409,8 +409,7 @@ fn read_line(r: &mut impl BufRead) -> anyhow::Result<String> {
 fn prompt_hidden(prompt: &str) -> anyhow::Result<String> {
     use nix::sys::termios;
     use std::os::fd::AsFd;
-    eprint!("{prompt}");
-    let _ = std::io::stderr().flush();
+    // Echo goes off before the prompt is shown: what is typed as soon as it shows never echoes.
     let stdin = std::io::stdin();
     let saved = termios::tcgetattr(stdin.as_fd()).ok();
     if let Some(t) = &saved {
@@ -418,6 +417,8 @@ fn prompt_hidden(prompt: &str) -> anyhow::Result<String> {
         quiet.local_flags.remove(termios::LocalFlags::ECHO);
         let _ = termios::tcsetattr(stdin.as_fd(), termios::SetArg::TCSANOW, &quiet);
     }
+    eprint!("{prompt}");
+    let _ = std::io::stderr().flush();
     let line = read_line(&mut stdin.lock());
     if let Some(t) = &saved {
         let _ = termios::tcsetattr(stdin.as_fd(), termios::SetArg::TCSANOW, t);
