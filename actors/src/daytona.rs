@@ -38,7 +38,9 @@ use serde_json::json;
 
 use crate::http_call::Answer;
 use crate::http_call::Endpoint;
+use crate::http_call::check_sandbox_id;
 use crate::http_call::encode;
+use crate::http_call::inner_deadline;
 use crate::provider::CreateSpec;
 use crate::provider::Provider;
 use crate::provider::ProviderError;
@@ -149,10 +151,7 @@ fn refusal(a: &Answer, create: bool) -> ProviderError {
 
 /// A sandbox reference must be a Daytona id: it goes into a path.
 fn check_id(sandbox: &str) -> Result<(), ProviderError> {
-    if sandbox.is_empty() || sandbox.len() > 128 || !sandbox.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
-        return Err(ProviderError::NotSent(format!("{sandbox:?} is not a Daytona sandbox id")));
-    }
-    Ok(())
+    check_sandbox_id("Daytona", sandbox)
 }
 
 impl DaytonaProvider {
@@ -162,7 +161,7 @@ impl DaytonaProvider {
         if api_key.is_empty() || api_key.chars().any(char::is_control) {
             return Err("the daytona provider has no usable apiKey".into());
         }
-        let deadline = timeout.saturating_sub(Duration::from_millis(250)).max(Duration::from_millis(250));
+        let deadline = inner_deadline(timeout);
         Ok(DaytonaProvider { config, endpoint, bearer: format!("Bearer {api_key}"), deadline })
     }
 

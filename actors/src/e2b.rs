@@ -40,7 +40,9 @@ use serde_json::json;
 
 use crate::http_call::Answer;
 use crate::http_call::Endpoint;
+use crate::http_call::check_sandbox_id;
 use crate::http_call::encode;
+use crate::http_call::inner_deadline;
 use crate::provider::CreateSpec;
 use crate::provider::Provider;
 use crate::provider::ProviderError;
@@ -153,8 +155,7 @@ impl E2bProvider {
         if api_key.is_empty() {
             return Err("the e2b provider has no apiKey".into());
         }
-        // A little inside the caller's deadline, so a call that never connected can say so.
-        let deadline = timeout.saturating_sub(Duration::from_millis(250)).max(Duration::from_millis(250));
+        let deadline = inner_deadline(timeout);
         Ok(E2bProvider { config, endpoint, api_key, deadline })
     }
 
@@ -180,12 +181,9 @@ impl E2bProvider {
     }
 }
 
-/// A sandbox reference must be an E2B id: it goes into a path.
+/// A sandbox reference must be a E2B id: it goes into a path.
 fn check_id(sandbox: &str) -> Result<(), ProviderError> {
-    if sandbox.is_empty() || sandbox.len() > 128 || !sandbox.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
-        return Err(ProviderError::NotSent(format!("{sandbox:?} is not an E2B sandbox id")));
-    }
-    Ok(())
+    check_sandbox_id("E2B", sandbox)
 }
 
 #[async_trait]

@@ -258,6 +258,21 @@ impl Endpoint {
     }
 }
 
+/// A provider's sandbox reference, checked before it goes into a path: 1 to 128 ASCII letters,
+/// digits and `-` (E2B's ids, Daytona's UUIDs). `service` names the provider in the error.
+pub fn check_sandbox_id(service: &str, sandbox: &str) -> Result<(), ProviderError> {
+    if sandbox.is_empty() || sandbox.len() > 128 || !sandbox.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+        return Err(ProviderError::NotSent(format!("{sandbox:?} is not a {service} sandbox id")));
+    }
+    Ok(())
+}
+
+/// The deadline of one exchange inside the caller's `timeout`: a little shorter, so a call that
+/// never connected can say so before the caller gives up on it.
+pub fn inner_deadline(timeout: Duration) -> Duration {
+    timeout.saturating_sub(Duration::from_millis(250)).max(Duration::from_millis(250))
+}
+
 /// Percent-encodes a query value or path segment (everything but unreserved characters).
 pub fn encode(s: &str) -> String {
     let mut out = String::with_capacity(s.len());

@@ -24,7 +24,6 @@ use computerd_raft::sm::Source;
 use tokio::sync::watch;
 
 use crate::factory::ProviderFactory;
-use crate::provider::Provider;
 
 /// Runs the refreshes, looking every `every`, until `stop`.
 pub async fn run_keep_alive(
@@ -69,7 +68,7 @@ pub async fn pass(cluster: &Cluster, providers: &ProviderFactory, last: &mut Has
         if last.get(&id).is_some_and(|t| t.elapsed() < interval) {
             continue;
         }
-        match tokio::time::timeout(timeout, refresh(adapter.as_ref(), &sandbox)).await {
+        match tokio::time::timeout(timeout, adapter.keep_alive(&sandbox)).await {
             Ok(Ok(())) => {
                 last.insert(id, Instant::now());
                 refreshed += 1;
@@ -79,8 +78,4 @@ pub async fn pass(cluster: &Cluster, providers: &ProviderFactory, last: &mut Has
         }
     }
     refreshed
-}
-
-async fn refresh(adapter: &dyn Provider, sandbox: &str) -> Result<(), crate::provider::ProviderError> {
-    adapter.keep_alive(sandbox).await
 }
