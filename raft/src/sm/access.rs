@@ -1,5 +1,9 @@
 //! Who may see and operate a Computer, the capability decider chain, grants, approvals and
 //! providers. Pure functions over [`State`].
+//!
+//! Bounded: at most [`MAX_GRANTS_PER_COMPUTER`] bots hold a grant on one Computer (a deleted
+//! Computer's grants go with its delete), and at most [`MAX_PROVIDERS`] providers; both refused
+//! as a `conflict`.
 
 use super::identity::Role;
 use super::model::ActorKind;
@@ -18,6 +22,11 @@ use super::response::Reject;
 use super::response::RejectKind;
 use super::state::Caller;
 use super::state::State;
+
+/// The most bots holding a grant on one Computer.
+pub const MAX_GRANTS_PER_COMPUTER: usize = 1_000;
+/// The most providers a cluster has (providers are never removed).
+pub const MAX_PROVIDERS: usize = 256;
 
 /// The rules in force when none were configured: members may, bots must ask.
 pub fn default_rules() -> Vec<Rule> {
@@ -89,6 +98,18 @@ impl State {
     /// A bot's grant on a Computer.
     pub fn grant(&self, computer_id: &str, bot_id: &str) -> Option<&Grant> {
         self.grants.get(computer_id).and_then(|g| g.get(bot_id))
+    }
+
+    /// Refuses a new grant of `bot_id` on a Computer that has [`MAX_GRANTS_PER_COMPUTER`]
+    /// already (a bot that holds one may always have it again).
+    pub(crate) fn check_grant_room(&self, computer_id: &str, bot_id: &str) -> Result<(), Reject> {
+        let granted = self.grants.get(computer_id);
+        if granted.is_some_and(|g| g.len() >= MAX_GRANTS_PER_COMPUTER && !g.contains_key(bot_id)) {
+            return Err(super::identity::full(format!(
+                "at most {MAX_GRANTS_PER_COMPUTER} bots hold a grant on a computer: remove one first"
+            )));
+        }
+        Ok(())
     }
 
     /// Whether a bot holds a grant on a Computer.
@@ -176,6 +197,7 @@ impl State {
         if self.bots.get(bot_id).is_some_and(|b| b.archived_at.is_some()) {
             return Err(Reject::new(RejectKind::Invalid, "the bot is archived"));
         }
+        self.check_grant_room(computer_id, bot_id)?;
         self.insert_grant(computer_id, bot_id, &caller.member.id, at_ms);
         if let Some(allow) = allow_root
             && let Some(g) = self.grants.get_mut(computer_id).and_then(|g| g.get_mut(bot_id))
@@ -267,6 +289,7 @@ impl State {
         if self.has_grant(computer_id, &bot.id) {
             return Ok(None);
         }
+        self.check_grant_room(computer_id, &bot.id)?;
         match self.decide_capability(&caller, Capability::Acquire, computer_id)? {
             Effect::Allow => {
                 self.insert_grant(computer_id, &bot.id, &caller.member.id, at_ms);
@@ -362,6 +385,12 @@ impl State {
                 Err(Reject::new(RejectKind::Conflict, format!("the approval is already {}", a.state)))
             };
         }
+        if approve
+            && a.capability == Capability::Acquire
+            && let Some(bot) = &a.requester.bot_id
+        {
+            self.check_grant_room(&a.target, bot)?;
+        }
         if let Some(x) = self.approvals.get_mut(id) {
             x.state = wanted.into();
             x.decided_by = Some(caller.member.id.clone());
@@ -399,10 +428,13 @@ impl State {
                 Err(Reject::new(RejectKind::Conflict, "a different provider with this id exists"))
             };
         }
-        if self.providers.values().any(|x| x.name == p.name) {
+        if self.provider_by_name(&p.name).is_some() {
             return Err(Reject::new(RejectKind::Conflict, "a provider with this name exists"));
         }
-        self.providers.insert(p.id.clone(), p.clone());
+        if self.providers.len() >= MAX_PROVIDERS {
+            return Err(super::identity::full(format!("a cluster has at most {MAX_PROVIDERS} providers")));
+        }
+        self.insert_provider(p);
         Ok(())
     }
 
@@ -419,6 +451,24 @@ impl State {
 fn unreachable_deny<T>() -> Result<T, Reject> {
     // decide_capability turns Deny into a refusal; keep a refusal here too rather than a panic.
     Err(Reject::new(RejectKind::Forbidden, "denied by a rule"))
+}
+
+/// A grant names at most 16 paths, each absolute, at most 1024 bytes, without `.` or `..`
+/// components or control characters.
+fn check_grant_paths(paths: &[String]) -> Result<(), Reject> {
+    let bad = |why: &str| Err(Reject::new(RejectKind::Invalid, format!("paths: {why}")));
+    if paths.len() > 16 {
+        return bad("at most 16");
+    }
+    for p in paths {
+        if !p.starts_with('/') || p.len() > 1024 || p.chars().any(char::is_control) {
+            return bad("each is an absolute path of at most 1024 bytes");
+        }
+        if p.split('/').any(|c| c == "." || c == "..") {
+            return bad("no `.` or `..` components");
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -479,22 +529,4 @@ mod tests {
         assert_eq!(decide(&rules, Capability::Delete, &caller(true), "cmp_1"), Decided::Undecided);
         assert_eq!(decide(&[], Capability::Acquire, &caller(false), "cmp_1"), Decided::Undecided);
     }
-}
-
-/// A grant names at most 16 paths, each absolute, at most 1024 bytes, without `.` or `..`
-/// components or control characters.
-fn check_grant_paths(paths: &[String]) -> Result<(), Reject> {
-    let bad = |why: &str| Err(Reject::new(RejectKind::Invalid, format!("paths: {why}")));
-    if paths.len() > 16 {
-        return bad("at most 16");
-    }
-    for p in paths {
-        if !p.starts_with('/') || p.len() > 1024 || p.chars().any(char::is_control) {
-            return bad("each is an absolute path of at most 1024 bytes");
-        }
-        if p.split('/').any(|c| c == "." || c == "..") {
-            return bad("no `.` or `..` components");
-        }
-    }
-    Ok(())
 }

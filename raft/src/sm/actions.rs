@@ -328,7 +328,7 @@ mod tests {
             Response::Ok
         );
         assert_eq!(s.browser_actions[&key].state, ActionState::Done);
-        assert!(s.exec_index.open_actions.get(&c).is_none());
+        assert!(!s.exec_index.open_actions.contains_key(&c));
         assert!(matches!(
             s.apply(&Command::ActionDecide { by: OWNER.into(), key: key.clone(), done: false, at_ms: 41 }),
             Response::Rejected(_)

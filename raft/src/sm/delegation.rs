@@ -228,7 +228,10 @@ mod tests {
         assert_eq!(ok(s.apply(&Command::Delegate { by: "tok_bot".into(), delegation: d.clone() })), None);
         assert_eq!(ok(s.apply(&Command::Delegate { by: "tok_bot".into(), delegation: d.clone() })), None, "idempotent");
         let twice = Delegation { id: "dlg_y".into(), ..d.clone() };
-        assert_eq!(rejected(s.apply(&Command::Delegate { by: "tok_bot".into(), delegation: twice })).kind, RejectKind::Conflict);
+        assert_eq!(
+            rejected(s.apply(&Command::Delegate { by: "tok_bot".into(), delegation: twice })).kind,
+            RejectKind::Conflict
+        );
         assert_eq!(ok(acquire(&mut s, "bot_c", "cmp_1")), None);
         // A second Computer granted to the child directly stays when the delegation ends.
         s.computers.insert("cmp_2".into(), computer("cmp_2", "mem_o", Source::Paired));
@@ -276,8 +279,17 @@ mod tests {
             made_by: "mem_o".into(),
             created_at: 3,
         };
-        assert_eq!(rejected(s.apply(&Command::Delegate { by: OWNER.into(), delegation: to_self })).kind, RejectKind::Invalid);
-        let b = Bot { id: "bot_orphan".into(), name: "o".into(), member_id: "mem_o".into(), created_at: 1, archived_at: None };
+        assert_eq!(
+            rejected(s.apply(&Command::Delegate { by: OWNER.into(), delegation: to_self })).kind,
+            RejectKind::Invalid
+        );
+        let b = Bot {
+            id: "bot_orphan".into(),
+            name: "o".into(),
+            member_id: "mem_o".into(),
+            created_at: 1,
+            archived_at: None,
+        };
         let r = rejected(s.apply(&Command::CreateBot { by: OWNER.into(), bot: b, parent: Some("bot_nope".into()) }));
         assert_eq!(r.kind, RejectKind::NotFound);
         assert!(!s.bots.contains_key("bot_orphan"), "a refused create adds no bot");

@@ -99,8 +99,11 @@ impl ExecIndex {
 }
 
 impl State {
-    /// Rebuilds [`ExecIndex`] from the records (when a snapshot loads).
+    /// Rebuilds [`ExecIndex`] from the records (when a snapshot loads), and with it the run
+    /// indexes and the identity index (`identity_index`), which a snapshot's loader rebuilds
+    /// through this call.
     pub fn reindex_executions(&mut self) {
+        self.reindex_identity();
         let mut index = ExecIndex::default();
         for e in self.executions.values() {
             index.add(e);

@@ -2,6 +2,13 @@
 //! (bootstrap, create member, create and archive bot, create and revoke token). Every change is
 //! checked against the caller's rights at commit (`Caller::check_admin_write`), and a replayed
 //! create with the same record is a no-op.
+//!
+//! Bounded (each cap refused as a `conflict`, checked in O(log n) through `identity_index`):
+//! at most [`MAX_MEMBERS`] members; at most [`MAX_LIVE_BOTS_PER_MEMBER`] live bots per member
+//! and [`MAX_BOTS`] bots in all, archived ones included (an archived bot stays: executions,
+//! runs, blobs and journals name it); at most [`MAX_TOKENS_PER_PRINCIPAL`] live tokens per
+//! member or bot. A revoked token, or a token of an archived bot, is compacted after the
+//! retention (`retention`), counted from when it stopped working.
 
 use serde::Deserialize;
 use serde::Serialize;
@@ -68,7 +75,7 @@ pub struct Bot {
 }
 
 /// Who a token speaks for.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(tag = "type", content = "id", rename_all = "lowercase")]
 pub enum Principal {
     /// A member (`mem_…`).
@@ -104,6 +111,20 @@ pub fn hash_secret(secret: &str) -> String {
     hex::encode(sha2::Sha256::digest(secret.as_bytes()))
 }
 
+/// The most members an organization has (members are never removed).
+pub const MAX_MEMBERS: usize = 10_000;
+/// The most live (not archived) bots one member has.
+pub const MAX_LIVE_BOTS_PER_MEMBER: usize = 1_000;
+/// The most bots in the cluster, archived ones included (they are never removed).
+pub const MAX_BOTS: usize = 100_000;
+/// The most live (not revoked) tokens one member or bot has.
+pub const MAX_TOKENS_PER_PRINCIPAL: usize = 1_000;
+
+/// A refusal for a full collection: a conflict with the state, like every other cap.
+pub(crate) fn full(message: String) -> Reject {
+    Reject::new(RejectKind::Conflict, message)
+}
+
 impl State {
     pub(crate) fn bootstrap(
         &mut self,
@@ -124,7 +145,7 @@ impl State {
         }
         self.cluster_id = Some(cluster_id.to_string());
         self.org = Some(org.clone());
-        self.members.insert(owner.id.clone(), owner.clone());
+        self.insert_member(owner);
         self.insert_token(token);
         Ok(())
     }
@@ -139,15 +160,29 @@ impl State {
             return same_or_conflict(existing == member, "member");
         }
         if let Some(email) = &member.email
-            && self.members.values().any(|m| m.email.as_deref() == Some(email))
+            && self.member_by_email(email).is_some()
         {
             return Err(Reject::new(RejectKind::Conflict, "a member with this email exists"));
         }
-        self.members.insert(member.id.clone(), member.clone());
+        if self.members.len() >= MAX_MEMBERS {
+            return Err(full(format!("an organization has at most {MAX_MEMBERS} members")));
+        }
+        self.insert_member(member);
         Ok(())
     }
 
     pub(crate) fn create_bot(&mut self, by: &str, bot: &Bot, parent: Option<&str>) -> Result<(), Reject> {
+        self.create_bot_within(by, bot, parent, MAX_BOTS)
+    }
+
+    /// [`State::create_bot`] with the cluster's bot cap as a parameter (tests set a small one).
+    pub(crate) fn create_bot_within(
+        &mut self,
+        by: &str,
+        bot: &Bot,
+        parent: Option<&str>,
+        max_bots: usize,
+    ) -> Result<(), Reject> {
         let caller = self.caller_by_token_id(by)?;
         caller.check_admin_write()?;
         if let Some(existing) = self.bots.get(&bot.id) {
@@ -159,7 +194,13 @@ impl State {
         if bot.archived_at.is_some() {
             return Err(Reject::new(RejectKind::Invalid, "a new bot cannot be archived"));
         }
-        self.bots.insert(bot.id.clone(), bot.clone());
+        if self.live_bot_count(&bot.member_id) >= MAX_LIVE_BOTS_PER_MEMBER {
+            return Err(full(format!("a member has at most {MAX_LIVE_BOTS_PER_MEMBER} live bots: archive one first")));
+        }
+        if self.bots.len() >= max_bots {
+            return Err(full(format!("the cluster has at most {max_bots} bots, archived ones included")));
+        }
+        self.insert_bot(bot);
         // A bot created with a parent: the parent gave it work (a delegation it can end).
         if let Some(parent) = parent {
             let d = super::model::Delegation {
@@ -170,7 +211,7 @@ impl State {
                 created_at: bot.created_at,
             };
             if let Err(e) = self.check_new_delegation(&d) {
-                self.bots.remove(&bot.id);
+                self.uninsert_bot(&bot.id);
                 return Err(e);
             }
             self.insert_delegation(d);
@@ -180,10 +221,10 @@ impl State {
 
     pub(crate) fn archive_bot(&mut self, by: &str, bot_id: &str, at_ms: u64) -> Result<(), Reject> {
         self.caller_by_token_id(by)?.check_admin_write()?;
-        let bot = self.bots.get_mut(bot_id).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such bot"))?;
-        if bot.archived_at.is_none() {
-            bot.archived_at = Some(at_ms);
+        if !self.bots.contains_key(bot_id) {
+            return Err(Reject::new(RejectKind::NotFound, "no such bot"));
         }
+        self.mark_bot_archived(bot_id, at_ms);
         // Archiving ends the bot's rights (and what others acquired through its delegations);
         // the Computers stay.
         self.drop_delegations_of(bot_id);
@@ -225,22 +266,24 @@ impl State {
                 }
             }
         }
+        if self.live_token_count(&token.principal) >= MAX_TOKENS_PER_PRINCIPAL {
+            let who = match token.principal {
+                Principal::Member(_) => "member",
+                Principal::Bot(_) => "bot",
+            };
+            return Err(full(format!("a {who} has at most {MAX_TOKENS_PER_PRINCIPAL} live tokens: revoke one first")));
+        }
         self.insert_token(token);
         Ok(())
     }
 
     pub(crate) fn revoke_token(&mut self, by: &str, token_id: &str, at_ms: u64) -> Result<(), Reject> {
         self.caller_by_token_id(by)?.check_admin_write()?;
-        let token = self.tokens.get_mut(token_id).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such token"))?;
-        if token.revoked_at.is_none() {
-            token.revoked_at = Some(at_ms);
+        if !self.tokens.contains_key(token_id) {
+            return Err(Reject::new(RejectKind::NotFound, "no such token"));
         }
+        self.mark_token_revoked(token_id, at_ms);
         Ok(())
-    }
-
-    fn insert_token(&mut self, token: &Token) {
-        self.token_by_hash.insert(token.hash.clone(), token.id.clone());
-        self.tokens.insert(token.id.clone(), token.clone());
     }
 }
 

@@ -20,6 +20,7 @@ use super::state::State;
 pub const MAX_PORTS: usize = 32;
 
 /// How a request's address stands.
+#[allow(clippy::large_enum_variant)] // answered once per request and matched at once, never stored
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Resolved {
     /// Serve it: the exposure, and its exposer as a live caller who may still operate it.

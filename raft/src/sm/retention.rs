@@ -13,6 +13,9 @@
 //!   state; then its operation id answers a new call as a new one. (Its answer's bytes are on
 //!   the Computer, kept by the agent for as long or less: a replay of a record whose bytes are
 //!   gone is answered `expired`.)
+//! - A **dead token** (revoked, or of an archived bot) is kept for the same retention from when
+//!   it stopped working; then its record and its hash go (`identity_index`). A request with its
+//!   secret is refused as before, as an unknown token.
 //! - A **deleted Computer**'s tombstone (and its usage record) goes with the last of its
 //!   executions, the delete's receipt.
 //!
@@ -42,8 +45,8 @@ pub const RUN_RETENTION_MS: u64 = 30 * 24 * 3600 * 1000;
 pub const MIN_RETENTION_MS: u64 = 3600 * 1000;
 /// The longest retention that may be set: 400 days.
 pub const MAX_RETENTION_MS: u64 = 400 * 24 * 3600 * 1000;
-/// At most this many executions, as many tool-call records and as many approvals are compacted
-/// per applied entry.
+/// At most this many records of each kind (executions, tool-call records, approvals, tokens, ...)
+/// are compacted per applied entry.
 pub const COMPACT_PER_ENTRY: usize = 16;
 
 /// The organization's retention setting.
@@ -96,6 +99,9 @@ impl State {
         }
         for (_, id) in due(&self.exec_index.decided_approvals, horizon, |_| true) {
             self.remove_approval(&id);
+        }
+        for (at, id) in due(&self.identity_index.dead_tokens, horizon, |_| true) {
+            self.compact_token(at, &id);
         }
         let blobs_horizon = self.clock.saturating_sub(self.blob_limits.retention());
         for (at, id) in due(&self.exec_index.blob_expiry, blobs_horizon, |_| true) {

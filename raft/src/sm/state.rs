@@ -114,6 +114,11 @@ pub struct State {
     /// rebuilt when a snapshot loads (`computer_index`).
     #[serde(skip)]
     pub computer_index: super::computer_index::ComputerIndex,
+    /// Live tokens per principal, dead tokens by time, live bots per member, e-mails and
+    /// provider names: derived, never serialized, rebuilt when a snapshot loads
+    /// (`identity_index`).
+    #[serde(skip)]
+    pub identity_index: super::identity_index::IdentityIndex,
     /// Which bot gave which bot work (`delegation`).
     #[serde(default)]
     pub delegations: super::model::Delegations,
