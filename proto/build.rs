@@ -7,6 +7,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!("cargo:rerun-if-changed=proto/cluster.proto");
     println!("cargo:rerun-if-changed=proto/agent.proto");
-    tonic_prost_build::configure().compile_protos(&["proto/cluster.proto", "proto/agent.proto"], &["proto"])?;
+    // A file's bytes stay `Bytes` from the link's buffer to the disk (no copy when decoded).
+    tonic_prost_build::configure()
+        .bytes(".computerd.agent.v1.FileChunk.data")
+        .compile_protos(&["proto/cluster.proto", "proto/agent.proto"], &["proto"])?;
     Ok(())
 }

@@ -255,27 +255,25 @@ impl Agent for AgentService {
         // cancelled (the node resets the stream and this future is dropped mid-write).
         let tmp = files::TempFile::new(begun.temp.clone(), account.clone());
         let mode = begun.mode;
-        // The disk is written on its own thread while this task receives and hashes the next
-        // chunk; the file is synced before it is checked and put in place.
-        let mut f = computerd_proto::durable::DurableWriter::start(begun.file);
+        // The disk is written, and what is written hashed, on two threads of their own while
+        // this task receives the next chunk; the file is synced before it is checked and put in
+        // place.
+        let mut f = computerd_proto::durable::DurableWriter::start_hashed(begun.file);
         let mut total = first.data.len() as u64;
         if total > files::MAX_FILE {
             return Err(file_status(FileError::TooLarge));
         }
-        let mut hash = <sha2::Sha256 as sha2::Digest>::new();
-        sha2::Digest::update(&mut hash, &first.data);
-        f.write(first.data.into()).await.map_err(|e| file_status(e.into()))?;
+        f.write(first.data.clone()).await.map_err(|e| file_status(e.into()))?;
         while let Some(chunk) = stream.next().await {
             let chunk = chunk?;
             total += chunk.data.len() as u64;
             if total > files::MAX_FILE {
                 return Err(file_status(FileError::TooLarge));
             }
-            sha2::Digest::update(&mut hash, &chunk.data);
-            f.write(chunk.data.into()).await.map_err(|e| file_status(e.into()))?;
+            f.write(chunk.data).await.map_err(|e| file_status(e.into()))?;
         }
-        let f = f.finish().await.map_err(|e| file_status(e.into()))?;
-        let sha256 = hex::encode(sha2::Digest::finalize(hash));
+        let (f, digest) = f.finish_hashed().await.map_err(|e| file_status(e.into()))?;
+        let sha256 = hex::encode(digest);
         // A copy that must arrive exactly: checked before it is put in place (the guard removes
         // the temporary file).
         if first.expect_size.is_some_and(|n| n != total) {
@@ -466,7 +464,7 @@ fn stream_file(mut f: tokio::fs::File) -> ChunkStream {
                         let _ = tx.send(Err(file_status(FileError::TooLarge))).await;
                         break;
                     }
-                    let chunk = FileChunk { data: buf[..n].to_vec(), ..Default::default() };
+                    let chunk = FileChunk { data: bytes::Bytes::copy_from_slice(&buf[..n]), ..Default::default() };
                     if tx.send(Ok(chunk)).await.is_err() {
                         break;
                     }

@@ -1,7 +1,9 @@
 //! A file written on its own thread while the caller goes on (receiving and hashing the next
 //! bytes), with the kernel's writeback started as the file grows, so that the `fsync` that makes
 //! it durable at the end has little left to do. Used where a node stores a blob and where an agent
-//! writes a file, both of which answer only once the bytes are on disk.
+//! writes a file, both of which answer only once the bytes are on disk. A second thread can hash
+//! what is written ([`DurableWriter::start_hashed`]), so the caller's task only receives: the
+//! receiving, the hashing and the writing then run side by side instead of one after another.
 
 use std::io;
 use std::io::Write;
@@ -11,8 +13,11 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio::sync::oneshot;
 
-/// Writes are gathered to this size before each `write(2)`.
+/// Small writes are gathered to this size before each `write(2)`.
 const BATCH: usize = 1 << 20;
+/// A chunk at least this large is written as it is (after what was gathered before it), not
+/// copied into the batch first.
+const DIRECT: usize = 64 << 10;
 /// Writeback of what was written is started every this many bytes.
 const WRITEBACK_EVERY: u64 = 8 << 20;
 /// Chunks in flight between the caller and the thread (a bound on the memory a slow disk holds).
@@ -28,17 +33,41 @@ enum Msg {
 pub struct DurableWriter {
     tx: mpsc::Sender<Msg>,
     done: oneshot::Receiver<io::Result<std::fs::File>>,
+    /// The hashing thread's input and its digest, when started hashing.
+    hasher: Option<(mpsc::Sender<Bytes>, oneshot::Receiver<[u8; 32]>)>,
 }
 
 impl DurableWriter {
     /// Starts writing `file` from its current position on a blocking thread.
     pub fn start(file: std::fs::File) -> Self {
+        Self::spawn(file, false)
+    }
+
+    /// As [`DurableWriter::start`], and a second blocking thread takes the SHA-256 of every
+    /// byte written (answered by [`DurableWriter::finish_hashed`]).
+    pub fn start_hashed(file: std::fs::File) -> Self {
+        Self::spawn(file, true)
+    }
+
+    fn spawn(file: std::fs::File, hashed: bool) -> Self {
         let (tx, rx) = mpsc::channel(IN_FLIGHT);
         let (done_tx, done) = oneshot::channel();
         tokio::task::spawn_blocking(move || {
             let _ = done_tx.send(run(file, rx));
         });
-        Self { tx, done }
+        let hasher = hashed.then(|| {
+            let (tx, mut rx) = mpsc::channel::<Bytes>(IN_FLIGHT);
+            let (digest_tx, digest) = oneshot::channel();
+            tokio::task::spawn_blocking(move || {
+                let mut h = <sha2::Sha256 as sha2::Digest>::new();
+                while let Some(b) = rx.blocking_recv() {
+                    sha2::Digest::update(&mut h, &b);
+                }
+                let _ = digest_tx.send(sha2::Digest::finalize(h).into());
+            });
+            (tx, digest)
+        });
+        Self { tx, done, hasher }
     }
 
     /// Hands `bytes` to the thread; waits only when [`IN_FLIGHT`] chunks are already queued.
@@ -46,6 +75,11 @@ impl DurableWriter {
     pub async fn write(&mut self, bytes: Bytes) -> io::Result<()> {
         if bytes.is_empty() {
             return Ok(());
+        }
+        if let Some((hash, _)) = &self.hasher
+            && hash.send(bytes.clone()).await.is_err()
+        {
+            return Err(io::Error::other("the file's hasher stopped"));
         }
         if self.tx.send(Msg::Data(bytes)).await.is_err() {
             return Err(self.failure().await);
@@ -55,9 +89,32 @@ impl DurableWriter {
 
     /// Writes what is left, syncs the file's data and answers the file.
     pub async fn finish(self) -> io::Result<std::fs::File> {
-        let _ = self.tx.send(Msg::Finish).await;
-        drop(self.tx);
-        self.done.await.map_err(|_| io::Error::other("the file's writer stopped"))?
+        self.finish_both().await.map(|(f, _)| f)
+    }
+
+    /// Writes what is left, syncs the file's data and answers the file with the SHA-256 of
+    /// everything written; an error when the writer was not started hashing.
+    pub async fn finish_hashed(self) -> io::Result<(std::fs::File, [u8; 32])> {
+        match self.finish_both().await? {
+            (f, Some(digest)) => Ok((f, digest)),
+            (_, None) => Err(io::Error::other("the writer was not started hashing")),
+        }
+    }
+
+    async fn finish_both(self) -> io::Result<(std::fs::File, Option<[u8; 32]>)> {
+        let Self { tx, done, hasher } = self;
+        let _ = tx.send(Msg::Finish).await;
+        drop(tx);
+        // The hasher ends with its input.
+        let digest = hasher.map(|(input, digest)| {
+            drop(input);
+            digest
+        });
+        let file = done.await.map_err(|_| io::Error::other("the file's writer stopped"))??;
+        match digest {
+            Some(d) => Ok((file, Some(d.await.map_err(|_| io::Error::other("the file's hasher stopped"))?))),
+            None => Ok((file, None)),
+        }
     }
 
     async fn failure(&mut self) -> io::Error {
@@ -84,7 +141,11 @@ fn run(mut file: std::fs::File, mut rx: mpsc::Receiver<Msg>) -> io::Result<std::
     loop {
         match rx.blocking_recv() {
             Some(Msg::Data(b)) => {
-                if buf.is_empty() && b.len() >= BATCH {
+                if b.len() >= DIRECT {
+                    if !buf.is_empty() {
+                        emit(&mut file, &buf)?;
+                        buf.clear();
+                    }
                     emit(&mut file, &b)?;
                     continue;
                 }
@@ -140,6 +201,28 @@ mod tests {
         f.read_to_end(&mut got).expect("read");
         assert_eq!(got.len(), want.len());
         assert!(got == want, "the file differs from what was written");
+    }
+
+    #[tokio::test]
+    async fn a_hashed_writer_answers_the_digest_of_what_it_wrote() {
+        let mut f = tempfile::tempfile().expect("tempfile");
+        let mut w = DurableWriter::start_hashed(f.try_clone().expect("clone"));
+        let mut want = Vec::new();
+        for (i, n) in [5usize, 300_000, 0, 77].into_iter().enumerate() {
+            let chunk: Vec<u8> = (0..n).map(|j| (i * 7 + j) as u8).collect();
+            want.extend_from_slice(&chunk);
+            w.write(Bytes::from(chunk)).await.expect("write");
+        }
+        let (_, digest) = w.finish_hashed().await.expect("finish");
+        let expected: [u8; 32] = <sha2::Sha256 as sha2::Digest>::digest(&want).into();
+        assert_eq!(digest, expected);
+        let mut got = Vec::new();
+        f.rewind().expect("rewind");
+        f.read_to_end(&mut got).expect("read");
+        assert!(got == want, "the file differs from what was written");
+        // A writer started without hashing has no digest to answer.
+        let plain = DurableWriter::start(tempfile::tempfile().expect("tempfile"));
+        assert!(plain.finish_hashed().await.is_err());
     }
 
     #[tokio::test]

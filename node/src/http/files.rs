@@ -172,7 +172,7 @@ pub async fn write(
         }
         let mut agent = agent_for(&state, &caller, &id, true).await?;
         let mut chunks: Vec<FileChunk> =
-            bytes.chunks(CHUNK).map(|c| FileChunk { data: c.to_vec(), ..Default::default() }).collect();
+            bytes.chunks(CHUNK).map(|c| FileChunk { data: bytes::Bytes::copy_from_slice(c), ..Default::default() }).collect();
         if chunks.is_empty() {
             chunks.push(FileChunk::default());
         }
@@ -201,6 +201,7 @@ async fn write_streamed(
         let mut total = 0usize;
         let mut first = true;
         let chunk = |data: Vec<u8>, first: &mut bool| {
+            let data = bytes::Bytes::from(data);
             if std::mem::take(first) { first_chunk(path, who, data) } else { FileChunk { data, ..Default::default() } }
         };
         while let Some(frame) = data.next().await {
@@ -280,7 +281,7 @@ fn file_path(path: &str, who: RunAs) -> FilePath {
 }
 
 /// The first chunk of a write: it names the path and who writes it.
-fn first_chunk(path: &str, who: &RunAs, data: Vec<u8>) -> FileChunk {
+fn first_chunk(path: &str, who: &RunAs, data: bytes::Bytes) -> FileChunk {
     FileChunk {
         path: path.to_string(),
         data,
