@@ -91,6 +91,8 @@ async fn upload(client: &reqwest::Client, c: &TestCluster, body: bytes::Bytes, s
 async fn run(agent: std::path::PathBuf) -> Result<()> {
     let quick = settings::quick();
     let samples = settings::env_count("BENCH_SAMPLES")?.unwrap_or(if quick { 2 } else { 5 });
+    // `BENCH_ONLY=copy` measures only the copies (to profile them alone).
+    let copies_only = std::env::var("BENCH_ONLY").is_ok_and(|v| v == "copy");
     let c = TestCluster::start(1).await;
     let dir = c.dir.path();
     let client = reqwest::Client::new();
@@ -136,12 +138,14 @@ async fn run(agent: std::path::PathBuf) -> Result<()> {
 
     // Warm-ups, not counted.
     cat_pipe(&src, &dst, false)?;
-    upload(&client, &c, body.clone(), &sha).await?;
+    if !copies_only {
+        upload(&client, &c, body.clone(), &sha).await?;
+    }
     let (_, blob) = upload(&client, &c, bytes::Bytes::copy_from_slice(small), &small_sha).await?;
     let blob_id = blob["blobId"].as_str().context("blobId")?.to_string();
 
     let (mut ours_up, mut cat_up, mut synced_up) = (Vec::new(), Vec::new(), Vec::new());
-    for i in 0..samples {
+    for i in 0..if copies_only { 0 } else { samples } {
         let (a, b) = if i % 2 == 0 {
             let a = upload(&client, &c, body.clone(), &sha).await?.0;
             (a, cat_pipe(&src, &dst, false)?)
@@ -182,6 +186,11 @@ async fn run(agent: std::path::PathBuf) -> Result<()> {
         std::fs::remove_file(workspace.join(&path)).ok();
         ours_copy.push(mib_s(COPY, a));
         cat_copy.push(mib_s(COPY, b));
+    }
+    if copies_only {
+        let (ours, base) = (median(ours_copy), median(cat_copy));
+        println!("copy-to-box 16 MiB: ours {ours:.1} MiB/s, cat | cat {base:.1} MiB/s, {:.2}x", ours / base);
+        return Ok(());
     }
     let rows = [
         ("upload 256 MiB", median(ours_up), median(cat_up)),
