@@ -65,6 +65,9 @@ async fn t10_an_mcp_client_lists_runs_and_hears_a_command_end() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     eprintln!("the MCP client took {:?}:\n{stderr}", begun.elapsed());
     assert!(out.status.success(), "the MCP client failed: {stderr}");
+    // The SDK ends its session with a DELETE on the way out and says so when the answer is not
+    // 200 or 204.
+    assert!(!stderr.contains("Session termination failed"), "the session's end was refused: {stderr}");
     let seen: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stderr}"));
 
     assert_eq!(seen["server"], "computerd", "{seen}");

@@ -78,7 +78,7 @@ fn mcp_post() {}
 fn mcp_get() {}
 
 /// `DELETE /mcp`: ends the MCP session named by `Mcp-Session-Id`.
-#[utoipa::path(delete, path = "/mcp", operation_id = "mcp_delete", tag = "mcp", responses((status = 202, description = "The session is ended"), (status = 401, body = ErrorBody)), security(("bearer" = [])))]
+#[utoipa::path(delete, path = "/mcp", operation_id = "mcp_delete", tag = "mcp", responses((status = 204, description = "The session is ended"), (status = 401, body = ErrorBody)), security(("bearer" = [])))]
 #[allow(dead_code)]
 fn mcp_delete() {}
 
@@ -91,7 +91,15 @@ pub(crate) async fn authenticated(
     next: axum::middleware::Next,
 ) -> Result<axum::response::Response, ApiError> {
     auth.for_write(&state).await?;
-    Ok(next.run(req).await)
+    let ending = req.method() == axum::http::Method::DELETE;
+    let mut answer = next.run(req).await;
+    // rmcp answers an ended session 202; MCP clients (the Python SDK among them) take only 200 or
+    // 204 as success for a DELETE, so the end is answered 204.
+    if ending && answer.status() == axum::http::StatusCode::ACCEPTED {
+        *answer.status_mut() = axum::http::StatusCode::NO_CONTENT;
+        *answer.body_mut() = axum::body::Body::empty();
+    }
+    Ok(answer)
 }
 
 /// The `/mcp` service.
