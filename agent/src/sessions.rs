@@ -232,13 +232,16 @@ pub struct Ended {
     pub signal: Option<String>,
 }
 
+/// A session whose end was answered: its id, when, and the session.
+type Answered = (String, Instant, Arc<Session>);
+
 /// All sessions of this agent.
 #[derive(Default, Clone)]
 pub struct Sessions {
     inner: Arc<Mutex<HashMap<String, Arc<Session>>>>,
     /// Sessions whose end was answered, kept for a while so that a read whose answer was lost
     /// can be repeated from its offset (`fromOffset`); oldest first.
-    answered: Arc<Mutex<std::collections::VecDeque<(String, Instant, Arc<Session>)>>>,
+    answered: Arc<Mutex<std::collections::VecDeque<Answered>>>,
     /// Ends not yet delivered to a node, oldest first (bounded).
     ended: Arc<Mutex<std::collections::VecDeque<Ended>>>,
     ended_changed: Arc<Notify>,

@@ -80,7 +80,7 @@ pub fn save(login: &Login) -> anyhow::Result<PathBuf> {
 pub fn load() -> anyhow::Result<Login> {
     let env_url = std::env::var("COMPUTERD_URL").ok().filter(|s| !s.is_empty());
     let env_token = std::env::var("COMPUTERD_TOKEN").ok().filter(|s| !s.is_empty());
-    let saved = match config_file().and_then(|p| Ok(std::fs::read(&p).ok().map(|b| (p, b)))) {
+    let saved = match config_file().map(|p| std::fs::read(&p).ok().map(|b| (p, b))) {
         Ok(Some((path, bytes))) => {
             let v: Value = serde_json::from_slice(&bytes)
                 .with_context(|| format!("{} is not JSON: run `computerctl login` again", path.display()))?;

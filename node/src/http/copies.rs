@@ -121,10 +121,10 @@ pub async fn to_box(
         while let Some(next) = bytes.next().await {
             for data in pieces(next.map_err(|e| e.to_string())?, CHUNK) {
                 let chunk = if named {
-                    FileChunk { data: data.into(), ..Default::default() }
+                    FileChunk { data, ..Default::default() }
                 } else {
                     named = true;
-                    FileChunk { data: data.into(), ..std::mem::take(&mut first) }
+                    FileChunk { data, ..std::mem::take(&mut first) }
                 };
                 if tx.send(chunk).await.is_err() {
                     return Ok(());
@@ -187,7 +187,7 @@ pub async fn from_box(
     let path = FilePath { path: req.path.clone(), user: who.user.clone(), root_allowed: who.root_allowed, within };
     let stream = agent.read_file(path).await.map_err(agent_error)?.into_inner();
     let blob_id = new_id("blb");
-    let body = stream.map(|c| c.map(|c| bytes::Bytes::from(c.data)).map_err(|s| s.message().to_string()));
+    let body = stream.map(|c| c.map(|c| c.data).map_err(|s| s.message().to_string()));
     let stored = state.blobs.put(&blob_id, None, None, Box::pin(body)).await.map_err(|e| match e {
         crate::blobs::PutError::TooLarge => ApiError::new(ErrorKind::TooLarge, "a blob is at most 1 GiB"),
         crate::blobs::PutError::Body(why) => {

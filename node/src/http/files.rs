@@ -103,7 +103,7 @@ pub async fn read(
     if q.encoding == Encoding::Raw || wants_octets(&headers, header::ACCEPT) {
         // The agent refused anything missing, unreadable or too large before the first byte, so the
         // status is known; a link lost midway cuts the body.
-        let body = RawBody::from_stream(stream.map(|c| c.map(|c| bytes::Bytes::from(c.data))));
+        let body = RawBody::from_stream(stream.map(|c| c.map(|c| c.data)));
         return Ok(([(header::CONTENT_TYPE, OCTETS)], body).into_response());
     }
     let mut stream = stream;
