@@ -503,16 +503,17 @@ pub async fn stop(State(state): State<AppState>, auth: Auth, Path(id): Path<Stri
     Ok(Json(v))
 }
 
-/// `GET /v1/computers/:id/usage`: run spans (also of a deleted Computer the caller could see).
-#[utoipa::path(get, path = "/v1/computers/{id}/usage", operation_id = "computers_usage", tag = "computers", params(("id" = String, Path)), responses((status = 200, description = "`{\"spans\": [{start, end, endedBy, outcomeUnknown}]}`", body = Object)), security(("bearer" = [])))]
+/// `GET /v1/computers/:id/usage`: run spans (also of a deleted Computer the caller could see):
+/// the newest ones kept, and the older ones folded into totals (`folded`: how many, total ms).
+#[utoipa::path(get, path = "/v1/computers/{id}/usage", operation_id = "computers_usage", tag = "computers", params(("id" = String, Path)), responses((status = 200, description = "`{\"spans\": [{start, end, endedBy, outcomeUnknown}], \"folded\": {spans, ms}}`: the newest 1,000 spans, and the older ones as totals", body = Object)), security(("bearer" = [])))]
 pub async fn usage(State(state): State<AppState>, auth: Auth, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     let caller = auth.current(&state).await?;
-    let spans = state.cluster.state().read(|s| {
+    let usage = state.cluster.state().read(|s| {
         let c = s.computers.get(&id).filter(|c| s.could_see(&caller, c));
-        c.map(|_| s.usage.get(&id).cloned().unwrap_or_default())
+        c.map(|_| (s.usage.get(&id).cloned().unwrap_or_default(), s.folded_usage(&id)))
     });
-    let spans = spans.ok_or_else(|| ApiError::not_found("no such computer"))?;
-    Ok(Json(json!({ "computerId": id, "spans": spans })))
+    let (spans, folded) = usage.ok_or_else(|| ApiError::not_found("no such computer"))?;
+    Ok(Json(json!({ "computerId": id, "spans": spans, "folded": folded })))
 }
 
 /// `POST /v1/computers/:id/acquire` body.

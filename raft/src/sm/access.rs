@@ -28,6 +28,11 @@ pub const MAX_GRANTS_PER_COMPUTER: usize = 1_000;
 /// The most providers a cluster has (providers are never removed).
 pub const MAX_PROVIDERS: usize = 256;
 
+/// The most approvals the requests of one member (its own and its bots') hold pending; a
+/// request that would wait on one more is refused as a conflict and changes nothing. Decided
+/// approvals go with the retention.
+pub const MAX_PENDING_APPROVALS_PER_MEMBER: usize = 1_000;
+
 /// The rules in force when none were configured: members may, bots must ask.
 pub fn default_rules() -> Vec<Rule> {
     let rule = |actor, effect| Rule {
@@ -301,6 +306,7 @@ impl State {
                 Ok(None)
             }
             Effect::Ask => {
+                self.check_approval_room_within(&caller, MAX_PENDING_APPROVALS_PER_MEMBER)?;
                 self.open_approval(approval_id, Capability::Acquire, computer_id, &caller, None, reason, at_ms);
                 Ok(Some(approval_id.to_string()))
             }
@@ -323,6 +329,36 @@ impl State {
         }
     }
 
+    /// How many approvals the requests of `member` (its own or its bots') hold pending.
+    pub fn pending_approval_count(&self, member: &str) -> usize {
+        self.exec_index.pending_approvals.get(member).copied().unwrap_or(0)
+    }
+
+    /// Refuses (a conflict) a request that would park behind a new approval when the requests
+    /// of `caller`'s member hold `limit` pending ones already. Called before any change.
+    pub(crate) fn check_approval_room_within(&self, caller: &Caller, limit: usize) -> Result<(), Reject> {
+        if self.pending_approval_count(&caller.member.id) >= limit {
+            return Err(Reject::new(
+                RejectKind::Conflict,
+                format!("a member's requests wait on at most {limit} pending approvals: decide some first"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Notes an approval of `member` leaving (or entering) the pending state.
+    pub(crate) fn count_pending_approval(&mut self, member: &str, pending: bool) {
+        let n = self.exec_index.pending_approvals.entry(member.to_string()).or_default();
+        if pending {
+            *n += 1;
+        } else {
+            *n = n.saturating_sub(1);
+        }
+        if *n == 0 {
+            self.exec_index.pending_approvals.remove(member);
+        }
+    }
+
     #[allow(clippy::too_many_arguments)] // one record's fields; a struct would only rename them
     pub(crate) fn open_approval(
         &mut self,
@@ -334,6 +370,11 @@ impl State {
         reason: Option<&str>,
         at_ms: u64,
     ) {
+        if let Some(old) = self.approvals.get(id).filter(|a| a.state == "pending") {
+            let member = old.requester.member_id.clone();
+            self.count_pending_approval(&member, false);
+        }
+        self.count_pending_approval(&caller.member.id, true);
         self.approvals.insert(
             id.to_string(),
             Approval {
@@ -396,6 +437,7 @@ impl State {
             x.decided_by = Some(caller.member.id.clone());
             x.decided_at = Some(at_ms);
             self.exec_index.decided_approvals.insert((at_ms, id.to_string()));
+            self.count_pending_approval(&a.requester.member_id, false);
         }
         match (approve, a.capability, &a.execution_id) {
             (_, Capability::Expose, _) => self.expose_decided(&a.target, id, approve),

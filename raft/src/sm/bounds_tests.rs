@@ -1,12 +1,15 @@
 //! The caps on identity records, providers and grants (each refuses the one past it as a
 //! `conflict` and changes nothing), the retention of dead tokens by the cluster's clock, and the
-//! identity index against a rebuild.
+//! identity index against a rebuild. Also the caps on pending approvals per member and live
+//! Computers per member, and the usage spans kept per Computer (older ones folded into totals).
 
 use super::Command;
 use super::Request;
 use super::Response;
 use super::access::MAX_GRANTS_PER_COMPUTER;
+use super::access::MAX_PENDING_APPROVALS_PER_MEMBER;
 use super::access::MAX_PROVIDERS;
+use super::computer_index::MAX_LIVE_COMPUTERS_PER_MEMBER;
 use super::hash_secret;
 use super::identity::Bot;
 use super::identity::MAX_LIVE_BOTS_PER_MEMBER;
@@ -15,6 +18,10 @@ use super::identity::MAX_TOKENS_PER_PRINCIPAL;
 use super::identity::Member;
 use super::identity::Principal;
 use super::identity::Role;
+use super::lifecycle::Submit;
+use super::model::ComputerState;
+use super::model::Execution;
+use super::model::ExecutionKind;
 use super::model::Provider;
 use super::model::ProviderKind;
 use super::model::Source;
@@ -28,6 +35,9 @@ use super::testing::ok;
 use super::testing::rejected;
 use super::testing::token;
 use super::testing::world;
+use super::usage::FoldedUsage;
+use super::usage::MAX_SPANS_PER_COMPUTER;
+use super::usage::SpanEnd;
 
 fn member(id: &str, email: Option<&str>) -> Member {
     Member { id: id.into(), name: id.into(), email: email.map(String::from), role: Role::Member, created_at: 1 }
@@ -308,4 +318,144 @@ fn the_identity_index_follows_every_change_and_equals_a_rebuild() {
     back.reindex_executions();
     back.reindex_computers();
     assert_eq!(back, s);
+}
+
+/// A create of provider Computer `computer` owned by `owner`, submitted with token `by`.
+fn create(by: &str, owner: &str, computer: &str) -> Command {
+    let exe = Execution::pending(
+        &format!("exe_{computer}"),
+        &format!("k_{computer}"),
+        "b",
+        ExecutionKind::Create,
+        computer,
+        1,
+    );
+    let c = super::testing::computer(computer, owner, Source::Provider { provider: "cpp_1".into(), template: None });
+    Command::SubmitExecution(Box::new(Submit {
+        by: by.into(),
+        execution: exe,
+        computer: Some(c),
+        approval_id: format!("apr_{computer}"),
+        reason: None,
+        at_ms: 10,
+    }))
+}
+
+/// The execution index (pending approvals per member included) as a snapshot's loader
+/// rebuilds it.
+fn rebuilt_exec(s: &State) -> super::ExecIndex {
+    let mut t = s.clone();
+    t.reindex_executions();
+    t.exec_index
+}
+
+#[test]
+fn pending_approvals_per_member_are_capped_on_the_paths_that_ask_and_deciding_one_frees_a_place() {
+    let mut s = world();
+    let mut c = computer("cmp_1", "mem_o", Source::Paired);
+    c.shared = true;
+    s.computers.insert("cmp_1".into(), c);
+    s.reindex_computers();
+    ok(s.apply(&Command::CreateMember { by: OWNER.into(), member: member("mem_b", None) }));
+    ok(create_bot(&mut s, "bot_y", "mem_b"));
+    ok(create_token(&mut s, "tok_bot_y", Principal::Bot("bot_y".into())));
+    let acquire = |bot_token: &str, n: usize| Command::Acquire {
+        by: bot_token.into(),
+        computer_id: "cmp_1".into(),
+        approval_id: format!("apr_{bot_token}_{n}"),
+        reason: None,
+        at_ms: 3,
+    };
+    for i in 0..MAX_PENDING_APPROVALS_PER_MEMBER {
+        assert!(ok(s.apply(&acquire("tok_bot_y", i))).is_some(), "an approval waits");
+    }
+    assert_eq!(s.pending_approval_count("mem_b"), MAX_PENDING_APPROVALS_PER_MEMBER);
+    // An acquire and a create that would wait on one more are refused, and change nothing.
+    refused_full(&mut s, acquire("tok_bot_y", MAX_PENDING_APPROVALS_PER_MEMBER), "pending approvals");
+    refused_full(&mut s, create("tok_bot_y", "mem_b", "cmp_b"), "pending approvals");
+    // Another member's requests are counted apart.
+    assert!(ok(s.apply(&acquire("tok_bot", 0))).is_some());
+    assert_eq!(s.pending_approval_count("mem_o"), 1);
+    // A decided approval frees a place.
+    let reject =
+        Command::DecideApproval { by: OWNER.into(), approval_id: "apr_tok_bot_y_0".into(), approve: false, at_ms: 5 };
+    ok(s.apply(&reject));
+    assert_eq!(s.pending_approval_count("mem_b"), MAX_PENDING_APPROVALS_PER_MEMBER - 1);
+    assert_eq!(ok(s.apply(&create("tok_bot_y", "mem_b", "cmp_b"))), Some("exe_cmp_b".into()));
+    assert_eq!(s.approvals["apr_cmp_b"].state, "pending");
+    assert_eq!(s.pending_approval_count("mem_b"), MAX_PENDING_APPROVALS_PER_MEMBER);
+    assert_eq!(s.exec_index, rebuilt_exec(&s));
+}
+
+#[test]
+fn live_computers_per_member_are_capped_and_a_deleted_one_frees_a_place() {
+    let mut s = world();
+    for i in 0..MAX_LIVE_COMPUTERS_PER_MEMBER {
+        let id = format!("cmp_{i:05}");
+        s.computers.insert(id.clone(), computer(&id, "mem_o", Source::Paired));
+    }
+    s.reindex_computers();
+    assert_eq!(s.live_computer_count("mem_o"), MAX_LIVE_COMPUTERS_PER_MEMBER);
+    refused_full(&mut s, create(OWNER, "mem_o", "cmp_last"), "computers that are not deleted");
+    // Another member's Computers are counted apart.
+    ok(s.apply(&Command::CreateMember { by: OWNER.into(), member: member("mem_b", None) }));
+    ok(create_token(&mut s, "tok_b", Principal::Member("mem_b".into())));
+    assert!(ok(s.apply(&create("tok_b", "mem_b", "cmp_of_b"))).is_some());
+    assert_eq!(s.live_computer_count("mem_b"), 1);
+    // A deleted one's tombstone does not count.
+    s.set_computer_state("cmp_00007", ComputerState::Deleted, 20);
+    assert!(s.computers.contains_key("cmp_00007"));
+    assert_eq!(s.live_computer_count("mem_o"), MAX_LIVE_COMPUTERS_PER_MEMBER - 1);
+    assert_eq!(ok(s.apply(&create(OWNER, "mem_o", "cmp_last"))), Some("exe_cmp_last".into()));
+    assert_eq!(s.live_computer_count("mem_o"), MAX_LIVE_COMPUTERS_PER_MEMBER);
+    let mut t = s.clone();
+    t.reindex_computers();
+    assert_eq!(s.computer_index, t.computer_index);
+    // Forgetting a tombstone leaves the count alone; forgetting a live one lowers it.
+    s.remove_computer("cmp_00007");
+    assert_eq!(s.live_computer_count("mem_o"), MAX_LIVE_COMPUTERS_PER_MEMBER);
+    s.remove_computer("cmp_of_b");
+    assert_eq!(s.live_computer_count("mem_b"), 0);
+    assert!(!s.computer_index.live_by_owner.contains_key("mem_b"));
+}
+
+#[test]
+fn usage_keeps_the_newest_spans_and_folds_the_rest_into_exact_totals() {
+    let mut s = world();
+    let id = "cmp_u";
+    let runs = 2 * MAX_SPANS_PER_COMPUTER + 500;
+    let mut recorded_ms = 0;
+    for i in 0..runs as u64 {
+        let start = i * 100;
+        let len = 1 + i % 7;
+        s.open_span(id, start, false);
+        s.close_span(id, start + len, SpanEnd::Pause);
+        recorded_ms += len;
+    }
+    s.open_span(id, runs as u64 * 100, false); // an open one, the newest
+    let kept = &s.usage[id];
+    assert_eq!(kept.len(), MAX_SPANS_PER_COMPUTER);
+    assert!(kept.back().is_some_and(|sp| sp.end.is_none()), "the open span is kept");
+    let first_kept = (runs + 1 - MAX_SPANS_PER_COMPUTER) as u64;
+    assert_eq!(kept.front().map(|sp| sp.start), Some(first_kept * 100), "the newest are kept");
+    let folded = s.folded_usage(id);
+    assert_eq!(folded.spans, first_kept);
+    let kept_ms: u64 = kept.iter().filter_map(|sp| sp.end.map(|e| e - sp.start)).sum();
+    assert_eq!(folded.ms + kept_ms, recorded_ms, "folded plus kept is what was recorded");
+    assert_eq!(folded.spans as usize + kept.len(), runs + 1);
+    // A snapshot keeps it; one written before the fold loads with nothing folded.
+    let json = serde_json::to_value(&s).expect("serialize");
+    let mut back: State = serde_json::from_value(json.clone()).expect("deserialize");
+    back.reindex_executions();
+    back.reindex_computers();
+    assert_eq!(back, s);
+    let mut old = json;
+    if let Some(o) = old.as_object_mut() {
+        o.remove("usage_folded");
+    }
+    let old: State = serde_json::from_value(old).expect("an old snapshot loads");
+    assert_eq!(old.folded_usage(id), FoldedUsage::default());
+    // The record goes whole when the tombstone goes.
+    s.remove_usage(id);
+    assert!(!s.usage.contains_key(id) && !s.usage_folded.contains_key(id));
 }

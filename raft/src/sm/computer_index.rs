@@ -10,6 +10,8 @@ use std::collections::BTreeSet;
 use super::identity::Role;
 use super::model::Computer;
 use super::model::ComputerState;
+use super::response::Reject;
+use super::response::RejectKind;
 use super::state::Caller;
 use super::state::State;
 
@@ -22,7 +24,14 @@ pub struct ComputerIndex {
     pub shared: BTreeSet<String>,
     /// bot id -> ids of the Computers it holds a grant on.
     pub granted: BTreeMap<String, BTreeSet<String>>,
+    /// member id -> how many of the Computers it owns are not deleted (`by_owner` keeps the
+    /// tombstones too), for [`MAX_LIVE_COMPUTERS_PER_MEMBER`].
+    pub live_by_owner: BTreeMap<String, usize>,
 }
+
+/// The most Computers one member owns that are not deleted; a create past it is refused as a
+/// conflict (a deleted one's tombstone does not count).
+pub const MAX_LIVE_COMPUTERS_PER_MEMBER: usize = 10_000;
 
 /// The most Computers one list answers.
 pub const MAX_LIST: usize = 1000;
@@ -33,6 +42,9 @@ impl State {
         let mut index = ComputerIndex::default();
         for c in self.computers.values() {
             index.by_owner.entry(c.owner.clone()).or_default().insert(c.id.clone());
+            if c.state != ComputerState::Deleted {
+                *index.live_by_owner.entry(c.owner.clone()).or_default() += 1;
+            }
             if c.shared {
                 index.shared.insert(c.id.clone());
             }
@@ -45,8 +57,44 @@ impl State {
         self.computer_index = index;
     }
 
+    /// How many Computers `owner` owns that are not deleted.
+    pub fn live_computer_count(&self, owner: &str) -> usize {
+        self.computer_index.live_by_owner.get(owner).copied().unwrap_or(0)
+    }
+
+    /// Refuses (a conflict) a new Computer of `owner` when it owns `limit` live ones already.
+    pub(crate) fn check_computer_room_within(&self, owner: &str, limit: usize) -> Result<(), Reject> {
+        if self.live_computer_count(owner) >= limit {
+            return Err(Reject::new(
+                RejectKind::Conflict,
+                format!("a member owns at most {limit} computers that are not deleted: delete one first"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Notes that a Computer of `owner` stopped (`-1`) or started (`+1`) counting as live.
+    pub(crate) fn count_live_computer(&mut self, owner: &str, live: bool) {
+        let n = self.computer_index.live_by_owner.entry(owner.to_string()).or_default();
+        if live {
+            *n += 1;
+        } else {
+            *n = n.saturating_sub(1);
+        }
+        if *n == 0 {
+            self.computer_index.live_by_owner.remove(owner);
+        }
+    }
+
     /// Records a new Computer.
     pub(crate) fn insert_computer(&mut self, c: Computer) {
+        if let Some(old) = self.computers.get(&c.id).filter(|o| o.state != ComputerState::Deleted) {
+            let owner = old.owner.clone();
+            self.count_live_computer(&owner, false);
+        }
+        if c.state != ComputerState::Deleted {
+            self.count_live_computer(&c.owner, true);
+        }
         self.computer_index.by_owner.entry(c.owner.clone()).or_default().insert(c.id.clone());
         if c.shared {
             self.computer_index.shared.insert(c.id.clone());
@@ -57,6 +105,9 @@ impl State {
     /// Forgets a Computer's record (its grants are gone already).
     pub(crate) fn remove_computer(&mut self, id: &str) {
         let Some(c) = self.computers.remove(id) else { return };
+        if c.state != ComputerState::Deleted {
+            self.count_live_computer(&c.owner, false);
+        }
         if let Some(ids) = self.computer_index.by_owner.get_mut(&c.owner) {
             ids.remove(id);
             if ids.is_empty() {

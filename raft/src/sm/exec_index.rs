@@ -38,6 +38,9 @@ pub struct ExecIndex {
     pub finished: BTreeSet<(u64, String)>,
     /// (decided at, id) of decided approvals, oldest first (`retention`).
     pub decided_approvals: BTreeSet<(u64, String)>,
+    /// member id -> how many approvals its requests (its own or its bots') hold pending, for
+    /// [`super::access::MAX_PENDING_APPROVALS_PER_MEMBER`].
+    pub pending_approvals: BTreeMap<String, usize>,
     /// (started at, journal key) of journaled tool calls, oldest first (`retention`).
     pub operations: BTreeSet<(u64, String)>,
     /// (reserved at, journal key) of version switches that carry their time (`retention`).
@@ -133,8 +136,12 @@ impl State {
             *index.blob_bytes.entry(b.member_id.clone()).or_default() += b.size;
             index.blob_expiry.insert((b.last_ref_at, b.id.clone()));
         }
-        for a in self.approvals.values().filter(|a| a.state != "pending") {
-            index.decided_approvals.insert((a.decided_at.unwrap_or(a.created_at), a.id.clone()));
+        for a in self.approvals.values() {
+            if a.state == "pending" {
+                *index.pending_approvals.entry(a.requester.member_id.clone()).or_default() += 1;
+            } else {
+                index.decided_approvals.insert((a.decided_at.unwrap_or(a.created_at), a.id.clone()));
+            }
         }
         for e in &self.events {
             if let Some(session) = super::events::ended_session(e) {

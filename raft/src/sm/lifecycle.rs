@@ -6,6 +6,8 @@
 use serde::Deserialize;
 use serde::Serialize;
 
+use super::access::MAX_PENDING_APPROVALS_PER_MEMBER;
+use super::computer_index::MAX_LIVE_COMPUTERS_PER_MEMBER;
 use super::identity::Role;
 use super::model::Capability;
 use super::model::Computer;
@@ -69,6 +71,10 @@ impl State {
         }
         let from = c.state;
         c.state = state;
+        if (from == ComputerState::Deleted) != (state == ComputerState::Deleted) {
+            let owner = c.owner.clone();
+            self.count_live_computer(&owner, state != ComputerState::Deleted);
+        }
         if state == ComputerState::Running {
             self.plan_enter(id, at);
         } else if from == ComputerState::Running {
@@ -129,6 +135,7 @@ impl State {
                 if c.owner != caller.member.id {
                     return Err(Reject::new(RejectKind::Invalid, "a computer belongs to its creator's member"));
                 }
+                self.check_computer_room_within(&c.owner, MAX_LIVE_COMPUTERS_PER_MEMBER)?;
                 match &c.source {
                     Source::Provider { provider, .. } => {
                         if !self.providers.contains_key(provider) {
@@ -175,6 +182,11 @@ impl State {
                 }
             }
         };
+        // A request that would wait on an approval is refused here, before any change, when its
+        // member's requests hold the most pending ones already.
+        if effect == Effect::Ask {
+            self.check_approval_room_within(&caller, MAX_PENDING_APPROVALS_PER_MEMBER)?;
+        }
         // A sandbox on a shared kernel needs its own binding-UID range: refused here, before any
         // change, when none is free.
         let uid_range = s.computer.as_ref().filter(|c| self.shares_kernel(c));

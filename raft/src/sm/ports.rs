@@ -6,6 +6,7 @@
 //! approval, in which case the exposure is recorded but answers nothing until a member approves.
 //! Bounded: at most [`MAX_PORTS`] exposures per Computer; a deleted Computer's go with it.
 
+use super::access::MAX_PENDING_APPROVALS_PER_MEMBER;
 use super::model::Capability;
 use super::model::ComputerState;
 use super::model::Effect;
@@ -77,6 +78,9 @@ impl State {
             Effect::Ask => Some(approval_id.to_string()),
             Effect::Deny => return Err(Reject::new(RejectKind::Forbidden, "computers.expose is denied by a rule")),
         };
+        if approval.is_some() {
+            self.check_approval_room_within(&caller, MAX_PENDING_APPROVALS_PER_MEMBER)?;
+        }
         self.ports.remove(computer_id, port);
         if let Some(a) = &approval {
             self.open_approval(a, Capability::Expose, computer_id, &caller, None, None, at_ms);

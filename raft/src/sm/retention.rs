@@ -137,13 +137,16 @@ impl State {
         let tombstone = self.computers.get(&e.computer_id).is_some_and(|c| c.state == ComputerState::Deleted);
         if tombstone && self.executions_of(&e.computer_id).next().is_none() {
             self.remove_computer(&e.computer_id);
-            self.usage.remove(&e.computer_id);
+            self.remove_usage(&e.computer_id);
             self.plan_leave(&e.computer_id);
         }
     }
 
     fn remove_approval(&mut self, id: &str) {
         if let Some(a) = self.approvals.remove(id) {
+            if a.state == "pending" {
+                self.count_pending_approval(&a.requester.member_id, false);
+            }
             self.exec_index.decided_approvals.remove(&(a.decided_at.unwrap_or(a.created_at), a.id));
         }
     }

@@ -60,9 +60,12 @@ pub struct State {
     /// Grants: computer id -> bot id -> grant.
     #[serde(default)]
     pub grants: BTreeMap<String, BTreeMap<String, Grant>>,
-    /// Run spans by computer id.
+    /// Run spans by computer id: the newest `usage::MAX_SPANS_PER_COMPUTER` of each.
     #[serde(default)]
-    pub usage: BTreeMap<String, Vec<UsageSpan>>,
+    pub usage: BTreeMap<String, VecDeque<UsageSpan>>,
+    /// The spans no longer kept in `usage`, folded into totals, by computer id.
+    #[serde(default)]
+    pub usage_folded: BTreeMap<String, super::usage::FoldedUsage>,
     /// The bounded event log, oldest first.
     #[serde(default)]
     pub events: VecDeque<Event>,
