@@ -355,10 +355,14 @@ fn pending_approvals_per_member_are_capped_on_the_paths_that_ask_and_deciding_on
     let mut c = computer("cmp_1", "mem_o", Source::Paired);
     c.shared = true;
     s.computers.insert("cmp_1".into(), c);
+    let mut sandbox = computer("cmp_2", "mem_o", Source::Provider { provider: "cpp_1".into(), template: None });
+    sandbox.shared = true;
+    s.computers.insert("cmp_2".into(), sandbox);
     s.reindex_computers();
     ok(s.apply(&Command::CreateMember { by: OWNER.into(), member: member("mem_b", None) }));
     ok(create_bot(&mut s, "bot_y", "mem_b"));
     ok(create_token(&mut s, "tok_bot_y", Principal::Bot("bot_y".into())));
+    ok(put_grant(&mut s, "cmp_2", "bot_y"));
     let acquire = |bot_token: &str, n: usize| Command::Acquire {
         by: bot_token.into(),
         computer_id: "cmp_1".into(),
@@ -373,6 +377,16 @@ fn pending_approvals_per_member_are_capped_on_the_paths_that_ask_and_deciding_on
     // An acquire and a create that would wait on one more are refused, and change nothing.
     refused_full(&mut s, acquire("tok_bot_y", MAX_PENDING_APPROVALS_PER_MEMBER), "pending approvals");
     refused_full(&mut s, create("tok_bot_y", "mem_b", "cmp_b"), "pending approvals");
+    let expose = Command::ExposePort {
+        by: "tok_bot_y".into(),
+        computer_id: "cmp_2".into(),
+        port: 8000,
+        protocol: "http".into(),
+        label_hash: "a".repeat(64),
+        approval_id: "apr_expose".into(),
+        at_ms: 4,
+    };
+    refused_full(&mut s, expose, "pending approvals");
     // Another member's requests are counted apart.
     assert!(ok(s.apply(&acquire("tok_bot", 0))).is_some());
     assert_eq!(s.pending_approval_count("mem_o"), 1);
