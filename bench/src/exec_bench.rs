@@ -188,6 +188,8 @@ async fn bench(cfg: Config) -> Result<()> {
     let http = settings::http_client()?;
     eprintln!("starting computerd with {NODES} nodes (fake provider enabled)");
     let mut c = TestCluster::start_fake(NODES).await;
+    // The writers create bots and Computers as fast as they are answered.
+    c.raise_limits().await;
     let provider = create_provider(&http, &c.url(1, "/v1/computer-providers"), &c.token).await?;
     let leader = c.leader().await;
     let observer = c.nodes.keys().copied().find(|&id| id != leader).context("a follower")?;

@@ -168,6 +168,8 @@ async fn bench(cfg: Config) -> Result<()> {
     for &nodes in &cfg.nodes {
         eprintln!("starting computerd with {nodes} node(s)");
         let c = TestCluster::start(nodes).await;
+        // Every write is a new bot: the caps go up to their ceilings (1,000,000 bots).
+        c.raise_limits().await;
         let op = || Op::CreateBot { token: c.token.clone() };
         let all = Arc::new(Target { urls: c.nodes.keys().map(|&id| c.url(id, "/v1/bots")).collect(), op: op() });
         for &w in &cfg.writers {

@@ -443,6 +443,16 @@ impl TestCluster {
         Ok((status, r.json().await.unwrap_or(Value::Null)))
     }
 
+    /// Raises the organization's bot and Computer caps to their ceilings (`PUT /v1/limits`), for
+    /// load that creates bots or Computers as its writes (a benchmark, a chaos run) and would
+    /// otherwise meet the default caps (1,000 live bots per member, 100,000 in all).
+    pub async fn raise_limits(&self) {
+        let ceilings = json!({"liveBotsPerMember": 1_000_000, "bots": 1_000_000, "liveComputersPerMember": 100_000});
+        let leader = self.leader().await;
+        let (status, v) = self.call(reqwest::Method::PUT, leader, "/v1/limits", &self.token, Some(ceilings)).await;
+        assert_eq!(status, 200, "raising the limits: {v}");
+    }
+
     /// The bot ids listed by node `id` (a linearizable read).
     pub async fn bot_ids(&self, id: u64) -> Option<Vec<String>> {
         let r = self.req(reqwest::Method::GET, id, "/v1/bots", &self.token).send().await.ok()?;

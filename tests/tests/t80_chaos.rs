@@ -495,6 +495,9 @@ async fn t10_chaos() {
     let mut c = TestCluster::start_fake_with(nodes, &flags).await;
     let backends: Vec<String> = c.nodes.values().map(|n| n.http.clone()).collect();
     let lb = Haproxy::start(c.dir.path(), &backends).await;
+    // The writers create bots (and Computers) as fast as they are answered: the caps go up so
+    // a long run cannot meet them.
+    c.raise_limits().await;
     let api = Api { http: c.http.clone(), base: lb.url(""), token: c.token.clone(), timeout: Duration::from_secs(20) };
     // Partitions need iptables as root: without it the test fails rather than run without them.
     let net = Some(NetFault::new().expect("iptables as root (CI runs as root with iptables installed)"));
@@ -709,9 +712,19 @@ async fn t10_chaos() {
     }
 
     // 1. No acknowledged write is lost (the isolated nodes' acknowledgements included).
-    let (_, v) = api.call(Method::GET, "/v1/bots", None).await.expect("bots");
-    let present: std::collections::HashSet<&str> =
-        v["bots"].as_array().map(|b| b.iter().filter_map(|b| b["name"].as_str()).collect()).unwrap_or_default();
+    // Every bot is read, page after page.
+    let mut present = std::collections::HashSet::new();
+    let mut after = String::new();
+    loop {
+        let path = if after.is_empty() { "/v1/bots".to_string() } else { format!("/v1/bots?after={after}") };
+        let (_, v) = api.call(Method::GET, &path, None).await.expect("bots");
+        let page = v["bots"].as_array().cloned().unwrap_or_default();
+        present.extend(page.iter().filter_map(|b| b["name"].as_str().map(String::from)));
+        match v["next"].as_str() {
+            Some(next) => after = next.to_string(),
+            None => break,
+        }
+    }
     for name in acked_bots.iter().chain(&isolated_acked) {
         if !present.contains(name.as_str()) {
             violations.push(format!("acknowledged bot {name} is lost"));

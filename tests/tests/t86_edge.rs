@@ -362,3 +362,62 @@ async fn t60_an_agent_links_over_wss_with_a_pinned_ca() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("refusing plain http://"), "{err}");
 }
+
+/// The organization's caps (`/v1/limits`): an owner lowers the live bots per member, a create
+/// past it is refused `409 conflict` and stores nothing, archiving one frees a place; a value out
+/// of range is `400` and changes nothing; a member who is not an admin may not set them.
+#[tokio::test]
+async fn t55_limits_bound_creates_and_only_an_admin_sets_them() {
+    let c = TestCluster::start(1).await;
+    let (s, v) = c.call(Method::GET, 1, "/v1/limits", &c.token, None).await;
+    assert_eq!((s, v["liveBotsPerMember"].as_u64(), v["bots"].as_u64()), (200, Some(1_000), Some(100_000)), "{v}");
+    let (s, v) = c.call(Method::GET, 1, "/v1/bots", &c.token, None).await;
+    assert_eq!(s, 200, "{v}");
+    let live = v["bots"].as_array().map(|b| b.iter().filter(|b| b["archivedAt"].is_null()).count()).unwrap_or(0) as u64;
+    let (s, v) = c.call(Method::PUT, 1, "/v1/limits", &c.token, Some(json!({"liveBotsPerMember": live + 1}))).await;
+    assert_eq!((s, v["liveBotsPerMember"].as_u64(), v["bots"].as_u64()), (200, Some(live + 1), Some(100_000)), "{v}");
+    let (s, first) = c.create_bot(1, "within").await.expect("create");
+    assert_eq!(s, 201, "{first}");
+    let (s, v) = c.create_bot(1, "past-the-cap").await.expect("create");
+    assert_eq!((s, v["error"]["kind"].as_str()), (409, Some("conflict")), "{v}");
+    let (_, v) = c.call(Method::GET, 1, "/v1/bots", &c.token, None).await;
+    let names: Vec<&str> = v["bots"].as_array().expect("bots").iter().filter_map(|b| b["name"].as_str()).collect();
+    assert!(!names.contains(&"past-the-cap"), "a refused create stores nothing: {names:?}");
+    let archive = format!("/v1/bots/{}/archive", first["id"].as_str().expect("id"));
+    assert_eq!(c.call(Method::POST, 1, &archive, &c.token, None).await.0, 200);
+    assert_eq!(c.create_bot(1, "after-archiving").await.expect("create").0, 201);
+
+    // The list pages in id order: one bot a page reads the same bots as one page of all.
+    let (_, all) = c.call(Method::GET, 1, "/v1/bots", &c.token, None).await;
+    let all: Vec<&str> = all["bots"].as_array().expect("bots").iter().filter_map(|b| b["id"].as_str()).collect();
+    assert!(all.len() >= 2, "{all:?}");
+    let (mut paged, mut after) = (Vec::new(), None::<String>);
+    loop {
+        let path = after.as_ref().map_or("/v1/bots?limit=1".to_string(), |a| format!("/v1/bots?limit=1&after={a}"));
+        let (s, v) = c.call(Method::GET, 1, &path, &c.token, None).await;
+        assert_eq!(s, 200, "{v}");
+        paged.extend(v["bots"].as_array().expect("bots").iter().filter_map(|b| b["id"].as_str().map(String::from)));
+        match v["next"].as_str() {
+            Some(next) => after = Some(next.to_string()),
+            None => break,
+        }
+        assert!(paged.len() <= all.len(), "paging ends");
+    }
+    assert_eq!(paged, all);
+    let (s, v) = c.call(Method::GET, 1, "/v1/bots?limit=0", &c.token, None).await;
+    assert_eq!((s, v["error"]["kind"].as_str()), (400, Some("invalid_request")), "{v}");
+
+    for bad in [json!({"bots": 0}), json!({"liveComputersPerMember": 100_001}), json!({"liveBots": 5})] {
+        let (s, v) = c.call(Method::PUT, 1, "/v1/limits", &c.token, Some(bad.clone())).await;
+        assert_eq!((s, v["error"]["kind"].as_str()), (400, Some("invalid_request")), "{bad}: {v}");
+    }
+    let (_, v) = c.call(Method::GET, 1, "/v1/limits", &c.token, None).await;
+    assert_eq!(v["liveBotsPerMember"].as_u64(), Some(live + 1), "refused settings changed nothing: {v}");
+
+    let (_, m) = c.call(Method::POST, 1, "/v1/members", &c.token, Some(json!({"name": "mia"}))).await;
+    let mia = m["id"].as_str().expect("member id");
+    let (_, t) = c.call(Method::POST, 1, "/v1/tokens", &c.token, Some(json!({"name": "mia", "memberId": mia}))).await;
+    let mia_secret = t["secret"].as_str().expect("secret");
+    let (s, v) = c.call(Method::PUT, 1, "/v1/limits", mia_secret, Some(json!({"bots": 1_000_000}))).await;
+    assert_eq!((s, v["error"]["kind"].as_str()), (403, Some("forbidden")), "{v}");
+}

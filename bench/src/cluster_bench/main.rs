@@ -125,6 +125,8 @@ async fn bench(cfg: Config) -> Result<()> {
 
     eprintln!("starting computerd (3 nodes)");
     let c3 = TestCluster::start(3).await;
+    // Part 2 writes new bots as fast as they are answered.
+    c3.raise_limits().await;
     eprintln!("part 1: session `true` on the link's owner vs through another node");
     let p1 = part_routing(&c3, &http, &cfg.agent_bin, cfg.samples).await;
     eprintln!("part 2: 3 nodes behind HAProxy");
@@ -134,6 +136,7 @@ async fn bench(cfg: Config) -> Result<()> {
 
     eprintln!("starting computerd (1 node)");
     let c1 = TestCluster::start(1).await;
+    c1.raise_limits().await;
     eprintln!("part 2: 1 node behind HAProxy");
     let cells1 = part_lb(&c1, &http, &cfg.writers, cfg.timing).await;
     node_panics.extend(panics(&c1));

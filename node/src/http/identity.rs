@@ -1,8 +1,12 @@
 //! Identity routes (owner/admin only): members, bots, API tokens.
 
+use std::ops::Bound;
+
 use axum::Json;
 use axum::extract::Path;
+use axum::extract::Query;
 use axum::extract::State;
+use axum::extract::rejection::QueryRejection;
 use axum::http::StatusCode;
 use computerd_raft::sm::Bot;
 use computerd_raft::sm::Command;
@@ -112,12 +116,45 @@ pub async fn create_bot(
     Ok((StatusCode::CREATED, Json(bot)))
 }
 
-/// `GET /v1/bots`
-#[utoipa::path(get, path = "/v1/bots", operation_id = "identity_list_bots", tag = "identity", responses((status = 200, description = "`{\"bots\": [...]}`", body = Object)), security(("bearer" = [])))]
-pub async fn list_bots(State(state): State<AppState>, auth: Auth) -> Result<Json<Value>, ApiError> {
+/// Query of `GET /v1/bots`: a page after a bot id, in id order.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BotsQuery {
+    /// The last bot id of the previous page (its `next`).
+    after: Option<String>,
+    /// At most this many bots (1 to 1,000; default 1,000).
+    limit: Option<usize>,
+}
+
+/// The most bots one page of `GET /v1/bots` answers.
+const BOTS_PAGE: usize = 1000;
+
+/// `GET /v1/bots?after=&limit=`: a page of bots in id order, archived ones included; `next` is
+/// the cursor of the following page, `null` on the last one.
+#[utoipa::path(get, path = "/v1/bots", operation_id = "identity_list_bots", tag = "identity", params(("after" = Option<String>, Query, description = "The `next` of the previous page"), ("limit" = Option<usize>, Query, description = "1 to 1,000 (default 1,000)")), responses((status = 200, description = "`{\"bots\": [...], \"next\": id | null}`", body = Object), (status = 400, body = ErrorBody)), security(("bearer" = [])))]
+pub async fn list_bots(
+    State(state): State<AppState>,
+    auth: Auth,
+    q: Result<Query<BotsQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
     auth.current(&state).await?.check_admin_read()?;
-    let bots: Vec<Bot> = state.cluster.state().read(|s| s.bots.values().cloned().collect());
-    Ok(Json(json!({ "bots": bots })))
+    let Query(q) = q.map_err(|e| ApiError::invalid(e.body_text()))?;
+    let limit = q.limit.unwrap_or(BOTS_PAGE);
+    if !(1..=BOTS_PAGE).contains(&limit) {
+        return Err(ApiError::invalid(format!("limit must be 1..={BOTS_PAGE}")));
+    }
+    let (bots, more): (Vec<Bot>, bool) = state.cluster.state().read(|s| {
+        let from = match &q.after {
+            Some(after) => s.bots.range::<str, _>((Bound::Excluded(after.as_str()), Bound::Unbounded)),
+            None => s.bots.range::<str, _>(..),
+        };
+        let mut page: Vec<Bot> = from.map(|(_, b)| b.clone()).take(limit + 1).collect();
+        let more = page.len() > limit;
+        page.truncate(limit);
+        (page, more)
+    });
+    let next = if more { bots.last().map(|b| b.id.clone()) } else { None };
+    Ok(Json(json!({ "bots": bots, "next": next })))
 }
 
 /// `POST /v1/bots/:id/archive`: idempotent; answers the archived bot.

@@ -24,6 +24,7 @@ mod limits;
 mod mcp;
 pub(crate) mod metrics;
 mod openapi;
+mod org_limits;
 mod port_proxy;
 mod ports;
 mod providers;
@@ -126,6 +127,8 @@ fn groups(seen: &mut dyn FnMut(&[RoutePair])) -> Groups {
         put "/v1/capability-rules" => approvals::put_rules,
         get "/v1/retention" => retention::get,
         put "/v1/retention" => retention::put,
+        get "/v1/limits" => org_limits::get,
+        put "/v1/limits" => org_limits::put,
         get "/v1/tools" => bot_tools::list,
         get "/v1/blob-limits" => blobs::limits,
         put "/v1/blob-limits" => blobs::set_limits,

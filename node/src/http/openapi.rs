@@ -26,6 +26,7 @@ use super::health;
 use super::identity;
 use super::mcp;
 use super::metrics;
+use super::org_limits;
 use super::ports;
 use super::providers;
 use super::retention;
@@ -66,6 +67,7 @@ impl Modify for BearerAuth {
         events::events,
         approvals::list, approvals::decide, approvals::get_rules, approvals::put_rules,
         retention::get, retention::put,
+        org_limits::get, org_limits::put,
         bot_tools::list, bot_tools::call,
         mcp::mcp_post, mcp::mcp_get, mcp::mcp_delete,
         sessions::start, sessions::list, sessions::get, sessions::output, sessions::input, sessions::resize, sessions::stop,

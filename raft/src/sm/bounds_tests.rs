@@ -9,16 +9,16 @@ use super::Response;
 use super::access::MAX_GRANTS_PER_COMPUTER;
 use super::access::MAX_PENDING_APPROVALS_PER_MEMBER;
 use super::access::MAX_PROVIDERS;
-use super::computer_index::MAX_LIVE_COMPUTERS_PER_MEMBER;
 use super::hash_secret;
 use super::identity::Bot;
-use super::identity::MAX_LIVE_BOTS_PER_MEMBER;
 use super::identity::MAX_MEMBERS;
 use super::identity::MAX_TOKENS_PER_PRINCIPAL;
 use super::identity::Member;
 use super::identity::Principal;
 use super::identity::Role;
 use super::lifecycle::Submit;
+use super::limits::DEFAULT_LIVE_BOTS_PER_MEMBER;
+use super::limits::DEFAULT_LIVE_COMPUTERS_PER_MEMBER;
 use super::model::ComputerState;
 use super::model::Execution;
 use super::model::ExecutionKind;
@@ -127,10 +127,10 @@ fn members_are_capped_and_emails_are_unique_through_the_index() {
 #[test]
 fn live_bots_per_member_are_capped_and_archiving_one_frees_a_place() {
     let mut s = world(); // bot_1 of mem_o is live
-    for i in s.live_bot_count("mem_o")..MAX_LIVE_BOTS_PER_MEMBER {
+    for i in s.live_bot_count("mem_o")..(DEFAULT_LIVE_BOTS_PER_MEMBER as usize) {
         ok(create_bot(&mut s, &format!("bot_n{i}"), "mem_o"));
     }
-    assert_eq!(s.live_bot_count("mem_o"), MAX_LIVE_BOTS_PER_MEMBER);
+    assert_eq!(s.live_bot_count("mem_o"), (DEFAULT_LIVE_BOTS_PER_MEMBER as usize));
     let one_more = Command::CreateBot { by: OWNER.into(), bot: bot("bot_last", "mem_o"), parent: None };
     refused_full(&mut s, one_more.clone(), "live bots");
     // Another member's bots are counted apart.
@@ -212,7 +212,7 @@ fn grants_per_computer_are_capped_on_every_path_that_grants() {
     };
     assert_eq!(ok(s.apply(&acquire("bot_y"))), Some("apr_bot_y".into()));
     // Fill the Computer with mem_o's bots.
-    for i in s.live_bot_count("mem_o")..MAX_LIVE_BOTS_PER_MEMBER {
+    for i in s.live_bot_count("mem_o")..(DEFAULT_LIVE_BOTS_PER_MEMBER as usize) {
         ok(create_bot(&mut s, &format!("bot_n{i}"), "mem_o"));
     }
     let mine: Vec<String> = s.bots.values().filter(|b| b.member_id == "mem_o").map(|b| b.id.clone()).collect();
@@ -404,12 +404,12 @@ fn pending_approvals_per_member_are_capped_on_the_paths_that_ask_and_deciding_on
 #[test]
 fn live_computers_per_member_are_capped_and_a_deleted_one_frees_a_place() {
     let mut s = world();
-    for i in 0..MAX_LIVE_COMPUTERS_PER_MEMBER {
+    for i in 0..(DEFAULT_LIVE_COMPUTERS_PER_MEMBER as usize) {
         let id = format!("cmp_{i:05}");
         s.computers.insert(id.clone(), computer(&id, "mem_o", Source::Paired));
     }
     s.reindex_computers();
-    assert_eq!(s.live_computer_count("mem_o"), MAX_LIVE_COMPUTERS_PER_MEMBER);
+    assert_eq!(s.live_computer_count("mem_o"), (DEFAULT_LIVE_COMPUTERS_PER_MEMBER as usize));
     refused_full(&mut s, create(OWNER, "mem_o", "cmp_last"), "computers that are not deleted");
     // Another member's Computers are counted apart.
     ok(s.apply(&Command::CreateMember { by: OWNER.into(), member: member("mem_b", None) }));
@@ -419,15 +419,15 @@ fn live_computers_per_member_are_capped_and_a_deleted_one_frees_a_place() {
     // A deleted one's tombstone does not count.
     s.set_computer_state("cmp_00007", ComputerState::Deleted, 20);
     assert!(s.computers.contains_key("cmp_00007"));
-    assert_eq!(s.live_computer_count("mem_o"), MAX_LIVE_COMPUTERS_PER_MEMBER - 1);
+    assert_eq!(s.live_computer_count("mem_o"), (DEFAULT_LIVE_COMPUTERS_PER_MEMBER as usize) - 1);
     assert_eq!(ok(s.apply(&create(OWNER, "mem_o", "cmp_last"))), Some("exe_cmp_last".into()));
-    assert_eq!(s.live_computer_count("mem_o"), MAX_LIVE_COMPUTERS_PER_MEMBER);
+    assert_eq!(s.live_computer_count("mem_o"), (DEFAULT_LIVE_COMPUTERS_PER_MEMBER as usize));
     let mut t = s.clone();
     t.reindex_computers();
     assert_eq!(s.computer_index, t.computer_index);
     // Forgetting a tombstone leaves the count alone; forgetting a live one lowers it.
     s.remove_computer("cmp_00007");
-    assert_eq!(s.live_computer_count("mem_o"), MAX_LIVE_COMPUTERS_PER_MEMBER);
+    assert_eq!(s.live_computer_count("mem_o"), (DEFAULT_LIVE_COMPUTERS_PER_MEMBER as usize));
     s.remove_computer("cmp_of_b");
     assert_eq!(s.live_computer_count("mem_b"), 0);
     assert!(!s.computer_index.live_by_owner.contains_key("mem_b"));

@@ -702,6 +702,13 @@ pub enum Command {
         /// The retention, ms.
         ms: u64,
     },
+    /// Sets the organization's caps on bots and Computers (owner or admin).
+    SetLimits {
+        /// The token id of the caller.
+        by: String,
+        /// The caps (`None`: the default).
+        limits: super::limits::Limits,
+    },
 }
 
 impl Command {
@@ -743,6 +750,7 @@ impl Command {
             Command::DecideApproval { .. } => "decide_approval",
             Command::SetRules { .. } => "set_rules",
             Command::SetRetention { .. } => "set_retention",
+            Command::SetLimits { .. } => "set_limits",
             Command::RedeemPairing { .. } => "redeem_pairing",
             Command::LinkUp { .. } => "link_up",
             Command::LinkDown { .. } => "link_down",

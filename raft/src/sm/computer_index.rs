@@ -25,13 +25,9 @@ pub struct ComputerIndex {
     /// bot id -> ids of the Computers it holds a grant on.
     pub granted: BTreeMap<String, BTreeSet<String>>,
     /// member id -> how many of the Computers it owns are not deleted (`by_owner` keeps the
-    /// tombstones too), for [`MAX_LIVE_COMPUTERS_PER_MEMBER`].
+    /// tombstones too), for the cap of [`Limits`](super::limits::Limits).
     pub live_by_owner: BTreeMap<String, usize>,
 }
-
-/// The most Computers one member owns that are not deleted; a create past it is refused as a
-/// conflict (a deleted one's tombstone does not count).
-pub const MAX_LIVE_COMPUTERS_PER_MEMBER: usize = 10_000;
 
 /// The most Computers one list answers.
 pub const MAX_LIST: usize = 1000;

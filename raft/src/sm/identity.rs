@@ -4,9 +4,9 @@
 //! create with the same record is a no-op.
 //!
 //! Bounded (each cap refused as a `conflict`, checked in O(log n) through `identity_index`):
-//! at most [`MAX_MEMBERS`] members; at most [`MAX_LIVE_BOTS_PER_MEMBER`] live bots per member
-//! and [`MAX_BOTS`] bots in all, archived ones included (an archived bot stays: executions,
-//! runs, blobs and journals name it); at most [`MAX_TOKENS_PER_PRINCIPAL`] live tokens per
+//! at most [`MAX_MEMBERS`] members; live bots per member and bots in all, archived ones included
+//! (an archived bot stays: executions, runs, blobs and journals name it), as the organization's
+//! [`Limits`](super::limits::Limits) say (1,000 and 100,000 by default); at most [`MAX_TOKENS_PER_PRINCIPAL`] live tokens per
 //! member or bot. A revoked token, or a token of an archived bot, is compacted after the
 //! retention (`retention`), counted from when it stopped working.
 
@@ -113,10 +113,6 @@ pub fn hash_secret(secret: &str) -> String {
 
 /// The most members an organization has (members are never removed).
 pub const MAX_MEMBERS: usize = 10_000;
-/// The most live (not archived) bots one member has.
-pub const MAX_LIVE_BOTS_PER_MEMBER: usize = 1_000;
-/// The most bots in the cluster, archived ones included (they are never removed).
-pub const MAX_BOTS: usize = 100_000;
 /// The most live (not revoked) tokens one member or bot has.
 pub const MAX_TOKENS_PER_PRINCIPAL: usize = 1_000;
 
@@ -172,7 +168,7 @@ impl State {
     }
 
     pub(crate) fn create_bot(&mut self, by: &str, bot: &Bot, parent: Option<&str>) -> Result<(), Reject> {
-        self.create_bot_within(by, bot, parent, MAX_BOTS)
+        self.create_bot_within(by, bot, parent, self.limits.bots() as usize)
     }
 
     /// [`State::create_bot`] with the cluster's bot cap as a parameter (tests set a small one).
@@ -194,8 +190,9 @@ impl State {
         if bot.archived_at.is_some() {
             return Err(Reject::new(RejectKind::Invalid, "a new bot cannot be archived"));
         }
-        if self.live_bot_count(&bot.member_id) >= MAX_LIVE_BOTS_PER_MEMBER {
-            return Err(full(format!("a member has at most {MAX_LIVE_BOTS_PER_MEMBER} live bots: archive one first")));
+        let per_member = self.limits.live_bots_per_member();
+        if self.live_bot_count(&bot.member_id) as u64 >= per_member {
+            return Err(full(format!("a member has at most {per_member} live bots: archive one first")));
         }
         if self.bots.len() >= max_bots {
             return Err(full(format!("the cluster has at most {max_bots} bots, archived ones included")));

@@ -5,7 +5,7 @@
 //!   `len()`, and archiving a bot finds its tokens.
 //! - **Dead tokens**, oldest first, by when they stopped working: their revocation, or else
 //!   their bot's archiving. Retention compacts them from the front (`retention`).
-//! - **Live bots per member**: the cap [`MAX_LIVE_BOTS_PER_MEMBER`].
+//! - **Live bots per member**: for the cap of [`Limits`].
 //! - **Members by e-mail** and **providers by name**: uniqueness in one lookup.
 //!
 //! None of it is serialized: [`State::reindex_identity`] rebuilds it from the records when a
@@ -13,7 +13,7 @@
 //! or `providers` goes through the helpers here, so the index always equals a rebuild.
 //!
 //! [`MAX_TOKENS_PER_PRINCIPAL`]: super::identity::MAX_TOKENS_PER_PRINCIPAL
-//! [`MAX_LIVE_BOTS_PER_MEMBER`]: super::identity::MAX_LIVE_BOTS_PER_MEMBER
+//! [`Limits`]: super::limits::Limits
 
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;

@@ -7,7 +7,6 @@ use serde::Deserialize;
 use serde::Serialize;
 
 use super::access::MAX_PENDING_APPROVALS_PER_MEMBER;
-use super::computer_index::MAX_LIVE_COMPUTERS_PER_MEMBER;
 use super::identity::Role;
 use super::model::Capability;
 use super::model::Computer;
@@ -135,7 +134,7 @@ impl State {
                 if c.owner != caller.member.id {
                     return Err(Reject::new(RejectKind::Invalid, "a computer belongs to its creator's member"));
                 }
-                self.check_computer_room_within(&c.owner, MAX_LIVE_COMPUTERS_PER_MEMBER)?;
+                self.check_computer_room_within(&c.owner, self.limits.live_computers_per_member() as usize)?;
                 match &c.source {
                     Source::Provider { provider, .. } => {
                         if !self.providers.contains_key(provider) {

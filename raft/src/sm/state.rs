@@ -131,6 +131,9 @@ pub struct State {
     /// How long finished executions and decided approvals are kept (`retention`).
     #[serde(default)]
     pub retention: super::retention::Retention,
+    /// The organization's caps on bots and Computers (`limits`).
+    #[serde(default)]
+    pub limits: super::limits::Limits,
     /// Browser action records by `computer\ncaller\nactionId` (`actions`).
     #[serde(default)]
     pub browser_actions: BTreeMap<String, super::model::BrowserAction>,
@@ -364,6 +367,7 @@ impl State {
             }
             Command::SetRules { by, rules } => self.set_rules(by, rules),
             Command::SetRetention { by, ms } => self.set_retention(by, *ms),
+            Command::SetLimits { by, limits } => self.set_limits(by, limits),
             Command::Bootstrap { cluster_id, org, owner, token, join_secret_hash } => {
                 self.bootstrap(cluster_id, org, owner, token)?;
                 if let Some(hash) = join_secret_hash
