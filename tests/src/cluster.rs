@@ -447,7 +447,13 @@ impl TestCluster {
     /// load that creates bots or Computers as its writes (a benchmark, a chaos run) and would
     /// otherwise meet the default caps (1,000 live bots per member, 100,000 in all).
     pub async fn raise_limits(&self) {
-        let ceilings = json!({"liveBotsPerMember": 1_000_000, "bots": 1_000_000, "liveComputersPerMember": 100_000});
+        use computerd_raft::sm::CEILING_BOTS;
+        use computerd_raft::sm::CEILING_LIVE_COMPUTERS_PER_MEMBER;
+        let ceilings = json!({
+            "liveBotsPerMember": CEILING_BOTS,
+            "bots": CEILING_BOTS,
+            "liveComputersPerMember": CEILING_LIVE_COMPUTERS_PER_MEMBER,
+        });
         let leader = self.leader().await;
         let (status, v) = self.call(reqwest::Method::PUT, leader, "/v1/limits", &self.token, Some(ceilings)).await;
         assert_eq!(status, 200, "raising the limits: {v}");

@@ -144,16 +144,16 @@ fn live_bots_per_member_are_capped_and_archiving_one_frees_a_place() {
 #[test]
 fn bots_in_all_are_capped_archived_ones_included() {
     let mut s = world(); // bot_1
-    let cap = 3;
-    assert!(s.create_bot_within(OWNER, &bot("bot_2", "mem_o"), None, cap).is_ok());
-    assert!(s.create_bot_within(OWNER, &bot("bot_3", "mem_o"), None, cap).is_ok());
+    s.limits.bots = Some(3);
+    assert!(s.create_bot(OWNER, &bot("bot_2", "mem_o"), None).is_ok());
+    assert!(s.create_bot(OWNER, &bot("bot_3", "mem_o"), None).is_ok());
     ok(archive(&mut s, "bot_2", 5));
     let before = s.clone();
-    let r = s.create_bot_within(OWNER, &bot("bot_4", "mem_o"), None, cap).expect_err("full");
+    let r = s.create_bot(OWNER, &bot("bot_4", "mem_o"), None).expect_err("full");
     assert_eq!(r.kind, RejectKind::Conflict);
     assert!(r.message.contains("archived ones included"), "{r:?}");
     assert_eq!(s, before, "a refused create changes nothing");
-    assert!(s.create_bot_within(OWNER, &bot("bot_3", "mem_o"), None, cap).is_ok(), "a replay at the cap");
+    assert!(s.create_bot(OWNER, &bot("bot_3", "mem_o"), None).is_ok(), "a replay at the cap");
 }
 
 #[test]

@@ -58,9 +58,11 @@ impl State {
         self.computer_index.live_by_owner.get(owner).copied().unwrap_or(0)
     }
 
-    /// Refuses (a conflict) a new Computer of `owner` when it owns `limit` live ones already.
-    pub(crate) fn check_computer_room_within(&self, owner: &str, limit: usize) -> Result<(), Reject> {
-        if self.live_computer_count(owner) >= limit {
+    /// Refuses (a conflict) a new Computer of `owner` when it owns as many live ones as the
+    /// organization's limits allow.
+    pub(crate) fn check_computer_room(&self, owner: &str) -> Result<(), Reject> {
+        let limit = self.limits.live_computers_per_member();
+        if self.live_computer_count(owner) as u64 >= limit {
             return Err(Reject::new(
                 RejectKind::Conflict,
                 format!("a member owns at most {limit} computers that are not deleted: delete one first"),

@@ -168,17 +168,6 @@ impl State {
     }
 
     pub(crate) fn create_bot(&mut self, by: &str, bot: &Bot, parent: Option<&str>) -> Result<(), Reject> {
-        self.create_bot_within(by, bot, parent, self.limits.bots() as usize)
-    }
-
-    /// [`State::create_bot`] with the cluster's bot cap as a parameter (tests set a small one).
-    pub(crate) fn create_bot_within(
-        &mut self,
-        by: &str,
-        bot: &Bot,
-        parent: Option<&str>,
-        max_bots: usize,
-    ) -> Result<(), Reject> {
         let caller = self.caller_by_token_id(by)?;
         caller.check_admin_write()?;
         if let Some(existing) = self.bots.get(&bot.id) {
@@ -194,7 +183,8 @@ impl State {
         if self.live_bot_count(&bot.member_id) as u64 >= per_member {
             return Err(full(format!("a member has at most {per_member} live bots: archive one first")));
         }
-        if self.bots.len() >= max_bots {
+        let max_bots = self.limits.bots();
+        if self.bots.len() as u64 >= max_bots {
             return Err(full(format!("the cluster has at most {max_bots} bots, archived ones included")));
         }
         self.insert_bot(bot);

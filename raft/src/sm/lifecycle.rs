@@ -134,7 +134,7 @@ impl State {
                 if c.owner != caller.member.id {
                     return Err(Reject::new(RejectKind::Invalid, "a computer belongs to its creator's member"));
                 }
-                self.check_computer_room_within(&c.owner, self.limits.live_computers_per_member() as usize)?;
+                self.check_computer_room(&c.owner)?;
                 match &c.source {
                     Source::Provider { provider, .. } => {
                         if !self.providers.contains_key(provider) {
