@@ -43,6 +43,10 @@ pub struct BindingIndex {
     pub by_computer: BTreeMap<String, BTreeSet<String>>,
     /// binding id -> the key of the reserved switch it takes part in.
     pub pending_switch: BTreeMap<String, String>,
+    /// computer id -> its revoked bindings (tombstones) as (created at, id), oldest first: the
+    /// ones trimmed past [`MAX_REVOKED`] are found without reading the Computer's bindings.
+    #[serde(default)]
+    pub revoked: BTreeMap<String, BTreeSet<(u64, String)>>,
 }
 
 /// Where a binding stands.
@@ -331,6 +335,12 @@ impl State {
                 index.by_computer.remove(&b.computer_id);
             }
         }
+        if let Some(tombs) = index.revoked.get_mut(&b.computer_id) {
+            tombs.remove(&(b.created_at, b.id.clone()));
+            if tombs.is_empty() {
+                index.revoked.remove(&b.computer_id);
+            }
+        }
         index.pending_switch.remove(id);
     }
 
@@ -408,6 +418,8 @@ impl State {
             if let Some(b) = self.tool_bindings.get_mut(&c) {
                 b.state = BindingState::Revoked;
                 computers.insert(b.computer_id.clone());
+                let tombs = self.binding_index.revoked.entry(b.computer_id.clone()).or_default();
+                tombs.insert((b.created_at, b.id.clone()));
             }
         }
         for computer in computers {
@@ -415,18 +427,12 @@ impl State {
         }
     }
 
+    /// Removes the Computer's oldest tombstones past [`MAX_REVOKED`]: O(log n) each.
     fn trim_tombstones(&mut self, computer_id: &str) {
-        let mut revoked: Vec<(u64, String)> = self
-            .bindings_on(computer_id)
-            .filter(|b| b.state == BindingState::Revoked)
-            .map(|b| (b.created_at, b.id.clone()))
-            .collect();
-        if revoked.len() <= MAX_REVOKED {
-            return;
-        }
-        revoked.sort();
-        let over = revoked.len() - MAX_REVOKED;
-        for (_, id) in revoked.into_iter().take(over) {
+        while let Some(tombs) = self.binding_index.revoked.get(computer_id)
+            && tombs.len() > MAX_REVOKED
+            && let Some((_, id)) = tombs.first().cloned()
+        {
             self.remove_binding(&id);
         }
     }
@@ -636,6 +642,9 @@ impl State {
 fn index_insert(index: &mut BindingIndex, b: &ToolBinding) {
     index.by_bot.entry(b.bot_id.clone()).or_default().entry(b.computer_id.clone()).or_default().insert(b.id.clone());
     index.by_computer.entry(b.computer_id.clone()).or_default().insert(b.id.clone());
+    if b.state == BindingState::Revoked {
+        index.revoked.entry(b.computer_id.clone()).or_default().insert((b.created_at, b.id.clone()));
+    }
 }
 
 #[cfg(test)]

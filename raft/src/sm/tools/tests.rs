@@ -225,6 +225,11 @@ fn revoked_bindings_free_their_slot_and_tombstones_are_bounded() {
     assert_eq!(revoked, MAX_REVOKED, "tombstones are bounded");
     assert!(!s.tool_bindings.contains_key("mcb_000"), "the oldest went first");
     assert!(s.tool_bindings.contains_key(&format!("mcb_{:03}", MAX_BINDINGS * 3 - 1)));
+    // Exactly the newest MAX_REVOKED are kept.
+    let oldest_kept = MAX_BINDINGS * 3 - MAX_REVOKED;
+    assert!(s.tool_bindings.contains_key(&format!("mcb_{oldest_kept:03}")));
+    assert!(!s.tool_bindings.contains_key(&format!("mcb_{:03}", oldest_kept - 1)));
+    assert_eq!(s.binding_index.revoked["cmp_1"].len(), MAX_REVOKED);
     assert_eq!(s.binding_index, fresh_index(&s));
 }
 
