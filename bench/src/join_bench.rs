@@ -161,7 +161,7 @@ async fn one(size: Size) -> Result<Row> {
 
     let t = Instant::now();
     c.spawn(1);
-    wait(&c, "node 1 to load the seeded state and lead", || async {
+    wait("node 1 to load the seeded state and lead", || async {
         let h = c.health(1).await?;
         (h["leaderId"] == 1 && h["lastApplied"].as_u64()? >= index).then_some(())
     })
@@ -173,7 +173,7 @@ async fn one(size: Size) -> Result<Row> {
         let target = c.health(1).await.and_then(|h| h["lastApplied"].as_u64()).context("node 1's applied index")?;
         let t = Instant::now();
         c.join_new(id, 1).await;
-        wait(&c, &format!("node {id} to join and apply {target}"), || async {
+        wait(&format!("node {id} to join and apply {target}"), || async {
             let h = c.health(id).await?;
             let voters = h["members"].as_array()?.iter().filter(|m| m["voter"] == true).count();
             (voters == id as usize && h["lastApplied"].as_u64()? >= target).then_some(())
@@ -198,7 +198,7 @@ async fn one(size: Size) -> Result<Row> {
 }
 
 /// Polls `probe` every 100 ms until it answers, at most [`GIVE_UP`].
-async fn wait<F, Fut>(_c: &TestCluster, what: &str, probe: F) -> Result<()>
+async fn wait<F, Fut>(what: &str, probe: F) -> Result<()>
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Option<()>>,
