@@ -7,9 +7,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!("cargo:rerun-if-changed=proto/cluster.proto");
     println!("cargo:rerun-if-changed=proto/agent.proto");
-    // A file's bytes stay `Bytes` from the link's buffer to the disk (no copy when decoded).
+    // A file's bytes stay `Bytes` from the link's buffer to the disk, and a tunnel's between nodes
+    // (no copy when decoded).
     tonic_prost_build::configure()
         .bytes(".computerd.agent.v1.FileChunk.data")
+        .bytes(".computerd.cluster.v1.TunnelChunk.data")
         .compile_protos(&["proto/cluster.proto", "proto/agent.proto"], &["proto"])?;
     Ok(())
 }

@@ -33,7 +33,10 @@ use computerd_proto::mux;
 use computerd_proto::mux::EpochEnd;
 use computerd_proto::mux::Event;
 use computerd_proto::mux::Mux;
+use computerd_proto::mux::Refused;
 use computerd_proto::mux::Transport;
+use computerd_proto::mux::TunnelEnd;
+use computerd_proto::mux::TunnelIo;
 use computerd_raft::cluster::Cluster;
 use computerd_raft::sm::Command;
 use computerd_raft::sm::Request;
@@ -96,6 +99,10 @@ struct Epochs {
     last: u32,
     /// Epochs opened by callers, for the task to attach.
     new: Vec<EpochEnd>,
+    /// The number of the last tunnel opened.
+    last_tunnel: u32,
+    /// Tunnels opened by callers, for the task to attach.
+    new_tunnels: Vec<TunnelEnd>,
     /// The open channel, and when a call last took it.
     current: Option<(LinkChannel, Instant)>,
 }
@@ -125,8 +132,16 @@ impl Shared {
         self.open.load(std::sync::atomic::Ordering::Relaxed) > 0
     }
 
-    fn take_new(&self) -> Vec<EpochEnd> {
-        std::mem::take(&mut self.epochs.lock().unwrap_or_else(|p| p.into_inner()).new)
+    fn take_new(&self) -> (Vec<EpochEnd>, Vec<TunnelEnd>) {
+        let mut e = self.epochs.lock().unwrap_or_else(|p| p.into_inner());
+        (std::mem::take(&mut e.new), std::mem::take(&mut e.new_tunnels))
+    }
+
+    /// Hands the task what callers opened.
+    fn attach_new<T: Transport>(&self, mux: &mut Mux<T>) {
+        let (epochs, tunnels) = self.take_new();
+        epochs.into_iter().for_each(|e| mux.attach(e));
+        tunnels.into_iter().for_each(|t| mux.attach_tunnel(t));
     }
 
     /// No more epochs; the ones not attached yet end (their calls fail).
@@ -134,6 +149,7 @@ impl Shared {
         let mut e = self.epochs.lock().unwrap_or_else(|p| p.into_inner());
         e.closed = true;
         e.new.clear();
+        e.new_tunnels.clear();
         e.current = None;
     }
 }
@@ -183,6 +199,26 @@ impl Link {
         }
         e.current = Some((channel.clone(), Instant::now()));
         Ok(agent(channel))
+    }
+}
+
+impl Link {
+    /// Opens a byte tunnel to the agent ([`computerd_proto::mux::tunnel`]): `open` (JSON) says
+    /// to what; the agent's refusal comes back as its error kind and message. Fails at once when
+    /// the link ended.
+    pub async fn tunnel(&self, open: &[u8]) -> Result<TunnelIo, Refused> {
+        let opening = {
+            let mut e = self.shared.epochs.lock().unwrap_or_else(|p| p.into_inner());
+            if e.closed {
+                return Err(Refused { kind: String::new(), message: "the agent's link ended".into() });
+            }
+            e.last_tunnel += 1;
+            let (end, opening) = mux::tunnel::open(e.last_tunnel, open);
+            e.new_tunnels.push(end);
+            opening
+        };
+        self.shared.opened.notify_one();
+        opening.answer().await
     }
 }
 
@@ -330,13 +366,14 @@ pub async fn run<T: Transport>(args: LinkArgs, mut mux: Mux<T>) -> LinkEnd {
             event = mux.next() => match event {
                 Event::Report(r) => on_report(a, &r, &proposals).await,
                 Event::Accepted(_) => {} // a node serves no epochs: dropping it closes it
+                Event::Tunnel(t) => t.refuse("invalid_request", "a node opens no tunnels to an agent"),
                 Event::Ended(e) => {
                     tracing::debug!(computer_id = %a.computer_id, error = %e, "the link's WebSocket ended");
                     break LinkEnd::Lost;
                 }
             },
             () = shared.replaced.notified() => break LinkEnd::Replaced,
-            () = shared.opened.notified() => shared.take_new().into_iter().for_each(|e| mux.attach(e)),
+            () = shared.opened.notified() => shared.attach_new(&mut mux),
             _ = tick.tick() => {
                 if mux.last_rx().elapsed() > SILENCE {
                     tracing::info!(computer_id = %a.computer_id, "the agent was silent for {SILENCE:?}");
@@ -373,7 +410,7 @@ async fn drain<T: Transport>(mux: &mut Mux<T>, shared: &Shared) {
     let deadline = tokio::time::sleep(DRAIN);
     tokio::pin!(deadline);
     // Epochs opened just before the end are attached so that their calls end cleanly.
-    shared.take_new().into_iter().for_each(|e| mux.attach(e));
+    shared.attach_new(mux);
     while mux.epochs() > 0 {
         tokio::select! {
             event = mux.next() => if matches!(event, Event::Ended(_)) { return },

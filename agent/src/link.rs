@@ -98,7 +98,8 @@ pub type LinkSocket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::Mayb
 const NODE_SILENCE: Duration = Duration::from_secs(15);
 
 /// Serves an authenticated link (after the welcome) until it ends: the agent's gRPC service on
-/// every HTTP/2 connection (epoch) the node opens, and the sessions' reports (a status report
+/// every HTTP/2 connection (epoch) the node opens, the tunnels it opens (to a port, to the
+/// desktop's VNC server), and the sessions' reports (a status report
 /// now and whenever the number of running commands changes, and every session that ended after
 /// its wait) as report frames ([`computerd_proto::mux`]).
 pub async fn serve(ws: LinkSocket, svc: AgentService) -> Result<(), String> {
@@ -128,6 +129,10 @@ pub async fn serve(ws: LinkSocket, svc: AgentService) -> Result<(), String> {
                         if epochs.unbounded_send(io).is_err() {
                             return Err("the agent's server stopped".into());
                         }
+                    }
+                    Event::Tunnel(t) => {
+                        let svc = svc.clone();
+                        tokio::spawn(async move { svc.serve_tunnel(t).await });
                     }
                     Event::Report(_) => {} // the node sends none
                     Event::Ended(e) => return Err(format!("the link ended: {e}")),

@@ -9,10 +9,8 @@
 use std::time::Duration;
 
 use computerd_proto::ErrorKind;
-use futures::Stream;
-use futures::StreamExt;
-use tokio::io::AsyncReadExt;
-use tokio::io::AsyncWriteExt;
+use tokio::io::AsyncRead;
+use tokio::io::AsyncWrite;
 
 /// How long connecting to the port may take.
 const CONNECT: Duration = Duration::from_secs(10);
@@ -39,45 +37,24 @@ pub async fn connect(port: u16) -> Result<tokio::net::TcpStream, (ErrorKind, Str
     }
 }
 
-/// Carries bytes both ways until either side ends: the node's into the socket, the socket's
-/// to `to_node` (in chunks of at most 64 KiB). A half-close from the node is passed on.
-pub async fn pump<I>(sock: tokio::net::TcpStream, from_node: I, to_node: futures::channel::mpsc::Sender<Vec<u8>>)
+/// Carries bytes both ways until both sides ended: the node's into the socket, the socket's to
+/// the node (read 64 KiB at a time). Each side's half-close is passed on, so a request fully sent
+/// still gets its whole answer; a reset of the tunnel ends both ways.
+pub async fn pump<T>(mut sock: tokio::net::TcpStream, mut tunnel: T)
 where
-    I: Stream<Item = Vec<u8>> + Send + Unpin,
+    T: AsyncRead + AsyncWrite + Unpin,
 {
     let _ = sock.set_nodelay(true);
-    let (mut rd, mut wr) = sock.into_split();
-    let up = async move {
-        let mut from_node = from_node;
-        while let Some(data) = from_node.next().await {
-            if wr.write_all(&data).await.is_err() {
-                return;
-            }
-        }
-        let _ = wr.shutdown().await;
-    };
-    let down = async move {
-        use futures::SinkExt;
-        let mut to_node = to_node;
-        let mut buf = vec![0u8; CHUNK];
-        loop {
-            match rd.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    if to_node.send(buf[..n].to_vec()).await.is_err() {
-                        break;
-                    }
-                }
-            }
-        }
-    };
-    // Both directions run to their ends: a request fully sent (the node's half-close) still
-    // gets its whole answer.
-    tokio::join!(up, down);
+    if let Err(e) = tokio::io::copy_bidirectional_with_sizes(&mut sock, &mut tunnel, CHUNK, CHUNK).await {
+        tracing::debug!(error = %e, "a port's connection ended");
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use tokio::io::AsyncReadExt;
+    use tokio::io::AsyncWriteExt;
+
     use super::*;
 
     #[tokio::test]
@@ -92,10 +69,14 @@ mod tests {
             s.write_all(&got).await.expect("write");
         });
         let sock = connect(port).await.expect("connect");
-        let (tx, rx) = futures::channel::mpsc::channel(4);
-        let from_node = futures::stream::iter(vec![b"ab".to_vec(), b"cd".to_vec()]);
-        tokio::spawn(pump(sock, from_node, tx));
-        let back: Vec<u8> = rx.collect::<Vec<_>>().await.concat();
+        let (node, tunnel) = tokio::io::duplex(16);
+        tokio::spawn(pump(sock, tunnel));
+        let (mut from_port, mut to_port) = tokio::io::split(node);
+        to_port.write_all(b"ab").await.expect("write");
+        to_port.write_all(b"cd").await.expect("write");
+        to_port.shutdown().await.expect("half-close");
+        let mut back = Vec::new();
+        from_port.read_to_end(&mut back).await.expect("read");
         assert_eq!(back, b"dcba");
         // A port with nothing listening (the one just used is closed now).
         let free = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");

@@ -377,57 +377,6 @@ impl Agent for AgentService {
         Ok(Response::new(computerd_proto::agent::DesktopReply { json, image: answer.image }))
     }
 
-    type TunnelStream = Pin<Box<dyn Stream<Item = Result<computerd_proto::agent::TunnelData, Status>> + Send>>;
-
-    async fn tunnel(
-        &self,
-        req: Request<Streaming<computerd_proto::agent::TunnelData>>,
-    ) -> Result<Response<Self::TunnelStream>, Status> {
-        use computerd_proto::agent::TunnelData;
-        check(&self.generation, &req)?;
-        let mut inbound = req.into_inner();
-        let first = inbound
-            .message()
-            .await?
-            .ok_or_else(|| ErrorKind::InvalidRequest.status("a tunnel opens with what it opens"))?;
-        let target: serde_json::Value = serde_json::from_str(&first.open_json)
-            .map_err(|e| ErrorKind::InvalidRequest.status(format!("bad tunnel: {e}")))?;
-        if target["target"] == "port" {
-            if !self.ports {
-                return Err(
-                    ErrorKind::ComputerUnsupported.status("this computer's ports are not reachable from outside")
-                );
-            }
-            let port = target["port"].as_u64().and_then(|p| u16::try_from(p).ok()).unwrap_or(0);
-            let sock = crate::ports::connect(port).await.map_err(|(kind, m)| kind.status(m))?;
-            let (tx, rx) = futures::channel::mpsc::channel::<Vec<u8>>(16);
-            let from_node = inbound
-                .take_while(|m| futures::future::ready(m.is_ok()))
-                .filter_map(|m| async move { m.ok().map(|m| m.data).filter(|d| !d.is_empty()) });
-            tokio::spawn(crate::ports::pump(sock, Box::pin(from_node), tx));
-            let out = rx.map(|data| Ok(TunnelData { open_json: String::new(), data }));
-            return Ok(Response::new(Box::pin(out)));
-        }
-        let Some(desktop) = self.desktop.clone() else {
-            return Err(ErrorKind::ComputerUnsupported.status("this computer has no desktop"));
-        };
-        let open: crate::desktop::stream::Open = serde_json::from_str(&first.open_json)
-            .map_err(|e| ErrorKind::InvalidRequest.status(format!("bad tunnel: {e}")))?;
-        let sock = desktop.open_vnc(&open).await.map_err(|(kind, m)| kind.status(m))?;
-        let (tx, rx) = futures::channel::mpsc::channel::<Vec<u8>>(16);
-        let from_viewer = inbound
-            .take_while(|m| futures::future::ready(m.is_ok()))
-            .filter_map(|m| async move { m.ok().map(|m| m.data).filter(|d| !d.is_empty()) });
-        tokio::spawn(async move {
-            let from_viewer = Box::pin(from_viewer);
-            if let Err(e) = desktop.pump(open, sock, from_viewer, tx).await {
-                tracing::info!(error = %e, "a desktop stream ended");
-            }
-        });
-        let out = rx.map(|data| Ok(TunnelData { open_json: String::new(), data }));
-        Ok(Response::new(Box::pin(out)))
-    }
-
     async fn ping(&self, req: Request<Nothing>) -> Result<Response<Nothing>, Status> {
         check(&self.generation, &req)?;
         Ok(Response::new(Nothing {}))
@@ -435,6 +384,46 @@ impl Agent for AgentService {
 }
 
 impl AgentService {
+    /// A tunnel the node opened on the link: to a port of this machine (when its owner allowed
+    /// ports) or to the desktop's VNC server (a person's stream, filtered by its mode). What it
+    /// opens is connected before the tunnel is accepted, so a refusal says why.
+    pub async fn serve_tunnel(&self, incoming: computerd_proto::mux::Incoming) {
+        let refuse = |incoming: computerd_proto::mux::Incoming, kind: ErrorKind, message: &str| {
+            incoming.refuse(kind.as_str(), message);
+        };
+        let target: serde_json::Value = match serde_json::from_slice(&incoming.open) {
+            Ok(v) => v,
+            Err(e) => return refuse(incoming, ErrorKind::InvalidRequest, &format!("bad tunnel: {e}")),
+        };
+        if target["target"] == "port" {
+            if !self.ports {
+                let why = "this computer's ports are not reachable from outside";
+                return refuse(incoming, ErrorKind::ComputerUnsupported, why);
+            }
+            let port = target["port"].as_u64().and_then(|p| u16::try_from(p).ok()).unwrap_or(0);
+            match crate::ports::connect(port).await {
+                Ok(sock) => crate::ports::pump(sock, incoming.accept()).await,
+                Err((kind, m)) => refuse(incoming, kind, &m),
+            }
+            return;
+        }
+        let Some(desktop) = self.desktop.clone() else {
+            return refuse(incoming, ErrorKind::ComputerUnsupported, "this computer has no desktop");
+        };
+        let open: crate::desktop::stream::Open = match serde_json::from_value(target) {
+            Ok(o) => o,
+            Err(e) => return refuse(incoming, ErrorKind::InvalidRequest, &format!("bad tunnel: {e}")),
+        };
+        let sock = match desktop.open_vnc(&open).await {
+            Ok(sock) => sock,
+            Err((kind, m)) => return refuse(incoming, kind, &m),
+        };
+        let (from_viewer, to_viewer) = incoming.accept().split();
+        if let Err(e) = desktop.pump(open, sock, from_viewer, to_viewer).await {
+            tracing::info!(error = %e, "a desktop stream ended");
+        }
+    }
+
     /// The account and the resolved path of a file call.
     fn file_call(
         &self,

@@ -1,13 +1,16 @@
 //! Byte tunnels to a Computer through its agent's link: a person's desktop stream, and a
 //! connection to one of its ports from its public address. Opened on the node that holds the
-//! link (directly), or from any other node through `Routing.Tunnel` to that node, which checks
+//! link (directly, as a tunnel of the link's own frames: `computerd_proto::mux::tunnel`), or from any other node through `Routing.Tunnel` to that node, which checks
 //! the opening again at a current read before it asks the agent: the desktop stream's cookie
 //! and its person's rights, or the port's address and its exposer's rights.
 
+use std::pin::Pin;
+
+use bytes::Bytes;
 use computerd_proto::ErrorKind;
-use computerd_proto::agent::TunnelData;
 use computerd_proto::cluster::TunnelChunk;
 use computerd_raft::sm::PortResolved;
+use futures::Sink;
 use futures::SinkExt;
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -22,8 +25,13 @@ use crate::owner::Miss;
 use crate::owner::Place;
 use crate::state::AppState;
 
-/// Bytes to the Computer's service, and bytes from it.
-pub type Pipe = (futures::channel::mpsc::Sender<Vec<u8>>, BoxStream<'static, Vec<u8>>);
+/// Bytes to the Computer's service, and bytes from it: the link's tunnel itself when the link
+/// is here, a `Routing.Tunnel` call to its node otherwise.
+pub type Pipe = (Pin<Box<dyn Sink<Bytes, Error = std::io::Error> + Send>>, BoxStream<'static, Bytes>);
+
+/// How long the agent may take to open what a tunnel asks for (its own connect gives up after
+/// 10 s).
+const OPEN_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// What a tunnel opens (the first message of `Routing.Tunnel`, as JSON).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -75,16 +83,23 @@ pub async fn open_here(state: &AppState, computer: &str, opening: &Opening) -> R
             json!({"target": "port", "port": port})
         }
     };
-    let mut agent = state.owners.agent(computer).await?;
-    let (mut tx, rx) = futures::channel::mpsc::channel::<TunnelData>(16);
-    tx.try_send(TunnelData { open_json: open.to_string(), data: Vec::new() })
-        .map_err(|_| CallError::new(ErrorKind::Internal, "tunnel"))?;
-    let from = agent.tunnel(rx).await.map_err(CallError::from_status)?.into_inner();
-    let (btx, brx) = futures::channel::mpsc::channel::<Vec<u8>>(16);
-    tokio::spawn(brx.map(|data| Ok(TunnelData { open_json: String::new(), data })).forward(tx.sink_map_err(|_| ())));
-    let from =
-        from.take_while(|m| futures::future::ready(m.is_ok())).filter_map(|m| async move { m.ok().map(|m| m.data) });
-    Ok((btx, from.boxed()))
+    let link = state.owners.link(computer).await?;
+    let open = open.to_string();
+    let io = match tokio::time::timeout(OPEN_WITHIN, link.tunnel(open.as_bytes())).await {
+        Ok(Ok(io)) => io,
+        Ok(Err(refused)) if refused.kind.is_empty() => {
+            return Err(CallError::new(ErrorKind::Unavailable, refused.message));
+        }
+        Ok(Err(refused)) => {
+            let kind = ErrorKind::parse(&refused.kind).unwrap_or(ErrorKind::Internal);
+            return Err(CallError::new(kind, refused.message));
+        }
+        Err(_) => {
+            return Err(CallError::new(ErrorKind::Unavailable, "the computer's agent did not open the tunnel in time"));
+        }
+    };
+    let (from, to) = io.split();
+    Ok((Box::pin(to), from.boxed()))
 }
 
 async fn barrier(state: &AppState) -> Result<(), CallError> {
@@ -114,7 +129,7 @@ pub async fn open_anywhere(state: &AppState, computer: &str, opening: &Opening) 
         .owners
         .reach(node, CallKind::Session, |mut client, _left| {
             let (mut tx, rx) = futures::channel::mpsc::channel::<TunnelChunk>(16);
-            let first = TunnelChunk { computer_id: computer.to_string(), open_json: open.clone(), data: Vec::new() };
+            let first = TunnelChunk { computer_id: computer.to_string(), open_json: open.clone(), data: Bytes::new() };
             let _ = tx.try_send(first);
             if let Ok(mut s) = keep.lock() {
                 *s = Some(tx);
@@ -129,15 +144,15 @@ pub async fn open_anywhere(state: &AppState, computer: &str, opening: &Opening) 
     };
     let tx =
         sender.lock().ok().and_then(|mut s| s.take()).ok_or_else(|| CallError::new(ErrorKind::Internal, "tunnel"))?;
-    let (btx, brx) = futures::channel::mpsc::channel::<Vec<u8>>(16);
     let id = computer.to_string();
-    tokio::spawn(
-        brx.map(move |data| Ok(TunnelChunk { computer_id: id.clone(), open_json: String::new(), data }))
-            .forward(tx.sink_map_err(|_| ())),
-    );
+    let to = tx
+        .sink_map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the tunnel's node went away"))
+        .with(move |data: Bytes| {
+            futures::future::ready(Ok(TunnelChunk { computer_id: id.clone(), open_json: String::new(), data }))
+        });
     let from =
         from.take_while(|m| futures::future::ready(m.is_ok())).filter_map(|m| async move { m.ok().map(|m| m.data) });
-    Ok((btx, from.boxed()))
+    Ok((Box::pin(to), from.boxed()))
 }
 
 #[cfg(test)]

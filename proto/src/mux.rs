@@ -15,6 +15,7 @@
 //! | [`KIND_H2`] | kind, epoch (u32 BE), bytes | bytes of the HTTP/2 connection `epoch` |
 //! | [`KIND_CLOSE`] | kind, epoch (u32 BE) | the sender's side of `epoch` ended |
 //! | [`KIND_REPORT`] | kind, a protobuf `SessionEnded` | a report of the agent's sessions |
+//! | 3 to 8 | kind, tunnel (u32 BE), … | byte tunnels, outside HTTP/2 ([`tunnel`]) |
 //!
 //! The node is the HTTP/2 client and numbers epochs upwards; the agent serves a new epoch when
 //! its first bytes come (an epoch number it has not seen, above the last one), and never
@@ -25,6 +26,10 @@
 //! bytes (with backpressure: an epoch's writes wait while the WebSocket is full), and reads
 //! frames, handing bytes to their epochs and answering the events ([`Event`]) its owner acts on.
 //! [`EpochIo`] is one epoch's byte stream, on which hyper (node) or tonic (agent) runs HTTP/2.
+//! [`TunnelIo`] is one tunnel's (a port's connection, a desktop stream), with flow control of its
+//! own: the mux never waits on a tunnel's reader.
+
+pub mod tunnel;
 
 use std::collections::VecDeque;
 use std::io;
@@ -43,6 +48,14 @@ use futures::channel::mpsc;
 use tokio::io::AsyncRead;
 use tokio::io::AsyncWrite;
 use tokio::io::ReadBuf;
+use tunnel::After;
+pub use tunnel::Incoming;
+pub use tunnel::Opening;
+pub use tunnel::Refused;
+pub use tunnel::TunnelEnd;
+pub use tunnel::TunnelIo;
+pub use tunnel::TunnelReader;
+pub use tunnel::TunnelWriter;
 
 /// Bytes of an HTTP/2 connection.
 pub const KIND_H2: u8 = 0;
@@ -166,6 +179,8 @@ pub enum Event {
     Report(Bytes),
     /// The node opened an epoch: serve HTTP/2 on it (agent side only).
     Accepted(EpochIo),
+    /// The node opened a tunnel: accept or refuse it (agent side only).
+    Tunnel(Incoming),
     /// The WebSocket ended or failed; the link is over.
     Ended(io::Error),
 }
@@ -192,17 +207,32 @@ pub struct Mux<T> {
     ws: T,
     role: Role,
     epochs: Vec<EpochEnd>,
+    tunnels: Vec<TunnelEnd>,
     /// Frames of the owner (reports, closes, pings), written before the epochs' bytes.
     queued: VecDeque<WsOut>,
     /// The highest epoch served (agent side only): lower or equal numbers are never served again.
     highest: u32,
+    /// The highest tunnel opened (agent side only), likewise.
+    highest_tunnel: u32,
+    /// Whose frame goes next when epochs and tunnels both have some: they take turns.
+    tunnels_next: bool,
     last_rx: Instant,
 }
 
 impl<T: Transport> Mux<T> {
     /// Takes over a WebSocket (after the welcome).
     pub fn new(ws: T, role: Role) -> Self {
-        Self { ws, role, epochs: Vec::new(), queued: VecDeque::new(), highest: 0, last_rx: Instant::now() }
+        Self {
+            ws,
+            role,
+            epochs: Vec::new(),
+            tunnels: Vec::new(),
+            queued: VecDeque::new(),
+            highest: 0,
+            highest_tunnel: 0,
+            tunnels_next: false,
+            last_rx: Instant::now(),
+        }
     }
 
     /// When the peer was last heard from (any message, pongs included).
@@ -218,6 +248,17 @@ impl<T: Transport> Mux<T> {
     /// Adds an epoch this side opened (node side).
     pub fn attach(&mut self, end: EpochEnd) {
         self.epochs.push(end);
+    }
+
+    /// How many tunnels are open.
+    pub fn tunnels(&self) -> usize {
+        self.tunnels.len()
+    }
+
+    /// Adds a tunnel this side opened ([`tunnel::open`], node side); its first frame asks the
+    /// agent to open it.
+    pub fn attach_tunnel(&mut self, end: TunnelEnd) {
+        self.tunnels.push(end);
     }
 
     /// Queues a ping.
@@ -261,7 +302,15 @@ impl<T: Transport> Mux<T> {
         }
         loop {
             let frame = match Pin::new(&mut self.ws).poll_next(cx) {
-                Poll::Pending => return Poll::Pending,
+                Poll::Pending => {
+                    // Frames the reading queued (a tunnel's reset) go out now.
+                    if !self.queued.is_empty()
+                        && let Err(e) = self.poll_write(cx)
+                    {
+                        return Poll::Ready(Event::Ended(e));
+                    }
+                    return Poll::Pending;
+                }
                 Poll::Ready(None) => return Poll::Ready(Event::Ended(io::ErrorKind::UnexpectedEof.into())),
                 Poll::Ready(Some(Err(e))) => return Poll::Ready(Event::Ended(e)),
                 Poll::Ready(Some(Ok(WsIn::Other))) => {
@@ -287,6 +336,9 @@ impl<T: Transport> Mux<T> {
         let kind = frame.get_u8();
         if kind == KIND_REPORT {
             return Some(Event::Report(frame));
+        }
+        if (tunnel::KIND_TUN_OPEN..=tunnel::KIND_TUN_RESET).contains(&kind) {
+            return self.on_tunnel_frame(kind, frame);
         }
         if frame.len() < 4 || (kind != KIND_H2 && kind != KIND_CLOSE) {
             return None;
@@ -315,6 +367,42 @@ impl<T: Transport> Mux<T> {
         }
     }
 
+    /// One frame of a tunnel (after its kind).
+    fn on_tunnel_frame(&mut self, kind: u8, mut frame: Bytes) -> Option<Event> {
+        if frame.len() < 4 {
+            return None;
+        }
+        let id = frame.get_u32();
+        let Some(i) = self.tunnels.iter().position(|t| t.id == id) else {
+            if kind != tunnel::KIND_TUN_OPEN || self.role != Role::Server || id <= self.highest_tunnel {
+                return None; // a tunnel that ended (its last frames may still come), or junk
+            }
+            self.highest_tunnel = id;
+            if self.tunnels.len() >= tunnel::MAX_TUNNELS {
+                let why = format!(
+                    r#"{{"kind":"unavailable","message":"this link carries {} tunnels already"}}"#,
+                    self.tunnels.len()
+                );
+                self.queued.push_back(WsOut::Binary(tunnel::frame(tunnel::KIND_TUN_RESET, id, why.as_bytes())));
+                return None;
+            }
+            let (end, io) = tunnel::ends(id, None);
+            self.tunnels.push(end);
+            return Some(Event::Tunnel(Incoming::new(frame, io)));
+        };
+        match self.tunnels[i].on_frame(kind, frame) {
+            After::Keep => {}
+            After::Remove => {
+                self.tunnels.swap_remove(i);
+            }
+            After::Reset => {
+                self.tunnels.swap_remove(i);
+                self.queued.push_back(WsOut::Binary(tunnel::frame(tunnel::KIND_TUN_RESET, id, &[])));
+            }
+        }
+        None
+    }
+
     /// Writes the queued frames, then the epochs' bytes, while the WebSocket takes them; an
     /// epoch whose connection ended is closed here (after its last bytes).
     fn poll_write(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
@@ -324,9 +412,15 @@ impl<T: Transport> Mux<T> {
                 Poll::Ready(Err(e)) => return Err(e),
                 Poll::Pending => return Ok(()),
             }
-            let Some(out) = self.queued.pop_front().or_else(|| self.poll_epochs(cx).map(WsOut::Binary)) else {
+            let next = match self.queued.pop_front() {
+                Some(q) => Some(q),
+                None if self.tunnels_next => self.poll_tunnels(cx).or_else(|| self.poll_epochs(cx)),
+                None => self.poll_epochs(cx).or_else(|| self.poll_tunnels(cx)),
+            };
+            let Some(out) = next else {
                 break;
             };
+            self.tunnels_next = !self.tunnels_next;
             Pin::new(&mut self.ws).start_send(out)?;
         }
         match Pin::new(&mut self.ws).poll_flush(cx) {
@@ -337,13 +431,28 @@ impl<T: Transport> Mux<T> {
 
     /// The next frame an epoch wrote; an epoch whose connection ended is removed and its close
     /// queued (and answered as the next frame).
-    fn poll_epochs(&mut self, cx: &mut Context<'_>) -> Option<Bytes> {
+    fn poll_epochs(&mut self, cx: &mut Context<'_>) -> Option<WsOut> {
         let mut i = 0;
         while i < self.epochs.len() {
             match Pin::new(&mut self.epochs[i].from_conn).poll_next(cx) {
-                Poll::Ready(Some(b)) => return Some(b),
-                Poll::Ready(None) => return Some(epoch_frame(KIND_CLOSE, self.epochs.swap_remove(i).id, &[])),
+                Poll::Ready(Some(b)) => return Some(WsOut::Binary(b)),
+                Poll::Ready(None) => {
+                    return Some(WsOut::Binary(epoch_frame(KIND_CLOSE, self.epochs.swap_remove(i).id, &[])));
+                }
                 Poll::Pending => i += 1,
+            }
+        }
+        None
+    }
+
+    /// The next frame a tunnel's side made; a tunnel over once it is sent is removed.
+    fn poll_tunnels(&mut self, cx: &mut Context<'_>) -> Option<WsOut> {
+        for i in 0..self.tunnels.len() {
+            if let Poll::Ready(Some((b, over))) = self.tunnels[i].poll_frame(cx) {
+                if over {
+                    self.tunnels.swap_remove(i);
+                }
+                return Some(WsOut::Binary(b));
             }
         }
         None
@@ -477,10 +586,18 @@ mod tests {
         (Pipe { rx: a_rx, tx: a_tx }, Pipe { rx: b_rx, tx: b_tx })
     }
 
+    /// What the test hands a driven mux.
+    enum Attach {
+        Epoch(EpochEnd),
+        Tunnel(TunnelEnd),
+        /// Asks how many tunnels it holds.
+        Count(futures::channel::oneshot::Sender<usize>),
+    }
+
     /// Drives a mux in a task; answers the events it tells, and a handle to queue reports.
     fn drive(
         mut mux: Mux<Pipe>,
-        mut attach: mpsc::UnboundedReceiver<EpochEnd>,
+        mut attach: mpsc::UnboundedReceiver<Attach>,
         mut reports: mpsc::UnboundedReceiver<Vec<u8>>,
     ) -> mpsc::UnboundedReceiver<Event> {
         let (tx, rx) = mpsc::unbounded();
@@ -492,7 +609,11 @@ mod tests {
                         let _ = tx.unbounded_send(e);
                         if ended { return; }
                     }
-                    Some(end) = attach.next() => mux.attach(end),
+                    Some(end) = attach.next() => match end {
+                        Attach::Epoch(e) => mux.attach(e),
+                        Attach::Tunnel(t) => mux.attach_tunnel(t),
+                        Attach::Count(tx) => { let _ = tx.send(mux.tunnels()); }
+                    },
                     Some(r) = reports.next() => mux.report(&r),
                 }
             }
@@ -512,7 +633,7 @@ mod tests {
         let data: Vec<u8> = (0..600_000u32).map(|i| (i % 251) as u8).collect();
         for id in [1, 2] {
             let (end, mut io) = epoch(id);
-            attach_tx.unbounded_send(end).expect("attach");
+            attach_tx.unbounded_send(Attach::Epoch(end)).expect("attach");
             let sent = data.clone();
             let writer = tokio::spawn(async move {
                 io.write_all(&sent).await.expect("write");
@@ -551,5 +672,164 @@ mod tests {
         assert_eq!(&r[..], &[1, 2, 3]);
         drop(b);
         assert!(matches!(server.next().await, Some(Event::Ended(_))));
+    }
+
+    /// Two muxes joined by a pipe, each driven in a task: the node's handle, the agent's
+    /// handle and the agent's events.
+    fn linked() -> (mpsc::UnboundedSender<Attach>, mpsc::UnboundedSender<Attach>, mpsc::UnboundedReceiver<Event>) {
+        let (a, b) = pipes();
+        let (node, node_rx) = mpsc::unbounded();
+        let (agent, agent_rx) = mpsc::unbounded();
+        let (_r1, r1) = mpsc::unbounded();
+        let (_r2, r2) = mpsc::unbounded();
+        let _events = drive(Mux::new(a, Role::Client), node_rx, r1);
+        let events = drive(Mux::new(b, Role::Server), agent_rx, r2);
+        (node, agent, events)
+    }
+
+    async fn count(side: &mpsc::UnboundedSender<Attach>) -> usize {
+        let (tx, rx) = futures::channel::oneshot::channel();
+        side.unbounded_send(Attach::Count(tx)).expect("count");
+        rx.await.expect("counted")
+    }
+
+    async fn open(
+        node: &mpsc::UnboundedSender<Attach>,
+        events: &mut mpsc::UnboundedReceiver<Event>,
+        id: u32,
+    ) -> (TunnelIo, TunnelIo) {
+        let (end, opening) = tunnel::open(id, br#"{"target":"test"}"#);
+        node.unbounded_send(Attach::Tunnel(end)).expect("attach");
+        let Some(Event::Tunnel(incoming)) = events.next().await else { panic!("tunnel {id} not opened") };
+        assert_eq!((incoming.id(), &incoming.open[..]), (id, &br#"{"target":"test"}"#[..]));
+        let served = incoming.accept();
+        (opening.answer().await.expect("accepted"), served)
+    }
+
+    fn pattern(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i % 251) as u8).collect()
+    }
+
+    #[tokio::test]
+    async fn tunnels_carry_bytes_both_ways_past_the_window_then_end() {
+        let (node, agent, mut events) = linked();
+        let (io, served) = open(&node, &mut events, 1).await;
+        // The agent's side echoes, then ends its side.
+        tokio::spawn(async move {
+            let (mut r, mut w) = served.split();
+            tokio::io::copy(&mut r, &mut w).await.expect("echo");
+            w.shutdown().await.expect("end");
+        });
+        let data = pattern(5 * tunnel::WINDOW as usize + 12_345);
+        let (mut r, mut w) = io.split();
+        let sent = data.clone();
+        let writer = tokio::spawn(async move {
+            w.write_all(&sent).await.expect("write");
+            w.shutdown().await.expect("end");
+        });
+        let mut back = Vec::new();
+        r.read_to_end(&mut back).await.expect("read back");
+        assert!(back == data, "{} bytes back of {}", back.len(), data.len());
+        writer.await.expect("writer");
+        // Both sides ended: neither mux keeps the tunnel.
+        assert_eq!((count(&node).await, count(&agent).await), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn a_refused_tunnel_says_why_and_is_gone() {
+        let (node, agent, mut events) = linked();
+        let (end, opening) = tunnel::open(7, b"{}");
+        node.unbounded_send(Attach::Tunnel(end)).expect("attach");
+        let Some(Event::Tunnel(incoming)) = events.next().await else { panic!("not opened") };
+        incoming.refuse("computer_unsupported", "no desktop here");
+        let refused = opening.answer().await.expect_err("refused");
+        assert_eq!(refused, Refused { kind: "computer_unsupported".into(), message: "no desktop here".into() });
+        assert_eq!((count(&node).await, count(&agent).await), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn a_slow_reader_holds_back_only_its_own_tunnel() {
+        let (node, _agent, mut events) = linked();
+        let (slow, mut slow_served) = open(&node, &mut events, 1).await;
+        let (fast, fast_served) = open(&node, &mut events, 2).await;
+        let big = pattern(tunnel::WINDOW as usize + 100_000);
+        let sent = big.clone();
+        let (_slow_r, mut slow_w) = slow.split();
+        let blocked = tokio::spawn(async move { slow_w.write_all(&sent).await.map(|()| slow_w) });
+        // Tunnel 2 goes on while nobody reads tunnel 1.
+        tokio::spawn(async move {
+            let (mut r, mut w) = fast_served.split();
+            tokio::io::copy(&mut r, &mut w).await.expect("echo");
+            w.shutdown().await.expect("end");
+        });
+        let (mut r, mut w) = fast.split();
+        let small = pattern(300_000);
+        w.write_all(&small).await.expect("write");
+        w.shutdown().await.expect("end");
+        let mut back = Vec::new();
+        r.read_to_end(&mut back).await.expect("read");
+        assert!(back == small);
+        // Tunnel 1's writer cannot be done: more than a window is unread.
+        assert!(!blocked.is_finished());
+        let mut got = vec![0; big.len()];
+        slow_served.read_exact(&mut got).await.expect("read the slow tunnel");
+        assert!(got == big);
+        blocked.await.expect("writer").expect("the writer went on once read");
+    }
+
+    #[tokio::test]
+    async fn a_peer_past_the_window_is_reset_and_stray_frames_are_dropped() {
+        let (a, mut b) = pipes();
+        let (_at, attach_rx) = mpsc::unbounded();
+        let (_r, r) = mpsc::unbounded();
+        let mut events = drive(Mux::new(a, Role::Server), attach_rx, r);
+        let send = |b: &mut Pipe, kind: u8, id: u32, payload: &[u8]| {
+            let f = tunnel::frame(kind, id, payload);
+            let mut tx = b.tx.clone();
+            async move { tx.send(f).await.expect("send") }
+        };
+        // Data and ends of tunnels never opened, and a too short frame, are dropped.
+        send(&mut b, tunnel::KIND_TUN_DATA, 3, b"x").await;
+        send(&mut b, tunnel::KIND_TUN_END, 3, b"").await;
+        b.tx.send(Bytes::from_static(&[tunnel::KIND_TUN_OPEN, 0, 0])).await.expect("send");
+        send(&mut b, tunnel::KIND_TUN_OPEN, 5, b"{}").await;
+        let Some(Event::Tunnel(incoming)) = events.next().await else { panic!("tunnel 5 not opened") };
+        assert_eq!(incoming.id(), 5);
+        let served = incoming.accept();
+        assert_eq!(b.rx.next().await.expect("accept"), tunnel::frame(tunnel::KIND_TUN_ACCEPT, 5, b""));
+        // A lower number is never opened again.
+        send(&mut b, tunnel::KIND_TUN_OPEN, 4, b"{}").await;
+        let chunk = vec![1u8; 256 * 1024];
+        for _ in 0..tunnel::WINDOW / chunk.len() as u64 {
+            send(&mut b, tunnel::KIND_TUN_DATA, 5, &chunk).await;
+        }
+        send(&mut b, tunnel::KIND_TUN_DATA, 5, b"!").await; // one byte past the window
+        assert_eq!(b.rx.next().await.expect("reset"), tunnel::frame(tunnel::KIND_TUN_RESET, 5, b""));
+        // The reader gets what came within the window, then learns of the reset.
+        let (mut r, _w) = served.split();
+        let mut got = Vec::new();
+        let e = r.read_to_end(&mut got).await.expect_err("reset");
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionReset);
+        assert_eq!(got.len() as u64, tunnel::WINDOW);
+    }
+
+    #[tokio::test]
+    async fn a_tunnel_fails_both_ways_when_its_link_ends() {
+        let (a, mut b) = pipes();
+        let (node, node_rx) = mpsc::unbounded();
+        let (_r, r) = mpsc::unbounded();
+        let mut events = drive(Mux::new(a, Role::Client), node_rx, r);
+        let (end, opening) = tunnel::open(1, b"{}");
+        node.unbounded_send(Attach::Tunnel(end)).expect("attach");
+        assert_eq!(b.rx.next().await.expect("open"), tunnel::frame(tunnel::KIND_TUN_OPEN, 1, b"{}"));
+        b.tx.send(tunnel::frame(tunnel::KIND_TUN_ACCEPT, 1, b"")).await.expect("accept");
+        let (mut r, mut w) = opening.answer().await.expect("accepted").split();
+        // More than the window and the pipe hold: the writer waits, then fails with the link.
+        let writer = tokio::spawn(async move { w.write_all(&pattern(2 * tunnel::WINDOW as usize)).await });
+        drop(b);
+        assert!(matches!(events.next().await, Some(Event::Ended(_))));
+        assert_eq!(writer.await.expect("writer").expect_err("link gone").kind(), io::ErrorKind::BrokenPipe);
+        let mut got = Vec::new();
+        assert_eq!(r.read_to_end(&mut got).await.expect_err("link gone").kind(), io::ErrorKind::ConnectionReset);
     }
 }

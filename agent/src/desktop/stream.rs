@@ -150,10 +150,9 @@ impl Desktop {
         mut to_viewer: O,
     ) -> Result<(), String>
     where
-        I: futures::Stream<Item = Vec<u8>> + Unpin + Send,
-        O: futures::Sink<Vec<u8>> + Unpin + Send,
+        I: futures::Stream<Item = bytes::Bytes> + Unpin + Send,
+        O: tokio::io::AsyncWrite + Unpin + Send,
     {
-        use futures::SinkExt;
         use futures::StreamExt;
         let (mut rd, mut wr) = sock.into_split();
         let holder = open.holder.clone();
@@ -180,7 +179,7 @@ impl Desktop {
                 if n == 0 {
                     return Ok::<(), String>(());
                 }
-                if to_viewer.send(buf[..n].to_vec()).await.is_err() {
+                if to_viewer.write_all(&buf[..n]).await.is_err() {
                     return Ok(());
                 }
             }

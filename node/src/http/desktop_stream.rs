@@ -218,7 +218,7 @@ pub async fn websocket(
         let up = async move {
             while let Some(Ok(m)) = inp.next().await {
                 let data = match m {
-                    Message::Binary(b) => b.to_vec(),
+                    Message::Binary(b) => b,
                     Message::Close(_) => break,
                     _ => continue,
                 };
@@ -229,7 +229,7 @@ pub async fn websocket(
         };
         let down = async move {
             while let Some(data) = from_computer.next().await {
-                if out.send(Message::Binary(data.into())).await.is_err() {
+                if out.send(Message::Binary(data)).await.is_err() {
                     break;
                 }
             }

@@ -170,7 +170,7 @@ async fn connect(state: &AppState, computer: &str, port: u16, hash: &str) -> Res
         Err(e) if e.kind == ErrorKind::Unavailable => crate::tunnel::open_anywhere(state, computer, &opening).await?,
         other => other?,
     };
-    let io = TokioIo::new(PipeIo { tx: pipe.0, rx: pipe.1, pending: Vec::new(), at: 0 });
+    let io = TokioIo::new(PipeIo { tx: pipe.0, rx: pipe.1, pending: bytes::Bytes::new() });
     let (sender, conn) = hyper::client::conn::http1::Builder::new()
         .handshake::<_, axum::body::Body>(io)
         .await
@@ -235,53 +235,42 @@ fn strip_hop_headers(h: &mut HeaderMap, upgrade: bool) {
 
 /// A tunnel as a byte stream for hyper.
 struct PipeIo {
-    tx: futures::channel::mpsc::Sender<Vec<u8>>,
-    rx: BoxStream<'static, Vec<u8>>,
-    pending: Vec<u8>,
-    at: usize,
+    tx: Pin<Box<dyn futures::Sink<bytes::Bytes, Error = std::io::Error> + Send>>,
+    rx: BoxStream<'static, bytes::Bytes>,
+    pending: bytes::Bytes,
 }
 
 impl AsyncRead for PipeIo {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
         let me = &mut *self;
-        if me.at >= me.pending.len() {
+        while me.pending.is_empty() {
             match Pin::new(&mut me.rx).poll_next(cx) {
-                Poll::Ready(Some(data)) => {
-                    me.pending = data;
-                    me.at = 0;
-                }
+                Poll::Ready(Some(data)) => me.pending = data,
                 Poll::Ready(None) => return Poll::Ready(Ok(())),
                 Poll::Pending => return Poll::Pending,
             }
         }
-        let n = buf.remaining().min(me.pending.len() - me.at);
-        buf.put_slice(&me.pending[me.at..me.at + n]);
-        me.at += n;
+        let n = buf.remaining().min(me.pending.len());
+        buf.put_slice(&me.pending.split_to(n));
         Poll::Ready(Ok(()))
     }
 }
 
 impl AsyncWrite for PipeIo {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<std::io::Result<usize>> {
-        let closed = || std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the tunnel closed");
-        match self.tx.poll_ready(cx) {
-            Poll::Ready(Ok(())) => {}
-            Poll::Ready(Err(_)) => return Poll::Ready(Err(closed())),
-            Poll::Pending => return Poll::Pending,
-        }
-        // At most 64 KiB per message of the tunnel.
-        let n = data.len().min(64 * 1024);
-        self.tx.start_send(data[..n].to_vec()).map_err(|_| closed())?;
+        std::task::ready!(self.tx.as_mut().poll_ready(cx))?;
+        // At most 256 KiB per message of the tunnel.
+        let n = data.len().min(256 * 1024);
+        self.tx.as_mut().start_send(bytes::Bytes::copy_from_slice(&data[..n]))?;
         Poll::Ready(Ok(n))
     }
 
-    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Poll::Ready(Ok(()))
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.tx.as_mut().poll_flush(cx)
     }
 
-    fn poll_shutdown(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        self.tx.close_channel();
-        Poll::Ready(Ok(()))
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.tx.as_mut().poll_close(cx)
     }
 }
 

@@ -304,13 +304,18 @@ impl Owners {
     /// expected (starting, or running: just resumed, or its agent between two connections) is
     /// waited for up to [`LINK_WAIT`].
     pub async fn agent(&self, computer: &str) -> Result<Agent, CallError> {
+        let link = self.link(computer).await?;
+        link.client().await.map_err(|_| self.not_linked(computer))
+    }
+
+    /// The Computer's link on this node, waited for as [`Owners::agent`] does.
+    pub async fn link(&self, computer: &str) -> Result<computerd_actors::link::Link, CallError> {
         let link = match self.links.get(computer) {
             Some(l) => Some(l),
             None if self.expects_agent(computer) => self.wait_link(computer).await,
             None => None,
         };
-        let link = link.ok_or_else(|| self.not_linked(computer))?;
-        link.client().await.map_err(|_| self.not_linked(computer))
+        link.ok_or_else(|| self.not_linked(computer))
     }
 
     /// Waits up to [`LINK_WAIT`] for the Computer's link to come up here; gives up early when
