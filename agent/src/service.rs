@@ -245,55 +245,15 @@ impl Agent for AgentService {
         check(&self.generation, &req)?;
         let mut stream = req.into_inner();
         let first = stream.next().await.ok_or_else(|| ErrorKind::InvalidRequest.status("empty write"))??;
-        let (account, path) = self.file_call(&first.user, first.root_allowed, &first.path)?;
-        let target = path.clone();
-        let begun = users::run_as(&account, move || files::begin_write(&target))
-            .await
-            .map_err(thread_status)?
-            .map_err(file_status)?;
-        // The guard removes the temporary file on any early return, and also when the call is
-        // cancelled (the node resets the stream and this future is dropped mid-write).
-        let tmp = files::TempFile::new(begun.temp.clone(), account.clone());
-        let mode = begun.mode;
-        // The disk is written, and what is written hashed, on two threads of their own while
-        // this task receives the next chunk; the file is synced before it is checked and put in
-        // place.
-        let mut f = computerd_proto::durable::DurableWriter::start_hashed(begun.file);
-        let mut total = first.data.len() as u64;
-        if total > files::MAX_FILE {
-            return Err(file_status(FileError::TooLarge));
-        }
-        f.write(first.data.clone()).await.map_err(|e| file_status(e.into()))?;
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk?;
-            total += chunk.data.len() as u64;
-            if total > files::MAX_FILE {
-                return Err(file_status(FileError::TooLarge));
-            }
-            f.write(chunk.data).await.map_err(|e| file_status(e.into()))?;
-        }
-        let (f, digest) = f.finish_hashed().await.map_err(|e| file_status(e.into()))?;
-        let sha256 = hex::encode(digest);
-        // A copy that must arrive exactly: checked before it is put in place (the guard removes
-        // the temporary file).
-        if first.expect_size.is_some_and(|n| n != total) {
-            return Err(ErrorKind::DigestMismatch
-                .status(format!("{total} bytes arrived, not {}", first.expect_size.unwrap_or(0))));
-        }
-        if !first.expect_sha256.is_empty() && !first.expect_sha256.eq_ignore_ascii_case(&sha256) {
-            return Err(ErrorKind::DigestMismatch
-                .status(format!("what arrived hashes to {sha256}, not {}", first.expect_sha256)));
-        }
-        let temp = tmp.path().to_path_buf();
-        let (placed, entry) = users::run_as(&account, move || files::finish_write(&f, mode, &temp, &path))
-            .await
-            .map_err(thread_status)?;
-        if placed {
-            tmp.placed();
-        }
-        let mut answer = info(entry.map_err(file_status)?);
-        answer.sha256 = sha256;
-        Ok(Response::new(answer))
+        let head = WriteHead {
+            path: first.path,
+            user: first.user,
+            root_allowed: first.root_allowed,
+            expect_size: first.expect_size,
+            expect_sha256: first.expect_sha256,
+        };
+        let rest = stream.map(|c| c.map(|c| c.data));
+        Ok(Response::new(self.write(head, futures::stream::iter([Ok(first.data)]).chain(rest)).await?))
     }
 
     async fn remove_file(&self, req: Request<FilePath>) -> Result<Response<Nothing>, Status> {
@@ -383,9 +343,103 @@ impl Agent for AgentService {
     }
 }
 
+/// What a write names: the first chunk of `WriteFile`, or a write tunnel's opening.
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WriteHead {
+    path: String,
+    #[serde(default)]
+    user: String,
+    #[serde(default)]
+    root_allowed: bool,
+    /// The write is refused unless exactly this many bytes arrive.
+    #[serde(default)]
+    expect_size: Option<u64>,
+    /// The write is refused unless what arrives hashes to this (hex SHA-256).
+    #[serde(default)]
+    expect_sha256: String,
+}
+
 impl AgentService {
+    /// Writes a file from `data` as [`WriteHead`] says: into a temporary file of the account,
+    /// hashed and synced, then checked and put in place (nothing is put in place on any error,
+    /// and a stream that ends with an error or is dropped leaves nothing behind).
+    async fn write<S>(&self, head: WriteHead, mut data: S) -> Result<FileInfo, Status>
+    where
+        S: Stream<Item = Result<bytes::Bytes, Status>> + Unpin,
+    {
+        let (account, path) = self.file_call(&head.user, head.root_allowed, &head.path)?;
+        let target = path.clone();
+        let begun = users::run_as(&account, move || files::begin_write(&target))
+            .await
+            .map_err(thread_status)?
+            .map_err(file_status)?;
+        // The guard removes the temporary file on any early return, and also when the call is
+        // cancelled (the node resets the stream and this future is dropped mid-write).
+        let tmp = files::TempFile::new(begun.temp.clone(), account.clone());
+        let mode = begun.mode;
+        // The disk is written, and what is written hashed, on two threads of their own while
+        // this task receives the next chunk; the file is synced before it is checked and put in
+        // place.
+        let mut f = computerd_proto::durable::DurableWriter::start_hashed(begun.file);
+        let mut total = 0u64;
+        while let Some(chunk) = data.next().await {
+            let chunk = chunk?;
+            total += chunk.len() as u64;
+            if total > files::MAX_FILE {
+                return Err(file_status(FileError::TooLarge));
+            }
+            f.write(chunk).await.map_err(|e| file_status(e.into()))?;
+        }
+        let (f, digest) = f.finish_hashed().await.map_err(|e| file_status(e.into()))?;
+        let sha256 = hex::encode(digest);
+        // A copy that must arrive exactly: checked before it is put in place (the guard removes
+        // the temporary file).
+        if let Some(want) = head.expect_size.filter(|n| *n != total) {
+            return Err(ErrorKind::DigestMismatch.status(format!("{total} bytes arrived, not {want}")));
+        }
+        if !head.expect_sha256.is_empty() && !head.expect_sha256.eq_ignore_ascii_case(&sha256) {
+            return Err(ErrorKind::DigestMismatch
+                .status(format!("what arrived hashes to {sha256}, not {}", head.expect_sha256)));
+        }
+        let temp = tmp.path().to_path_buf();
+        let (placed, entry) = users::run_as(&account, move || files::finish_write(&f, mode, &temp, &path))
+            .await
+            .map_err(thread_status)?;
+        if placed {
+            tmp.placed();
+        }
+        let mut answer = info(entry.map_err(file_status)?);
+        answer.sha256 = sha256;
+        Ok(answer)
+    }
+
+    /// A write tunnel (a copy into this machine): the node's bytes until its end, then the answer
+    /// as JSON, `{"size", "sha256"}` or `{"error": {"kind", "message"}}`, and this side's end. A
+    /// tunnel reset before its end writes nothing.
+    async fn serve_write(&self, head: WriteHead, io: computerd_proto::mux::TunnelIo) {
+        use futures::SinkExt;
+        let (mut from, mut to) = io.split();
+        let chunks = futures::stream::poll_fn(|cx| match std::task::ready!(from.poll_next_unpin(cx)) {
+            Some(b) => std::task::Poll::Ready(Some(Ok(b))),
+            None if from.ended_cleanly() => std::task::Poll::Ready(None),
+            None => std::task::Poll::Ready(Some(Err(Status::cancelled("the copy was cut off")))),
+        });
+        let answer = match self.write(head, chunks).await {
+            Ok(info) => serde_json::json!({"size": info.size, "sha256": info.sha256}),
+            Err(s) => {
+                let kind = ErrorKind::of(&s).unwrap_or(ErrorKind::Internal);
+                serde_json::json!({"error": {"kind": kind.as_str(), "message": s.message()}})
+            }
+        };
+        if to.send(bytes::Bytes::from(answer.to_string())).await.is_ok() {
+            let _ = to.close().await;
+        }
+    }
+
     /// A tunnel the node opened on the link: to a port of this machine (when its owner allowed
-    /// ports) or to the desktop's VNC server (a person's stream, filtered by its mode). What it
+    /// ports), to the desktop's VNC server (a person's stream, filtered by its mode), or into a
+    /// file (a copy). What it
     /// opens is connected before the tunnel is accepted, so a refusal says why.
     pub async fn serve_tunnel(&self, incoming: computerd_proto::mux::Incoming) {
         let refuse = |incoming: computerd_proto::mux::Incoming, kind: ErrorKind, message: &str| {
@@ -395,6 +449,12 @@ impl AgentService {
             Ok(v) => v,
             Err(e) => return refuse(incoming, ErrorKind::InvalidRequest, &format!("bad tunnel: {e}")),
         };
+        if target["target"] == "write" {
+            return match serde_json::from_value::<WriteHead>(target) {
+                Ok(head) => self.serve_write(head, incoming.accept()).await,
+                Err(e) => refuse(incoming, ErrorKind::InvalidRequest, &format!("bad write: {e}")),
+            };
+        }
         if target["target"] == "port" {
             if !self.ports {
                 let why = "this computer's ports are not reachable from outside";

@@ -832,4 +832,29 @@ mod tests {
         let mut got = Vec::new();
         assert_eq!(r.read_to_end(&mut got).await.expect_err("link gone").kind(), io::ErrorKind::ConnectionReset);
     }
+
+    #[tokio::test]
+    async fn an_answer_written_before_a_reader_drops_arrives_before_the_reset() {
+        let (node, agent, mut events) = linked();
+        let (io, served) = open(&node, &mut events, 1).await;
+        let (mut r, mut w) = io.split();
+        // The node keeps sending; the agent answers early, ends its side and stops reading.
+        let sender = tokio::spawn(async move {
+            let chunk = pattern(64 * 1024);
+            loop {
+                if let Err(e) = w.write_all(&chunk).await {
+                    return e.kind();
+                }
+            }
+        });
+        let (served_r, mut served_w) = served.split();
+        served_w.write_all(b"{\"error\":\"no room\"}").await.expect("answer");
+        served_w.shutdown().await.expect("end");
+        drop(served_r);
+        let mut answer = Vec::new();
+        r.read_to_end(&mut answer).await.expect("the answer, then the end");
+        assert_eq!(answer, b"{\"error\":\"no room\"}");
+        assert_eq!(sender.await.expect("sender"), io::ErrorKind::BrokenPipe);
+        assert_eq!((count(&node).await, count(&agent).await), (0, 0));
+    }
 }

@@ -137,6 +137,22 @@ async fn t20_copies_into_and_out_of_a_computer() {
         )
         .await;
     assert_eq!(s, 404, "{v}");
+    // The agent's refusal comes back through the copy's tunnel as its own error: a directory is
+    // not overwritten by a file, and nothing else changes.
+    let into_dir = json!({"blobId": blob, "path": ".agent-turn/run_1/inbox"});
+    let (s, v) = c.call(Method::POST, 1, &format!("/v1/computers/{id}/copy-to-box"), &c.token, Some(into_dir)).await;
+    assert_eq!((s, v["error"]["kind"].as_str()), (400, Some("invalid_request")), "{v}");
+    assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("directory")), "{v}");
+    let (s, f) = c
+        .call(
+            Method::GET,
+            1,
+            &format!("/v1/computers/{id}/files?path=.agent-turn/run_1/inbox/report.pdf&encoding=base64"),
+            &c.token,
+            None,
+        )
+        .await;
+    assert_eq!((s, f["size"].as_u64()), (200, Some(120_000)), "{f}");
     let from = json!({"path": ".agent-turn/run_1/inbox/report.pdf", "mimeType": "application/pdf"});
     let (s, back) = c.call(Method::POST, 1, &format!("/v1/computers/{id}/copy-from-box"), &c.token, Some(from)).await;
     assert_eq!(s, 200, "{back}");

@@ -76,6 +76,17 @@ pub async fn agent_for(state: &AppState, caller: &Caller, computer_id: &str, wri
     Ok(state.owners.agent(computer_id).await?)
 }
 
+/// The Computer's link on this node (for a tunnel), after the same checks as [`agent_for`].
+pub async fn link_for(
+    state: &AppState,
+    caller: &Caller,
+    computer_id: &str,
+    write: bool,
+) -> Result<computerd_actors::link::Link, ApiError> {
+    admit(state, caller, computer_id, write).await?;
+    Ok(state.owners.link(computer_id).await?)
+}
+
 /// Who a session or file call runs as on the agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunAs {

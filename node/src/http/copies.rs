@@ -8,12 +8,11 @@
 use axum::Json;
 use axum::extract::Path;
 use axum::extract::State;
-use bytes::Bytes;
 use computerd_proto::ErrorKind;
-use computerd_proto::agent::FileChunk;
 use computerd_proto::agent::FilePath;
 use computerd_raft::sm::Artifact;
 use computerd_raft::sm::Command;
+use futures::SinkExt;
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::Value;
@@ -35,7 +34,6 @@ use crate::owner::CallError;
 
 /// A copy is at most this large (the agent's file bound).
 const MAX_COPY: u64 = 16 << 20;
-const CHUNK: usize = 256 << 10;
 
 /// `POST …/copy-to-box` body.
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -64,20 +62,22 @@ pub struct FromBoxIn {
     user: Option<String>,
 }
 
-/// `b` in pieces of at most `max` bytes (no copy).
-fn pieces(mut b: Bytes, max: usize) -> Vec<Bytes> {
-    let mut out = Vec::with_capacity(b.len().div_ceil(max.max(1)));
-    while b.len() > max {
-        out.push(b.split_to(max));
-    }
-    if !b.is_empty() {
-        out.push(b);
-    }
-    out
-}
-
 fn agent_error(s: tonic::Status) -> ApiError {
     CallError::from_status(s).into()
+}
+
+/// What the agent says it wrote.
+struct Written {
+    size: u64,
+    sha256: String,
+}
+
+/// A tunnel the agent did not open.
+fn refused(r: computerd_proto::mux::Refused) -> ApiError {
+    match ErrorKind::parse(&r.kind) {
+        Some(kind) => agent_error(kind.status(r.message)),
+        None => ApiError::new(ErrorKind::Unavailable, r.message),
+    }
 }
 
 /// `POST /v1/computers/:id/copy-to-box`
@@ -104,45 +104,60 @@ pub async fn to_box(
     // The bytes stream from here, or from a node that holds them, straight into the link; the
     // agent counts and hashes what arrives and puts nothing in place unless it is the blob.
     let bytes = crate::owner::blobs::open(&state, &blob).await.map_err(|(kind, why)| ApiError::new(kind, why))?;
-    let mut first = FileChunk {
-        path: req.path.clone(),
-        user: who.user.clone(),
-        root_allowed: who.root_allowed,
-        expect_sha256: blob.sha256.clone(),
-        expect_size: Some(blob.size),
-        ..Default::default()
-    };
-    let (tx, rx) = tokio::sync::mpsc::channel::<FileChunk>(8);
-    // The feeder: the first chunk names the file (an empty blob sends it alone). A read that
-    // fails ends the stream early and says why (the agent then refuses the short file).
-    let feeder = tokio::spawn(async move {
+    // A tunnel of the link carries the bytes (no gRPC message or HTTP/2 stream per chunk); the
+    // agent answers once it has the file, or why not.
+    let open = json!({
+        "target": "write",
+        "path": req.path,
+        "user": who.user,
+        "rootAllowed": who.root_allowed,
+        "expectSize": blob.size,
+        "expectSha256": blob.sha256,
+    });
+    let link = super::calls::link_for(&state, &caller, &id, true).await?;
+    let io = link.tunnel(open.to_string().as_bytes()).await.map_err(refused)?;
+    let (from, mut to) = io.split();
+    let send = async move {
         let mut bytes = bytes;
-        let mut named = false;
         while let Some(next) = bytes.next().await {
-            for data in pieces(next.map_err(|e| e.to_string())?, CHUNK) {
-                let chunk = if named {
-                    FileChunk { data, ..Default::default() }
-                } else {
-                    named = true;
-                    FileChunk { data, ..std::mem::take(&mut first) }
-                };
-                if tx.send(chunk).await.is_err() {
-                    return Ok(());
-                }
+            let Ok(data) = next else {
+                // The agent must not take a short file for the blob: the tunnel is reset.
+                to.abort();
+                return Err(());
+            };
+            if to.send(data).await.is_err() {
+                return Ok(()); // the agent answered early: its answer says why
             }
         }
-        if !named {
-            let _ = tx.send(first).await;
+        let _ = to.close().await;
+        Ok(())
+    };
+    let answer = async move {
+        let mut answer = Vec::new();
+        let mut from = from;
+        while let Some(b) = from.next().await {
+            if answer.len() + b.len() > 64 * 1024 {
+                return None;
+            }
+            answer.extend_from_slice(&b);
         }
-        Ok::<(), String>(())
-    });
-    let chunks = tokio_stream::wrappers::ReceiverStream::new(rx);
-    let mut agent = agent_for(&state, &caller, &id, true).await?;
-    let written = agent.write_file(chunks).await;
-    if let Ok(Err(why)) = feeder.await {
-        return Err(ApiError::new(ErrorKind::Unavailable, format!("the blob's bytes were cut: {why}")));
+        from.ended_cleanly().then_some(answer)
+    };
+    let (sent, answer) = tokio::join!(send, answer);
+    if sent.is_err() {
+        return Err(ApiError::new(ErrorKind::Unavailable, "the blob's bytes were cut: the copy was stopped"));
     }
-    let written = written.map_err(agent_error)?.into_inner();
+    let answer: Value = answer
+        .and_then(|a| serde_json::from_slice(&a).ok())
+        .ok_or_else(|| ApiError::new(ErrorKind::Unavailable, "the computer's link ended during the copy"))?;
+    if let Some(e) = answer.get("error") {
+        let kind = e["kind"].as_str().and_then(ErrorKind::parse).unwrap_or(ErrorKind::Internal);
+        return Err(agent_error(kind.status(e["message"].as_str().unwrap_or(""))));
+    }
+    let written = Written {
+        size: answer["size"].as_u64().unwrap_or(u64::MAX),
+        sha256: answer["sha256"].as_str().unwrap_or("").to_string(),
+    };
     if written.sha256 != blob.sha256 || written.size != blob.size {
         return Err(ApiError::new(ErrorKind::DigestMismatch, "the agent put a file that is not the blob"));
     }

@@ -107,6 +107,8 @@ struct Shared {
     unconsumed: AtomicU64,
     /// The peer ended its side cleanly.
     peer_ended: AtomicBool,
+    /// This side's writer was cut short (reset, not ended): no end frame goes before the reset.
+    aborted: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -159,6 +161,8 @@ pub struct TunnelEnd {
     answer: Option<oneshot::Sender<Result<(), Refused>>>,
     /// This side's end was sent.
     pub(super) sent_end: bool,
+    /// This side reset the tunnel: sent once what the writer had written is.
+    reset: Option<Bytes>,
 }
 
 impl Drop for TunnelEnd {
@@ -227,9 +231,28 @@ impl TunnelEnd {
     /// The next frame this side sends: its credits and resets first, then its data; the
     /// writer's end becomes an end frame. The bool says the tunnel is over once it is sent.
     pub(super) fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<(Bytes, bool)>> {
-        if let Poll::Ready(Some(f)) = Pin::new(&mut self.ctl).poll_next(cx) {
-            let over = f.first() == Some(&KIND_TUN_RESET);
-            return Poll::Ready(Some((f, over)));
+        if self.reset.is_none()
+            && let Poll::Ready(Some(f)) = Pin::new(&mut self.ctl).poll_next(cx)
+        {
+            if f.first() != Some(&KIND_TUN_RESET) {
+                return Poll::Ready(Some((f, false)));
+            }
+            self.reset = Some(f);
+        }
+        if let Some(reset) = &self.reset {
+            // What the writer wrote before the reset goes first (an answer, then the reader's
+            // drop: the peer reads the answer); nothing it writes after.
+            if !self.sent_end {
+                match Pin::new(&mut self.from_writer).poll_next(cx) {
+                    Poll::Ready(Some(f)) => return Poll::Ready(Some((f, false))),
+                    Poll::Ready(None) if !self.shared.aborted.load(Ordering::Acquire) => {
+                        self.sent_end = true;
+                        return Poll::Ready(Some((frame(KIND_TUN_END, self.id, &[]), false)));
+                    }
+                    _ => {}
+                }
+            }
+            return Poll::Ready(Some((reset.clone(), true)));
         }
         if self.sent_end {
             return Poll::Pending;
@@ -290,6 +313,7 @@ pub(super) fn ends(id: u32, first: Option<Bytes>) -> (TunnelEnd, TunnelIo) {
         shared: shared.clone(),
         answer: None,
         sent_end: false,
+        reset: None,
     };
     let reader = TunnelReader {
         id,
@@ -300,7 +324,7 @@ pub(super) fn ends(id: u32, first: Option<Bytes>) -> (TunnelEnd, TunnelIo) {
         pending: Bytes::new(),
         done: false,
     };
-    let writer = TunnelWriter { id, tx, shared, pending: Bytes::new() };
+    let writer = TunnelWriter { id, tx, ctl: ctl_tx.clone(), shared, pending: Bytes::new() };
     (end, TunnelIo { reader, writer, ctl: ctl_tx })
 }
 
@@ -352,6 +376,7 @@ impl TunnelIo {
     /// Ends the tunnel both ways at once, telling the peer why.
     pub fn reset(mut self, kind: &str, message: &str) {
         let why = serde_json::json!({"kind": kind, "message": message}).to_string();
+        self.writer.shared.aborted.store(true, Ordering::Release);
         let _ = self.ctl.unbounded_send(frame(KIND_TUN_RESET, self.reader.id, why.as_bytes()));
         self.reader.done = true; // the reset is sent: the reader's drop sends no other
     }
@@ -374,6 +399,12 @@ pub struct TunnelReader {
 }
 
 impl TunnelReader {
+    /// True once the peer ended its side cleanly: a reader that ended otherwise was reset (or
+    /// its link ended), and what it read may be cut short.
+    pub fn ended_cleanly(&self) -> bool {
+        self.shared.peer_ended.load(Ordering::Acquire)
+    }
+
     fn consume(&mut self, n: usize) {
         self.consumed += n as u64;
         if self.consumed >= CREDIT_STEP {
@@ -447,6 +478,7 @@ impl AsyncRead for TunnelReader {
 pub struct TunnelWriter {
     id: u32,
     tx: mpsc::Sender<Bytes>,
+    ctl: mpsc::UnboundedSender<Bytes>,
     shared: Arc<Shared>,
     /// A chunk given to the sink and not all framed yet.
     pending: Bytes,
@@ -457,6 +489,13 @@ fn broken() -> io::Error {
 }
 
 impl TunnelWriter {
+    /// Ends the tunnel both ways (after what was written): the peer learns that this side's
+    /// bytes were cut short, not ended.
+    pub fn abort(self) {
+        self.shared.aborted.store(true, Ordering::Release);
+        let _ = self.ctl.unbounded_send(frame(KIND_TUN_RESET, self.id, &[]));
+    }
+
     /// Room for one frame of at most `want` bytes: how many it may carry.
     fn poll_room(&mut self, cx: &mut Context<'_>, want: usize) -> Poll<io::Result<usize>> {
         {
@@ -479,7 +518,7 @@ impl TunnelWriter {
     }
 
     /// Frames `data` (which fits the room just granted) and takes its credit.
-    fn send(&mut self, data: &[u8]) -> io::Result<()> {
+    fn frame_out(&mut self, data: &[u8]) -> io::Result<()> {
         self.shared.credit().avail -= data.len() as u64;
         self.tx.start_send(frame(KIND_TUN_DATA, self.id, data)).map_err(|_| broken())
     }
@@ -489,7 +528,7 @@ impl TunnelWriter {
         while !self.pending.is_empty() {
             let n = std::task::ready!(self.poll_room(cx, self.pending.len()))?;
             let chunk = self.pending.split_to(n);
-            self.send(&chunk)?;
+            self.frame_out(&chunk)?;
         }
         Poll::Ready(Ok(()))
     }
@@ -525,7 +564,7 @@ impl AsyncWrite for TunnelWriter {
             return Poll::Ready(Ok(0));
         }
         let n = std::task::ready!(self.poll_room(cx, buf.len()))?;
-        self.send(&buf[..n])?;
+        self.frame_out(&buf[..n])?;
         Poll::Ready(Ok(n))
     }
 
