@@ -61,7 +61,7 @@ pub const WINDOW: u64 = 2 << 20;
 /// Consumed bytes are given back once this many add up.
 const CREDIT_STEP: u64 = WINDOW / 4;
 /// The largest frame of a tunnel's bytes.
-const MAX_DATA: usize = 256 * 1024;
+const MAX_DATA: usize = 1024 * 1024;
 /// Frames a tunnel may have waiting for the WebSocket before its writes wait.
 const QUEUE: usize = 8;
 /// Tunnels a link carries at once (an agent refuses more).
