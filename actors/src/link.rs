@@ -53,6 +53,9 @@ pub const SILENCE: Duration = Duration::from_secs(12);
 /// How long an HTTP/2 connection stays open on a link after its last call was started, unless
 /// the registry says otherwise ([`LinkRegistry::with_linger`]).
 pub const LINGER: Duration = Duration::from_secs(15);
+/// How long the agent may take to open what a tunnel asks for (its own connect to a port gives
+/// up after 10 s).
+pub const TUNNEL_OPEN_WITHIN: Duration = Duration::from_secs(30);
 /// How long a link that was told to end (replaced, or shed) waits for calls still under way.
 const DRAIN: Duration = Duration::from_secs(60);
 
@@ -204,8 +207,9 @@ impl Link {
 
 impl Link {
     /// Opens a byte tunnel to the agent ([`computerd_proto::mux::tunnel`]): `open` (JSON) says
-    /// to what; the agent's refusal comes back as its error kind and message. Fails at once when
-    /// the link ended.
+    /// to what; the agent's refusal comes back as its error kind and message (an empty kind: the
+    /// link ended). Fails at once when the link ended, and after [`TUNNEL_OPEN_WITHIN`] without
+    /// an answer.
     pub async fn tunnel(&self, open: &[u8]) -> Result<TunnelIo, Refused> {
         let opening = {
             let mut e = self.shared.epochs.lock().unwrap_or_else(|p| p.into_inner());
@@ -218,7 +222,13 @@ impl Link {
             opening
         };
         self.shared.opened.notify_one();
-        opening.answer().await
+        match tokio::time::timeout(TUNNEL_OPEN_WITHIN, opening.answer()).await {
+            Ok(answer) => answer,
+            // Dropping the opening resets the tunnel, should the answer still come.
+            Err(_) => {
+                Err(Refused { kind: "unavailable".into(), message: "the agent did not open the tunnel in time".into() })
+            }
+        }
     }
 }
 

@@ -29,10 +29,6 @@ use crate::state::AppState;
 /// is here, a `Routing.Tunnel` call to its node otherwise.
 pub type Pipe = (Pin<Box<dyn Sink<Bytes, Error = std::io::Error> + Send>>, BoxStream<'static, Bytes>);
 
-/// How long the agent may take to open what a tunnel asks for (its own connect gives up after
-/// 10 s).
-const OPEN_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
-
 /// What a tunnel opens (the first message of `Routing.Tunnel`, as JSON).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged, deny_unknown_fields)]
@@ -85,19 +81,7 @@ pub async fn open_here(state: &AppState, computer: &str, opening: &Opening) -> R
     };
     let link = state.owners.link(computer).await?;
     let open = open.to_string();
-    let io = match tokio::time::timeout(OPEN_WITHIN, link.tunnel(open.as_bytes())).await {
-        Ok(Ok(io)) => io,
-        Ok(Err(refused)) if refused.kind.is_empty() => {
-            return Err(CallError::new(ErrorKind::Unavailable, refused.message));
-        }
-        Ok(Err(refused)) => {
-            let kind = ErrorKind::parse(&refused.kind).unwrap_or(ErrorKind::Internal);
-            return Err(CallError::new(kind, refused.message));
-        }
-        Err(_) => {
-            return Err(CallError::new(ErrorKind::Unavailable, "the computer's agent did not open the tunnel in time"));
-        }
-    };
+    let io = link.tunnel(open.as_bytes()).await.map_err(CallError::from_refused)?;
     let (from, to) = io.split();
     Ok((Box::pin(to), from.boxed()))
 }

@@ -72,14 +72,6 @@ struct Written {
     sha256: String,
 }
 
-/// A tunnel the agent did not open.
-fn refused(r: computerd_proto::mux::Refused) -> ApiError {
-    match ErrorKind::parse(&r.kind) {
-        Some(kind) => agent_error(kind.status(r.message)),
-        None => ApiError::new(ErrorKind::Unavailable, r.message),
-    }
-}
-
 /// `POST /v1/computers/:id/copy-to-box`
 #[utoipa::path(post, path = "/v1/computers/{id}/copy-to-box", operation_id = "copy_to_box", tag = "files", params(("id" = String, Path)), request_body = ToBoxIn, responses((status = 200, description = "The artifact: `{\"artifactId\", \"path\", \"size\", \"sha256\", \"blobId\"}`, as the agent counted and hashed it", body = Object), (status = 404, description = "no such blob (or not the caller's)", body = ErrorBody), (status = 422, description = "`DigestMismatch`: what arrived is not the blob; nothing was put in place", body = ErrorBody)), security(("bearer" = [])))]
 pub async fn to_box(
@@ -115,7 +107,7 @@ pub async fn to_box(
         "expectSha256": blob.sha256,
     });
     let link = super::calls::link_for(&state, &caller, &id, true).await?;
-    let io = link.tunnel(open.to_string().as_bytes()).await.map_err(refused)?;
+    let io = link.tunnel(open.to_string().as_bytes()).await.map_err(|r| ApiError::from(CallError::from_refused(r)))?;
     let (from, mut to) = io.split();
     let send = async move {
         let mut bytes = bytes;

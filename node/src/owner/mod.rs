@@ -87,6 +87,15 @@ impl CallError {
         Self { kind, message: message.into() }
     }
 
+    /// A tunnel the agent did not open: its refusal as if a call had answered it (no kind: the
+    /// link ended, or no answer came).
+    pub fn from_refused(r: computerd_proto::mux::Refused) -> Self {
+        match ErrorKind::parse(&r.kind) {
+            Some(kind) => Self::from_status(kind.status(r.message)),
+            None => Self::new(ErrorKind::Unavailable, r.message),
+        }
+    }
+
     /// The one mapping of an agent's or a peer's answer to the caller's error. The kind the
     /// answer carries decides; a status without one comes from the transport (the link or a
     /// connection failed) and is logged.
