@@ -76,6 +76,24 @@ impl Viewer {
         self.buf.drain(..n).collect()
     }
 
+    /// Reads `n` bytes and drops them (a frame's pixels: no copy of what is not kept).
+    async fn skip(&mut self, mut n: usize) {
+        let k = n.min(self.buf.len());
+        self.buf.drain(..k);
+        n -= k;
+        while n > 0 {
+            match tokio::time::timeout(std::time::Duration::from_secs(30), self.ws.next()).await {
+                Ok(Some(Ok(Message::Binary(b)))) if b.len() <= n => n -= b.len(),
+                Ok(Some(Ok(Message::Binary(b)))) => {
+                    self.buf.extend_from_slice(&b[n..]);
+                    n = 0;
+                }
+                Ok(Some(Ok(_))) => {}
+                other => panic!("the stream ended while {n} bytes were awaited: {other:?}"),
+            }
+        }
+    }
+
     /// Asks for the whole screen and reads one update: answers its rectangles' total pixels.
     /// x11vnc handles a client's messages in order, so once this answers, every event sent
     /// before it was handled (or dropped).
@@ -95,7 +113,7 @@ impl Viewer {
                             (u16::from_be_bytes([r[4], r[5]]) as usize, u16::from_be_bytes([r[6], r[7]]) as usize);
                         let enc = i32::from_be_bytes([r[8], r[9], r[10], r[11]]);
                         assert_eq!(enc, 0, "raw encoding only");
-                        self.read(rw * rh * 4).await;
+                        self.skip(rw * rh * 4).await;
                         pixels += (rw * rh) as u64;
                     }
                     return pixels;

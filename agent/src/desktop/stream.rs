@@ -173,7 +173,7 @@ impl Desktop {
             Ok::<(), String>(())
         };
         let downstream = async move {
-            let mut buf = vec![0u8; 64 * 1024];
+            let mut buf = vec![0u8; 256 * 1024];
             loop {
                 let n = rd.read(&mut buf).await.map_err(|e| format!("x11vnc: {e}"))?;
                 if n == 0 {

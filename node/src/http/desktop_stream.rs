@@ -26,6 +26,7 @@ use axum::response::IntoResponse;
 use axum::response::Response;
 use computerd_proto::ErrorKind;
 use computerd_raft::sm::Source;
+use futures::FutureExt;
 use futures::SinkExt;
 use futures::StreamExt;
 use serde::Deserialize;
@@ -228,8 +229,18 @@ pub async fn websocket(
             }
         };
         let down = async move {
-            while let Some(data) = from_computer.next().await {
-                if out.send(Message::Binary(data)).await.is_err() {
+            // What has come is written together, with one flush (a frame is many messages).
+            'stream: while let Some(data) = from_computer.next().await {
+                if out.feed(Message::Binary(data)).await.is_err() {
+                    break;
+                }
+                while let Some(more) = from_computer.next().now_or_never() {
+                    let Some(data) = more else { break 'stream };
+                    if out.feed(Message::Binary(data)).await.is_err() {
+                        break 'stream;
+                    }
+                }
+                if out.flush().await.is_err() {
                     break;
                 }
             }
