@@ -214,7 +214,7 @@ impl Link {
         let opening = {
             let mut e = self.shared.epochs.lock().unwrap_or_else(|p| p.into_inner());
             if e.closed {
-                return Err(Refused { kind: String::new(), message: "the agent's link ended".into() });
+                return Err(Refused::link_ended());
             }
             e.last_tunnel += 1;
             let (end, opening) = mux::tunnel::open(e.last_tunnel, open);

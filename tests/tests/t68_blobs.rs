@@ -117,16 +117,7 @@ async fn t20_copies_into_and_out_of_a_computer() {
     assert_eq!(s, 200, "{art}");
     assert_eq!((art["size"].as_u64(), art["sha256"].as_str()), (Some(120_000), Some(sha(&report).as_str())), "{art}");
     assert!(art["artifactId"].as_str().is_some_and(|a| a.starts_with("art_")), "{art}");
-    let (s, f) = c
-        .call(
-            Method::GET,
-            1,
-            &format!("/v1/computers/{id}/files?path=.agent-turn/run_1/inbox/report.pdf&encoding=base64"),
-            &c.token,
-            None,
-        )
-        .await;
-    assert_eq!((s, f["size"].as_u64()), (200, Some(120_000)), "{f}");
+    assert_eq!(inbox_report_size(&c, &id).await, (200, Some(120_000)));
     let (s, v) = c
         .call(
             Method::POST,
@@ -143,16 +134,7 @@ async fn t20_copies_into_and_out_of_a_computer() {
     let (s, v) = c.call(Method::POST, 1, &format!("/v1/computers/{id}/copy-to-box"), &c.token, Some(into_dir)).await;
     assert_eq!((s, v["error"]["kind"].as_str()), (400, Some("invalid_request")), "{v}");
     assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("directory")), "{v}");
-    let (s, f) = c
-        .call(
-            Method::GET,
-            1,
-            &format!("/v1/computers/{id}/files?path=.agent-turn/run_1/inbox/report.pdf&encoding=base64"),
-            &c.token,
-            None,
-        )
-        .await;
-    assert_eq!((s, f["size"].as_u64()), (200, Some(120_000)), "{f}");
+    assert_eq!(inbox_report_size(&c, &id).await, (200, Some(120_000)));
     let from = json!({"path": ".agent-turn/run_1/inbox/report.pdf", "mimeType": "application/pdf"});
     let (s, back) = c.call(Method::POST, 1, &format!("/v1/computers/{id}/copy-from-box"), &c.token, Some(from)).await;
     assert_eq!(s, 200, "{back}");
@@ -172,6 +154,13 @@ async fn t20_copies_into_and_out_of_a_computer() {
         )
         .await;
     assert_eq!(s, 404, "{v}");
+}
+
+/// The status of a read of the copied report in the Computer, and its size.
+async fn inbox_report_size(c: &TestCluster, id: &str) -> (u16, Option<u64>) {
+    let path = format!("/v1/computers/{id}/files?path=.agent-turn/run_1/inbox/report.pdf&encoding=base64");
+    let (s, f) = c.call(Method::GET, 1, &path, &c.token, None).await;
+    (s, f["size"].as_u64())
 }
 
 /// `GET /api/blobs/:id` on node `node`: the status and the bytes.

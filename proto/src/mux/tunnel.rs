@@ -94,7 +94,8 @@ impl Refused {
         }
     }
 
-    fn link_ended() -> Self {
+    /// The refusal of a tunnel whose link ended.
+    pub fn link_ended() -> Self {
         Self { kind: String::new(), message: "the agent's link ended".into() }
     }
 }
@@ -523,6 +524,13 @@ impl TunnelWriter {
         self.tx.start_send(frame(KIND_TUN_DATA, self.id, data)).map_err(|_| broken())
     }
 
+    /// Ends this side once what is pending is framed (the mux then sends the end frame).
+    fn poll_end(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        std::task::ready!(self.poll_drain(cx))?;
+        self.tx.close_channel();
+        Poll::Ready(Ok(()))
+    }
+
     /// Frames what is pending, as credit and the queue allow.
     fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         while !self.pending.is_empty() {
@@ -551,9 +559,7 @@ impl Sink<Bytes> for TunnelWriter {
     }
 
     fn poll_close(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        std::task::ready!(self.poll_drain(cx))?;
-        self.tx.close_channel();
-        Poll::Ready(Ok(()))
+        self.poll_end(cx)
     }
 }
 
@@ -574,9 +580,7 @@ impl AsyncWrite for TunnelWriter {
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        std::task::ready!(self.poll_drain(cx))?;
-        self.tx.close_channel();
-        Poll::Ready(Ok(()))
+        self.poll_end(cx)
     }
 }
 
