@@ -4,9 +4,10 @@
 //! - **direct**: HAProxy straight to the sandbox's `127.0.0.1:<port>` (the test sandboxes share
 //!   the host's network), the baseline;
 //! - **proxied**: the same HAProxy config in front of a 3-node cluster, with the address's
-//!   `Host` (`<port>-<label>.localhost`): a node (two times in three one without the link) looks
-//!   the address up, checks the exposer's rights, and tunnels the request through the owner's
-//!   agent link to the port.
+//!   `Host` (`<port>-<label>.localhost`): a node looks the address up, checks the exposer's
+//!   rights, and tunnels the request through the owner's agent link to the port. HAProxy sends
+//!   the address to the node its last answer named as holding the link
+//!   (`X-Computerd-Link-Node`), as `deploy/haproxy.cfg` does.
 //!
 //! Each client keeps its connection to HAProxy alive. The goal: proxied p50 at most 1.5x direct.
 //!
@@ -109,21 +110,24 @@ async fn measure(c: &TestCluster, id: &str, samples: usize) -> Result<()> {
     let other = c.nodes.keys().copied().find(|n| *n != owner).context("another node")?;
     let owner_url = format!("http://{}/big", c.nodes[&owner].http);
     let other_url = format!("http://{}/big", c.nodes[&other].http);
-    let (oc, xc) = (client()?, client()?);
-    let (mut d, mut p, mut o, mut x) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let straight_url = format!("http://127.0.0.1:{port}/big");
+    let (oc, xc, sc) = (client()?, client()?, client()?);
+    let (mut d, mut p, mut o, mut x, mut s) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for i in 0..samples + 100 {
         let t1 = get(&a, &direct_url, None).await.context("direct")?;
         let t2 = get(&b, &proxied_url, Some(&host)).await.context("proxied")?;
         let t3 = get(&oc, &owner_url, Some(&host)).await.context("owner node")?;
         let t4 = get(&xc, &other_url, Some(&host)).await.context("other node")?;
+        let t5 = get(&sc, &straight_url, None).await.context("straight")?;
         if i >= 100 {
             d.push(t1);
             p.push(t2);
             o.push(t3);
             x.push(t4);
+            s.push(t5);
         }
     }
-    for v in [&mut d, &mut p, &mut o, &mut x] {
+    for v in [&mut d, &mut p, &mut o, &mut x, &mut s] {
         v.sort_unstable();
     }
     println!("port-bench: GET of a 64 KiB answer, {samples} each, in turn");
@@ -134,6 +138,7 @@ async fn measure(c: &TestCluster, id: &str, samples: usize) -> Result<()> {
     row("proxied (HAProxy -> node -> link -> port)", &p);
     row("  no balancer: the node holding the link", &o);
     row("  no balancer: a node without the link", &x);
+    row("  no balancer: the sandbox port itself", &s);
     let ratio = percentile_ms(&p, 0.5) / percentile_ms(&d, 0.5);
     println!(
         "proxied/direct p50: {ratio:.2}x (goal <= 1.5x); p99: {:.2}x",

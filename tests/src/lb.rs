@@ -1,6 +1,7 @@
 //! A real load balancer in front of a test cluster: Debian's HAProxy, started as a child process
 //! with a generated config (HTTP mode, WebSocket upgrades tunnelled, health checks on
-//! `/v1/health`, a dead backend's sessions shut down so clients reconnect elsewhere).
+//! `/v1/health`, a dead backend's sessions shut down so clients reconnect elsewhere), and the
+//! rules of `deploy/haproxy.cfg` that send a public port address to the node holding its link.
 
 use std::process::Child;
 use std::process::Command;
@@ -19,7 +20,9 @@ pub struct Haproxy {
 
 impl Haproxy {
     /// Starts HAProxy on a free port in front of `backends` (`host:port` HTTP addresses), with its
-    /// config and log in `dir`; answers once it accepts connections.
+    /// config and log in `dir`; answers once it accepts connections. Backend `i` is server
+    /// `n{i+1}`: a cluster's nodes in id order (`c.nodes.values()`) are named by their ids, as
+    /// the nodes' `X-Computerd-Link-Node` answers name them.
     pub async fn start(dir: &std::path::Path, backends: &[String]) -> Haproxy {
         let port = free_port();
         let mut cfg = format!(
@@ -28,7 +31,7 @@ impl Haproxy {
              timeout tunnel 1h\n  timeout http-request 30s\n  retries 3\n  option redispatch 1\n\
              frontend api\n  bind 127.0.0.1:{port}\n  default_backend nodes\n\
              backend nodes\n  balance roundrobin\n  option httpchk GET /v1/health\n  \
-             default-server inter 250ms fall 2 rise 1 on-marked-down shutdown-sessions\n"
+             default-server inter 250ms fall 2 rise 1 on-marked-down shutdown-sessions\n{STEER}"
         );
         for (i, b) in backends.iter().enumerate() {
             cfg.push_str(&format!("  server n{} {b} check\n", i + 1));
@@ -60,6 +63,19 @@ impl Haproxy {
         format!("http://{}{path}", self.addr)
     }
 }
+
+/// The header this test balancer adds to every answer: the name of the server that gave it.
+pub const SERVED_BY: &str = "x-lb-server";
+
+/// As in `deploy/haproxy.cfg`: a request goes to the node its `Host`'s last answer named in
+/// `X-Computerd-Link-Node` (a public port address, to the node holding its link), if that node
+/// is up; the table keeps the `Host`'s SHA-256, not the address.
+const STEER: &str = "  stick-table type binary len 32 size 100k expire 30m store gpt0\n  \
+    http-request track-sc0 req.hdr(host),lower,sha2(256)\n  \
+    use-server n%[sc0_get_gpt0] if { sc0_get_gpt0 gt 0 }\n  \
+    http-response sc-set-gpt0(0) res.hdr_val(x-computerd-link-node) if { res.hdr(x-computerd-link-node) -m found }\n  \
+    http-response del-header x-computerd-link-node\n  \
+    http-after-response set-header x-lb-server %s\n";
 
 impl Drop for Haproxy {
     fn drop(&mut self) {

@@ -112,6 +112,23 @@ async fn t10_a_sandbox_port_through_any_node_and_the_balancer() {
     assert_eq!(s, 200);
     assert_eq!(big, (0..64 * 1024).map(|i| (i % 251) as u8).collect::<Vec<u8>>(), "64 KiB, byte for byte");
 
+    // Each answer names the node holding the link, so the balancer sends the address's next
+    // requests there (and drops the header): after the first, every one lands on the owner.
+    let r = c.http.get(format!("http://{other_addr}/hello")).header("host", &host).send().await.expect("request");
+    assert_eq!(
+        r.headers().get("x-computerd-link-node").and_then(|v| v.to_str().ok()),
+        owner.map(|o| o.to_string()).as_deref()
+    );
+    let mut served = Vec::new();
+    for _ in 0..7 {
+        let r = c.http.get(lb.url("/hello")).header("host", &host).send().await.expect("request");
+        assert_eq!(r.status(), 200);
+        assert!(r.headers().get("x-computerd-link-node").is_none(), "the balancer drops it: {:?}", r.headers());
+        served.push(r.headers().get(computerd_tests::lb::SERVED_BY).and_then(|v| v.to_str().ok()).map(String::from));
+    }
+    let to_owner = owner.map(|o| format!("n{o}"));
+    assert!(served[1..].iter().all(|s| *s == to_owner), "all but the first go to {to_owner:?}: {served:?}");
+
     // A 1 MiB upload, streamed in chunks (no length known up front), through the balancer.
     let chunks: Vec<Vec<u8>> = (0..16u8).map(|i| vec![i; 64 * 1024]).collect();
     let digest = hex::encode(sha2::Sha256::digest(chunks.concat()));

@@ -5,6 +5,11 @@
 //! events, and WebSocket (any `Upgrade`) connections. The node holding the link checks the
 //! address again at a current read before it opens the tunnel, so an address ended by `DELETE`
 //! is refused by every node at once. The label never reaches a log.
+//!
+//! Every answer names the node holding the link in [`LINK_NODE`], so a balancer can send the
+//! address's next requests straight there (`deploy/haproxy.cfg` learns it per address in a
+//! stick table): a node without the link would otherwise add a hop to every request. A
+//! service's own header of that name is dropped.
 
 use std::pin::Pin;
 use std::task::Context;
@@ -32,6 +37,9 @@ use tokio::io::ReadBuf;
 use super::ApiError;
 use super::AppState;
 use crate::tunnel::Opening;
+
+/// The response header that names the node holding the Computer's link (its id).
+pub const LINK_NODE: &str = "x-computerd-link-node";
 
 /// Serves the request when its `Host` is a public port address; any other goes to the API.
 pub async fn by_host(State(state): State<AppState>, req: Request, next: Next) -> Response {
@@ -104,6 +112,11 @@ async fn proxy(state: &AppState, port: u16, label: &str, mut req: Request) -> Re
     };
     if !upgrade {
         state.port_pool.put(&hash, sender);
+    }
+    let headers = resp.headers_mut();
+    headers.remove(LINK_NODE);
+    if let Some(node) = state.owners.link_node_hint(&computer) {
+        headers.insert(HeaderName::from_static(LINK_NODE), HeaderValue::from(node));
     }
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS
         && let Some(from_client) = from_client

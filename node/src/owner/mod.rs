@@ -209,6 +209,15 @@ impl Owners {
         self.cluster.state().read(|s| s.computers.get(computer).and_then(|c| c.link_node))
     }
 
+    /// The node holding the Computer's link as this node sees it now, without waiting for a
+    /// current read: a hint for the balancer (a stale one costs a hop, never a wrong answer).
+    pub fn link_node_hint(&self, computer: &str) -> Option<NodeId> {
+        if self.links.get(computer).is_some() {
+            return Some(self.cluster.id());
+        }
+        self.directory(computer)
+    }
+
     /// Where the Computer's link is: here, on the node the directory names, or nowhere known.
     pub async fn locate(&self, computer: &str) -> Place {
         if let Some(l) = self.links.get(computer) {
