@@ -13,6 +13,15 @@
 //! place), which measures what the two paths add. The goal: computerd's throughput at least 2x
 //! websockify's.
 //!
+//! Two more paths bound what any proxy could do here: **a one-hop relay** in this process (each
+//! read of the source's socket one WebSocket message to the viewer, nothing else: no ticket, no
+//! link, no agent, no filter), once with tokio-tungstenite (as the node's WebSockets are; reads
+//! of 64 KiB: with 1 MiB it was several times slower, as tungstenite moves what a socket did
+//! not take to the front of its buffer after each write) and once with frames written by hand
+//! (reads of 1 MiB, the header before the payload in the read buffer, one write, no copy).
+//! computerd's path has every part of a relay and more, so its throughput cannot exceed the
+//! faster relay's.
+//!
 //! ```text
 //! cargo build --release -p computerd-node -p computer-agent -p computerd-bench --bin computerd --bin computer-agent --bin stream-bench &&
 //!   target/release/stream-bench
@@ -127,6 +136,8 @@ struct Figures {
     bytes: u64,
     ours: Vec<Duration>,
     base: Vec<Duration>,
+    relay: Vec<Duration>,
+    hand: Vec<Duration>,
 }
 
 impl Figures {
@@ -138,20 +149,40 @@ impl Figures {
         self.mbps(&self.ours) / self.mbps(&self.base)
     }
 
+    fn relay_ratio(&self) -> f64 {
+        self.mbps(&self.relay) / self.mbps(&self.base)
+    }
+
+    fn hand_ratio(&self) -> f64 {
+        self.mbps(&self.hand) / self.mbps(&self.base)
+    }
+
     fn print(&self, source: &str) {
-        let p50 = |v: &[Duration]| {
+        let at = |v: &[Duration], q: f64| {
             let mut v = v.to_vec();
             v.sort_unstable();
-            v[v.len() / 2].as_secs_f64() * 1e3
+            v[((v.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1e3
         };
         println!(
             "stream-bench from {source}: {} full raw frames of {}x{} ({} bytes) each way, in turn",
             self.frames, self.width, self.height, self.bytes
         );
-        println!("{:<44} {:>10} {:>12}", "", "MB/s", "p50 ms/frame");
-        let (ours, base) = (&self.ours, &self.base);
-        println!("{:<44} {:>10.1} {:>12.2}", "computerd (node -> link -> agent -> source)", self.mbps(ours), p50(ours));
-        println!("{:<44} {:>10.1} {:>12.2}", "websockify (host -> the source's socket)", self.mbps(base), p50(base));
+        println!("{:<44} {:>10} {:>14} {:>14}", "", "MB/s", "p50 ms/frame", "p99 ms/frame");
+        let rows = [
+            ("computerd (node -> link -> agent -> source)", &self.ours),
+            ("websockify (host -> the source's socket)", &self.base),
+            ("one-hop relay, tokio-tungstenite", &self.relay),
+            ("one-hop relay, frames by hand", &self.hand),
+        ];
+        for (name, v) in rows {
+            println!("{name:<44} {:>10.1} {:>14.2} {:>14.2}", self.mbps(v), at(v, 0.5), at(v, 0.99));
+        }
+        println!(
+            "against websockify: computerd {:.2}x, relay (tungstenite) {:.2}x, relay (by hand) {:.2}x",
+            self.ratio(),
+            self.relay_ratio(),
+            self.hand_ratio()
+        );
     }
 }
 
@@ -159,7 +190,18 @@ impl Figures {
 /// websockify on this host, in turn, from the Computer's VNC server as it is now.
 async fn phase(c: &TestCluster, id: &str, container: &str, frames: usize) -> Result<Figures> {
     let ws_url = c.url(1, &format!("/v1/computers/{id}/desktop/websockify")).replacen("http", "ws", 1);
-    let mut ours = Viewer::connect(&ws_url, &cookie(c, id).await?).await.map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    // The first stream (re)starts the Computer's VNC server: a stream that ends before the
+    // handshake (the server not listening yet) is opened again, with a new ticket.
+    let until = Instant::now() + Duration::from_secs(20);
+    let mut ours = loop {
+        let (url, ck) = (ws_url.clone(), cookie(c, id).await?);
+        match tokio::spawn(async move { Viewer::connect(&url, &ck).await }).await {
+            Ok(Ok(v)) => break v,
+            _ if Instant::now() < until => tokio::time::sleep(Duration::from_millis(200)).await,
+            Ok(Err(e)) => bail!("the stream did not open: {e:?}"),
+            Err(e) => bail!("the stream did not open: {e}"),
+        }
+    };
     // The same server's socket, from this host.
     let pid = source_pid(container)?;
     let socket = format!("/proc/{pid}/root/run/computerd-desktop/vnc.sock");
@@ -181,9 +223,15 @@ async fn phase(c: &TestCluster, id: &str, container: &str, frames: usize) -> Res
             Err(e) => bail!("websockify did not answer: {e:?}"),
         }
     };
+    let relay_addr = relay(socket.clone()).await?;
+    let mut third =
+        Viewer::connect(&format!("ws://{relay_addr}/"), "none").await.map_err(|e| anyhow::anyhow!("relay: {e:?}"))?;
+    let hand_addr = hand_relay(socket.clone()).await?;
+    let mut fourth =
+        Viewer::connect(&format!("ws://{hand_addr}/"), "none").await.map_err(|e| anyhow::anyhow!("relay: {e:?}"))?;
     let (ours_w, ours_h) = (ours.width, ours.height);
     let bytes = u64::from(ours.width) * u64::from(ours.height) * 4;
-    let (mut a, mut b) = (Vec::new(), Vec::new());
+    let (mut a, mut b, mut r, mut h) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for i in 0..frames + 5 {
         let t = Instant::now();
         let p = ours.update().await;
@@ -191,15 +239,184 @@ async fn phase(c: &TestCluster, id: &str, container: &str, frames: usize) -> Res
         let t = Instant::now();
         let q = base.update().await;
         let base_t = t.elapsed();
-        if p * 4 != bytes || q * 4 != bytes {
-            bail!("a partial frame: {p} and {q} pixels");
+        let t = Instant::now();
+        let x = third.update().await;
+        let relay_t = t.elapsed();
+        let t = Instant::now();
+        let y = fourth.update().await;
+        let hand_t = t.elapsed();
+        if [p, q, x, y].iter().any(|n| n * 4 != bytes) {
+            bail!("a partial frame: {p}, {q}, {x} and {y} pixels");
         }
         if i >= 5 {
             a.push(ours_t);
             b.push(base_t);
+            r.push(relay_t);
+            h.push(hand_t);
         }
     }
     ours.close().await;
     base.close().await;
-    Ok(Figures { frames, width: ours_w, height: ours_h, bytes, ours: a, base: b })
+    third.close().await;
+    fourth.close().await;
+    Ok(Figures { frames, width: ours_w, height: ours_h, bytes, ours: a, base: b, relay: r, hand: h })
+}
+
+/// The one-hop relay: a WebSocket listener on a free port of this host whose one connection is
+/// joined to the source's socket (64 KiB reads, each one message; the viewer's messages written
+/// through as they come).
+async fn relay(socket: String) -> Result<String> {
+    use futures::SinkExt;
+    use futures::StreamExt;
+    use tokio::io::AsyncReadExt;
+    use tokio::io::AsyncWriteExt;
+    use tokio_tungstenite::tungstenite::Message;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?.to_string();
+    tokio::spawn(async move {
+        let Ok((tcp, _)) = listener.accept().await else { return };
+        let _ = tcp.set_nodelay(true);
+        let pick = |req: &tokio_tungstenite::tungstenite::handshake::server::Request,
+                    mut resp: tokio_tungstenite::tungstenite::handshake::server::Response| {
+            if req.headers().contains_key("sec-websocket-protocol") {
+                resp.headers_mut().insert("sec-websocket-protocol", "binary".parse().expect("a header value"));
+            }
+            Ok(resp)
+        };
+        let (Ok(ws), Ok(unix)) =
+            (tokio_tungstenite::accept_hdr_async(tcp, pick).await, tokio::net::UnixStream::connect(&socket).await)
+        else {
+            return;
+        };
+        let (mut to_viewer, mut from_viewer) = ws.split();
+        let (mut from_source, mut to_source) = unix.into_split();
+        let down = async move {
+            let mut buf = vec![0u8; 64 << 10];
+            while let Ok(n) = from_source.read(&mut buf).await {
+                if n == 0 || to_viewer.send(Message::Binary(bytes::Bytes::copy_from_slice(&buf[..n]))).await.is_err() {
+                    break;
+                }
+            }
+        };
+        let up = async move {
+            while let Some(Ok(m)) = from_viewer.next().await {
+                if let Message::Binary(b) = m
+                    && to_source.write_all(&b).await.is_err()
+                {
+                    break;
+                }
+            }
+        };
+        tokio::join!(down, up);
+    });
+    Ok(addr)
+}
+
+/// The one-hop relay with frames by hand: the upgrade answered from the request's key, each read
+/// of the source (1 MiB at most) sent as one binary frame whose header sits just before it in
+/// the buffer (one write, no copy), and the viewer's masked frames unmasked to the source.
+async fn hand_relay(socket: String) -> Result<String> {
+    use tokio::io::AsyncReadExt;
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?.to_string();
+    tokio::spawn(async move {
+        let Ok((mut tcp, _)) = listener.accept().await else { return };
+        let _ = tcp.set_nodelay(true);
+        // The upgrade request, to its blank line (a WebSocket client sends nothing more before
+        // it is answered).
+        let mut head = Vec::new();
+        let mut b = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            match tcp.read(&mut b).await {
+                Ok(n) if n > 0 && head.len() < 16 * 1024 => head.extend_from_slice(&b[..n]),
+                _ => return,
+            }
+        }
+        let text = String::from_utf8_lossy(&head).to_string();
+        let key = text.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim().eq_ignore_ascii_case("sec-websocket-key").then(|| v.trim().to_string())
+        });
+        let Some(key) = key else { return };
+        let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+        let answer = format!(
+            "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+             Sec-WebSocket-Accept: {accept}\r\nSec-WebSocket-Protocol: binary\r\n\r\n"
+        );
+        let Ok(unix) = tokio::net::UnixStream::connect(&socket).await else { return };
+        if tcp.write_all(answer.as_bytes()).await.is_err() {
+            return;
+        }
+        let (mut from_viewer, mut to_viewer) = tcp.into_split();
+        let (mut from_source, mut to_source) = unix.into_split();
+        let down = async move {
+            let mut buf = vec![0u8; 10 + (1 << 20)];
+            loop {
+                let n = match from_source.read(&mut buf[10..]).await {
+                    Ok(n) if n > 0 => n,
+                    _ => break,
+                };
+                let start = if n < 126 {
+                    buf[9] = n as u8;
+                    8
+                } else if n < 65536 {
+                    buf[7] = 126;
+                    buf[8..10].copy_from_slice(&(n as u16).to_be_bytes());
+                    6
+                } else {
+                    buf[1] = 127;
+                    buf[2..10].copy_from_slice(&(n as u64).to_be_bytes());
+                    0
+                };
+                buf[start] = 0x82;
+                if to_viewer.write_all(&buf[start..10 + n]).await.is_err() {
+                    break;
+                }
+            }
+        };
+        let up = async move {
+            loop {
+                let mut h = [0u8; 2];
+                if from_viewer.read_exact(&mut h).await.is_err() {
+                    break;
+                }
+                let mut len = u64::from(h[1] & 0x7f);
+                if len == 126 {
+                    let mut e = [0u8; 2];
+                    if from_viewer.read_exact(&mut e).await.is_err() {
+                        break;
+                    }
+                    len = u64::from(u16::from_be_bytes(e));
+                } else if len == 127 {
+                    let mut e = [0u8; 8];
+                    if from_viewer.read_exact(&mut e).await.is_err() {
+                        break;
+                    }
+                    len = u64::from_be_bytes(e);
+                }
+                let mut mask = [0u8; 4];
+                if h[1] & 0x80 != 0 && from_viewer.read_exact(&mut mask).await.is_err() {
+                    break;
+                }
+                if len > 1 << 20 {
+                    break;
+                }
+                let mut p = vec![0u8; len as usize];
+                if from_viewer.read_exact(&mut p).await.is_err() {
+                    break;
+                }
+                for (i, b) in p.iter_mut().enumerate() {
+                    *b ^= mask[i % 4];
+                }
+                match h[0] & 0x0f {
+                    0x8 => break,
+                    0x0 | 0x2 if to_source.write_all(&p).await.is_err() => break,
+                    _ => {}
+                }
+            }
+        };
+        tokio::join!(down, up);
+    });
+    Ok(addr)
 }

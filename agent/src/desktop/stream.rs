@@ -173,7 +173,9 @@ impl Desktop {
             Ok::<(), String>(())
         };
         let downstream = async move {
-            let mut buf = vec![0u8; 256 * 1024];
+            // 64 KiB at a time: each read is one frame of the link's WebSocket, and a WebSocket
+            // writer's cost per message grows faster than its size once the socket is full.
+            let mut buf = vec![0u8; 64 * 1024];
             loop {
                 let n = rd.read(&mut buf).await.map_err(|e| format!("x11vnc: {e}"))?;
                 if n == 0 {

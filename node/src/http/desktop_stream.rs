@@ -200,6 +200,9 @@ async fn read_asset(dir: &Path, file: &str) -> Result<Vec<u8>, ApiError> {
     tokio::fs::read(&path).await.map_err(|_| missing())
 }
 
+/// The largest WebSocket message of a stream to its viewer.
+const VIEWER_MESSAGE: usize = 64 * 1024;
+
 /// `GET /v1/computers/:id/desktop/websockify`: the stream's WebSocket (binary RFB), on any node.
 #[utoipa::path(get, path = "/v1/computers/{id}/desktop/websockify", operation_id = "desktop_websocket", tag = "desktop", params(("id" = String, Path)), responses((status = 101, description = "The stream (RFB over WebSocket), for the stream's cookie"), (status = 401, body = ErrorBody), (status = 409, description = "`InputBusy`: another person controls the desktop", body = ErrorBody)))]
 pub async fn websocket(
@@ -229,14 +232,23 @@ pub async fn websocket(
             }
         };
         let down = async move {
-            // What has come is written together, with one flush (a frame is many messages).
+            // What has come is written together, with one flush (a frame is many messages), in
+            // messages of at most 64 KiB: tungstenite moves what a socket did not take to the
+            // front of its buffer after each write, so a big message costs more than its size.
+            let feed = async |out: &mut futures::stream::SplitSink<_, Message>, mut data: bytes::Bytes| {
+                while !data.is_empty() {
+                    let piece = data.split_to(data.len().min(VIEWER_MESSAGE));
+                    out.feed(Message::Binary(piece)).await?;
+                }
+                Ok::<(), axum::Error>(())
+            };
             'stream: while let Some(data) = from_computer.next().await {
-                if out.feed(Message::Binary(data)).await.is_err() {
+                if feed(&mut out, data).await.is_err() {
                     break;
                 }
                 while let Some(more) = from_computer.next().now_or_never() {
                     let Some(data) = more else { break 'stream };
-                    if out.feed(Message::Binary(data)).await.is_err() {
+                    if feed(&mut out, data).await.is_err() {
                         break 'stream;
                     }
                 }
