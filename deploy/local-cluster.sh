@@ -39,12 +39,9 @@ if command -v haproxy >/dev/null; then
     printf 'frontend api\n  bind 127.0.0.1:%s\n  default_backend nodes\n' "$http_base"
     printf 'backend nodes\n  balance roundrobin\n  option httpchk GET /v1/health\n'
     printf '  default-server inter 250ms fall 2 rise 1 on-marked-down shutdown-sessions\n'
-    # A port address goes to the node holding its link, as deploy/haproxy.cfg explains.
-    printf '  stick-table type binary len 32 size 100k expire 30m store gpt0\n'
-    printf '  http-request track-sc0 req.hdr(host),lower,sha2(256)\n'
-    printf '  use-server n%%[sc0_get_gpt0] if { sc0_get_gpt0 gt 0 }\n'
-    printf '  http-response sc-set-gpt0(0) res.hdr_val(x-computerd-link-node) if { res.hdr(x-computerd-link-node) -m found }\n'
-    printf '  http-response del-header x-computerd-link-node\n'
+    # A port address goes to the node holding its link: the rules of haproxy.cfg beside this.
+    sed -n '/which read them from here/,/end of the shared lines/p' "$(dirname "$0")/haproxy.cfg" |
+      grep -v '^  #' | sed 's/use-server node%/use-server n%/'
     for i in $(seq 1 "$n"); do printf '  server n%s 127.0.0.1:%s check\n' "$i" "$((http_base + i))"; done
   } >"$dir/haproxy.cfg"
   haproxy -db -f "$dir/haproxy.cfg" 2>"$dir/haproxy.log" &

@@ -31,7 +31,8 @@ impl Haproxy {
              timeout tunnel 1h\n  timeout http-request 30s\n  retries 3\n  option redispatch 1\n\
              frontend api\n  bind 127.0.0.1:{port}\n  default_backend nodes\n\
              backend nodes\n  balance roundrobin\n  option httpchk GET /v1/health\n  \
-             default-server inter 250ms fall 2 rise 1 on-marked-down shutdown-sessions\n{STEER}"
+             default-server inter 250ms fall 2 rise 1 on-marked-down shutdown-sessions\n{}",
+            steer()
         );
         for (i, b) in backends.iter().enumerate() {
             cfg.push_str(&format!("  server n{} {b} check\n", i + 1));
@@ -67,15 +68,32 @@ impl Haproxy {
 /// The header this test balancer adds to every answer: the name of the server that gave it.
 pub const SERVED_BY: &str = "x-lb-server";
 
-/// As in `deploy/haproxy.cfg`: a request goes to the node its `Host`'s last answer named in
-/// `X-Computerd-Link-Node` (a public port address, to the node holding its link), if that node
-/// is up; the table keeps the `Host`'s SHA-256, not the address.
-const STEER: &str = "  stick-table type binary len 32 size 100k expire 30m store gpt0\n  \
-    http-request track-sc0 req.hdr(host),lower,sha2(256)\n  \
-    use-server n%[sc0_get_gpt0] if { sc0_get_gpt0 gt 0 }\n  \
-    http-response sc-set-gpt0(0) res.hdr_val(x-computerd-link-node) if { res.hdr(x-computerd-link-node) -m found }\n  \
-    http-response del-header x-computerd-link-node\n  \
-    http-after-response set-header x-lb-server %s\n";
+/// The rules of `deploy/haproxy.cfg` (read from it, its servers named `n<id>` here): a request
+/// goes to the node its `Host`'s last answer named in `X-Computerd-Link-Node` (a public port
+/// address, to the node holding its link), if that node is up; the table keeps the `Host`'s
+/// SHA-256, not the address. Then this balancer's own [`SERVED_BY`].
+fn steer() -> String {
+    let cfg = include_str!("../../deploy/haproxy.cfg");
+    let rules: String = cfg
+        .lines()
+        .skip_while(|l| !l.contains("which read them from here"))
+        .skip(1)
+        .take_while(|l| !l.contains("end of the shared lines"))
+        .map(|l| format!("{}\n", l.replace("use-server node%[", "use-server n%[")))
+        .collect();
+    assert!(rules.contains("use-server n%["), "deploy/haproxy.cfg lost its port address rules");
+    format!("{rules}  http-after-response set-header {SERVED_BY} %s\n")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_rules_of_the_deployed_balancer_are_used() {
+        let rules = super::steer();
+        assert_eq!(rules.lines().count(), 6, "{rules}");
+        assert!(rules.starts_with("  stick-table ") && rules.contains("del-header x-computerd-link-node"), "{rules}");
+    }
+}
 
 impl Drop for Haproxy {
     fn drop(&mut self) {
