@@ -92,7 +92,7 @@ struct Cli {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    keep_freed_memory();
+    computerd_proto::mux::keep_freed_memory();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("COMPUTER_AGENT_LOG")
@@ -274,19 +274,5 @@ async fn pair_patiently(
             }
             other => return other,
         }
-    }
-}
-
-/// Lets glibc keep freed memory for the next allocations instead of giving it back to the
-/// kernel at once. By default it returns the top of a heap once 128 KiB of it is free, and maps
-/// anything from 128 KiB on by itself: a stream's frames, allocated and freed one per message,
-/// then cost page faults and zeroed pages on every message (a tenth of the node's and the
-/// agent's time in stream-bench's profile). Memory is still returned past 32 MiB free.
-fn keep_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt with integer arguments only; it sets two of glibc's malloc parameters.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 4 << 20);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 32 << 20);
     }
 }
