@@ -275,7 +275,11 @@ const CONNECTED: &str = "function() { return this.isConnected; }";
 const EDITABLE: &str = "function() { const t = this.tagName; const ok = this.isContentEditable || ((t === 'INPUT' && !['file','checkbox','radio','submit','button','image','reset','hidden','range','color'].includes(this.type)) || t === 'TEXTAREA') && !this.readOnly && !this.disabled; if (!ok) return false; this.focus(); if (typeof this.select === 'function') { this.select(); } else { const r = document.createRange(); r.selectNodeContents(this); const s = getSelection(); s.removeAllRanges(); s.addRange(r); } return true; }";
 const SELECT: &str = "function(values) { if (this.tagName !== 'SELECT') return {error: 'not a select'}; if (this.disabled) return {error: 'disabled'}; const opts = Array.from(this.options); const missing = values.filter(v => !opts.some(o => o.value === v || o.label === v)); if (missing.length) return {error: 'no option ' + JSON.stringify(missing)}; if (!this.multiple && values.length > 1) return {error: 'a single select takes one value'}; for (const o of opts) o.selected = values.some(v => o.value === v || o.label === v); this.dispatchEvent(new Event('input', {bubbles: true})); this.dispatchEvent(new Event('change', {bubbles: true})); return {selected: opts.filter(o => o.selected).map(o => o.value)}; }";
 const FILE_INPUT: &str = "function() { return (this.tagName === 'INPUT' && this.type === 'file') ? {multiple: this.multiple, disabled: this.disabled} : null; }";
-const FILES: &str = "function() { return Array.from(this.files || []).map(f => ({name: f.name, size: f.size})); }";
+/// Notes the input's files at its next `change`, before the page's own handlers run (a capture
+/// listener at the target runs first): a page may take the files and clear the input at once.
+const WATCH_FILES: &str = "function() { this.__computerdFiles = undefined; this.addEventListener('change', () => { this.__computerdFiles = Array.from(this.files || []).map(f => ({name: f.name, size: f.size})); }, {capture: true, once: true}); }";
+/// The files [`WATCH_FILES`] noted, else those the input holds now.
+const FILES: &str = "function() { const seen = this.__computerdFiles; delete this.__computerdFiles; return seen !== undefined ? seen : Array.from(this.files || []).map(f => ({name: f.name, size: f.size})); }";
 const COVERS: &str = "function(h) { return this === h || this.contains(h) || !!(this.labels && Array.from(this.labels).some(l => l === h || l.contains(h))); }";
 const LABEL: &str = "function() { const l = this.labels && this.labels[0]; return ((l && l.innerText) || this.getAttribute('aria-label') || this.name || '').trim(); }";
 
@@ -927,6 +931,7 @@ async fn upload(
         ));
     }
     let files: Vec<String> = staged.iter().map(|f| f.copy.display().to_string()).collect();
+    function(cdp, &s, &obj, WATCH_FILES, json!([])).await?;
     call(cdp, &s, "DOM.setFileInputFiles", json!({"files": files, "backendNodeId": info.backend})).await?;
     let back = function(cdp, &s, &obj, FILES, json!([])).await?;
     let want: Vec<Value> = staged.iter().map(|f| json!({"name": f.name, "size": f.size})).collect();
