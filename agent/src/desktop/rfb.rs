@@ -7,6 +7,13 @@
 //! The handshake passes as it is: the version (12 bytes), the client's choice of security type
 //! (1 byte; RFB 3.7 and 3.8), and ClientInit (1 byte). The server side (x11vnc on the agent's
 //! own socket) offers only `None`, so no security reply follows.
+//!
+//! Only the three published versions pass: `003.003`, `003.007` and `003.008`. A server reads
+//! the others by rules of its own (libvncserver treats every 3.x below 3.7 as 3.3, with no
+//! security byte from the client), and a filter that read them otherwise would be a byte out of
+//! step with the server from then on: a message it passes as harmless would reach the server as
+//! keys. So the filter refuses what it would have to guess at. It is not the only wall: a `view`
+//! stream's x11vnc runs with `-viewonly` (see [`super::stream`]).
 
 /// What a message is, for the lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +56,10 @@ impl Default for ClientStream {
     }
 }
 
+/// The versions a client may speak: the three the protocol publishes, read as the server reads
+/// them.
+const VERSIONS: [&[u8]; 3] = [b"RFB 003.003\n", b"RFB 003.007\n", b"RFB 003.008\n"];
+
 /// The largest message the filter holds while it waits for the rest (a clipboard text).
 pub const MAX_MESSAGE: usize = 1 << 20;
 
@@ -65,7 +76,7 @@ impl ClientStream {
             let bytes: Vec<u8> = self.buf.drain(..len).collect();
             let class = match self.stage {
                 Stage::Version => {
-                    self.old = bytes.starts_with(b"RFB 003.003");
+                    self.old = bytes == b"RFB 003.003\n";
                     self.stage = if self.old { Stage::Init } else { Stage::Security };
                     Class::Neutral
                 }
@@ -96,8 +107,13 @@ impl ClientStream {
                 if need(12).is_none() {
                     return Ok(None);
                 }
-                if !b.starts_with(b"RFB 003.") || b[11] != b'\n' {
-                    return Err("not an RFB client".into());
+                let version = &b[..12];
+                if !VERSIONS.contains(&version) {
+                    return Err(if version.starts_with(b"RFB ") {
+                        format!("RFB version {:?} is not accepted (only 003.003, 003.007 and 003.008)", String::from_utf8_lossy(&version[4..11]))
+                    } else {
+                        "not an RFB client".into()
+                    });
                 }
                 12
             }
@@ -189,5 +205,29 @@ mod tests {
         let mut old = ClientStream::default();
         let p = old.push(b"RFB 003.003\n\x01\x05\x00\x00\x01\x00\x01").expect("3.3");
         assert_eq!(p.iter().map(|p| p.class).collect::<Vec<_>>(), vec![Class::Neutral, Class::Neutral, Class::Input]);
+    }
+
+    /// Issue 36, item 1: a client that says 3.5 sends no security byte to libvncserver, which
+    /// reads 3.x below 3.7 as 3.3; a filter that read it as 3.7 was a byte behind the server.
+    /// Every version but the three published ones is refused before a byte reaches the server.
+    #[test]
+    fn i36_1_only_the_published_versions_pass() {
+        for minor in 0..=9u32 {
+            let version = format!("RFB 003.00{minor}\n");
+            let got = ClientStream::default().push(version.as_bytes());
+            match minor {
+                3 | 7 | 8 => assert_eq!(got.expect(&version).len(), 1, "{version}"),
+                _ => assert!(got.is_err(), "{version} passed"),
+            }
+        }
+        for other in ["RFB 003.889\n", "RFB 004.000\n", "RFB 003.0085", "RFB 003.008\r"] {
+            assert!(ClientStream::default().push(other.as_bytes()).is_err(), "{other:?} passed");
+        }
+        // In 3.3 no security byte follows: the byte after the version is ClientInit, and the
+        // message after it is classed where the server reads it.
+        let mut f = ClientStream::default();
+        let p = f.push(b"RFB 003.003\n\x02\x02\x02\x00\x00\x04\x01\x00\x00\x00\x00\x00\x5a").expect("3.3");
+        let classes: Vec<Class> = p.iter().map(|p| p.class).collect();
+        assert_eq!(classes, vec![Class::Neutral, Class::Neutral, Class::Neutral, Class::Input]);
     }
 }

@@ -5,6 +5,10 @@
 //! while the viewer holds the input lease (taken at open, renewed by use, ended when the
 //! stream closes).
 //!
+//! Two walls keep a `view` stream from typing: the filter drops its input, and its x11vnc is
+//! not the one `control` streams use: a second x11vnc, started with `-viewonly`, on a socket
+//! of its own, which ignores every key, pointer and clipboard message it is sent.
+//!
 //! The tunnel's first message is `{"target": "vnc", "mode": "view"|"control", "holder":
 //! "person:…"}`.
 
@@ -43,25 +47,34 @@ pub enum Mode {
     Control,
 }
 
-/// The x11vnc the agent keeps.
+/// The x11vnc servers the agent keeps: one for `view` streams (`-viewonly`), one for
+/// `control` streams.
 #[derive(Default)]
 pub struct Vnc {
-    child: Option<tokio::process::Child>,
+    view: Option<tokio::process::Child>,
+    control: Option<tokio::process::Child>,
 }
 
-/// The socket x11vnc listens on.
-pub fn socket_of(run_dir: &Path) -> PathBuf {
-    run_dir.join("vnc.sock")
+/// The socket the x11vnc of `mode` listens on.
+pub fn socket_of(run_dir: &Path, mode: Mode) -> PathBuf {
+    run_dir.join(match mode {
+        Mode::View => "vnc-view.sock",
+        Mode::Control => "vnc.sock",
+    })
 }
 
 impl Desktop {
-    /// Connects to x11vnc, starting it first when it is not running.
-    pub async fn vnc(&self) -> Result<tokio::net::UnixStream, String> {
+    /// Connects to the x11vnc of `mode`, starting it first when it is not running.
+    pub async fn vnc(&self, mode: Mode) -> Result<tokio::net::UnixStream, String> {
         let d = &self.inner.display;
         let run_dir = d.authority.parent().ok_or("the desktop has no directory")?.to_path_buf();
-        let socket = socket_of(&run_dir);
+        let socket = socket_of(&run_dir, mode);
         let mut vnc = self.inner.vnc.lock().await;
-        let running = match vnc.child.as_mut() {
+        let child = match mode {
+            Mode::View => &mut vnc.view,
+            Mode::Control => &mut vnc.control,
+        };
+        let running = match child.as_mut() {
             Some(c) => matches!(c.try_wait(), Ok(None)),
             None => false,
         };
@@ -81,11 +94,13 @@ impl Desktop {
                 // No TCP listener at all (IPv4 or IPv6): the socket file is the only way in.
                 .args(["-rfbport", "0", "-rfbportv6", "-1", "-shared", "-forever", "-nopw", "-quiet"])
                 .args(["-noxdamage", "-nolookup"])
+                // A view stream's server takes no input at all, whatever reaches it.
+                .args(if mode == Mode::View { &["-viewonly"][..] } else { &[][..] })
                 .stdin(std::process::Stdio::null())
                 .stdout(std::process::Stdio::null())
                 .stderr(std::process::Stdio::null())
                 .kill_on_drop(true);
-            vnc.child = Some(cmd.spawn().map_err(|e| format!("cannot start x11vnc: {e}"))?);
+            *child = Some(cmd.spawn().map_err(|e| format!("cannot start x11vnc: {e}"))?);
         }
         let until = tokio::time::Instant::now() + Duration::from_secs(15);
         loop {
@@ -137,7 +152,7 @@ impl Desktop {
         if open.mode == Mode::Control && !self.person_input(&open.holder).await {
             return Err((ErrorKind::InputBusy, "another person holds the input lease".into()));
         }
-        self.vnc().await.map_err(|e| (ErrorKind::ComputerExecutionFailed, e))
+        self.vnc(open.mode).await.map_err(|e| (ErrorKind::ComputerExecutionFailed, e))
     }
 
     /// Carries a viewer's bytes to x11vnc (filtered) and x11vnc's back, until either side ends;
