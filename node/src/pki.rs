@@ -5,7 +5,8 @@
 //! - the first node (no `--join`) makes the cluster's CA and its own certificate;
 //! - a joining node without one enrolls through the member it joins, with the join secret
 //!   (`--join-token-file` or `COMPUTERD_JOIN_TOKEN`): the member is checked against the CA hash
-//!   the secret carries, and a wrong or used secret stops the node with a clear message;
+//!   the secret carries, and a wrong or used secret, or a node id the cluster refuses (a member's,
+//!   a removed node's), stops the node with a clear message;
 //! - while running: the revocations in the store reach the TLS layer; a voter without the CA's
 //!   key fetches it; the certificate renews itself at half-life.
 
@@ -122,7 +123,13 @@ async fn enroll(
         req.set_timeout(Duration::from_secs(15));
         match client.enroll(req).await {
             Ok(r) => break r.into_inner(),
-            Err(s) if s.code() == tonic::Code::Unauthenticated || s.code() == tonic::Code::InvalidArgument => {
+            // A wrong or used secret, a bad request, a removed or member's node id: final.
+            Err(s)
+                if matches!(
+                    s.code(),
+                    tonic::Code::Unauthenticated | tonic::Code::InvalidArgument | tonic::Code::PermissionDenied
+                ) =>
+            {
                 return Err(NodeError::Config(format!("the cluster refused this node's join: {}", s.message())));
             }
             Err(s) => {

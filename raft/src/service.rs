@@ -4,9 +4,23 @@
 //!
 //! Every call but `Enroll` arrives with a verified node certificate ([`crate::tls::RequireNode`]);
 //! a Raft message is refused when the certificate's node is not the one the message speaks for
-//! (a certificate of node 2 cannot vote or append as node 3).
+//! (a certificate of node 2 cannot vote or append as node 3). A certificate alone is not
+//! membership: `Propose`, `Leave` and `FetchCaKey` answer voters only, `ReadIndex` and
+//! `FetchSnapshot` members only (a node that enrolled but never joined, or was removed, gets
+//! `PERMISSION_DENIED`).
+//!
+//! Enrolling with a join secret: at most [`ENROLL_BURST`] calls at once per source address (an
+//! IPv6 /64 counts as one source), then one per [`ENROLL_REFILL`]; the secret's hash is checked
+//! against this replica before anything is proposed (after a read barrier when this replica does
+//! not know it, since it may be newer than what it applied), so a wrong secret writes nothing to
+//! the log. A removed node id is refused (here and when the secret is redeemed in the log); a
+//! live member's id only with a single-use secret minted for that id.
 
+use std::net::IpAddr;
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
 use std::sync::Arc;
+use std::time::Duration;
 
 use computerd_proto::cluster::CaKey;
 use computerd_proto::cluster::Empty;
@@ -20,6 +34,9 @@ use computerd_proto::cluster::SnapshotChunk;
 use computerd_proto::cluster::cluster_service_server::ClusterService;
 use computerd_proto::cluster::cluster_service_server::ClusterServiceServer;
 use futures::StreamExt;
+use governor::DefaultKeyedRateLimiter;
+use governor::Quota;
+use openraft::type_config::async_runtime::WatchReceiver;
 use tonic::Request;
 use tonic::Status;
 use tonic::Streaming;
@@ -33,6 +50,8 @@ use crate::network::SNAPSHOT_CHUNK;
 use crate::network::decode;
 use crate::network::encode;
 use crate::sm::Command;
+use crate::sm::JoinSecretKind;
+use crate::sm::RejectKind;
 use crate::sm::Response;
 use crate::sm::hash_secret;
 use crate::tls::PeerIdentity;
@@ -44,18 +63,154 @@ use crate::typ::Vote;
 /// The largest snapshot a node accepts.
 const MAX_SNAPSHOT: usize = 1 << 30;
 
+/// Enrolments with a join secret one source may send at once.
+pub const ENROLL_BURST: u32 = 20;
+/// After a burst, one more enrolment per source this often.
+pub const ENROLL_REFILL: Duration = Duration::from_secs(3);
+/// Past this many sources, the limiter forgets those back to a full allowance.
+const ENROLL_SOURCES: usize = 4096;
+
 /// The tonic service of one node.
 pub struct Service {
     cluster: Cluster,
     pki: Arc<Pki>,
+    /// Enrolments with a join secret, per source (see the module doc).
+    enroll_limit: DefaultKeyedRateLimiter<IpAddr>,
 }
 
 impl Service {
     /// The service, ready to be added to a tonic server.
     pub fn server(cluster: Cluster, pki: Arc<Pki>) -> ClusterServiceServer<Service> {
-        ClusterServiceServer::new(Service { cluster, pki })
+        let burst = NonZeroU32::new(ENROLL_BURST).unwrap_or(NonZeroU32::MIN);
+        let quota = Quota::with_period(ENROLL_REFILL).unwrap_or_else(|| Quota::per_second(NonZeroU32::MIN));
+        let enroll_limit = DefaultKeyedRateLimiter::keyed(quota.allow_burst(burst));
+        ClusterServiceServer::new(Service { cluster, pki, enroll_limit })
             .max_decoding_message_size(MAX_MESSAGE)
             .max_encoding_message_size(MAX_MESSAGE)
+    }
+
+    /// Whether `node` is in this node's current membership: `None` when not, else whether it
+    /// votes (the leader's view includes the changes it has appended).
+    fn role_of(&self, node: NodeId) -> Option<bool> {
+        let metrics = self.cluster.raft().metrics();
+        let m = metrics.borrow_watched();
+        let membership = m.membership_config.membership();
+        membership.get_node(&node)?;
+        Some(membership.voter_ids().any(|v| v == node))
+    }
+
+    /// Refuses a caller whose certificate does not name a voter.
+    fn require_voter(&self, from: Option<NodeId>, what: &str) -> Result<(), Status> {
+        match from.and_then(|n| self.role_of(n)) {
+            Some(true) => Ok(()),
+            _ => {
+                tracing::warn!(caller = ?from, "{what} from a node that is not a voter was refused");
+                Err(Status::permission_denied(format!("{what} is for voters only; node {from:?} is not one")))
+            }
+        }
+    }
+
+    /// Refuses a caller whose certificate does not name a member (voter or learner).
+    fn require_member(&self, from: Option<NodeId>, what: &str) -> Result<(), Status> {
+        if from.and_then(|n| self.role_of(n)).is_some() {
+            return Ok(());
+        }
+        tracing::warn!(caller = ?from, "{what} from a node that is not a member was refused");
+        Err(Status::permission_denied(format!("{what} is for members only; node {from:?} is not one")))
+    }
+
+    /// Counts an enrolment with a secret against its source.
+    fn limit_enroll(&self, source: Option<SocketAddr>) -> Result<(), Status> {
+        let Some(source) = source else { return Ok(()) };
+        let key = source_key(source.ip());
+        if self.enroll_limit.check_key(&key).is_err() {
+            tracing::warn!(source = %key, "an enrolment over the per-source limit was refused");
+            return Err(Status::resource_exhausted("too many enrolments from this address; retry later"));
+        }
+        if self.enroll_limit.len() > ENROLL_SOURCES {
+            self.enroll_limit.retain_recent();
+        }
+        Ok(())
+    }
+
+    /// What the secret with `hash` is on this replica.
+    fn secret_kind(&self, hash: &str) -> JoinSecretKind {
+        let now = now_ms();
+        self.cluster.state().read(|s| s.join.kind_of(hash, now))
+    }
+
+    /// Refuses enrolling as `node_id` with a secret of `kind`: a removed id, a live member's id
+    /// (unless the secret was minted for it), another id than the secret's.
+    fn check_enroll_id(&self, kind: JoinSecretKind, node_id: NodeId) -> Result<(), Status> {
+        if self.cluster.state().read(|s| s.join.removed(node_id)) {
+            tracing::warn!(node_id, "an enrolment as a removed node was refused");
+            return Err(Status::permission_denied(format!(
+                "node {node_id} was removed from the cluster, and a removed node id never joins again: give this \
+                 node a new id"
+            )));
+        }
+        match kind {
+            JoinSecretKind::SingleUse(Some(id)) if id == node_id => Ok(()),
+            JoinSecretKind::SingleUse(Some(id)) => Err(Status::permission_denied(format!(
+                "this single-use join secret is for node {id}, not node {node_id}"
+            ))),
+            _ if self.role_of(node_id).is_some() => {
+                tracing::warn!(node_id, "an enrolment as a live member was refused");
+                Err(Status::permission_denied(format!(
+                    "node {node_id} is a member of the cluster: a member whose certificate was lost enrols again only \
+                     with a single-use join secret minted for its id (POST /v1/cluster/join-tokens with ttlSecs and \
+                     nodeId {node_id})"
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Redeems the join secret of an enrolment (see the module doc for the checks).
+    async fn redeem(&self, source: Option<SocketAddr>, r: &EnrollRequest) -> Result<(), Status> {
+        self.limit_enroll(source)?;
+        let hash = hash_secret(&r.secret);
+        let mut kind = self.secret_kind(&hash);
+        if kind == JoinSecretKind::Unknown {
+            // A single-use secret minted a moment ago may not be applied here yet.
+            self.cluster.read_barrier().await.map_err(cluster_status)?;
+            kind = self.secret_kind(&hash);
+        }
+        if kind == JoinSecretKind::Unknown {
+            tracing::info!(node_id = r.node_id, "a join with a bad secret was refused");
+            return Err(Status::unauthenticated("the join secret is not valid (wrong, used or expired)"));
+        }
+        self.check_enroll_id(kind, r.node_id)?;
+        let cmd = Command::RedeemJoinToken { hash, node_id: r.node_id, at_ms: now_ms() };
+        match self.cluster.propose(crate::sm::Request::new(cmd)).await.map_err(cluster_status)? {
+            Response::Rejected(why) => {
+                tracing::info!(node_id = r.node_id, reason = %why.message, "a join was refused");
+                return Err(match why.kind {
+                    RejectKind::Unauthorized => Status::unauthenticated(why.message),
+                    RejectKind::Forbidden => Status::permission_denied(why.message),
+                    _ => Status::failed_precondition(why.message),
+                });
+            }
+            Response::Ok | Response::Id(_) => {}
+        }
+        // This node has applied the redeem, and every membership change before it: a member's id
+        // that joined meanwhile is refused still.
+        self.check_enroll_id(kind, r.node_id)
+    }
+}
+
+/// The source an enrolment counts against: its address, or its /64 for IPv6.
+fn source_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let mut seg = v6.segments();
+                seg[4..].fill(0);
+                IpAddr::V6(std::net::Ipv6Addr::from(seg))
+            }
+        },
+        v4 => v4,
     }
 }
 
@@ -148,12 +303,14 @@ impl ClusterService for Service {
     }
 
     async fn propose(&self, req: Request<Payload>) -> Result<tonic::Response<Payload>, Status> {
+        self.require_voter(caller(&req), "proposing")?;
         let request = decode(req.get_ref()).map_err(bad_request)?;
         let reply = self.cluster.propose_local(request).await.map_err(cluster_status)?;
         Ok(tonic::Response::new(encode(&reply).map_err(internal)?))
     }
 
-    async fn read_index(&self, _req: Request<Empty>) -> Result<tonic::Response<Payload>, Status> {
+    async fn read_index(&self, req: Request<Empty>) -> Result<tonic::Response<Payload>, Status> {
+        self.require_member(caller(&req), "a read index")?;
         let reply = self.cluster.read_index_local().await.map_err(cluster_status)?;
         Ok(tonic::Response::new(encode(&reply).map_err(internal)?))
     }
@@ -178,12 +335,14 @@ impl ClusterService for Service {
     }
 
     async fn leave(&self, req: Request<JoinRequest>) -> Result<tonic::Response<Empty>, Status> {
+        self.require_voter(caller(&req), "removing a node")?;
         self.cluster.leave(req.into_inner().node_id).await.map_err(cluster_status)?;
         Ok(tonic::Response::new(Empty {}))
     }
 
     async fn enroll(&self, req: Request<EnrollRequest>) -> Result<tonic::Response<EnrollReply>, Status> {
         let from = caller(&req);
+        let source = req.extensions().get::<PeerIdentity>().and_then(|p| p.addr);
         let r = req.into_inner();
         if !self.pki.signs() {
             return Err(Status::unavailable("this node cannot sign certificates yet; enroll through another member"));
@@ -193,17 +352,15 @@ impl ClusterService for Service {
             return Err(Status::unavailable("the cluster is not bootstrapped yet"));
         }
         if r.secret.is_empty() {
-            // A renewal: the caller's own certificate is the proof.
+            // A renewal: the caller's own certificate is the proof, and it must still be a member
+            // (a removed node whose revocation has not reached this node yet gets nothing newer).
             speaks_for(from, r.node_id)?;
-        } else {
-            let cmd = Command::RedeemJoinToken { hash: hash_secret(&r.secret), node_id: r.node_id, at_ms: now_ms() };
-            match self.cluster.propose(crate::sm::Request::new(cmd)).await.map_err(cluster_status)? {
-                Response::Rejected(why) => {
-                    tracing::info!(node_id = r.node_id, "a join with a bad secret was refused");
-                    return Err(Status::unauthenticated(why.message));
-                }
-                Response::Ok | Response::Id(_) => {}
+            if self.cluster.state().read(|s| s.join.removed(r.node_id)) {
+                return Err(Status::permission_denied(format!("node {} was removed from the cluster", r.node_id)));
             }
+            self.require_member(from, "renewing a certificate")?;
+        } else {
+            self.redeem(source, &r).await?;
         }
         let cert_pem = self.pki.sign(r.node_id, &r.csr_pem).map_err(|e| Status::invalid_argument(e.to_string()))?;
         tracing::info!(node_id = r.node_id, renewal = r.secret.is_empty(), "signed a node certificate");

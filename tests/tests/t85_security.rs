@@ -214,3 +214,184 @@ async fn t50_certificates_renew_under_load() {
     assert_eq!(h["members"].as_array().map(Vec::len), Some(3));
     eprintln!("{acked} writes acknowledged while certificates renewed; not_after {first:?} -> {now:?}");
 }
+
+/// The cluster's reusable join secret, as the first node wrote it.
+fn join_secret(c: &TestCluster) -> computerd_raft::tls::JoinSecret {
+    let text = std::fs::read_to_string(c.nodes[&1].data.join("join.token")).expect("node 1's join secret");
+    computerd_raft::tls::JoinSecret::parse(&text).expect("a join secret")
+}
+
+/// Enrols as `node_id` with `secret` through node `via`, without a certificate (as a joining
+/// node does); answers the certificates (installed in the test's dir) or the refusal.
+async fn enrol(
+    c: &TestCluster,
+    via: u64,
+    node_id: u64,
+    secret: &str,
+) -> Result<std::sync::Arc<computerd_raft::tls::Pki>, tonic::Status> {
+    let csr = computerd_raft::tls::Csr::new().expect("a CSR");
+    let mut client = ClusterServiceClient::new(tls::channel_with(c, via, None));
+    let req = computerd_proto::cluster::EnrollRequest { node_id, secret: secret.to_string(), csr_pem: csr.pem.clone() };
+    let reply = client.enroll(req).await?.into_inner();
+    let dir = c.dir.path().join(format!("enrolled-{node_id}-{}", rand::random::<u32>()));
+    let pki = computerd_raft::tls::Pki::install(
+        &dir,
+        node_id,
+        &reply.ca_pem,
+        &reply.cert_pem,
+        &csr,
+        computerd_raft::tls::VALIDITY,
+    )
+    .expect("the certificate enrolling answered");
+    Ok(std::sync::Arc::new(pki))
+}
+
+/// A node process that is killed when the test ends, however it ends.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Issue 36, item 2: with the reusable join secret, an enrolment as a live member's id (node 1,
+/// the voter holding the CA's key) is refused with `PERMISSION_DENIED`, and commits nothing; the
+/// same secret still enrols a new id, and a single-use secret minted for node 1's id lets node 1
+/// enrol again (a member whose data dir was lost) while it refuses any other id.
+#[tokio::test]
+async fn i36_2_an_enrolment_as_a_members_id_is_refused() {
+    let c = TestCluster::start(1).await;
+    let secret = join_secret(&c);
+    let before = fingerprint(&c, 1).await;
+    let s = enrol(&c, 1, 1, &secret.secret).await.expect_err("an enrolment as node 1");
+    assert_eq!(s.code(), tonic::Code::PermissionDenied, "{s:?}");
+    assert!(s.message().contains("member"), "the refusal says why: {s:?}");
+    assert_eq!(fingerprint(&c, 1).await, before, "the refusal wrote nothing");
+    // The secret is right: a new id enrols with it.
+    enrol(&c, 1, 7, &secret.secret).await.expect("a new node enrols");
+    // A single-use secret for node 1 only: node 2 cannot use it, node 1 can, once.
+    let (s, v) =
+        c.call(Method::POST, 1, "/v1/cluster/join-tokens", &c.token, Some(json!({"ttlSecs": 60, "nodeId": 1}))).await;
+    assert_eq!(s, 201, "{v}");
+    let for_one = computerd_raft::tls::JoinSecret::parse(v["joinToken"].as_str().expect("token")).expect("secret");
+    let s = enrol(&c, 1, 2, &for_one.secret).await.expect_err("node 2 with node 1's secret");
+    assert_eq!(s.code(), tonic::Code::PermissionDenied, "{s:?}");
+    enrol(&c, 1, 1, &for_one.secret).await.expect("node 1 enrols again with its own secret");
+    let s = enrol(&c, 1, 1, &for_one.secret).await.expect_err("the single-use secret again");
+    assert_eq!(s.code(), tonic::Code::Unauthenticated, "{s:?}");
+}
+
+/// Issue 36, item 2: a certificate of a node that enrolled but never joined cannot remove a
+/// voter (`Leave`), propose a command, fetch the CA's key or ask for a read index: each is
+/// `PERMISSION_DENIED` on the leader and on a follower, and nothing changes.
+#[tokio::test]
+async fn i36_2_a_certificate_of_a_node_that_never_joined_is_not_a_member() {
+    let c = TestCluster::start(3).await;
+    let leader = c.leader().await;
+    let follower = (1..=3).find(|n| *n != leader).expect("a follower");
+    let outsider = enrol(&c, 1, 9, &join_secret(&c).secret).await.expect("node 9 enrols");
+    let before = fingerprint(&c, leader).await;
+    let victim = (1..=3).find(|n| *n != leader && *n != follower).expect("a third node");
+    for to in [leader, follower] {
+        let mut client = ClusterServiceClient::new(tls::channel_with(&c, to, Some(outsider.clone())));
+        let leave = JoinRequest {
+            node_id: victim,
+            http_addr: String::new(),
+            grpc_addr: String::new(),
+            check_only: false,
+            fresh: false,
+        };
+        let propose = Request::new(Command::SetJoinSecret { by: "tok_x".into(), hash: "evil".into() });
+        let results = [
+            ("Leave", client.leave(leave).await.map(drop)),
+            ("Propose", client.propose(encode(&propose).expect("encode")).await.map(drop)),
+            ("FetchCaKey", client.fetch_ca_key(Empty {}).await.map(drop)),
+            ("ReadIndex", client.read_index(Empty {}).await.map(drop)),
+        ];
+        for (what, result) in results {
+            let s = result.expect_err(what);
+            assert_eq!(s.code(), tonic::Code::PermissionDenied, "{what} on node {to}: {s:?}");
+        }
+    }
+    let after = fingerprint(&c, leader).await;
+    assert_eq!(after["members"], before["members"], "no member was removed");
+    assert_eq!(after["lastApplied"], before["lastApplied"], "nothing was proposed");
+    // A member's certificate still proposes and reads through the same calls.
+    let mut member = ClusterServiceClient::new(tls::channel_as(&c, follower, leader));
+    member.read_index(Empty {}).await.expect("a member's read index");
+}
+
+/// Issue 36, item 2: after `DELETE /v1/cluster/nodes/<id>`, the removed node restarted with an
+/// empty `tls/` and the same join secret file (as compose and k8s keep it mounted) is refused:
+/// it stops with a clear message and is not a member again. Its id cannot be given a
+/// single-use secret either.
+#[tokio::test]
+async fn i36_2_a_removed_node_never_enrols_again() {
+    let mut c = TestCluster::start(3).await;
+    let leader = c.leader().await;
+    let removed = if leader == 3 { 2 } else { 3 };
+    c.kill(removed);
+    let (s, v) = c.call(Method::DELETE, leader, &format!("/v1/cluster/nodes/{removed}"), &c.token, None).await;
+    assert_eq!(s, 204, "{v}");
+    c.wait_voters(2).await;
+    std::fs::remove_dir_all(c.nodes[&removed].data.join("tls")).expect("empty tls/");
+    c.spawn(removed); // --join and --join-token-file as before
+    let mut child = Reaped(c.nodes.get_mut(&removed).and_then(|n| n.child.take()).expect("it runs"));
+    let status = wait_for("the removed node to stop", Duration::from_secs(60), || {
+        let s = child.0.try_wait().expect("try_wait");
+        async move { s }
+    })
+    .await;
+    let log = std::fs::read_to_string(&c.nodes[&removed].log).unwrap_or_default();
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(log.contains("refused this node's join") && log.contains("removed"), "it says why: {log}");
+    for id in c.alive() {
+        let h = c.health(id).await.expect("health");
+        let members: Vec<u64> =
+            h["members"].as_array().expect("members").iter().filter_map(|m| m["id"].as_u64()).collect();
+        assert!(!members.contains(&removed), "node {id} lists the removed node: {h}");
+    }
+    let (s, v) = c
+        .call(
+            Method::POST,
+            leader,
+            "/v1/cluster/join-tokens",
+            &c.token,
+            Some(json!({"ttlSecs": 60, "nodeId": removed})),
+        )
+        .await;
+    assert_eq!(s, 400, "no secret for a removed id: {v}");
+}
+
+/// Issue 36, item 4: 1,000 enrolments with a wrong secret, from one source, write nothing to the
+/// Raft log: the first ones are refused on the secret's hash (`UNAUTHENTICATED`), the rest by
+/// the per-source limit (`RESOURCE_EXHAUSTED`).
+#[tokio::test]
+async fn i36_4_bad_enrolments_write_nothing_to_the_log() {
+    let c = TestCluster::start(1).await;
+    let good = join_secret(&c);
+    let wrong = "0".repeat(good.secret.len());
+    assert_ne!(wrong, good.secret);
+    let before = fingerprint(&c, 1).await;
+    let mut client = ClusterServiceClient::new(tls::channel_with(&c, 1, None));
+    let csr = computerd_raft::tls::Csr::new().expect("a CSR");
+    let (mut refused, mut limited) = (0, 0);
+    for i in 0..1000u64 {
+        let req = computerd_proto::cluster::EnrollRequest {
+            node_id: 100 + i,
+            secret: wrong.clone(),
+            csr_pem: csr.pem.clone(),
+        };
+        let s = client.enroll(req).await.expect_err("a wrong secret");
+        match s.code() {
+            tonic::Code::Unauthenticated => refused += 1,
+            tonic::Code::ResourceExhausted => limited += 1,
+            other => panic!("enrolment {i}: {other:?} {s:?}"),
+        }
+    }
+    eprintln!("1,000 bad enrolments: {refused} refused on the secret, {limited} by the per-source limit");
+    assert!(refused >= 1 && limited >= 1, "{refused} refused, {limited} limited");
+    assert_eq!(fingerprint(&c, 1).await, before, "the log did not move");
+}

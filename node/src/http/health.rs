@@ -73,8 +73,11 @@ pub async fn health(State(state): State<AppState>, headers: axum::http::HeaderMa
     (status, body)
 }
 
-/// `DELETE /v1/cluster/nodes/:id`: removes a node from the membership (owner/admin).
-#[utoipa::path(delete, path = "/v1/cluster/nodes/{id}", operation_id = "health_remove_node", tag = "cluster", params(("id" = u64, Path, description = "Node id")), responses((status = 204, description = "Removed"), (status = 404, description = "Not a member", body = ErrorBody)), security(("bearer" = [])))]
+/// `DELETE /v1/cluster/nodes/:id`: removes a node from the membership (owner/admin). The id is
+/// recorded as removed first (it never enrols again, with any join secret), then the node leaves
+/// the membership, then its certificates are revoked. A node removed already has its revocation
+/// committed again (a DELETE whose revocation was lost is retried so).
+#[utoipa::path(delete, path = "/v1/cluster/nodes/{id}", operation_id = "health_remove_node", tag = "cluster", params(("id" = u64, Path, description = "Node id")), responses((status = 204, description = "Removed"), (status = 404, description = "Not a member", body = ErrorBody), (status = 409, description = "The store keeps no more removed ids", body = ErrorBody)), security(("bearer" = [])))]
 pub async fn remove_node(
     State(state): State<AppState>,
     auth: Auth,
@@ -83,13 +86,24 @@ pub async fn remove_node(
     let caller = auth.current(&state).await?;
     caller.check_admin_write()?;
     let id: u64 = id.parse().map_err(|_| ApiError::invalid("a node id is a number"))?;
-    state.cluster.leave(id).await.map_err(|e| match e {
-        computerd_raft::cluster::ClusterError::Invalid(m) => ApiError::not_found(m),
-        other => other.into(),
-    })?;
+    let member = state.cluster.view().members.iter().any(|m| m.id == id);
+    let removed = state.cluster.state().read(|s| s.join.removed(id));
+    if !member && !removed {
+        return Err(ApiError::not_found(format!("node {id} is not a member")));
+    }
+    let by = caller.token.id.clone();
+    if member {
+        // Refused from now on: enrolling as this id (so no new certificate reaches it while it
+        // leaves, nor after). Its certificate still works until it has left.
+        propose(&state, Command::RevokeNode { by: by.clone(), node_id: id, before_secs: 0 }).await?;
+        state.cluster.leave(id).await.map_err(|e| match e {
+            computerd_raft::cluster::ClusterError::Invalid(m) => ApiError::not_found(m),
+            other => other.into(),
+        })?;
+    }
     // Its certificates are refused from now on, and its open connections closed.
     let before_secs = crate::ids::now_ms() / 1000;
-    propose(&state, Command::RevokeNode { by: caller.token.id.clone(), node_id: id, before_secs }).await?;
+    propose(&state, Command::RevokeNode { by, node_id: id, before_secs }).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -100,13 +114,17 @@ pub struct JoinTokenIn {
     /// A single-use secret that expires after this many seconds; without it, the cluster's
     /// reusable secret is rotated (the old one stops working).
     ttl_secs: Option<u64>,
+    /// With `ttlSecs`: the only node id that may enrol with the secret. A live member's id (a
+    /// member whose data dir was lost) enrols again only with such a secret.
+    node_id: Option<u64>,
 }
 
 /// `POST /v1/cluster/join-tokens` (owner/admin): a join secret for new nodes, answered once (the
 /// store keeps its hash). With `ttlSecs` (1 s to 7 days), a single-use secret with that expiry;
 /// without, a new reusable secret replacing the cluster's (also rewritten to `DIR/join.token`
-/// where this node has one).
-#[utoipa::path(post, path = "/v1/cluster/join-tokens", operation_id = "health_join_token", tag = "cluster", request_body(content = Object, description = "{\"ttlSecs\"?}"), responses((status = 201, description = "{joinToken, singleUse, expiresAtMs}", body = Object), (status = 403, description = "Not an owner or admin", body = ErrorBody)), security(("bearer" = [])))]
+/// where this node has one). With `nodeId` too, the single-use secret is for that node id only
+/// (a removed id is refused: it never joins again).
+#[utoipa::path(post, path = "/v1/cluster/join-tokens", operation_id = "health_join_token", tag = "cluster", request_body(content = Object, description = "{\"ttlSecs\"?, \"nodeId\"?}"), responses((status = 201, description = "{joinToken, singleUse, expiresAtMs}", body = Object), (status = 403, description = "Not an owner or admin", body = ErrorBody)), security(("bearer" = [])))]
 pub async fn join_token(
     State(state): State<AppState>,
     auth: Auth,
@@ -126,10 +144,12 @@ pub async fn join_token(
         Some(ttl) if (1..=7 * 24 * 3600).contains(&ttl) => {
             let now = crate::ids::now_ms();
             let expires_at_ms = now + ttl * 1000;
-            propose(&state, Command::MintJoinToken { by, hash, expires_at_ms, at_ms: now }).await?;
+            let node_id = b.node_id;
+            propose(&state, Command::MintJoinToken { by, hash, node_id, expires_at_ms, at_ms: now }).await?;
             Some(expires_at_ms)
         }
         Some(_) => return Err(ApiError::invalid("ttlSecs must be 1 to 604800")),
+        None if b.node_id.is_some() => return Err(ApiError::invalid("nodeId goes with ttlSecs (a single-use secret)")),
         None => {
             propose(&state, Command::SetJoinSecret { by, hash }).await?;
             if let Some(dir) = &state.join_token_file

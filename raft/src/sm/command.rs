@@ -589,13 +589,18 @@ pub enum Command {
         by: String,
         /// SHA-256 of the secret.
         hash: String,
+        /// The only node id that may enrol with it (absent: any new node). A live member's id
+        /// enrols again only with a secret minted for it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        node_id: Option<u64>,
         /// Unix ms after which it is refused.
         expires_at_ms: u64,
         /// Unix ms.
         at_ms: u64,
     },
-    /// A node presents a join secret to enroll: the reusable one is let through, a single-use one
-    /// once (it is removed); anything else is refused.
+    /// A node presents a join secret to enroll: refused for a removed node id; the reusable one
+    /// is let through, a single-use one once (it is removed; one minted for a node id, for that
+    /// id only); anything else is refused.
     RedeemJoinToken {
         /// SHA-256 of the secret presented.
         hash: String,
@@ -604,8 +609,9 @@ pub enum Command {
         /// Unix ms.
         at_ms: u64,
     },
-    /// The certificates of a removed node, issued at or before `before_secs`, are refused from
-    /// now on (an owner or admin removed it).
+    /// A node is removed (an owner or admin removed it): its id never enrols again, and its
+    /// certificates issued at or before `before_secs` are refused from now on (0: none yet; the
+    /// removal records the id so before the node leaves the membership).
     RevokeNode {
         /// The caller's token id.
         by: String,

@@ -342,8 +342,8 @@ impl State {
             }
             Command::SetLiveNodes { nodes } => self.set_live_nodes(nodes),
             Command::SetJoinSecret { by, hash } => self.set_join_secret(by, hash),
-            Command::MintJoinToken { by, hash, expires_at_ms, at_ms } => {
-                self.mint_join_token(by, hash, *expires_at_ms, *at_ms)
+            Command::MintJoinToken { by, hash, node_id, expires_at_ms, at_ms } => {
+                self.mint_join_token(by, hash, *node_id, *expires_at_ms, *at_ms)
             }
             Command::RedeemJoinToken { hash, node_id, at_ms } => self.redeem_join_token(hash, *node_id, *at_ms),
             Command::RevokeNode { by, node_id, before_secs } => self.revoke_node(by, *node_id, *before_secs),

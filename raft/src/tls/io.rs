@@ -128,7 +128,8 @@ fn tokio_stream_of<T: Send + 'static>(
 /// The identity of an accepted connection, and its watch for revocation.
 fn accepted(tls: tokio_rustls::server::TlsStream<TcpStream>, pki: &Arc<Pki>) -> NodeStream {
     let id = tls.get_ref().1.peer_certificates().and_then(|c| c.first()).and_then(identity_of);
-    let Some(id) = id else { return NodeStream { tls, peer: PeerIdentity::default(), revoked: None } };
+    let addr = tls.get_ref().0.peer_addr().ok();
+    let Some(id) = id else { return NodeStream { tls, peer: PeerIdentity { node_id: None, addr }, revoked: None } };
     let (fire, revoked) = tokio::sync::oneshot::channel();
     let mut watch = pki.revoked.subscribe();
     tokio::spawn(async move {
@@ -145,7 +146,7 @@ fn accepted(tls: tokio_rustls::server::TlsStream<TcpStream>, pki: &Arc<Pki>) -> 
             }
         }
     });
-    NodeStream { tls, peer: PeerIdentity { node_id: Some(id.node_id) }, revoked: Some(revoked) }
+    NodeStream { tls, peer: PeerIdentity { node_id: Some(id.node_id), addr }, revoked: Some(revoked) }
 }
 
 /// The connector of a node's channels: TCP from the node's source address (if set), without

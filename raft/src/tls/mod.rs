@@ -67,6 +67,8 @@ pub type Revocations = BTreeMap<NodeId, u64>;
 pub struct PeerIdentity {
     /// The node its certificate names (`None`: it presented none, which only enrolling allows).
     pub node_id: Option<NodeId>,
+    /// Where the connection comes from (enrolling without a certificate is limited per source).
+    pub addr: Option<std::net::SocketAddr>,
 }
 
 /// The node's certificates and the cluster's CA.
