@@ -24,8 +24,13 @@
 //!   below); a name given here (`bridge`, `host`, an operator's network) is used as it is;
 //! - `agentBinary`: a host path mounted read-only over the image's `computer-agent` (for
 //!   development and tests, so the agent need not be rebuilt into the image);
-//! - `templates`: `{"name": {"image", "cpus", "memoryMb", "pids"}}`; a Computer's `template` names
-//!   one; without one, `default`, else the image `computerd-sandbox:latest`.
+//! - `templates`: `{"name": {"image", "cpus", "memoryMb", "pids", "allowPrivate"}}`; a
+//!   Computer's `template` names one; without one, `default`, else the image
+//!   `computerd-sandbox:latest`. `allowPrivate` (CIDR ranges, each inside a private or
+//!   link-local range) opens those ranges to the template's sandboxes (see egress below);
+//! - `egress`: `"node"` (the default: the node installs the egress rules of its own networks, and
+//!   a node that cannot, not root or without `iptables`, refuses the provider) or `"operator"`
+//!   (the operator enforces egress from the sandbox network; the node installs nothing).
 //!
 //! Hardening (every sandbox): all capabilities are dropped but [`SANDBOX_CAPS`] (no `NET_RAW`,
 //! so no raw sockets or spoofed packets; no `MKNOD`, `SYS_CHROOT`, `SETFCAP`, `SETPCAP`,
@@ -37,6 +42,17 @@
 //! (`enable_icc=false`): a sandbox reaches the outside and the host, never another sandbox. The
 //! network is created when missing; when nodes sharing one engine race to create it, every one
 //! settles on the oldest network of that name (and removes its own extra, if unused).
+//!
+//! Egress (`crate::egress`): before each create the node (re)installs the rules of the network
+//! the sandbox joins: from it, the host's own addresses take only new connections to the port
+//! the agents dial (`serverUrl`'s), and the private and link-local ranges (10/8, 172.16/12,
+//! 192.168/16, 100.64/10, 169.254/16, fc00::/7, fe80::/10: the metadata address, the LAN, other
+//! containers) are closed, but for DNS to the host's resolvers and the agents' server. A
+//! template's `allowPrivate` opens ranges for its sandboxes only: every distinct set of opened
+//! ranges gets a network of its own, `computerd-sandboxes-<hash of the set>` (same options),
+//! whose rules open just that set. So the rules match the bridge a packet comes from, need no
+//! per-sandbox address (assigned at start, reused after a delete), and a node restart refills
+//! them whole. A named `network` is the operator's: no rules are installed for it.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -101,6 +117,9 @@ pub struct Template {
     /// At most this many processes, default 1024.
     #[serde(default = "default_pids")]
     pub pids: u64,
+    /// Private or link-local ranges (CIDR) this template's sandboxes may reach.
+    #[serde(default)]
+    pub allow_private: Vec<String>,
 }
 
 fn default_cpus() -> f64 {
@@ -120,6 +139,7 @@ impl Template {
             cpus: default_cpus(),
             memory_mb: default_memory(),
             pids: default_pids(),
+            allow_private: Vec::new(),
         }
     }
 
@@ -129,6 +149,7 @@ impl Template {
             cpus: default_cpus(),
             memory_mb: default_memory(),
             pids: default_pids(),
+            allow_private: Vec::new(),
         }
     }
 }
@@ -157,6 +178,9 @@ pub struct DockerConfig {
     /// A private CA (PEM) the agents pin for `serverUrl`.
     #[serde(default)]
     pub ca_cert: Option<String>,
+    /// Who enforces egress from the provider's networks: `node` (default) or `operator`.
+    #[serde(default)]
+    pub egress: Option<String>,
 }
 
 impl DockerConfig {
@@ -187,7 +211,24 @@ impl DockerConfig {
         {
             return Err("docker provider config: agentBinary must be an absolute path".into());
         }
+        match c.egress.as_deref() {
+            None | Some("node") | Some("operator") => {}
+            Some(other) => {
+                return Err(format!(
+                    "docker provider config: egress must be \"node\" (the node installs the sandboxes' egress rules) or \"operator\" (the operator enforces them), not {other:?}"
+                ));
+            }
+        }
         for (name, t) in &c.templates {
+            if !t.allow_private.is_empty() {
+                if !c.node_egress() {
+                    return Err(format!(
+                        "docker provider config: template {name:?}: allowPrivate opens ranges in the node's egress rules, which a named network or \"egress\": \"operator\" does not have"
+                    ));
+                }
+                crate::egress::parse_allowed(&t.allow_private)
+                    .map_err(|e| format!("docker provider config: template {name:?}: allowPrivate: {e}"))?;
+            }
             let ok = !t.image.is_empty()
                 && t.cpus > 0.0
                 && t.cpus <= 256.0
@@ -200,6 +241,12 @@ impl DockerConfig {
             }
         }
         Ok(c)
+    }
+
+    /// Whether the node installs egress rules for this provider's sandboxes (its own networks,
+    /// unless the operator said they enforce egress).
+    pub fn node_egress(&self) -> bool {
+        self.network.is_none() && self.egress.as_deref() != Some("operator")
     }
 
     /// The named template; without a name, `desktop` (else the desktop image) for a Computer
@@ -253,6 +300,25 @@ pub async fn bridge_address(endpoint: Option<&str>) -> Result<std::net::IpAddr, 
     Err(format!("the Docker network {SANDBOX_NETWORK} names no gateway or IPv4 subnet"))
 }
 
+/// The host and port of a `serverUrl` (`http(s)://host[:port][/...]`; 80 or 443 by default).
+fn server_host_port(url: &str) -> (String, u16) {
+    let (rest, default) = match url.strip_prefix("https://") {
+        Some(r) => (r, 443),
+        None => (url.strip_prefix("http://").unwrap_or(url), 80),
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, a)| a);
+    if let Some(v6) = authority.strip_prefix('[') {
+        let (host, after) = v6.split_once(']').unwrap_or((v6, ""));
+        let port = after.strip_prefix(':').and_then(|p| p.parse().ok()).unwrap_or(default);
+        return (host.to_string(), port);
+    }
+    match authority.rsplit_once(':') {
+        Some((h, p)) => (h.to_string(), p.parse().unwrap_or(default)),
+        None => (authority.to_string(), default),
+    }
+}
+
 /// A sortable key of an engine timestamp (RFC 3339 with up to nine, trimmed, fraction digits).
 fn created_key(created: &str) -> String {
     let (secs, rest) = created.split_once('.').unwrap_or((created.trim_end_matches('Z'), ""));
@@ -260,17 +326,28 @@ fn created_key(created: &str) -> String {
     format!("{secs}.{digits:0<9}")
 }
 
-/// The id of the oldest network named [`SANDBOX_NETWORK`] (by creation, then id), if any; an
-/// error when that network lets sandboxes talk to each other.
-async fn oldest_network(docker: &Docker) -> Result<Option<String>, DockerError> {
-    let filters = HashMap::from([("name", vec![SANDBOX_NETWORK])]);
+/// The network of the sandboxes whose template opens `allowed` (sorted, no repeats):
+/// [`SANDBOX_NETWORK`] when it opens nothing, else `computerd-sandboxes-<hash of the set>`
+/// (FNV-1a, stable across builds, so every node on one engine picks the same).
+pub fn network_name(allowed: &[crate::egress::Cidr]) -> String {
+    if allowed.is_empty() {
+        return SANDBOX_NETWORK.to_string();
+    }
+    let text = allowed.iter().map(ToString::to_string).collect::<Vec<_>>().join(",");
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in text.bytes() {
+        h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{SANDBOX_NETWORK}-{h:016x}")
+}
+
+/// The id of the oldest network named `name` (by creation, then id), if any; an error when that
+/// network lets sandboxes talk to each other.
+async fn oldest_network(docker: &Docker, name: &str) -> Result<Option<String>, DockerError> {
+    let filters = HashMap::from([("name", vec![name])]);
     let opts = bollard::query_parameters::ListNetworksOptionsBuilder::new().filters(&filters).build();
-    let mut nets: Vec<_> = docker
-        .list_networks(Some(opts))
-        .await?
-        .into_iter()
-        .filter(|n| n.name.as_deref() == Some(SANDBOX_NETWORK))
-        .collect();
+    let mut nets: Vec<_> =
+        docker.list_networks(Some(opts)).await?.into_iter().filter(|n| n.name.as_deref() == Some(name)).collect();
     nets.sort_by_key(|n| (n.created.as_deref().map(created_key), n.id.clone()));
     let Some(n) = nets.into_iter().next() else { return Ok(None) };
     let icc_off = n.options.as_ref().and_then(|o| o.get(ICC_OPTION)).is_some_and(|v| v == "false");
@@ -278,7 +355,7 @@ async fn oldest_network(docker: &Docker) -> Result<Option<String>, DockerError> 
         return Err(DockerError::DockerResponseServerError {
             status_code: 409,
             message: format!(
-                "the network {SANDBOX_NETWORK} exists without {ICC_OPTION}=false, so its sandboxes could reach each other: remove it, or name a network in the provider config"
+                "the network {name} exists without {ICC_OPTION}=false, so its sandboxes could reach each other: remove it, or name a network in the provider config"
             ),
         });
     }
@@ -290,14 +367,27 @@ async fn oldest_network(docker: &Docker) -> Result<Option<String>, DockerError> 
 /// name (older engines do not refuse duplicates); every caller settles on the oldest and removes
 /// the one it made if that is not it. Answers its id.
 pub async fn ensure_network(docker: &Docker) -> Result<String, DockerError> {
-    if let Some(id) = oldest_network(docker).await? {
+    ensure_network_for(docker, &[]).await
+}
+
+/// [`ensure_network`] for the network of the sandboxes whose template opens `allowed`
+/// ([`network_name`]); its label `computerd.allow-private` lists them.
+pub async fn ensure_network_for(docker: &Docker, allowed: &[crate::egress::Cidr]) -> Result<String, DockerError> {
+    let name = network_name(allowed);
+    let name = name.as_str();
+    if let Some(id) = oldest_network(docker, name).await? {
         return Ok(id);
     }
+    let mut labels = HashMap::from([("computerd.network".to_string(), "sandboxes".to_string())]);
+    if !allowed.is_empty() {
+        let list = allowed.iter().map(ToString::to_string).collect::<Vec<_>>().join(",");
+        labels.insert("computerd.allow-private".to_string(), list);
+    }
     let request = bollard::models::NetworkCreateRequest {
-        name: SANDBOX_NETWORK.into(),
+        name: name.into(),
         driver: Some("bridge".into()),
         options: Some(HashMap::from([(ICC_OPTION.to_string(), "false".to_string())])),
-        labels: Some(HashMap::from([("computerd.network".to_string(), "sandboxes".to_string())])),
+        labels: Some(labels),
         ..Default::default()
     };
     let mine = match docker.create_network(request).await {
@@ -306,7 +396,7 @@ pub async fn ensure_network(docker: &Docker) -> Result<String, DockerError> {
         Err(DockerError::DockerResponseServerError { status_code: 409, .. }) => None,
         Err(e) => return Err(e),
     };
-    let oldest = oldest_network(docker).await?;
+    let oldest = oldest_network(docker, name).await?;
     if let (Some(mine), Some(oldest)) = (&mine, &oldest)
         && mine != oldest
     {
@@ -315,7 +405,7 @@ pub async fn ensure_network(docker: &Docker) -> Result<String, DockerError> {
     }
     oldest.ok_or_else(|| DockerError::DockerResponseServerError {
         status_code: 404,
-        message: format!("the network {SANDBOX_NETWORK} vanished just after it was made"),
+        message: format!("the network {name} vanished just after it was made"),
     })
 }
 
@@ -367,18 +457,68 @@ impl DockerProvider {
             .await
     }
 
-    /// The network a sandbox joins: the config's, else the provider's own.
-    async fn network(&self, docker: &Docker) -> Result<String, ProviderError> {
-        match &self.config.network {
-            Some(n) => Ok(n.clone()),
-            // Nothing was created yet: a failure here is a failure before the create was sent.
-            None => ensure_network(docker).await.map_err(|e| match classify(e) {
-                ProviderError::Lost(m) | ProviderError::NotSent(m) => ProviderError::NotSent(m),
-                ProviderError::Rejected(m) | ProviderError::Refused { message: m, .. } => {
-                    ProviderError::NotSent(format!("the sandbox network: {m}"))
-                }
-            }),
+    /// The network a sandbox of template `t` joins: the config's, else the provider's own for
+    /// the ranges `t` opens, with its egress rules (re)installed. Nothing was created yet: a
+    /// failure here is a failure before the create was sent.
+    async fn network(&self, docker: &Docker, t: &Template) -> Result<String, ProviderError> {
+        if let Some(n) = &self.config.network {
+            return Ok(n.clone());
         }
+        let allowed = crate::egress::parse_allowed(&t.allow_private).map_err(ProviderError::NotSent)?;
+        let not_sent = |e| match classify(e) {
+            ProviderError::Lost(m) | ProviderError::NotSent(m) => ProviderError::NotSent(m),
+            ProviderError::Rejected(m) | ProviderError::Refused { message: m, .. } => {
+                ProviderError::NotSent(format!("the sandbox network: {m}"))
+            }
+        };
+        let id = ensure_network_for(docker, &allowed).await.map_err(not_sent)?;
+        if self.config.egress.as_deref() != Some("operator") {
+            let plan = self.egress_plan(docker, &id, allowed).await.map_err(not_sent)?;
+            tokio::task::spawn_blocking(move || crate::egress::install(&plan))
+                .await
+                .map_err(|e| ProviderError::NotSent(format!("installing the egress rules: {e}")))?
+                .map_err(|e| {
+                    ProviderError::NotSent(format!(
+                        "the sandboxes' egress rules could not be installed, so no sandbox is made: {e} (run the node as root with iptables, or set \"egress\": \"operator\" if the operator enforces egress)"
+                    ))
+                })?;
+        }
+        Ok(id)
+    }
+
+    /// What the egress rules of network `id` let through.
+    async fn egress_plan(
+        &self,
+        docker: &Docker,
+        id: &str,
+        allowed: Vec<crate::egress::Cidr>,
+    ) -> Result<crate::egress::Plan, DockerError> {
+        let net = docker.inspect_network(id, None::<bollard::query_parameters::InspectNetworkOptions>).await?;
+        let bridge = net
+            .options
+            .as_ref()
+            .and_then(|o| o.get("com.docker.network.bridge.name").cloned())
+            .unwrap_or_else(|| format!("br-{}", id.get(..12).unwrap_or(id)));
+        let (host, agent_port) = server_host_port(&self.config.server_url);
+        // The agents' server passes the private ranges too (a load balancer on the LAN); one of
+        // the host's own addresses needs no such rule (its packets take INPUT).
+        let blocked = crate::egress::blocked();
+        let agent_hosts = tokio::net::lookup_host((host.as_str(), agent_port))
+            .await
+            .map(|a| {
+                a.map(|a| a.ip())
+                    .filter(|ip| blocked.iter().any(|b| b.contains(*ip)) && !crate::egress::is_local(*ip))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(crate::egress::Plan {
+            bridge,
+            ipv6: net.enable_ipv6.unwrap_or(false),
+            agent_port,
+            agent_hosts,
+            allowed,
+            resolvers: crate::egress::host_resolvers(),
+        })
     }
 
     fn container_body(&self, spec: &CreateSpec, t: &Template, network: &str) -> ContainerCreateBody {
@@ -419,7 +559,7 @@ impl Provider for DockerProvider {
     async fn create(&self, spec: &CreateSpec) -> Result<String, ProviderError> {
         let t = self.config.template(spec.template.as_deref(), spec.desktop)?;
         let docker = self.docker().await?;
-        let network = self.network(docker).await?;
+        let network = self.network(docker, &t).await?;
         let name = container_name(&spec.computer_id);
         let opts = CreateContainerOptionsBuilder::new().name(&name).build();
         let body = self.container_body(spec, &t, &network);
@@ -553,6 +693,50 @@ mod tests {
         assert!(!caps.iter().any(|c| c == "NET_RAW") && caps.len() == SANDBOX_CAPS.len(), "{caps:?}");
         assert_eq!(host.security_opt, Some(vec!["no-new-privileges".to_string()]));
         assert_eq!(host.network_mode.as_deref(), Some(SANDBOX_NETWORK));
+    }
+
+    #[test]
+    fn templates_open_private_ranges_on_networks_of_their_own() {
+        let t = serde_json::json!({"serverUrl": "http://x", "templates": {
+            "lan": {"image": "i", "allowPrivate": ["10.20.0.0/16", "169.254.169.254/32"]},
+            "plain": {"image": "i"},
+        }});
+        let c = cfg(t).expect("ok");
+        assert!(c.node_egress());
+        let lan = c.template(Some("lan"), false).expect("template");
+        let allowed = crate::egress::parse_allowed(&lan.allow_private).expect("ranges");
+        let name = network_name(&allowed);
+        assert!(name.starts_with("computerd-sandboxes-") && name.len() == SANDBOX_NETWORK.len() + 17, "{name}");
+        let reordered =
+            crate::egress::parse_allowed(&["169.254.169.254/32".into(), "10.20.0.0/16".into()]).expect("ok");
+        assert_eq!(network_name(&reordered), name, "one network per set of ranges, in any order");
+        assert_eq!(network_name(&[]), SANDBOX_NETWORK);
+        for (bad, says) in [
+            (serde_json::json!(["10.20.0.1/16"]), "host bits"),
+            (serde_json::json!(["8.8.8.0/24"]), "not inside"),
+            (serde_json::json!(["nonsense"]), "not a CIDR"),
+            (serde_json::json!("10.0.0.0/8"), "sequence"),
+        ] {
+            let t =
+                serde_json::json!({"serverUrl": "http://x", "templates": {"t": {"image": "i", "allowPrivate": bad}}});
+            assert!(cfg(t).is_err_and(|e| e.contains(says)), "{says}");
+        }
+        let named = serde_json::json!({"serverUrl": "http://x", "network": "bridge",
+            "templates": {"t": {"image": "i", "allowPrivate": ["10.0.0.0/8"]}}});
+        assert!(cfg(named).is_err_and(|e| e.contains("named network")));
+        let op = serde_json::json!({"serverUrl": "http://x", "egress": "operator"});
+        assert!(!cfg(op).expect("ok").node_egress());
+        assert!(
+            cfg(serde_json::json!({"serverUrl": "http://x", "egress": "none"})).is_err_and(|e| e.contains("egress"))
+        );
+    }
+
+    #[test]
+    fn the_agents_port_is_read_from_the_server_url() {
+        assert_eq!(server_host_port("https://172.18.0.1:8443"), ("172.18.0.1".into(), 8443));
+        assert_eq!(server_host_port("https://lb.example/x"), ("lb.example".into(), 443));
+        assert_eq!(server_host_port("http://lb.example"), ("lb.example".into(), 80));
+        assert_eq!(server_host_port("http://[fd00::1]:9000/"), ("fd00::1".into(), 9000));
     }
 
     #[test]

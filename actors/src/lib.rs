@@ -20,6 +20,7 @@ pub mod daytona;
 pub mod docker;
 pub mod driver;
 pub mod e2b;
+pub mod egress;
 pub mod factory;
 pub mod fake;
 pub mod http_call;

@@ -83,7 +83,15 @@ pub async fn create(
     }
     if b.kind == ProviderKind::Docker {
         let plain: serde_json::Map<String, Value> = config.clone().into_iter().collect();
-        computerd_actors::docker::DockerConfig::parse(&plain).map_err(ApiError::invalid)?;
+        let c = computerd_actors::docker::DockerConfig::parse(&plain).map_err(ApiError::invalid)?;
+        // Secure by default: sandboxes on the provider's own networks get egress rules, which
+        // this node must be able to install (else the operator says they enforce egress).
+        if c.node_egress() {
+            tokio::task::spawn_blocking(computerd_actors::egress::check_available)
+                .await
+                .map_err(|e| ApiError::invalid(e.to_string()))?
+                .map_err(ApiError::invalid)?;
+        }
     }
     if matches!(b.kind, ProviderKind::E2b | ProviderKind::Daytona) {
         let plain: serde_json::Map<String, Value> = config.clone().into_iter().collect();
