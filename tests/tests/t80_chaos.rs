@@ -2,7 +2,10 @@
 //! paired agents running commands (read to their end, or fed input) and writing files, while nodes are SIGKILLed (the leader or a random one),
 //! restarted, SIGSTOPped past the election timeout, or cut off from their peers by a network
 //! partition (the leader or a random node; iptables rules, see `computerd_tests::netfault`)
-//! while clients still reach them. Invariants are checked by code at the end; the report gives
+//! while clients still reach them. Last (issue 36), a node is removed (`DELETE
+//! /v1/cluster/nodes/<id>`) and restarted with its old data dir and the join secret file, then
+//! once more with an empty `tls/`: it must never rejoin (its certificate is refused at the
+//! handshake, its enrolment is refused and it stops). Invariants are checked by code at the end; the report gives
 //! the operations, the faults, the violations (must be 0) and, per fault, how long until writes
 //! through the balancer succeed again and until the links of the node's agents are back.
 //!
@@ -336,6 +339,9 @@ enum Fault {
     StopLeader,
     PartitionLeader,
     PartitionRandom,
+    /// Once, last: a node is removed, then restarted with its old data dir and the join secret
+    /// file (issue 36); it must never rejoin.
+    RemoveNode,
 }
 
 impl Fault {
@@ -346,7 +352,35 @@ impl Fault {
             Fault::StopLeader => "SIGSTOP leader",
             Fault::PartitionLeader => "partition leader",
             Fault::PartitionRandom => "partition random node",
+            Fault::RemoveNode => "remove node",
         }
+    }
+}
+
+/// The running nodes that list `removed` as a member (or do not answer).
+async fn listing(c: &TestCluster, removed: u64) -> Vec<String> {
+    let mut seen = Vec::new();
+    for n in c.alive() {
+        let h = c.health(n).await;
+        let ids: Vec<u64> = h
+            .as_ref()
+            .and_then(|h| h["members"].as_array())
+            .map(|m| m.iter().filter_map(|m| m["id"].as_u64()).collect())
+            .unwrap_or_default();
+        if h.is_none() || ids.contains(&removed) {
+            seen.push(format!("node {n} lists the removed node {removed}, or did not answer: {h:?}"));
+        }
+    }
+    seen
+}
+
+/// A node process taken from the harness, killed when dropped.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
@@ -505,12 +539,17 @@ async fn t10_chaos() {
     if net.is_some() {
         rotation.extend([Fault::PartitionLeader, Fault::PartitionRandom]);
     }
+    // The removal of a node comes once, after the rotation (the cluster is one node smaller
+    // after it), with 3 nodes or more.
+    let mut remove_node = nodes >= 3;
     // CHAOS_FAULT_KINDS narrows the rotation, e.g. "SIGKILL leader" for 20+ leader kills.
     if let Ok(kinds) = std::env::var("CHAOS_FAULT_KINDS") {
         let wanted: Vec<&str> = kinds.split(',').map(str::trim).collect();
         rotation.retain(|f| wanted.contains(&f.name()));
-        assert!(!rotation.is_empty(), "CHAOS_FAULT_KINDS={kinds} names no usable fault");
+        remove_node &= wanted.contains(&Fault::RemoveNode.name());
+        assert!(!rotation.is_empty() || remove_node, "CHAOS_FAULT_KINDS={kinds} names no usable fault");
     }
+    let faults = if rotation.is_empty() { 0 } else { faults };
     let (s, p) = api
         .call(Method::POST, "/v1/computer-providers", Some(json!({"kind": "fake", "name": "f", "config": {}})))
         .await
@@ -608,6 +647,7 @@ async fn t10_chaos() {
                 let writer = tokio::spawn(isolated_writer(direct, f, healing.clone(), answered.clone()));
                 isolated = Some((writer, healing, answered));
             }
+            Fault::RemoveNode => unreachable!("the removal is not in the rotation: it runs once, after it"),
         }
         *injected.entry(fault.name()).or_default() += 1;
         // Writes through the balancer are back when a probe write is acknowledged.
@@ -675,9 +715,86 @@ async fn t10_chaos() {
         match fault {
             Fault::StopLeader => c.signal(target, Signal::SIGCONT),
             Fault::KillLeader | Fault::KillRandom => c.spawn(target),
-            Fault::PartitionLeader | Fault::PartitionRandom => {}
+            Fault::PartitionLeader | Fault::PartitionRandom | Fault::RemoveNode => {}
         }
         c.wait_voters(nodes as usize).await;
+    }
+    if remove_node {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let fault = Fault::RemoveNode;
+        let leader = c.leader().await;
+        // A node that joined with the secret (node 1 bootstraps), not the leader.
+        let joined: Vec<u64> = c.alive().into_iter().filter(|n| *n != leader && *n != 1).collect();
+        let target = joined[rand::random::<u32>() as usize % joined.len()];
+        let mut moving = Vec::new();
+        for id in &computers {
+            if let Some((_, v)) = api.call(Method::GET, &format!("/v1/computers/{id}"), None).await
+                && v["linkNode"].as_u64() == Some(target)
+            {
+                moving.push(id.clone());
+            }
+        }
+        let t0 = Instant::now();
+        c.kill(target);
+        let (s, v) = c.call(Method::DELETE, leader, &format!("/v1/cluster/nodes/{target}"), &c.token, None).await;
+        assert_eq!(s, 204, "DELETE /v1/cluster/nodes/{target}: {v}");
+        *injected.entry(fault.name()).or_default() += 1;
+        // Restarted as compose and k8s would: its old data dir (its revoked certificate) and the
+        // join secret file (the harness passes node 1's).
+        let refusals = |c: &TestCluster| -> usize {
+            c.alive()
+                .iter()
+                .map(|n| {
+                    let log = std::fs::read_to_string(&c.nodes[n].log).unwrap_or_default();
+                    log.matches("a revoked node certificate was refused").count()
+                })
+                .sum()
+        };
+        let refused_before = refusals(&c);
+        c.spawn(target);
+        let returning = Reaped(c.nodes.get_mut(&target).and_then(|n| n.child.take()).expect("restarted"));
+        let probe = "chaos-probe-remove".to_string();
+        let back = wait_for("writes to come back", Duration::from_secs(30), || async {
+            matches!(api.call(Method::POST, "/v1/bots", Some(json!({"name": probe}))).await, Some((201, _)))
+                .then(|| t0.elapsed())
+        })
+        .await;
+        println!("  fault {faults}: {fault:?} of node {target} (leader {leader}): writes back after {back:?}");
+        write_back.push(back);
+        write_back_by_kind.entry(fault.name()).or_default().push(back);
+        for id in &moving {
+            let back = wait_for("a link to come back", Duration::from_secs(30), || async {
+                let (_, v) = api.call(Method::GET, &format!("/v1/computers/{id}"), None).await?;
+                (v["state"] == "running" && v["linkNode"].as_u64().is_some_and(|n| n != target)).then(|| t0.elapsed())
+            })
+            .await;
+            link_back.push(back);
+            link_back_by_kind.entry(fault.name()).or_default().push(back);
+        }
+        // It tried to come back, and was refused at the handshake.
+        wait_for("the removed node's certificate to be refused", Duration::from_secs(30), || async {
+            (refusals(&c) > refused_before).then_some(())
+        })
+        .await;
+        violations.extend(listing(&c, target).await);
+        drop(returning);
+        // Restarted once more with an empty tls/: it enrols with the join secret file, is refused
+        // (its id was removed) and stops.
+        let _ = std::fs::remove_dir_all(c.nodes[&target].data.join("tls"));
+        c.spawn(target);
+        let mut enrolling = Reaped(c.nodes.get_mut(&target).and_then(|n| n.child.take()).expect("restarted"));
+        let status = wait_for("the removed node to stop", Duration::from_secs(60), || {
+            let s = enrolling.0.try_wait().expect("try_wait");
+            async move { s }
+        })
+        .await;
+        let tail = c.log_tail(target, 20);
+        if status.code() != Some(1) || !tail.contains("refused this node's join") {
+            violations.push(format!("the removed node {target}, enrolling again, was not refused ({status}): {tail}"));
+        }
+        println!("    removed node {target}: refused with its old certificate, and enrolling again ({status})");
+        violations.extend(listing(&c, target).await);
+        c.wait_voters(nodes as usize - 1).await;
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     stop.store(true, Ordering::SeqCst);
