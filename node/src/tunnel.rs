@@ -63,7 +63,7 @@ pub async fn open_here(state: &AppState, computer: &str, opening: &Opening) -> R
                     let caller = s.caller_by_token_id(&grant.token_id)?;
                     match grant.mode {
                         Mode::View => s.visible_computer(&caller, computer).map(|_| ()),
-                        Mode::Control => s.check_operate(&caller, computer),
+                        Mode::Control => s.may_control_desktop(&caller, computer),
                     }
                 })
                 .map_err(|e| CallError::new(e.error_kind(), e.message))?;

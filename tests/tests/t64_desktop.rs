@@ -355,6 +355,62 @@ async fn t10_a_window_typing_clicks_and_the_lease_through_the_api() {
         (s == 200).then_some(())
     })
     .await;
+
+    // Issue 36, item 5: a bot asks for a stream for its member, never as a person itself.
+    // `view` as any caller who sees the Computer; `control` only when its grant allows it, and
+    // the lease then names the member, once a browser opens the stream.
+    let ask = |mode: &'static str| {
+        let (c, id, bot_token) = (&c, id.clone(), bot_token.clone());
+        async move {
+            c.call(Method::POST, 1, &format!("/v1/computers/{id}/desktop/stream"), &bot_token, Some(json!({"mode": mode})))
+                .await
+        }
+    };
+    let (s, v) = ask("control").await;
+    assert_eq!((s, v["error"]["kind"].as_str()), (403, Some("forbidden")), "{v}");
+    assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("desktopControl")), "says why: {v}");
+    let (s, v) = ask("view").await;
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = c
+        .call(Method::PUT, 1, &format!("/v1/computers/{id}/bots/{bot}"), &c.token, Some(json!({"desktopControl": true})))
+        .await;
+    assert_eq!((s, v["desktopControl"].as_bool()), (200, Some(true)), "{v}");
+    let (s, v) = ask("control").await;
+    assert_eq!(s, 200, "{v}");
+    // No lease is taken by the URL alone: the bot still acts.
+    let (s, v) = actions(&c, &id, &bot_token, json!({"actions": [{"type": "move", "x": 8, "y": 8}], "screenshot": false})).await;
+    assert_eq!(s, 200, "{v}");
+    c.call(Method::POST, 1, &format!("/v1/computers/{id}/desktop/release"), &bot_token, None).await;
+    let url = v_url(&v_stream(&c, &id, &bot_token, "control").await);
+    let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().expect("client");
+    let r = http.get(&url).send().await.expect("redeem");
+    assert_eq!(r.status().as_u16(), 303);
+    let set = r.headers().get("set-cookie").and_then(|v| v.to_str().ok()).expect("a cookie").to_string();
+    let cookie = set.split(';').next().and_then(|kv| kv.split_once('=')).map(|(_, v)| v.to_string()).expect("value");
+    let person = Viewer::connect(&ws, &cookie).await.expect("the member's browser connects");
+    let (s, v) = actions(&c, &id, &bot_token, json!({"actions": [{"type": "move", "x": 9, "y": 9}]})).await;
+    assert_eq!((s, v["error"]["kind"].as_str()), (409, Some("InputBusy")), "{v}");
+    let msg = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("person:member:") && !msg.contains("person:bot:"), "the member holds it, as a person: {v}");
+    person.close().await;
+    // Revoked, the right ends: a new control URL is refused.
+    let (s, v) = c
+        .call(Method::PUT, 1, &format!("/v1/computers/{id}/bots/{bot}"), &c.token, Some(json!({"desktopControl": false})))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = ask("control").await;
+    assert_eq!(s, 403, "{v}");
+}
+
+async fn v_stream(c: &TestCluster, id: &str, token: &str, mode: &str) -> Value {
+    let (s, v) =
+        c.call(Method::POST, 1, &format!("/v1/computers/{id}/desktop/stream"), token, Some(json!({"mode": mode}))).await;
+    assert_eq!(s, 200, "{v}");
+    v
+}
+
+fn v_url(v: &Value) -> String {
+    v["url"].as_str().expect("url").to_string()
 }
 
 /// Asks for a stream URL, redeems its ticket (303 with the cookie), and checks that a second use

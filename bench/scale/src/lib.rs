@@ -270,6 +270,7 @@ impl World {
             bot_id: BOT.into(),
             at_ms: self.clock,
             allow_root: None,
+            desktop_control: None,
             paths: None,
         });
     }

@@ -1,7 +1,9 @@
 //! A person's stream of a Computer's desktop (noVNC in the browser):
 //!
 //! 1. `POST …/desktop/stream {"mode": "view"|"control"}` (a bearer token; on the link's node)
-//!    answers `{"url"}` with a single-use ticket valid 60 s ([`crate::desktop_streams`]).
+//!    answers `{"url"}` with a single-use ticket valid 60 s ([`crate::desktop_streams`]). The
+//!    stream is always a person's: a bot asks for its member, and `control` only when its grant
+//!    has `desktopControl`; the lease then names the member (`person:member:…`), never the bot.
 //! 2. `GET …/desktop/view?ticket=` (routed to the link's node) redeems it once for an HttpOnly
 //!    cookie bound to that one stream (path `/v1/computers/{id}/desktop`) and redirects to noVNC's
 //!    page, `…/desktop/view/vnc.html`, whose assets load with the cookie.
@@ -56,7 +58,7 @@ pub struct StreamIn {
 }
 
 /// `POST /v1/computers/:id/desktop/stream`
-#[utoipa::path(post, path = "/v1/computers/{id}/desktop/stream", operation_id = "desktop_stream", tag = "desktop", params(("id" = String, Path)), request_body = StreamIn, responses((status = 200, description = "`{\"url\", \"mode\", \"expiresInSecs\"}`: the URL carries a single-use ticket", body = Object), (status = 422, description = "`ComputerUnsupported`: no desktop, or a paired machine", body = ErrorBody)), security(("bearer" = [])))]
+#[utoipa::path(post, path = "/v1/computers/{id}/desktop/stream", operation_id = "desktop_stream", tag = "desktop", params(("id" = String, Path)), request_body = StreamIn, responses((status = 200, description = "`{\"url\", \"mode\", \"expiresInSecs\"}`: the URL carries a single-use ticket", body = Object), (status = 403, description = "`Forbidden`: a bot asked for `control` and its grant does not allow `desktopControl`", body = ErrorBody), (status = 422, description = "`ComputerUnsupported`: no desktop, or a paired machine", body = ErrorBody)), security(("bearer" = [])))]
 pub async fn stream(
     State(state): State<AppState>,
     auth: Auth,
@@ -79,13 +81,18 @@ pub async fn stream(
             Source::Provider { .. } => Ok(()),
         }
     })?;
+    // A bot asks for a stream for its member, a person: `view` as any caller who sees the
+    // Computer, `control` only when its grant allows it (checked again when the stream opens).
+    if b.mode == Mode::Control {
+        state.cluster.state().read(|s| s.may_control_desktop(&caller, &id))?;
+    }
     // On the link's node (resumed first if paused), where the stream will be opened.
     agent_for(&state, &caller, &id, b.mode == Mode::Control).await?;
     let grant = Grant {
         computer: id.clone(),
         mode: b.mode,
         token_id: caller.token.id.clone(),
-        holder: format!("person:{}", super::desktop::actor_of(&caller)),
+        holder: holder_of(&caller),
     };
     let ticket = state
         .streams
@@ -94,6 +101,12 @@ pub async fn stream(
     let url = format!("{}/v1/computers/{id}/desktop/view?ticket={ticket}", origin(&headers));
     let secs = crate::desktop_streams::TICKET_TTL.as_secs();
     Ok(Json(json!({"url": url, "mode": b.mode, "expiresInSecs": secs})))
+}
+
+/// The person a stream's lease names: the member, whether they asked or their bot did (a bot
+/// never holds the desktop as a person).
+fn holder_of(caller: &computerd_raft::sm::Caller) -> String {
+    format!("person:member:{}", caller.member.id)
 }
 
 /// `scheme://host` of the request, as its client addressed it.

@@ -30,6 +30,10 @@ pub struct GrantIn {
     /// On a paired machine: the absolute paths (files or directories) the bot may copy files
     /// from with `copy-from-box` (without them, none). Absent: kept.
     paths: Option<Vec<String>>,
+    /// The bot may ask for a `control` stream of the desktop for its member (the input lease is
+    /// then held in the member's name, as a person, once a browser opens the stream). Absent: a
+    /// new grant does not allow it, an existing one keeps what it had.
+    desktop_control: Option<bool>,
 }
 
 /// `PUT …/bots/:botId`: grants the bot the right to use the Computer (idempotent); the body,
@@ -54,6 +58,7 @@ pub async fn put(
         at_ms: now_ms(),
         allow_root: b.allow_root,
         paths: b.paths,
+        desktop_control: b.desktop_control,
     };
     propose(&state, cmd).await?;
     state.cluster.read_barrier().await?;

@@ -193,6 +193,7 @@ impl State {
         at_ms: u64,
         allow_root: Option<bool>,
         paths: Option<&[String]>,
+        desktop_control: Option<bool>,
     ) -> Result<(), Reject> {
         let caller = self.caller_by_token_id(by)?;
         self.check_grant_rights(&caller, computer_id, bot_id)?;
@@ -214,7 +215,27 @@ impl State {
         {
             g.paths = paths.to_vec();
         }
+        if let Some(allow) = desktop_control
+            && let Some(g) = self.grants.get_mut(computer_id).and_then(|g| g.get_mut(bot_id))
+        {
+            g.desktop_control = allow;
+        }
         Ok(())
+    }
+
+    /// May `caller` ask for a `control` stream of this Computer's desktop? A member who may
+    /// operate it, or a bot (token that may write) whose grant allows it: the stream is then its
+    /// member's, held as a person.
+    pub fn may_control_desktop(&self, caller: &Caller, computer_id: &str) -> Result<(), Reject> {
+        self.check_operate(caller, computer_id)?;
+        match &caller.bot {
+            None => Ok(()),
+            Some(b) if self.grants.get(computer_id).and_then(|g| g.get(&b.id)).is_some_and(|g| g.desktop_control) => Ok(()),
+            Some(_) => Err(Reject::new(
+                RejectKind::Forbidden,
+                "a bot's control stream needs its grant to allow it: its member sets \"desktopControl\": true with PUT /v1/computers/{id}/bots/{bot}",
+            )),
+        }
     }
 
     /// May `caller` run sessions and file calls as root on this Computer? A member with a token
@@ -249,6 +270,7 @@ impl State {
             created_at: at_ms,
             allow_root: false,
             paths: Vec::new(),
+            desktop_control: false,
             via,
         });
         self.index_grant(computer_id, bot_id);

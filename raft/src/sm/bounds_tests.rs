@@ -78,6 +78,7 @@ fn put_grant(s: &mut State, computer: &str, bot: &str) -> Response {
         bot_id: bot.into(),
         at_ms: 2,
         allow_root: None,
+        desktop_control: None,
         paths: None,
     })
 }
@@ -227,6 +228,7 @@ fn grants_per_computer_are_capped_on_every_path_that_grants() {
         bot_id: "bot_x".into(),
         at_ms: 4,
         allow_root: None,
+        desktop_control: None,
         paths: None,
     };
     refused_full(&mut s, put, "hold a grant");

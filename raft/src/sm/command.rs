@@ -249,6 +249,10 @@ pub enum Command {
         /// Sets the paths of a paired machine the bot may copy files from (absent: kept).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         paths: Option<Vec<String>>,
+        /// Sets whether the bot may ask for a `control` stream of the desktop for its member
+        /// (absent: a new grant does not allow it, an existing one keeps what it had).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        desktop_control: Option<bool>,
     },
     /// Revokes (or, by the bot itself, releases) a grant.
     DeleteGrant {

@@ -187,6 +187,7 @@ mod tests {
             bot_id: "bot_1".into(),
             at_ms: 2,
             allow_root: None,
+            desktop_control: None,
             paths: None,
         }));
         s
@@ -242,6 +243,7 @@ mod tests {
             bot_id: "bot_c".into(),
             at_ms: 4,
             allow_root: None,
+            desktop_control: None,
             paths: None,
         }));
         let r = rejected(s.apply(&Command::EndDelegation { by: "tok_bot_c".into(), delegation_id: "dlg_x".into() }));

@@ -322,6 +322,10 @@ pub struct Grant {
     /// so a symlink does not lead out. Only a member sets them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub paths: Vec<String>,
+    /// The bot may ask for a `control` stream of the desktop for its member (held in the
+    /// member's name, as a person, once a browser opens it). Only a member sets it.
+    #[serde(default)]
+    pub desktop_control: bool,
     /// The delegation (`dlg_…`) the bot acquired this grant through: it ends with it, and with
     /// the parent's own grant on the Computer. `None` for a grant a member gave or approved.
     #[serde(default, skip_serializing_if = "Option::is_none")]

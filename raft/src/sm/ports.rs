@@ -214,6 +214,7 @@ mod tests {
             bot_id: "bot_1".into(),
             at_ms: 50,
             allow_root: None,
+            desktop_control: None,
             paths: None,
         }));
         s
@@ -305,6 +306,7 @@ mod tests {
             bot_id: "bot_1".into(),
             at_ms: 90,
             allow_root: None,
+            desktop_control: None,
             paths: None,
         }));
         ok(s.apply(&expose(BOT, "cmp_1", 8001, "http", &hash(2), "apr_10")));

@@ -358,8 +358,8 @@ impl State {
                 self.decide(by, execution_id, *outcome, reason, *at_ms)
             }
             Command::StopComputer { by, computer_id, at_ms } => self.stop(by, computer_id, *at_ms),
-            Command::PutGrant { by, computer_id, bot_id, at_ms, allow_root, paths } => {
-                self.put_grant(by, computer_id, bot_id, *at_ms, *allow_root, paths.as_deref())
+            Command::PutGrant { by, computer_id, bot_id, at_ms, allow_root, paths, desktop_control } => {
+                self.put_grant(by, computer_id, bot_id, *at_ms, *allow_root, paths.as_deref(), *desktop_control)
             }
             Command::DeleteGrant { by, computer_id, bot_id } => self.delete_grant(by, computer_id, bot_id),
             Command::DecideApproval { by, approval_id, approve, at_ms } => {

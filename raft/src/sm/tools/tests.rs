@@ -57,6 +57,7 @@ fn world() -> State {
             computer_id: c.into(),
             bot_id: "bot_1".into(),
             allow_root: None,
+            desktop_control: None,
             paths: None,
             at_ms: 1,
         }));
