@@ -393,3 +393,292 @@ async fn t40_a_vanished_container_is_reported() {
     let (_, v) = c.call(Method::GET, 1, &format!("/v1/computers/{id}/usage"), &c.token, None).await;
     assert_eq!(v["spans"][0]["endedBy"], "failure", "{v}");
 }
+
+// Issue 36, item 4b: a sandbox on the provider's own network reaches neither the host (but for
+// the port its agents dial) nor the private and link-local ranges, unless its template opens
+// them. Every target here is on this machine: a listener of the test's own, the host's
+// addresses, and a network namespace with a veth pair (10.254.36.0/24, and 169.254.169.254 routed
+// into it for packets from the sandbox bridges only).
+
+mod i36_4b {
+    use std::io::Read;
+    use std::io::Write;
+    use std::net::SocketAddr;
+    use std::process::Command;
+    use std::time::Duration;
+
+    use computerd_tests::dev::Dev;
+    use computerd_tests::docker::Containers;
+    use computerd_tests::docker::IMAGE;
+    use computerd_tests::docker::containers_of;
+    use computerd_tests::docker::inspect;
+    use computerd_tests::wait_for;
+    use reqwest::Method;
+    use serde_json::Value;
+    use serde_json::json;
+
+    /// Runs a command; its stdout; panics with its stderr when it fails.
+    fn sh(args: &[&str]) -> String {
+        let out = Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Runs a command, ignoring failure (clean-up of what may not be there).
+    fn quiet(args: &[&str]) {
+        let _ = Command::new(args[0]).args(&args[1..]).output();
+    }
+
+    /// From inside `container`: opens a TCP connection to `ip:port` (5 s) and reads up to 5 bytes
+    /// when `read`: what it read (or `open`), else `blocked <errno>`.
+    fn probe(container: &str, ip: &str, port: u16, read: bool) -> String {
+        let code = format!(
+            "import errno, socket\n\
+             try:\n    c = socket.create_connection(('{ip}', {port}), timeout=5)\n\
+             \x20   print(c.recv(5).decode() if {read} else 'open')\n\
+             except OSError as e:\n    print('blocked', errno.errorcode.get(e.errno, type(e).__name__))\n",
+            read = if read { "True" } else { "False" },
+        );
+        let out = Command::new("docker").args(["exec", container, "python3", "-c", &code]).output().expect("exec");
+        assert!(out.status.success(), "probe in {container}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// A listener on the host, on every address, that answers `hello` to each connection.
+    fn host_listener() -> u16 {
+        let l = std::net::TcpListener::bind("0.0.0.0:0").expect("bind");
+        let port = l.local_addr().expect("addr").port();
+        std::thread::spawn(move || {
+            for mut c in l.incoming().flatten() {
+                let _ = c.write_all(b"hello");
+            }
+        });
+        port
+    }
+
+    /// What the host itself reads from `ip:port` (the target is really there).
+    fn host_reads(ip: &str, port: u16) -> String {
+        let addr = SocketAddr::new(ip.parse().expect("ip"), port);
+        let mut c = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+            .unwrap_or_else(|e| panic!("the host cannot reach {addr}: {e}"));
+        c.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+        let mut s = String::new();
+        let _ = c.read_to_string(&mut s);
+        s
+    }
+
+    async fn create(dev: &Dev, provider: &str, key: &str, template: Option<&str>, cleanup: &mut Containers) -> String {
+        let body = json!({"commandKey": key, "name": key,
+            "source": {"_tag": "Provider", "provider": provider, "template": template}});
+        let (s, v) = dev.call(Method::POST, "/v1/computers", Some(body)).await;
+        assert_eq!(s, 202, "{v}");
+        let id = v["resource"]["id"].as_str().expect("id").to_string();
+        cleanup.track(&id);
+        wait_for("the sandbox's agent to link", Duration::from_secs(90), || async {
+            let (_, c) = dev.call(Method::GET, &format!("/v1/computers/{id}"), None).await;
+            (c["state"] == "running").then_some(())
+        })
+        .await;
+        containers_of(&id).pop().expect("the container")
+    }
+
+    /// The host and port of dev's sandbox URL (`https://<gateway>:<port>`).
+    fn gateway_and_port(provider: &Value) -> (String, u16) {
+        let url = provider["config"]["serverUrl"].as_str().expect("serverUrl");
+        let hostport = url.trim_start_matches("https://");
+        let (h, p) = hostport.rsplit_once(':').expect("port");
+        (h.to_string(), p.parse().expect("port"))
+    }
+
+    /// The container's bridge and gateway on its one network.
+    fn bridge_of(container: &str) -> (String, String) {
+        let net = inspect(container, "{{range .NetworkSettings.Networks}}{{.NetworkID}}{{end}}");
+        let gw = inspect(container, "{{range .NetworkSettings.Networks}}{{.Gateway}}{{end}}");
+        assert!(net.len() >= 12 && !gw.is_empty(), "{net} {gw}");
+        (format!("br-{}", &net[..12]), gw)
+    }
+
+    #[tokio::test]
+    async fn i36_4b_a_sandbox_reaches_no_host_port_but_its_agents() {
+        let dev = Dev::start().await;
+        assert!(!dev.docker_line.contains("off"), "Docker is here: {}", dev.docker_line);
+        let provider = dev.docker_provider().await;
+        let (gateway, agent_port) = gateway_and_port(&provider);
+        let id = provider["id"].as_str().expect("id").to_string();
+        let mut cleanup = Containers::default();
+        // The agent links through the gateway: the agents' port stays open.
+        let sandbox = create(&dev, &id, "i36-host", None, &mut cleanup).await;
+        assert_eq!(probe(&sandbox, &gateway, agent_port, false), "open", "the agents' port on the gateway");
+
+        // Every other port of the host, on the gateway and on the host's other addresses.
+        let port = host_listener();
+        let mut targets = vec![gateway.clone()];
+        for line in sh(&["ip", "-4", "-o", "addr", "show", "scope", "global"]).lines() {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let (Some(ifname), Some(addr)) = (words.get(1), words.get(3)) else { continue };
+            let ip = addr.split('/').next().unwrap_or_default();
+            // Only interfaces no concurrent test adds or removes.
+            if ["br-", "veth", "cdi36"].iter().any(|p| ifname.starts_with(p)) || ip == gateway {
+                continue;
+            }
+            targets.push(ip.to_string());
+        }
+        assert!(targets.len() >= 2, "the gateway and another host address: {targets:?}");
+        for ip in &targets {
+            assert_eq!(host_reads(ip, port), "hello", "the listener answers on {ip}");
+            let got = probe(&sandbox, ip, port, true);
+            assert!(got.starts_with("blocked"), "the sandbox reached the host's port {port} on {ip}: {got}");
+        }
+    }
+
+    /// The namespace `cdi36-4b` with 10.254.36.2 and .3 on a veth pair from the host
+    /// (10.254.36.1), and 169.254.169.254 on its loopback, routed there only for packets from
+    /// the bridges given to [`Lan::route_metadata`]. A listener in it answers `hello` on every
+    /// address. Removed on drop (left-overs of an earlier run first).
+    struct Lan {
+        listener: std::process::Child,
+        port: u16,
+        bridges: Vec<String>,
+    }
+
+    const NS: &str = "cdi36-4b";
+    const HOST_IF: &str = "cdi36h";
+    const NS_IF: &str = "cdi36n";
+    const TABLE: &str = "3604";
+
+    impl Lan {
+        fn start() -> Lan {
+            Lan::remove(&[]);
+            let taken = sh(&["ip", "-4", "route", "show", "match", "10.254.36.2"]);
+            assert!(taken.lines().all(|l| l.starts_with("default")), "10.254.36.0/24 is in use here: {taken}");
+            sh(&["ip", "netns", "add", NS]);
+            sh(&["ip", "link", "add", HOST_IF, "type", "veth", "peer", "name", NS_IF]);
+            sh(&["ip", "link", "set", NS_IF, "netns", NS]);
+            sh(&["ip", "addr", "add", "10.254.36.1/24", "dev", HOST_IF]);
+            sh(&["ip", "link", "set", HOST_IF, "up"]);
+            let inside = |args: &[&str]| sh(&[&["ip", "netns", "exec", NS][..], args].concat());
+            inside(&["ip", "addr", "add", "10.254.36.2/24", "dev", NS_IF]);
+            inside(&["ip", "addr", "add", "10.254.36.3/24", "dev", NS_IF]);
+            inside(&["ip", "link", "set", NS_IF, "up"]);
+            inside(&["ip", "link", "set", "lo", "up"]);
+            inside(&["ip", "addr", "add", "169.254.169.254/32", "dev", "lo"]);
+            inside(&["ip", "route", "add", "default", "via", "10.254.36.1"]);
+            sh(&["ip", "route", "add", "169.254.169.254/32", "via", "10.254.36.2", "dev", HOST_IF, "table", TABLE]);
+            let server = "import socket, sys\n\
+                          s = socket.socket(); s.bind(('0.0.0.0', 0)); s.listen(16)\n\
+                          print(s.getsockname()[1], flush=True)\n\
+                          while True:\n    c, _ = s.accept(); c.sendall(b'hello'); c.close()\n";
+            let mut listener = Command::new("ip")
+                .args(["netns", "exec", NS, "python3", "-c", server])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("the listener");
+            let mut line = String::new();
+            std::io::BufRead::read_line(
+                &mut std::io::BufReader::new(listener.stdout.take().expect("stdout")),
+                &mut line,
+            )
+            .expect("its port");
+            let port = line.trim().parse().unwrap_or_else(|_| panic!("no port: {line:?}"));
+            Lan { listener, port, bridges: Vec::new() }
+        }
+
+        /// Sends 169.254.169.254 from `bridge` into the namespace (the host's own stays as it was).
+        fn route_metadata(&mut self, bridge: &str) {
+            sh(&["ip", "rule", "add", "iif", bridge, "to", "169.254.169.254/32", "lookup", TABLE, "pref", TABLE]);
+            self.bridges.push(bridge.to_string());
+        }
+
+        fn remove(bridges: &[String]) {
+            for b in bridges {
+                quiet(&["ip", "rule", "del", "iif", b, "to", "169.254.169.254/32", "lookup", TABLE, "pref", TABLE]);
+            }
+            quiet(&["ip", "route", "flush", "table", TABLE]);
+            quiet(&["ip", "link", "del", HOST_IF]);
+            quiet(&["ip", "netns", "del", NS]);
+        }
+    }
+
+    impl Drop for Lan {
+        fn drop(&mut self) {
+            let _ = self.listener.kill();
+            let _ = self.listener.wait();
+            Lan::remove(&self.bridges);
+        }
+    }
+
+    /// Removes the template's network (after its containers) and its egress chains on drop.
+    struct TemplateNetwork(Option<(String, String)>, Containers);
+
+    impl Drop for TemplateNetwork {
+        fn drop(&mut self) {
+            drop(std::mem::take(&mut self.1));
+            if let Some((network, bridge)) = self.0.take() {
+                quiet(&["docker", "network", "rm", &network]);
+                for (chain, from) in [("COMPUTERD-I-", "INPUT"), ("COMPUTERD-F-", "DOCKER-USER")] {
+                    let chain = format!("{chain}{bridge}");
+                    quiet(&["iptables", "-w", "-D", from, "-i", &bridge, "-j", &chain]);
+                    quiet(&["iptables", "-w", "-F", &chain]);
+                    quiet(&["iptables", "-w", "-X", &chain]);
+                }
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn i36_4b_private_and_link_local_targets_are_closed_unless_the_template_opens_them() {
+        let dev = Dev::start().await;
+        assert!(!dev.docker_line.contains("off"), "Docker is here: {}", dev.docker_line);
+        let mut lan = Lan::start();
+        let port = lan.port;
+        for ip in ["10.254.36.2", "10.254.36.3"] {
+            assert_eq!(host_reads(ip, port), "hello", "the listener answers on {ip}");
+        }
+        // A provider like dev's, with a template that opens one address of the LAN and the
+        // metadata address.
+        let mine = dev.docker_provider().await;
+        let mut config = mine["config"].clone();
+        let bad = json!({"default": {"image": IMAGE, "allowPrivate": ["10.254.36.2/24"]}});
+        config["templates"] = bad;
+        let body = json!({"kind": "docker", "name": "lan-bad", "config": config.clone()});
+        let (s, v) = dev.call(Method::POST, "/v1/computer-providers", Some(body)).await;
+        assert_eq!(s, 400, "{v}");
+        assert!(v.to_string().contains("host bits"), "the error names the problem: {v}");
+        config["templates"] = json!({
+            "default": {"image": IMAGE, "memoryMb": 512, "pids": 256},
+            "lan": {"image": IMAGE, "memoryMb": 512, "pids": 256,
+                    "allowPrivate": ["10.254.36.2/32", "169.254.169.254/32"]},
+        });
+        let body = json!({"kind": "docker", "name": "lan", "config": config});
+        let (s, v) = dev.call(Method::POST, "/v1/computer-providers", Some(body)).await;
+        assert_eq!(s, 201, "a template may open private ranges: {v}");
+        let provider = v["id"].as_str().expect("id").to_string();
+
+        let mut net = TemplateNetwork(None, Containers::default());
+        let closed = create(&dev, &provider, "i36-closed", None, &mut net.1).await;
+        let open = create(&dev, &provider, "i36-open", Some("lan"), &mut net.1).await;
+        let (closed_bridge, _) = bridge_of(&closed);
+        let (open_bridge, open_gateway) = bridge_of(&open);
+        assert_ne!(closed_bridge, open_bridge, "the template's sandboxes have a network of their own");
+        let open_net = inspect(&open, "{{range $k, $v := .NetworkSettings.Networks}}{{$k}}{{end}}");
+        assert!(open_net.starts_with("computerd-sandboxes-"), "{open_net}");
+        net.0 = Some((open_net, open_bridge.clone()));
+        lan.route_metadata(&closed_bridge);
+        lan.route_metadata(&open_bridge);
+
+        // By default: no private address, no metadata address.
+        for ip in ["10.254.36.2", "10.254.36.3", "169.254.169.254"] {
+            let got = probe(&closed, ip, port, true);
+            assert!(got.starts_with("blocked"), "a default sandbox reached {ip}: {got}");
+        }
+        // The template opens what it names, and only that; the host stays closed to it.
+        assert_eq!(probe(&open, "10.254.36.2", port, true), "hello", "the opened address");
+        assert_eq!(probe(&open, "169.254.169.254", port, true), "hello", "the opened metadata address");
+        let got = probe(&open, "10.254.36.3", port, true);
+        assert!(got.starts_with("blocked"), "an address the template does not name: {got}");
+        let host_port = host_listener();
+        assert_eq!(host_reads(&open_gateway, host_port), "hello");
+        let got = probe(&open, &open_gateway, host_port, true);
+        assert!(got.starts_with("blocked"), "the host through the template network's gateway: {got}");
+    }
+}
