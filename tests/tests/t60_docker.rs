@@ -625,6 +625,45 @@ mod i36_4b {
         }
     }
 
+    /// Secure by default: a node that cannot install the egress rules (here: no `iptables` on
+    /// its PATH) refuses a docker provider on its own networks, saying why and what to do; the
+    /// operator may say they enforce egress themselves, or name a network of theirs.
+    #[tokio::test]
+    async fn i36_4b_a_node_that_cannot_install_the_rules_refuses_the_provider() {
+        let mut c = computerd_tests::TestCluster::start(1).await;
+        let empty = c.dir.path().join("no-tools");
+        std::fs::create_dir_all(&empty).expect("dir");
+        c.kill(1);
+        c.env.push(("PATH".into(), empty.to_string_lossy().into_owned()));
+        c.spawn(1);
+        wait_for("node 1 to answer again", Duration::from_secs(60), || async {
+            let r = c.req(Method::GET, 1, "/v1/computer-providers", &c.token).send().await.ok()?;
+            (r.status() == 200).then_some(())
+        })
+        .await;
+        let register = |name: &str, extra: Value| {
+            let mut config = json!({"serverUrl": c.url(1, "")});
+            for (k, v) in extra.as_object().cloned().unwrap_or_default() {
+                config[k] = v;
+            }
+            json!({"kind": "docker", "name": name, "config": config})
+        };
+        let (s, v) =
+            c.call(Method::POST, 1, "/v1/computer-providers", &c.token, Some(register("own", json!({})))).await;
+        assert_eq!(s, 400, "no rules, no provider: {v}");
+        let text = v.to_string();
+        assert!(["iptables", "root", "egress", "operator"].iter().all(|w| text.contains(w)), "{text}");
+        let body = register("operator", json!({"egress": "operator"}));
+        let (s, v) = c.call(Method::POST, 1, "/v1/computer-providers", &c.token, Some(body)).await;
+        assert_eq!(s, 201, "the operator enforces egress: {v}");
+        let body = register("named", json!({"network": "host"}));
+        let (s, v) = c.call(Method::POST, 1, "/v1/computer-providers", &c.token, Some(body)).await;
+        assert_eq!(s, 201, "a network of the operator's: {v}");
+        let body = register("bad", json!({"egress": "nobody"}));
+        let (s, v) = c.call(Method::POST, 1, "/v1/computer-providers", &c.token, Some(body)).await;
+        assert_eq!(s, 400, "{v}");
+    }
+
     #[tokio::test]
     async fn i36_4b_private_and_link_local_targets_are_closed_unless_the_template_opens_them() {
         let dev = Dev::start().await;
