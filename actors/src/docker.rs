@@ -43,8 +43,8 @@
 //! network is created when missing; when nodes sharing one engine race to create it, every one
 //! settles on the oldest network of that name (and removes its own extra, if unused).
 //!
-//! Egress (`crate::egress`): before each create the node (re)installs the rules of the network
-//! the sandbox joins: from it, the host's own addresses take only new connections to the port
+//! Egress (`crate::egress`): before each create, and on each pass of the sandbox watch (`list`),
+//! the node refills the rules of the network the sandbox joins: from it, the host's own addresses take only new connections to the port
 //! the agents dial (`serverUrl`'s), and the private and link-local ranges (10/8, 172.16/12,
 //! 192.168/16, 100.64/10, 169.254/16, fc00::/7, fe80::/10: the metadata address, the LAN, other
 //! containers) are closed, but for DNS to the host's resolvers and the agents' server. A
@@ -54,6 +54,7 @@
 //! per-sandbox address (assigned at start, reused after a delete), and a node restart refills
 //! them whole. A named `network` is the operator's: no rules are installed for it.
 
+use std::collections::BTreeSet;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -472,18 +473,47 @@ impl DockerProvider {
             }
         };
         let id = ensure_network_for(docker, &allowed).await.map_err(not_sent)?;
-        if self.config.egress.as_deref() != Some("operator") {
-            let plan = self.egress_plan(docker, &id, allowed).await.map_err(not_sent)?;
-            tokio::task::spawn_blocking(move || crate::egress::install(&plan))
-                .await
-                .map_err(|e| ProviderError::NotSent(format!("installing the egress rules: {e}")))?
-                .map_err(|e| {
-                    ProviderError::NotSent(format!(
-                        "the sandboxes' egress rules could not be installed, so no sandbox is made: {e} (run the node as root with iptables, or set \"egress\": \"operator\" if the operator enforces egress)"
-                    ))
-                })?;
+        if self.config.node_egress() {
+            self.install_egress(docker, &id, allowed).await.map_err(|e| {
+                ProviderError::NotSent(format!(
+                    "the sandboxes' egress rules could not be installed, so no sandbox is made: {e} (run the node as root with iptables, or set \"egress\": \"operator\" if the operator enforces egress)"
+                ))
+            })?;
         }
         Ok(id)
+    }
+
+    /// Installs (refills) the egress rules of network `id`, whose sandboxes may reach `allowed`.
+    async fn install_egress(&self, docker: &Docker, id: &str, allowed: Vec<crate::egress::Cidr>) -> Result<(), String> {
+        let plan = self.egress_plan(docker, id, allowed).await.map_err(|e| format!("the network {id}: {e}"))?;
+        tokio::task::spawn_blocking(move || crate::egress::install(&plan))
+            .await
+            .map_err(|e| format!("installing the egress rules: {e}"))?
+    }
+
+    /// Refills the egress rules of every network of this provider's templates that exists: on
+    /// each sandbox-watch pass (the leader's, every few seconds), so rules flushed by someone
+    /// else, or lost with a reboot, come back without waiting for a create. Failures are logged.
+    async fn refresh_egress(&self, docker: &Docker) {
+        if !self.config.node_egress() {
+            return;
+        }
+        let mut sets = BTreeSet::from([Vec::new()]);
+        sets.extend(self.config.templates.values().filter_map(|t| crate::egress::parse_allowed(&t.allow_private).ok()));
+        for allowed in sets {
+            let name = network_name(&allowed);
+            let id = match oldest_network(docker, &name).await {
+                Ok(Some(id)) => id,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!(network = %name, error = %e, "cannot look up a sandbox network");
+                    continue;
+                }
+            };
+            if let Err(e) = self.install_egress(docker, &id, allowed).await {
+                tracing::warn!(network = %name, error = %e, "cannot refill the sandboxes' egress rules");
+            }
+        }
     }
 
     /// What the egress rules of network `id` let through.
@@ -615,6 +645,7 @@ impl Provider for DockerProvider {
 
     async fn list(&self) -> Result<Option<HashMap<String, SandboxInfo>>, ProviderError> {
         let list = self.labelled(LABEL_COMPUTER.to_string()).await?;
+        self.refresh_egress(self.docker().await?).await;
         let by_computer =
             list.iter().filter_map(|c| Some((c.labels.as_ref()?.get(LABEL_COMPUTER)?.clone(), info(c)))).collect();
         Ok(Some(by_computer))

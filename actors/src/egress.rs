@@ -17,7 +17,9 @@
 //!   private and link-local range ([`BLOCKED_V4`], [`BLOCKED_V6`]) is rejected. Anything else
 //!   (the internet) goes on to Docker's own rules.
 //!
-//! Idempotent: each chain is refilled whole (one `iptables-restore --noflush`, atomic) and
+//! Installed before each create and on each sandbox-watch pass (so rules flushed behind the
+//! node's back, or lost with a reboot, come back within a pass). Idempotent: each chain is
+//! refilled whole (one `iptables-restore --noflush`, atomic) and
 //! jumped to once, under a file lock shared by every node process on the host, so a restart or a
 //! second node on the same engine re-installs them without duplicates. Several providers (other
 //! nodes, other `serverUrl`s) may share one network: each keeps the agent ports already in the

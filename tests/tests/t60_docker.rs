@@ -529,6 +529,23 @@ mod i36_4b {
             let got = probe(&sandbox, ip, port, true);
             assert!(got.starts_with("blocked"), "the sandbox reached the host's port {port} on {ip}: {got}");
         }
+
+        // Rules flushed behind the node's back come back by themselves (the sandbox watch's
+        // pass refills them; so does a node's first pass after a restart).
+        let (bridge, _) = bridge_of(&sandbox);
+        let chain = format!("COMPUTERD-I-{bridge}");
+        let jump = ["-i", bridge.as_str(), "-j", chain.as_str()];
+        sh(&[&["iptables", "-w", "-D", "INPUT"][..], &jump[..]].concat());
+        sh(&["iptables", "-w", "-F", &chain]);
+        wait_for("the rules to be refilled", Duration::from_secs(60), || async {
+            let back = Command::new("iptables").args([&["-w", "-C", "INPUT"][..], &jump[..]].concat()).output();
+            let rules = sh(&["iptables", "-w", "-S", &chain]);
+            (back.is_ok_and(|o| o.status.success()) && rules.contains("REJECT")).then_some(())
+        })
+        .await;
+        let got = probe(&sandbox, &gateway, port, true);
+        assert!(got.starts_with("blocked"), "after the refill: {got}");
+        assert_eq!(probe(&sandbox, &gateway, agent_port, false), "open", "the agents' port after the refill");
     }
 
     /// The namespace `cdi36-4b` with 10.254.36.2 and .3 on a veth pair from the host
