@@ -322,6 +322,15 @@ impl ClusterService for Service {
         if from != Some(r.node_id) && !from.is_some_and(|n| self.cluster.view().members.iter().any(|m| m.id == n)) {
             return speaks_for(from, r.node_id).map(|()| tonic::Response::new(JoinReply::default()));
         }
+        // A removed node id never joins again (its certificate may still work for a moment while
+        // its removal completes).
+        if self.cluster.state().read(|s| s.join.removed(r.node_id)) {
+            tracing::warn!(node_id = r.node_id, "a join of a removed node was refused");
+            return Err(Status::permission_denied(format!(
+                "node {} was removed from the cluster, and a removed node id never joins again",
+                r.node_id
+            )));
+        }
         if r.check_only {
             let cluster_id = self.cluster.cluster_id().await.map_err(cluster_status)?;
             if r.fresh {
