@@ -75,8 +75,8 @@ pub async fn health(State(state): State<AppState>, headers: axum::http::HeaderMa
 
 /// `DELETE /v1/cluster/nodes/:id`: removes a node from the membership (owner/admin). The id is
 /// recorded as removed first (it never enrols again, with any join secret), then the node leaves
-/// the membership, then its certificates are revoked. A node removed already has its revocation
-/// committed again (a DELETE whose revocation was lost is retried so).
+/// the membership, then all its certificates are revoked. A node removed already has its
+/// revocation committed again (a DELETE whose revocation was lost is retried so).
 #[utoipa::path(delete, path = "/v1/cluster/nodes/{id}", operation_id = "health_remove_node", tag = "cluster", params(("id" = u64, Path, description = "Node id")), responses((status = 204, description = "Removed"), (status = 404, description = "Not a member", body = ErrorBody), (status = 409, description = "The store keeps no more removed ids", body = ErrorBody)), security(("bearer" = [])))]
 pub async fn remove_node(
     State(state): State<AppState>,
@@ -101,9 +101,10 @@ pub async fn remove_node(
             other => other.into(),
         })?;
     }
-    // Its certificates are refused from now on, and its open connections closed.
-    let before_secs = crate::ids::now_ms() / 1000;
-    propose(&state, Command::RevokeNode { by, node_id: id, before_secs }).await?;
+    // Every certificate of the node is refused from now on, whenever it was issued (a signer
+    // whose clock runs ahead cannot have dated one past a cutoff: the id never gets a new one),
+    // and its open connections are closed.
+    propose(&state, Command::RevokeNode { by, node_id: id, before_secs: u64::MAX }).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

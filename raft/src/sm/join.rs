@@ -40,7 +40,7 @@ pub struct JoinState {
     pub token_nodes: BTreeMap<String, u64>,
     /// Removed nodes (and nodes being removed): node id -> certificates issued at or before this
     /// unix second are refused (0 while the node is being removed: it may not enrol, its
-    /// certificate still works until it has left the membership).
+    /// certificate still works until it has left the membership; `u64::MAX` once removed: all).
     pub revoked: BTreeMap<u64, u64>,
 }
 
