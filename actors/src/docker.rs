@@ -39,16 +39,17 @@
 //! (`COMPUTER_AGENT_MCP_FIRST_UID`, allocated in the store), so per-UID kernel counters such as
 //! RLIMIT_NPROC are never shared by two sandboxes of one kernel. Unless the config names a
 //! network, sandboxes go on [`SANDBOX_NETWORK`], a bridge with inter-container traffic off
-//! (`enable_icc=false`): a sandbox reaches the outside and the host, never another sandbox. The
-//! network is created when missing; when nodes sharing one engine race to create it, every one
-//! settles on the oldest network of that name (and removes its own extra, if unused).
+//! (`enable_icc=false`): a sandbox never reaches another sandbox (nor, with the egress rules
+//! below, the host or a private address). The network is created when missing; when nodes
+//! sharing one engine race to create it, every one settles on the oldest network of that name
+//! (and removes its own extra, if unused).
 //!
 //! Egress (`crate::egress`): before each create, and on each pass of the sandbox watch (`list`),
-//! the node refills the rules of the network the sandbox joins: from it, the host's own addresses take only new connections to the port
-//! the agents dial (`serverUrl`'s), and the private and link-local ranges (10/8, 172.16/12,
-//! 192.168/16, 100.64/10, 169.254/16, fc00::/7, fe80::/10: the metadata address, the LAN, other
-//! containers) are closed, but for DNS to the host's resolvers and the agents' server. A
-//! template's `allowPrivate` opens ranges for its sandboxes only: every distinct set of opened
+//! the node refills the rules of the network the sandbox joins: from it, the host's own
+//! addresses take only new connections to the port the agents dial (`serverUrl`'s), and the
+//! private and link-local ranges (10/8, 172.16/12, 192.168/16, 100.64/10, 169.254/16, fc00::/7,
+//! fe80::/10: the metadata address, the LAN, other containers) are closed, but for DNS to the
+//! host's resolvers and the agents' server. A template's `allowPrivate` opens ranges for its sandboxes only: every distinct set of opened
 //! ranges gets a network of its own, `computerd-sandboxes-<hash of the set>` (same options),
 //! whose rules open just that set. So the rules match the bridge a packet comes from, need no
 //! per-sandbox address (assigned at start, reused after a delete), and a node restart refills
