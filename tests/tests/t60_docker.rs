@@ -1,6 +1,8 @@
 //! The docker provider against the real Docker engine: sandboxes whose `computer-agent` dials
 //! the cluster, pause that keeps processes, a call that resumes a paused sandbox, delete that
-//! really removes the container, usage spans, and the shared idle-pause plan.
+//! really removes the container, usage spans, the shared idle-pause plan, and what a sandbox on
+//! the provider's own network may reach (`i36_4b`: the host but for its agents' port, private and
+//! link-local ranges but for those its template opens).
 
 use std::time::Duration;
 
