@@ -108,9 +108,6 @@ pub struct Session {
     pub tabs: tokio::sync::Mutex<page::Tabs>,
     /// Where its uploads are copied.
     pub stage_dir: PathBuf,
-    /// That directory, open (uploads are copied into it through this descriptor, never through a
-    /// path the browser's account could redirect).
-    pub stage_fd: std::os::fd::OwnedFd,
 }
 
 /// The browser of this Computer; clones share it.
@@ -236,10 +233,7 @@ impl Browser {
         if tokio::time::timeout(Duration::from_secs(3), child.wait()).await.is_err() {
             let _ = child.kill().await;
         }
-        // Removed as the browser's account, whose tree it is: a symlink it planted on the way
-        // leads nowhere it could not go itself.
-        let (stage, account) = (session.stage_dir.clone(), Arc::new(self.inner.account.clone()));
-        let _ = crate::users::run_as(&account, move || std::fs::remove_dir_all(stage)).await;
+        let _ = std::fs::remove_dir_all(&session.stage_dir);
         Ok(json!({"session": id, "closed": true}))
     }
 
@@ -278,7 +272,6 @@ impl Browser {
             child: tokio::sync::Mutex::new(child),
             tabs: tokio::sync::Mutex::new(page::Tabs::default()),
             stage_dir: dirs.stage,
-            stage_fd: dirs.stage_fd,
         });
         let first = {
             let mut tabs = session.tabs.lock().await;
@@ -301,9 +294,25 @@ impl Browser {
         Ok(json!({"session": id, "mode": req.mode, "profile": profile, "tabs": [first]}))
     }
 
-    /// Makes (or keeps) the browser's directories: see [`make_dirs`].
+    /// Makes (or keeps) the browser's directories: its home, the profile, this session's
+    /// staging directory; all the account's, 0700.
     fn dirs(&self, profile: &str, id: &str) -> Result<Dirs, String> {
-        make_dirs(&self.inner.root, profile, id, self.owner())
+        let root = &self.inner.root;
+        let dirs = Dirs {
+            home: root.join("home"),
+            profile: root.join("profiles").join(profile),
+            stage: root.join("uploads").join(id),
+        };
+        for d in [root.as_path(), &root.join("profiles"), &root.join("uploads"), &dirs.home, &dirs.profile, &dirs.stage]
+        {
+            private_dir(d, self.owner())?;
+        }
+        no_preconnect(&dirs.profile, self.owner())?;
+        // A lock left by a browser that died with an earlier agent (none of ours uses it now).
+        for f in ["SingletonLock", "SingletonSocket", "SingletonCookie"] {
+            let _ = std::fs::remove_file(dirs.profile.join(f));
+        }
+        Ok(dirs)
     }
 
     async fn launch(&self, mode: Mode, dirs: &Dirs) -> Result<(Cdp, tokio::process::Child), BrowserError> {
@@ -356,42 +365,6 @@ struct Dirs {
     home: PathBuf,
     profile: PathBuf,
     stage: PathBuf,
-    stage_fd: std::os::fd::OwnedFd,
-}
-
-/// Makes (or keeps) the browser's directories under `root`: its home, the profile, this
-/// session's staging directory; all `owner`'s (the desktop account's), 0700.
-///
-/// The tree is that account's, so it may hold symlinks it planted: every step below `root`'s
-/// parent is opened with `O_NOFOLLOW` and changed through its descriptor (a symlink is refused,
-/// never followed), and the profile's preferences are replaced, never written through
-/// ([`no_preconnect`]).
-fn make_dirs(root: &Path, profile: &str, id: &str, owner: Option<(u32, u32)>) -> Result<Dirs, String> {
-    use std::os::fd::AsFd;
-    let fail = |what: &Path, e: std::io::Error| format!("cannot make {} private: {e}", what.display());
-    let (Some(parent), Some(name)) = (root.parent(), root.file_name()) else {
-        return Err(format!("{} cannot be the browser's directory", root.display()));
-    };
-    let start = crate::nofollow::open_start(parent).map_err(|e| fail(parent, e))?;
-    let top = crate::nofollow::private_dir_at(start.as_fd(), name, owner).map_err(|e| fail(root, e))?;
-    let dirs = Dirs {
-        home: root.join("home"),
-        profile: root.join("profiles").join(profile),
-        stage: root.join("uploads").join(id),
-        stage_fd: {
-            let rel = Path::new("uploads").join(id);
-            crate::nofollow::private_dirs(top.as_fd(), &rel, owner).map_err(|e| fail(&root.join(&rel), e))?
-        },
-    };
-    crate::nofollow::private_dirs(top.as_fd(), Path::new("home"), owner).map_err(|e| fail(&dirs.home, e))?;
-    let rel = Path::new("profiles").join(profile);
-    let profile_fd = crate::nofollow::private_dirs(top.as_fd(), &rel, owner).map_err(|e| fail(&dirs.profile, e))?;
-    no_preconnect(profile_fd.as_fd(), owner).map_err(|e| format!("{}/Default: {e}", dirs.profile.display()))?;
-    // A lock left by a browser that died with an earlier agent (none of ours uses it now).
-    for f in ["SingletonLock", "SingletonSocket", "SingletonCookie"] {
-        let _ = nix::unistd::unlinkat(profile_fd.as_fd(), f, nix::unistd::UnlinkatFlags::NoRemoveDir);
-    }
-    Ok(dirs)
 }
 
 /// Chromium's command line (the benchmark's baseline browser uses it too).
@@ -435,36 +408,12 @@ pub fn flags(mode: Mode, profile: &Path) -> Vec<String> {
 /// answer: an upload whose answer was lost would be made twice by the browser itself, below any
 /// action record. Without preconnects (and with a server that does not keep connections alive)
 /// a lost answer stays lost.
-///
-/// The profile is the browser account's: `Default` is opened without following a symlink, the
-/// old preferences are read only when they are a regular file of that account (not a link to
-/// another's), and the new ones replace them by a rename, never writing through what was there.
-fn no_preconnect(profile: std::os::fd::BorrowedFd<'_>, owner: Option<(u32, u32)>) -> Result<(), String> {
-    use std::io::Read;
-    use std::os::fd::AsFd;
-    use std::os::unix::fs::MetadataExt;
-    let dir = crate::nofollow::private_dir_at(profile, "Default".as_ref(), owner).map_err(|e| e.to_string())?;
-    let old = nix::fcntl::openat(
-        dir.as_fd(),
-        "Preferences",
-        nix::fcntl::OFlag::O_RDONLY
-            | nix::fcntl::OFlag::O_NOFOLLOW
-            | nix::fcntl::OFlag::O_NONBLOCK
-            | nix::fcntl::OFlag::O_NOCTTY
-            | nix::fcntl::OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
-    )
-    .ok()
-    .map(std::fs::File::from)
-    .filter(|f| {
-        f.metadata()
-            .is_ok_and(|m| m.is_file() && m.len() <= PREFERENCES_MAX && owner.is_none_or(|(uid, _)| m.uid() == uid))
-    });
-    let mut bytes = Vec::new();
-    if let Some(f) = old {
-        let _ = f.take(PREFERENCES_MAX).read_to_end(&mut bytes);
-    }
-    let mut prefs: Value = serde_json::from_slice(&bytes).unwrap_or_else(|_| json!({}));
+fn no_preconnect(profile: &Path, owner: Option<(u32, u32)>) -> Result<(), String> {
+    let dir = profile.join("Default");
+    private_dir(&dir, owner)?;
+    let path = dir.join("Preferences");
+    let mut prefs: Value =
+        std::fs::read(&path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_else(|| json!({}));
     if !prefs.is_object() {
         prefs = json!({});
     }
@@ -473,12 +422,22 @@ fn no_preconnect(profile: std::os::fd::BorrowedFd<'_>, owner: Option<(u32, u32)>
     }
     prefs["net"]["network_prediction_options"] = json!(2);
     let bytes = serde_json::to_vec(&prefs).map_err(|e| e.to_string())?;
-    crate::nofollow::replace_at(dir.as_fd(), "Preferences".as_ref(), &bytes, 0o600, owner)
-        .map_err(|e| format!("Preferences: {e}"))
+    std::fs::write(&path, bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::chown(&path, Some(uid), Some(gid)).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(())
 }
 
-/// Preferences larger than this are not read (they are started afresh).
-const PREFERENCES_MAX: u64 = 16 << 20;
+fn private_dir(d: &Path, owner: Option<(u32, u32)>) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(d).map_err(|e| format!("cannot make {}: {e}", d.display()))?;
+    std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700)).map_err(|e| format!("{}: {e}", d.display()))?;
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::chown(d, Some(uid), Some(gid)).map_err(|e| format!("{}: {e}", d.display()))?;
+    }
+    Ok(())
+}
 
 /// Logs the browser's last words (its stderr is noisy; only lines that say something failed).
 async fn drain(err: tokio::process::ChildStderr) {
