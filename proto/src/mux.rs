@@ -872,4 +872,41 @@ mod tests {
         assert_eq!(sender.await.expect("sender"), io::ErrorKind::BrokenPipe);
         assert_eq!((count(&node).await, count(&agent).await), (0, 0));
     }
+
+    #[tokio::test]
+    async fn bytes_that_cross_a_readers_drop_never_cost_the_answer() {
+        // The agent's side answers, ends and drops its reader while the pipe to the node is full;
+        // the node's bytes already on their way arrive after the drop. The answer still goes out
+        // first, then the end, then the reset.
+        let (a, mut b) = pipes();
+        let (_at, attach_rx) = mpsc::unbounded();
+        let (_r, r) = mpsc::unbounded();
+        let mut events = drive(Mux::new(a, Role::Server), attach_rx, r);
+        b.tx.send(tunnel::frame(tunnel::KIND_TUN_OPEN, 1, b"{}")).await.expect("open");
+        let Some(Event::Tunnel(incoming)) = events.next().await else { panic!("tunnel 1 not opened") };
+        let (served_r, mut served_w) = incoming.accept().split();
+        // The node reads nothing yet: these fill the pipe, so the answer waits in the mux.
+        let filler = vec![7u8; 1024];
+        for _ in 0..4 {
+            served_w.write_all(&filler).await.expect("filler");
+        }
+        served_w.write_all(b"{\"error\":\"a directory\"}").await.expect("answer");
+        served_w.shutdown().await.expect("end");
+        drop(served_r);
+        b.tx.send(tunnel::frame(tunnel::KIND_TUN_DATA, 1, b"late bytes")).await.expect("data");
+        let mut frames = Vec::new();
+        while let Some(f) = b.rx.next().await {
+            let done = f.first() == Some(&tunnel::KIND_TUN_RESET);
+            frames.push(f);
+            if done {
+                break;
+            }
+        }
+        let answer = tunnel::frame(tunnel::KIND_TUN_DATA, 1, b"{\"error\":\"a directory\"}");
+        let at = frames.iter().position(|f| *f == answer).expect("the answer went out");
+        assert_eq!(frames[0], tunnel::frame(tunnel::KIND_TUN_ACCEPT, 1, b""));
+        assert_eq!(frames[at + 1], tunnel::frame(tunnel::KIND_TUN_END, 1, b""));
+        assert_eq!(frames[at + 2], tunnel::frame(tunnel::KIND_TUN_RESET, 1, b""));
+        assert_eq!(frames.len(), at + 3);
+    }
 }

@@ -203,7 +203,10 @@ impl TunnelEnd {
                     return After::Reset;
                 }
                 if to.unbounded_send(payload).is_err() {
-                    return After::Reset; // nobody reads any more
+                    // The reader was dropped before the peer's end: its drop queued a reset,
+                    // which goes out after what the writer wrote (an answer must not be lost
+                    // to bytes that were already on their way). These are dropped unread.
+                    self.shared.unconsumed.fetch_sub(n, Ordering::AcqRel);
                 }
                 After::Keep
             }
