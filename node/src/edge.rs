@@ -10,6 +10,8 @@
 //!   protocol header (v1 or v2, HAProxy's `send-proxy`/`send-proxy-v2`, for a balancer that
 //!   passes TLS through), and the client it names is the connection's address; a connection from
 //!   such a balancer without a valid header is closed.
+//! - A client's `x-computerd-forwarded` is dropped: no client can claim that a node routed its
+//!   call (a routed call is marked by the node that takes it, with a request extension).
 //! - On shutdown, connections finish their requests (at most 30 s).
 
 use std::net::SocketAddr;
@@ -167,6 +169,8 @@ pub async fn serve(listener: TcpListener, app: Router, edge: Edge, mut stop: wat
             let service = TowerToHyperService::new(app.map_request(
                 move |mut req: axum::extract::Request<hyper::body::Incoming>| {
                     req.extensions_mut().insert(ConnectInfo(client));
+                    // Only a node marks a call as routed to it, and never with a header.
+                    req.headers_mut().remove(computerd_proto::FORWARDED);
                     req
                 },
             ));

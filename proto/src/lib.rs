@@ -18,7 +18,9 @@ pub use error::ErrorKind;
 /// The metadata naming the owner (the node holding the Computer's link) in a
 /// [`ErrorKind::NotOwner`] answer.
 pub const OWNER: &str = "x-computerd-owner";
-/// Marks an HTTP call that a node routed to the owner, so the owner runs it where it arrives.
+/// The header that once marked an HTTP call a node routed to the owner. A routed call is now
+/// marked by the node that takes it (a request extension); the HTTP edge drops this header from
+/// every client, so none can claim that its call was routed.
 pub const FORWARDED: &str = "x-computerd-forwarded";
 
 /// The version of the link protocol (the hello, the frames of [`mux`], the agent's service, the

@@ -10,7 +10,6 @@ use axum::extract::State;
 use axum::middleware::Next;
 use axum::response::IntoResponse;
 use axum::response::Response;
-use computerd_proto::FORWARDED;
 
 use super::ApiError;
 use super::AppState;
@@ -22,7 +21,7 @@ use crate::owner::forward;
 /// Forwards the request when another node holds the Computer's link; runs it here otherwise.
 pub async fn to_link_owner(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let Some(id) = computer_of(req.uri().path()).map(String::from) else { return next.run(req).await };
-    if req.headers().contains_key(FORWARDED) {
+    if req.extensions().get::<crate::owner::serve::Routed>().is_some() {
         return next.run(req).await;
     }
     let Place::At(owner) = state.owners.locate(&id).await else { return next.run(req).await };

@@ -14,7 +14,6 @@ use std::sync::OnceLock;
 
 use axum::body::Body;
 use computerd_proto::ErrorKind;
-use computerd_proto::FORWARDED;
 use computerd_proto::cluster::BlobChunk;
 use computerd_proto::cluster::BlobStored;
 use computerd_proto::cluster::BlobWant;
@@ -37,7 +36,13 @@ use tower::ServiceExt;
 use super::MAX_ROUTE_MESSAGE;
 use super::Owners;
 use super::computer_of;
+use super::forward::Route;
 use crate::state::AppState;
+
+/// Marks a request that another node routed here: it runs here, never sent on (a request
+/// extension, so no client can claim it).
+#[derive(Debug, Clone, Copy)]
+pub struct Routed;
 
 /// The HTTP router and state, set once the node serves HTTP (calls before that are refused).
 #[derive(Clone, Default)]
@@ -170,15 +175,19 @@ impl Routing for RouteTarget {
             return Err(state.owners.not_owner(computer).await);
         }
         let deadline = tokio::time::Instant::now() + super::kind_of_path(&head.path).deadline();
+        let route = Route::of_path(&head.path);
         let mut builder = axum::http::Request::builder().method(head.method.as_str()).uri(head.path.as_str());
-        for (k, v) in &head.headers {
-            builder = builder.header(k.as_str(), v.as_str());
+        // Only what the route's allowlist names, whatever the sender put in.
+        for (k, v) in super::forward::unpack(&head.headers, route.request_headers()) {
+            builder = builder.header(k, v);
         }
         let body = Body::from_stream(incoming.map(|c| {
             c.map(|c| bytes::Bytes::from(c.body)).map_err(|s| std::io::Error::other(s.message().to_string()))
         }));
+        // Routed: runs here (an extension, which no client can set; the edge also drops the
+        // header from clients).
         let request = builder
-            .header(FORWARDED, "1")
+            .extension(Routed)
             .body(body)
             .map_err(|e| ErrorKind::InvalidRequest.status(format!("bad routed call: {e}")))?;
         // Answer the head at once: the sender holds the body back until it sees that the call
@@ -195,10 +204,7 @@ impl Routing for RouteTarget {
                 }
             };
             let status = response.status().as_u16() as u32;
-            let mut headers = std::collections::HashMap::new();
-            if let Some(ct) = response.headers().get(axum::http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) {
-                headers.insert("content-type".to_string(), ct.to_string());
-            }
+            let headers = super::forward::pack(response.headers(), route.answer_headers());
             let first = RouteChunk {
                 head: Some(RouteHead { method: String::new(), path: String::new(), headers, status }),
                 body: Vec::new(),
