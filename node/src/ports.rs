@@ -122,8 +122,10 @@ mod tests {
 
 /// Idle HTTP/1.1 connections to exposed ports (each over its own tunnel), kept by the node that
 /// made them for the next request to the same address: a request then costs no new tunnel.
-/// Every request is still checked first (the address and the exposer's rights, at this node's
-/// replica); an address that ends leaves its connections to expire unused.
+/// Every request on a kept connection is still checked first (the address and the exposer's
+/// rights) at a current read (a read barrier), as the link's node checks a new connection's, so
+/// a node whose replica lags does not serve an address that ended; an address that ends leaves
+/// its connections to expire unused.
 #[derive(Default)]
 pub struct PortPool {
     idle: std::sync::Mutex<Idle>,

@@ -4,7 +4,10 @@
 //! to `127.0.0.1:<port>` carries the request as HTTP/1.1: streaming bodies both ways, server-sent
 //! events, and WebSocket (any `Upgrade`) connections. The node holding the link checks the
 //! address again at a current read before it opens the tunnel, so an address ended by `DELETE`
-//! is refused by every node at once. The label never reaches a log.
+//! is refused by every node at once; a request on a kept connection (the node's pool) is checked
+//! at a current read by the node serving it, so a node whose replica lags refuses it too. A
+//! service's cookies lose their `Domain` (each stays on its own address). The label never
+//! reaches a log.
 //!
 //! Every answer names the node holding the link in [`LINK_NODE`], so a balancer can send the
 //! address's next requests straight there (`deploy/haproxy.cfg` learns it per address in a
@@ -96,6 +99,17 @@ async fn proxy(state: &AppState, port: u16, label: &str, mut req: Request) -> Re
     // closed it, goes on a new one); else a new tunnel.
     let pooled = if upgrade { None } else { state.port_pool.take(&hash) };
     let reused = pooled.is_some();
+    if reused {
+        // A new connection is checked by the link's node at a current read when its tunnel
+        // opens; a kept one is checked here, at a current read too, request by request: a
+        // replica that lags behind a `DELETE` (or a revoked right) must not serve on it.
+        state.cluster.read_barrier().await?;
+        match state.cluster.state().read(|s| s.resolve_port(&hash, port)) {
+            PortResolved::Open(e, _) if e.computer_id == computer => {}
+            PortResolved::AwaitingApproval => return Err(crate::tunnel::awaiting().into()),
+            _ => return Err(crate::tunnel::no_address().into()),
+        }
+    }
     let mut sender = match pooled {
         Some(s) => s,
         None => connect(state, &computer, port, &hash).await?,
@@ -144,6 +158,7 @@ async fn proxy(state: &AppState, port: u16, label: &str, mut req: Request) -> Re
         return Ok(resp.map(axum::body::Body::new));
     }
     strip_hop_headers(resp.headers_mut(), false);
+    strip_cookie_domains(resp.headers_mut());
     // Our side of the connection is HTTP/1.1 whatever the service answered with (Python's
     // http.server says HTTP/1.0).
     *resp.version_mut() = axum::http::Version::HTTP_11;
@@ -246,6 +261,43 @@ fn strip_hop_headers(h: &mut HeaderMap, upgrade: bool) {
     }
 }
 
+/// Drops the `Domain` attribute of every cookie a service sets: each is then host-only, for
+/// its own address, and never reaches the other addresses under the public domain (nor the
+/// domain itself). A value that is not a cookie is left as it is.
+fn strip_cookie_domains(h: &mut HeaderMap) {
+    let cookies: Vec<HeaderValue> = h.get_all(header::SET_COOKIE).iter().map(without_domain).collect();
+    if cookies.is_empty() {
+        return;
+    }
+    h.remove(header::SET_COOKIE);
+    for c in cookies {
+        h.append(header::SET_COOKIE, c);
+    }
+}
+
+/// A `Set-Cookie` value without its `Domain` attributes (the first part, `name=value`, stays
+/// whatever its name).
+fn without_domain(v: &HeaderValue) -> HeaderValue {
+    let bytes = v.as_bytes();
+    let mut parts = bytes.split(|b| *b == b';');
+    let mut out = parts.next().unwrap_or_default().to_vec();
+    let mut dropped = false;
+    for attr in parts {
+        let name = attr.split(|b| *b == b'=').next().unwrap_or_default().trim_ascii();
+        if name.eq_ignore_ascii_case(b"domain") {
+            dropped = true;
+            continue;
+        }
+        out.push(b';');
+        out.extend_from_slice(attr);
+    }
+    if !dropped {
+        return v.clone();
+    }
+    // Made of the bytes of a valid value, less some: valid too (kept as it was otherwise).
+    HeaderValue::from_bytes(&out).unwrap_or_else(|_| v.clone())
+}
+
 /// A tunnel as a byte stream for hyper.
 struct PipeIo {
     tx: Pin<Box<dyn futures::Sink<bytes::Bytes, Error = std::io::Error> + Send>>,
@@ -290,6 +342,27 @@ impl AsyncWrite for PipeIo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 36, item 10: no cookie keeps a `Domain`, whatever its case or spacing; the rest of
+    /// each, and a cookie named `Domain`, stay.
+    #[test]
+    fn i36_10_cookies_lose_their_domain() {
+        let mut h = HeaderMap::new();
+        for c in [
+            "a=1; Domain=example.com; Path=/; HttpOnly",
+            "b=2; path=/; domain=.EXAMPLE.com ; Secure",
+            "c=3; Path=/",
+            "d=x;Domain=example.com",
+            "Domain=name; Path=/; DOMAIN",
+        ] {
+            h.append(header::SET_COOKIE, c.parse().expect("v"));
+        }
+        h.insert("x-app", "kept".parse().expect("v"));
+        strip_cookie_domains(&mut h);
+        let got: Vec<&str> = h.get_all(header::SET_COOKIE).iter().filter_map(|v| v.to_str().ok()).collect();
+        assert_eq!(got, ["a=1; Path=/; HttpOnly", "b=2; path=/; Secure", "c=3; Path=/", "d=x", "Domain=name; Path=/"]);
+        assert_eq!(h["x-app"], "kept");
+    }
 
     #[test]
     fn hop_headers_go_and_upgrades_keep_theirs() {
