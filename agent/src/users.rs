@@ -5,13 +5,15 @@
 //! without that, so a default account that is root does not slip past the rule either.
 //!
 //! A session's process drops to the account between fork and exec ([`Account::drop_privileges`]).
-//! A file call runs on a thread of its own that drops to the account with raw per-thread
-//! syscalls and exits when the call is done ([`run_as`]): Linux credentials are per thread, and
-//! glibc's `setgroups`/`setresuid` wrappers would change every thread of the agent, so they are
-//! not used. The thread takes the account's real, effective, saved and filesystem IDs and its
-//! groups, which also clears its capabilities, so it can open, create, rename and remove exactly
-//! what the account could (and nothing through `CAP_SYS_PTRACE`, such as another process's
-//! `/proc/<pid>/environ`). Descriptors it opened stay usable by the agent afterwards.
+//! A file call runs on a thread of its own that takes the account's rights over files with raw
+//! per-thread syscalls and exits when the call is done ([`run_as`]): Linux credentials are per
+//! thread, and glibc's `setgroups`/`setresuid` wrappers would change every thread of the agent,
+//! so they are not used. The thread takes the account's groups and GIDs and its filesystem UID,
+//! and gives up every capability, so it can open, create, rename and remove exactly what the
+//! account could (and nothing through `CAP_SYS_PTRACE`, such as another process's
+//! `/proc/<pid>/environ`). Its real, effective and saved UIDs stay root's: the account cannot
+//! signal the thread (a `SIGSTOP` would stop the whole agent) nor change its limits with
+//! `prlimit`. Descriptors it opened stay usable by the agent afterwards.
 
 use std::ffi::CString;
 use std::io;
@@ -148,6 +150,61 @@ fn drop_thread_to(uid: u32, gid: u32, groups: &[u32]) -> io::Result<()> {
     Ok(())
 }
 
+/// Gives the calling thread `account`'s rights over files and no capability, its UIDs staying
+/// root's (see the module doc): its groups and GIDs, then its filesystem UID (which clears the
+/// file capabilities), then every capability set emptied. The thread must end with its call.
+fn files_as(account: &Account) -> io::Result<()> {
+    let err = io::Error::last_os_error;
+    let g = account.gid as libc::c_long;
+    let u = account.uid as libc::c_long;
+    // SAFETY: plain syscalls on integers, a valid array of `groups.len()` gids, and valid
+    // capability header and data structures of version 3 (two data elements).
+    unsafe {
+        let groups = &account.groups;
+        if libc::syscall(libc::SYS_setgroups, groups.len() as libc::c_long, groups.as_ptr()) != 0 {
+            return Err(err());
+        }
+        if libc::syscall(libc::SYS_setresgid, g, g, g) != 0 {
+            return Err(err());
+        }
+        libc::syscall(libc::SYS_setfsuid, u);
+        // setfsuid answers the previous value: a second call tells whether the first took.
+        if libc::syscall(libc::SYS_setfsuid, u) as u32 != account.uid {
+            return Err(io::Error::other("the thread did not take the account's filesystem uid"));
+        }
+        let mut header = CapHeader { version: LINUX_CAPABILITY_VERSION_3, pid: 0 };
+        let data = [CapData::default(); 2];
+        if libc::syscall(libc::SYS_capset, &mut header as *mut CapHeader, data.as_ptr()) != 0 {
+            return Err(err());
+        }
+        let mut now = [CapData { effective: u32::MAX, permitted: u32::MAX, inheritable: u32::MAX }; 2];
+        if libc::syscall(libc::SYS_capget, &mut header as *mut CapHeader, now.as_mut_ptr()) != 0
+            || now.iter().any(|d| d.effective | d.permitted | d.inheritable != 0)
+        {
+            return Err(io::Error::other("the thread kept capabilities"));
+        }
+    }
+    Ok(())
+}
+
+const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+/// `struct __user_cap_header_struct`.
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+/// `struct __user_cap_data_struct`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
 /// Runs `f` on a thread of its own holding only `account`'s rights (see the module doc); the
 /// thread ends with `f`. Without a switch (the account is the agent's own), on a blocking thread.
 pub async fn run_as<T, F>(account: &Arc<Account>, f: F) -> io::Result<T>
@@ -161,7 +218,7 @@ where
     let (tx, rx) = tokio::sync::oneshot::channel();
     let a = account.clone();
     std::thread::Builder::new().name("as-user".into()).spawn(move || {
-        let out = a.drop_privileges().map(|()| f());
+        let out = files_as(&a).map(|()| f());
         let _ = tx.send(out);
     })?;
     rx.await.map_err(|_| io::Error::other("the call's thread stopped"))?
@@ -172,7 +229,7 @@ where
 pub fn run_as_detached<F: FnOnce() + Send + 'static>(account: &Arc<Account>, f: F) {
     let a = account.clone();
     let _ = std::thread::Builder::new().name("as-user".into()).spawn(move || {
-        if a.drop_privileges().is_ok() {
+        if files_as(&a).is_ok() {
             f();
         }
     });
@@ -259,12 +316,9 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_call_thread_holds_only_the_accounts_rights() {
-        if !nix::unistd::geteuid().is_root() {
-            panic!("this test needs root");
-        }
-        let a = Arc::new(Account {
+    /// uid and gid 65534, as a root agent would switch to.
+    fn nobody() -> Arc<Account> {
+        Arc::new(Account {
             name: "nobody-test".into(),
             uid: 65534,
             gid: 65534,
@@ -272,7 +326,15 @@ mod tests {
             home: "/".into(),
             shell: "/bin/sh".into(),
             switches: true,
-        });
+        })
+    }
+
+    #[tokio::test]
+    async fn a_call_thread_holds_only_the_accounts_rights() {
+        if !nix::unistd::geteuid().is_root() {
+            panic!("this test needs root");
+        }
+        let a = nobody();
         let (uid, gid, groups, caps) = run_as(&a, || {
             let status = std::fs::read_to_string("/proc/thread-self/status").unwrap_or_default();
             let line = |k: &str| status.lines().find(|l| l.starts_with(k)).unwrap_or_default().to_string();
@@ -280,13 +342,66 @@ mod tests {
         })
         .await
         .expect("run");
-        assert_eq!(uid.split_whitespace().skip(1).collect::<Vec<_>>(), ["65534"; 4], "{uid}");
+        // Real, effective and saved stay root's; the filesystem UID is the account's.
+        assert_eq!(uid.split_whitespace().skip(1).collect::<Vec<_>>(), ["0", "0", "0", "65534"], "{uid}");
         assert_eq!(gid.split_whitespace().skip(1).collect::<Vec<_>>(), ["65534"; 4], "{gid}");
         assert_eq!(groups.split_whitespace().skip(1).collect::<Vec<_>>(), ["65534"], "{groups}");
         assert_eq!(caps.split_whitespace().nth(1), Some("0000000000000000"), "{caps}");
+        // What the account may not do, the thread may not either: root's files stay closed.
+        let shadow = run_as(&a, || std::fs::read("/etc/shadow").map(|_| ())).await.expect("run");
+        assert_eq!(shadow.map_err(|e| e.kind()), Err(io::ErrorKind::PermissionDenied));
+        let made = tempfile::tempdir().expect("tempdir");
+        let root_dir = made.path().to_path_buf();
+        let create = run_as(&a, move || std::fs::write(root_dir.join("f"), b"x")).await.expect("run");
+        assert_eq!(create.map_err(|e| e.kind()), Err(io::ErrorKind::PermissionDenied));
         // The rest of the agent is still root.
         assert!(nix::unistd::geteuid().is_root());
         let denied = run_as(&a, || std::fs::read("/proc/1/environ").map(|_| ())).await.expect("run");
         assert_eq!(denied.map_err(|e| e.kind()), Err(io::ErrorKind::PermissionDenied));
+    }
+
+    #[tokio::test]
+    async fn i36_6_the_account_cannot_signal_or_limit_a_file_calls_thread() {
+        if !nix::unistd::geteuid().is_root() {
+            panic!("this test needs root");
+        }
+        let a = nobody();
+        // A call that holds its thread until told to end, as a slow read would.
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let (end_tx, end_rx) = std::sync::mpsc::channel::<()>();
+        let call = tokio::spawn(async move {
+            run_as(&a, move || {
+                // SAFETY: gettid has no arguments and cannot fail.
+                let tid = unsafe { libc::syscall(libc::SYS_gettid) };
+                let _ = tid_tx.send(tid);
+                let _ = end_rx.recv();
+            })
+            .await
+        });
+        let tid = tokio::task::spawn_blocking(move || tid_rx.recv().expect("the thread's id")).await.expect("tid");
+        // The account, from a process of its own as a session is, tries to signal the thread (0
+        // asks only whether it may; STOP would stop the whole agent) and to lower its limits.
+        let as_account = |script: String| {
+            use std::os::unix::process::CommandExt;
+            std::process::Command::new("/bin/sh")
+                .arg("-c")
+                .arg(script)
+                .uid(65534)
+                .gid(65534)
+                .output()
+                .expect("run sh as the account")
+        };
+        for sig in ["0", "STOP"] {
+            let out = as_account(format!("kill -{sig} {tid}"));
+            assert!(!out.status.success(), "kill -{sig} of the call's thread worked");
+            let said = String::from_utf8_lossy(&out.stderr).to_lowercase();
+            assert!(said.contains("not permitted"), "kill -{sig}: {said}");
+        }
+        let out = as_account(format!("prlimit --pid {tid} --nofile=1:1"));
+        assert!(!out.status.success(), "prlimit of the call's thread worked");
+        let said = String::from_utf8_lossy(&out.stderr).to_lowercase();
+        assert!(said.contains("not permitted"), "prlimit: {said}");
+        end_tx.send(()).expect("end the call");
+        call.await.expect("join").expect("the call ran to its end");
     }
 }
