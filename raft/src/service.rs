@@ -36,7 +36,6 @@ use computerd_proto::cluster::cluster_service_server::ClusterServiceServer;
 use futures::StreamExt;
 use governor::DefaultKeyedRateLimiter;
 use governor::Quota;
-use openraft::type_config::async_runtime::WatchReceiver;
 use tonic::Request;
 use tonic::Status;
 use tonic::Streaming;
@@ -92,11 +91,7 @@ impl Service {
     /// Whether `node` is in this node's current membership: `None` when not, else whether it
     /// votes (the leader's view includes the changes it has appended).
     fn role_of(&self, node: NodeId) -> Option<bool> {
-        let metrics = self.cluster.raft().metrics();
-        let m = metrics.borrow_watched();
-        let membership = m.membership_config.membership();
-        membership.get_node(&node)?;
-        Some(membership.voter_ids().any(|v| v == node))
+        self.cluster.role_of(node)
     }
 
     /// Refuses a caller whose certificate does not name a voter.

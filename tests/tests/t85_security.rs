@@ -49,14 +49,7 @@ async fn every_method(channel: Channel, term: u64, as_node: u64) -> Vec<(&'stati
         check_only: false,
         fresh: false,
     };
-    let head = RouteChunk {
-        head: Some(RouteHead {
-            method: "GET".into(),
-            path: "/v1/computers/cmp_x/files?path=a".into(),
-            ..Default::default()
-        }),
-        body: vec![],
-    };
+    let head = files_head();
     vec![
         ("Propose", cluster.propose(encode(&propose).expect("encode")).await.map(drop)),
         ("Join", cluster.join(join).await.map(drop)),
@@ -72,6 +65,18 @@ async fn every_method(channel: Channel, term: u64, as_node: u64) -> Vec<(&'stati
                 .map(drop),
         ),
     ]
+}
+
+/// The head of a routed file read on a Computer that does not exist.
+fn files_head() -> RouteChunk {
+    RouteChunk {
+        head: Some(RouteHead {
+            method: "GET".into(),
+            path: "/v1/computers/cmp_x/files?path=a".into(),
+            ..Default::default()
+        }),
+        body: vec![],
+    }
 }
 
 /// What a refusal must not have changed: term, applied index, members.
@@ -284,8 +289,9 @@ async fn i36_2_an_enrolment_as_a_members_id_is_refused() {
 }
 
 /// Issue 36, item 2: a certificate of a node that enrolled but never joined cannot remove a
-/// voter (`Leave`), propose a command, fetch the CA's key or ask for a read index: each is
-/// `PERMISSION_DENIED` on the leader and on a follower, and nothing changes.
+/// voter (`Leave`), propose a command, fetch the CA's key, ask for a read index or make a
+/// routed call (an MCP relay, a forward, a blob fetch, a catch-up): each is `PERMISSION_DENIED`
+/// on the leader and on a follower, and nothing changes.
 #[tokio::test]
 async fn i36_2_a_certificate_of_a_node_that_never_joined_is_not_a_member() {
     let c = TestCluster::start(3).await;
@@ -309,6 +315,22 @@ async fn i36_2_a_certificate_of_a_node_that_never_joined_is_not_a_member() {
             ("Propose", client.propose(encode(&propose).expect("encode")).await.map(drop)),
             ("FetchCaKey", client.fetch_ca_key(Empty {}).await.map(drop)),
             ("ReadIndex", client.read_index(Empty {}).await.map(drop)),
+        ];
+        for (what, result) in results {
+            let s = result.expect_err(what);
+            assert_eq!(s.code(), tonic::Code::PermissionDenied, "{what} on node {to}: {s:?}");
+        }
+        // Nor the routing service: an MCP relay names a token by its id only, and a blob is
+        // fetched by its id; both are for members.
+        let mut routing = RoutingClient::new(tls::channel_with(&c, to, Some(outsider.clone())));
+        let relay = McpRelay { computer_id: "cmp_x".into(), json: "{}".into(), token_id: "tok_x".into() };
+        let head = files_head();
+        let want = computerd_proto::cluster::BlobWant { blob_id: "blb_x".into() };
+        let results = [
+            ("RelayMcp", routing.relay_mcp(relay).await.map(drop)),
+            ("Forward", routing.forward(futures::stream::iter([head])).await.map(drop)),
+            ("BlobFetch", routing.blob_fetch(want).await.map(drop)),
+            ("CatchUp", routing.catch_up(Empty {}).await.map(drop)),
         ];
         for (what, result) in results {
             let s = result.expect_err(what);

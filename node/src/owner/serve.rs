@@ -25,6 +25,7 @@ use computerd_proto::cluster::TunnelChunk;
 use computerd_proto::cluster::routing_server::Routing;
 use computerd_proto::cluster::routing_server::RoutingServer;
 use computerd_proto::mcp::McpRequest;
+use computerd_raft::tls::PeerIdentity;
 use futures::Stream;
 use futures::StreamExt;
 use tonic::Request;
@@ -56,6 +57,23 @@ impl RouteTarget {
         let _ = self.inner.set((router, state));
     }
 
+    /// The router and state for a call from a member of the cluster: a node certificate of
+    /// this cluster is not enough (a node that enrolled and never joined, or was removed, holds
+    /// one until it expires), as for the cluster service's own calls.
+    fn serving<T>(&self, req: &Request<T>) -> Result<(axum::Router, AppState), Status> {
+        let Some((router, state)) = self.inner.get().cloned() else {
+            return Err(ErrorKind::Unavailable.status("this node is still starting"));
+        };
+        let from = req.extensions().get::<PeerIdentity>().and_then(|p| p.node_id);
+        if from.and_then(|n| state.cluster.role_of(n)).is_none() {
+            tracing::warn!(caller = ?from, "a routed call from a node that is not a member was refused");
+            return Err(Status::permission_denied(format!(
+                "routed calls are for members only; node {from:?} is not one"
+            )));
+        }
+        Ok((router, state))
+    }
+
     /// The gRPC service.
     pub fn server(self) -> RoutingServer<RouteTarget> {
         RoutingServer::new(self)
@@ -74,27 +92,21 @@ impl Routing for RouteTarget {
     type BlobFetchStream = Pin<Box<dyn Stream<Item = Result<BlobChunk, Status>> + Send>>;
 
     async fn blob_push(&self, req: Request<Streaming<BlobChunk>>) -> Result<Response<BlobStored>, Status> {
-        let Some((_, state)) = self.inner.get().cloned() else {
-            return Err(ErrorKind::Unavailable.status("this node is still starting"));
-        };
+        let (_, state) = self.serving(&req)?;
         Ok(Response::new(super::blobs::take_copy(&state, req.into_inner()).await?))
     }
 
     async fn blob_fetch(&self, req: Request<BlobWant>) -> Result<Response<Self::BlobFetchStream>, Status> {
-        let Some((_, state)) = self.inner.get().cloned() else {
-            return Err(ErrorKind::Unavailable.status("this node is still starting"));
-        };
+        let (_, state) = self.serving(&req)?;
         let stream = super::blobs::serve_copy(&state, req.into_inner()).await?;
         Ok(Response::new(Box::pin(super::blobs::as_chunks(stream))))
     }
 
     async fn catch_up(
         &self,
-        _req: Request<computerd_proto::cluster::Empty>,
+        req: Request<computerd_proto::cluster::Empty>,
     ) -> Result<Response<computerd_proto::cluster::Empty>, Status> {
-        let Some((_, state)) = self.inner.get().cloned() else {
-            return Err(ErrorKind::Unavailable.status("this node is still starting"));
-        };
+        let (_, state) = self.serving(&req)?;
         state.cluster.read_barrier().await.map_err(|e| ErrorKind::Unavailable.status(e.to_string()))?;
         Ok(Response::new(computerd_proto::cluster::Empty {}))
     }
@@ -103,9 +115,7 @@ impl Routing for RouteTarget {
     /// first chunk names the Computer and carries the stream's cookie, which is checked here
     /// (where it was minted), with the caller's rights, before the agent is asked.
     async fn tunnel(&self, req: Request<Streaming<TunnelChunk>>) -> Result<Response<Self::TunnelStream>, Status> {
-        let Some((_, state)) = self.inner.get().cloned() else {
-            return Err(ErrorKind::Unavailable.status("this node is still starting"));
-        };
+        let (_, state) = self.serving(&req)?;
         let mut incoming = req.into_inner();
         let first =
             incoming.message().await?.ok_or_else(|| ErrorKind::InvalidRequest.status("a tunnel opens first"))?;
@@ -131,9 +141,7 @@ impl Routing for RouteTarget {
     }
 
     async fn relay_mcp(&self, req: Request<McpRelay>) -> Result<Response<Self::RelayMcpStream>, Status> {
-        let Some((_, state)) = self.inner.get().cloned() else {
-            return Err(ErrorKind::Unavailable.status("this node is still starting"));
-        };
+        let (_, state) = self.serving(&req)?;
         let r = req.into_inner();
         let owners: &Owners = &state.owners;
         if state.links.get(&r.computer_id).is_none() {
@@ -160,9 +168,7 @@ impl Routing for RouteTarget {
     }
 
     async fn forward(&self, req: Request<Streaming<RouteChunk>>) -> Result<Response<ReplyStream>, Status> {
-        let Some((router, state)) = self.inner.get().cloned() else {
-            return Err(ErrorKind::Unavailable.status("this node is still starting"));
-        };
+        let (router, state) = self.serving(&req)?;
         let mut incoming = req.into_inner();
         let head = incoming
             .message()

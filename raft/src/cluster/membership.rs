@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use computerd_proto::cluster::JoinRequest;
 use openraft::ChangeMembers;
+use openraft::type_config::async_runtime::WatchReceiver;
 use openraft::errors::ClientWriteError;
 use openraft::errors::RaftError;
 use tokio::time::Instant;
@@ -17,6 +18,16 @@ use crate::NodeAddr;
 use crate::NodeId;
 
 impl Cluster {
+    /// Whether `node` is in this node's current membership: `None` when not, else whether it
+    /// votes (the leader's view includes the changes it has appended).
+    pub fn role_of(&self, node: NodeId) -> Option<bool> {
+        let metrics = self.raft().metrics();
+        let m = metrics.borrow_watched();
+        let membership = m.membership_config.membership();
+        membership.get_node(&node)?;
+        Some(membership.voter_ids().any(|v| v == node))
+    }
+
     /// Adds a node as a voter (through the leader): learner first, then voter once caught up.
     /// Idempotent; a known node with new addresses gets them updated. Answers the cluster id.
     pub async fn join(&self, node_id: NodeId, addr: NodeAddr) -> Result<String, ClusterError> {
