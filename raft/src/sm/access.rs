@@ -94,6 +94,18 @@ impl Caller {
     }
 }
 
+
+/// What a `PutGrant` sets besides the grant itself (`None`: left as it is).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct GrantChange<'a> {
+    /// Whether the bot may run calls as root.
+    pub allow_root: Option<bool>,
+    /// The paths a bot on a paired machine may reach.
+    pub paths: Option<&'a [String]>,
+    /// Whether the bot may ask for a `control` stream of the desktop for its member.
+    pub desktop_control: Option<bool>,
+}
+
 impl State {
     /// The rules in force.
     pub fn rules(&self) -> Vec<Rule> {
@@ -191,10 +203,9 @@ impl State {
         computer_id: &str,
         bot_id: &str,
         at_ms: u64,
-        allow_root: Option<bool>,
-        paths: Option<&[String]>,
-        desktop_control: Option<bool>,
+        change: GrantChange<'_>,
     ) -> Result<(), Reject> {
+        let GrantChange { allow_root, paths, desktop_control } = change;
         let caller = self.caller_by_token_id(by)?;
         self.check_grant_rights(&caller, computer_id, bot_id)?;
         if let Some(paths) = paths {

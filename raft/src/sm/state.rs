@@ -359,7 +359,12 @@ impl State {
             }
             Command::StopComputer { by, computer_id, at_ms } => self.stop(by, computer_id, *at_ms),
             Command::PutGrant { by, computer_id, bot_id, at_ms, allow_root, paths, desktop_control } => {
-                self.put_grant(by, computer_id, bot_id, *at_ms, *allow_root, paths.as_deref(), *desktop_control)
+                let change = super::access::GrantChange {
+                    allow_root: *allow_root,
+                    paths: paths.as_deref(),
+                    desktop_control: *desktop_control,
+                };
+                self.put_grant(by, computer_id, bot_id, *at_ms, change)
             }
             Command::DeleteGrant { by, computer_id, bot_id } => self.delete_grant(by, computer_id, bot_id),
             Command::DecideApproval { by, approval_id, approve, at_ms } => {
