@@ -228,7 +228,7 @@ def upload_to_site(api, run, computer, site, art):
         browser(api, computer, "type", {"session": sid, "ref": find(snap, "textbox", "Password"),
                                         "text": site.password})
         browser(api, computer, "click", {"session": sid, "ref": find(snap, "button", "Sign in"),
-                                         "actionId": f"sign-in-{run.id}", "runId": run.id,
+                                         "actionId": f"sign-in-{run.id}", "runId": run.id, "runClaim": run.claim,
                                          "intent": f"sign in to {site.url} as {site.user}"}, retry=True)
         st = status()
     run.event("activity", {"tool": "browser.session_status", "signedIn": st.get("signedIn"),
@@ -255,7 +255,7 @@ def upload_to_site(api, run, computer, site, art):
     # The one effect: recorded first, with what is known; the same id is never clicked twice.
     action_id = f"upload-{run.id}"
     click = browser(api, computer, "click", {
-        "session": sid, "ref": find(snap, "button", "Upload"), "actionId": action_id, "runId": run.id,
+        "session": sid, "ref": find(snap, "button", "Upload"), "actionId": action_id, "runId": run.id, "runClaim": run.claim,
         "intent": f"upload {art['name']} to project {site.project.upper()}",
         "evidence": {"fileSha": art["sha256"], "artifactId": art["artifactId"], "account": site.user,
                      "projectId": site.project, "previousDocumentIds": previous},

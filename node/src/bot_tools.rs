@@ -149,7 +149,8 @@ fn browser_schema(props: Value, required: &[&str], acting: bool) -> Value {
     let extra = props.as_object().into_iter().flatten();
     let action = json!({
         "actionId": {"type": "string", "minLength": 1, "maxLength": 128, "pattern": "^[A-Za-z0-9._:-]+$", "description": ACTION_ID},
-        "runId": {"type": "string", "description": "The run this action belongs to (with an actionId)."},
+        "runId": {"type": "string", "description": "The run this action belongs to (with an actionId and runClaim)."},
+        "runClaim": {"type": "string", "description": "The claim your runtime got for the run (with runId): the action is refused LeaseLost once it no longer holds the run's lease."},
         "intent": {"type": "string", "maxLength": 1024, "description": "What the action is meant to do, in words (with an actionId; kept in the record)."},
         "evidence": {"type": "object", "description": "What you know that justifies it (a file's SHA-256, the account, …), kept with the record (with an actionId)."}
     });
@@ -180,7 +181,7 @@ fn browser_call(
     let mut all = vec!["session", "tab"];
     all.extend_from_slice(keys);
     if acting {
-        all.extend_from_slice(&["actionId", "runId", "intent", "evidence"]);
+        all.extend_from_slice(&["actionId", "runId", "runClaim", "intent", "evidence"]);
     }
     let pairs: Vec<(&str, &str)> = all.iter().map(|k| (*k, *k)).collect();
     Ok(ApiCall { method: "POST", path: format!("/v1/computers/{id}/browser/{route}"), body: Some(a.pick(&pairs)) })

@@ -76,6 +76,10 @@ pub struct ActionMeta {
     /// The run it belongs to.
     #[serde(default)]
     pub run_id: Option<String>,
+    /// The claim of the run's attempt that acts: the action is taken only while this claim
+    /// holds the run's lease (`LeaseLost` otherwise). Required with `runId`.
+    #[serde(default)]
+    pub run_claim: Option<String>,
     /// What the action is meant to do, in words.
     #[serde(default)]
     pub intent: Option<String>,
@@ -134,6 +138,8 @@ tool_request!(
         action_id: Option<String>,
         /// The run.
         run_id: Option<String>,
+        /// The claim of the run's attempt that acts (it must hold the run's lease).
+        run_claim: Option<String>,
         /// The intent.
         intent: Option<String>,
         /// The evidence.
@@ -156,6 +162,8 @@ tool_request!(
         action_id: Option<String>,
         /// The run.
         run_id: Option<String>,
+        /// The claim of the run's attempt that acts (it must hold the run's lease).
+        run_claim: Option<String>,
         /// The intent.
         intent: Option<String>,
         /// The evidence.
@@ -174,6 +182,8 @@ tool_request!(
         action_id: Option<String>,
         /// The run.
         run_id: Option<String>,
+        /// The claim of the run's attempt that acts (it must hold the run's lease).
+        run_claim: Option<String>,
         /// The intent.
         intent: Option<String>,
         /// The evidence.
@@ -192,6 +202,8 @@ tool_request!(
         action_id: Option<String>,
         /// The run.
         run_id: Option<String>,
+        /// The claim of the run's attempt that acts (it must hold the run's lease).
+        run_claim: Option<String>,
         /// The intent.
         intent: Option<String>,
         /// The evidence.
@@ -210,6 +222,8 @@ tool_request!(
         action_id: Option<String>,
         /// The run.
         run_id: Option<String>,
+        /// The claim of the run's attempt that acts (it must hold the run's lease).
+        run_claim: Option<String>,
         /// The intent.
         intent: Option<String>,
         /// The evidence.
@@ -318,18 +332,23 @@ impl BrowserOp {
 
     /// The action record fields of a tool that may change something outside the Computer.
     pub fn action(&self) -> Option<ActionMeta> {
-        let m = |a: &Option<String>, r: &Option<String>, i: &Option<String>, e: &Option<Value>| ActionMeta {
-            action_id: a.clone(),
-            run_id: r.clone(),
-            intent: i.clone(),
-            evidence: e.clone(),
-        };
+        macro_rules! meta {
+            ($r:expr) => {
+                Some(ActionMeta {
+                    action_id: $r.action_id.clone(),
+                    run_id: $r.run_id.clone(),
+                    run_claim: $r.run_claim.clone(),
+                    intent: $r.intent.clone(),
+                    evidence: $r.evidence.clone(),
+                })
+            };
+        }
         match self {
-            Self::Click(r) => Some(m(&r.action_id, &r.run_id, &r.intent, &r.evidence)),
-            Self::Type(r) => Some(m(&r.action_id, &r.run_id, &r.intent, &r.evidence)),
-            Self::Press(r) => Some(m(&r.action_id, &r.run_id, &r.intent, &r.evidence)),
-            Self::Select(r) => Some(m(&r.action_id, &r.run_id, &r.intent, &r.evidence)),
-            Self::Upload(r) => Some(m(&r.action_id, &r.run_id, &r.intent, &r.evidence)),
+            Self::Click(r) => meta!(r),
+            Self::Type(r) => meta!(r),
+            Self::Press(r) => meta!(r),
+            Self::Select(r) => meta!(r),
+            Self::Upload(r) => meta!(r),
             _ => None,
         }
     }
@@ -476,6 +495,9 @@ fn check_action_meta(a: &ActionMeta) -> Result<(), String> {
     }
     if a.action_id.is_none() && (a.run_id.is_some() || a.intent.is_some() || a.evidence.is_some()) {
         return Err("runId, intent and evidence go with an actionId".into());
+    }
+    if a.run_id.is_some() != a.run_claim.is_some() {
+        return Err("runId and runClaim go together: an action of a run names the claim that holds it".into());
     }
     if a.intent.as_ref().is_some_and(|i| i.len() > 1024) {
         return Err("intent is at most 1,024 bytes".into());

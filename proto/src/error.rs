@@ -53,6 +53,9 @@ pub enum ErrorKind {
     /// An upload's bytes do not hash to (or are not as long as) what the caller declared:
     /// nothing was stored.
     DigestMismatch,
+    /// A run's action names a claim that no longer holds the run's lease (it lapsed, and
+    /// another attempt may have claimed the run): nothing was sent.
+    LeaseLost,
 }
 
 impl ErrorKind {
@@ -81,6 +84,7 @@ impl ErrorKind {
             Self::InputBusy => "InputBusy",
             Self::StaleRef => "StaleRef",
             Self::DigestMismatch => "DigestMismatch",
+            Self::LeaseLost => "LeaseLost",
         }
     }
 
@@ -109,6 +113,7 @@ impl ErrorKind {
             "InputBusy" => Self::InputBusy,
             "StaleRef" => Self::StaleRef,
             "DigestMismatch" => Self::DigestMismatch,
+            "LeaseLost" => Self::LeaseLost,
             _ => return None,
         })
     }
@@ -138,6 +143,7 @@ impl ErrorKind {
             Self::InputBusy => 409,
             Self::StaleRef => 409,
             Self::DigestMismatch => 422,
+            Self::LeaseLost => 409,
         }
     }
 
@@ -166,6 +172,7 @@ impl ErrorKind {
             Self::InputBusy => tonic::Code::Aborted,
             Self::StaleRef => tonic::Code::FailedPrecondition,
             Self::DigestMismatch => tonic::Code::DataLoss,
+            Self::LeaseLost => tonic::Code::FailedPrecondition,
         }
     }
 
@@ -222,6 +229,7 @@ mod tests {
             ErrorKind::InputBusy,
             ErrorKind::StaleRef,
             ErrorKind::DigestMismatch,
+            ErrorKind::LeaseLost,
         ];
         for k in all {
             assert_eq!(ErrorKind::parse(k.as_str()), Some(k));

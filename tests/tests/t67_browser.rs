@@ -163,6 +163,12 @@ async fn t10_a_bot_uploads_a_report_through_the_browser() {
     assert_eq!(up["accepted"], true, "{up}");
     assert_eq!(up["readBack"], json!([{"name": "report.pdf", "size": REPORT.len()}]));
     let sha = up["files"][0]["sha256"].as_str().expect("sha").to_string();
+    // Issue 37, item 4: the file is recorded as an artifact, named in the answer and the record.
+    let artifact = up["files"][0]["artifact"].as_str().unwrap_or_default().to_string();
+    assert!(artifact.starts_with("art_"), "an artifact for the uploaded file: {up}");
+    assert_eq!(up["action"]["result"]["files"][0]["artifact"], artifact.as_str(), "{up}");
+    let (s, rec) = c.call(Method::GET, 1, &format!("/v1/computers/{id}/browser/actions/set-1"), b, None).await;
+    assert_eq!((s, rec["result"]["files"][0]["artifact"].as_str()), (200, Some(artifact.as_str())), "{rec}");
     if let Ok(dir) = std::env::var("COMPUTERD_DOCS_SHOT") {
         let (s, v) = api.post(b, "browser/screenshot", json!({"session": sid})).await;
         assert_eq!(s, 200, "{v}");
@@ -212,6 +218,54 @@ async fn t10_a_bot_uploads_a_report_through_the_browser() {
     assert_eq!(hex::encode(sha2::Sha256::digest(&bytes)), ev["sha256"].as_str().unwrap_or_default());
     let (s, v) = api.post(b, "browser/evidence", json!({"session": sid, "actionId": "never-taken"})).await;
     assert_eq!((s, v["error"]["kind"].as_str()), (404, Some("not_found")), "{v}");
+
+    // Issue 37, item 1: runtime A's lease lapses and B claims the run; A's click under its old
+    // claim is refused `LeaseLost` and nothing reaches the page (the site counts no upload).
+    let turn = json!({"text": "upload it again", "clientTurnId": "turn-lease", "botId": bot});
+    let (s, run) = c.call(Method::POST, 1, "/api/turn", &c.token, Some(turn)).await;
+    assert_eq!(s, 201, "{run}");
+    let run_id = run["runId"].as_str().expect("runId").to_string();
+    let (s, a) = c.call(Method::POST, 1, "/api/runs/claim", b, Some(json!({"leaseMs": 2000}))).await;
+    assert_eq!(s, 200, "{a}");
+    let claim_a = a["claim"].as_str().expect("claim").to_string();
+    let run_path = format!("/api/runs/{run_id}");
+    wait_for("A's lease to lapse and the run to be queued again", Duration::from_secs(20), || async {
+        let (_, v) = c.call(Method::GET, 1, &run_path, &c.token, None).await;
+        (v["state"] == "queued").then_some(())
+    })
+    .await;
+    let (s, bee) = c.call(Method::POST, 1, "/api/runs/claim", b, Some(json!({"leaseMs": 60_000}))).await;
+    assert_eq!((s, bee["run"]["runId"].as_str()), (200, Some(run_id.as_str())), "{bee}");
+    let claim_b = bee["claim"].as_str().expect("claim").to_string();
+    // The form holds the file again, so a click that reached the page would upload it.
+    api.tool(b, "navigate", json!({"session": sid, "url": format!("{site}/projects/b/documents")})).await;
+    let snap = api.tool(b, "snapshot", json!({"session": sid, "format": "json"})).await;
+    let set = json!({"session": sid, "ref": find(&snap, "button", "Choose file"), "paths": ["/workspace/report.pdf"]});
+    assert_eq!(api.tool(b, "upload", set).await["accepted"], true);
+    let before = api.uploads().await;
+    let late = json!({"session": sid, "ref": find(&snap, "button", "Upload"), "actionId": "upload-b-2", "runId": run_id, "runClaim": claim_a});
+    let (s, v) = api.post(b, "browser/click", late).await;
+    assert_eq!((s, v["error"]["kind"].as_str()), (409, Some("LeaseLost")), "{v}");
+    let (s, v) = c.call(Method::GET, 1, &format!("/v1/computers/{id}/browser/actions/upload-b-2"), b, None).await;
+    assert_eq!(s, 404, "nothing recorded under a lost lease: {v}");
+    // A runId without its claim is refused as bad input; B's claim holds and may act.
+    let (s, v) = api
+        .post(
+            b,
+            "browser/click",
+            json!({"session": sid, "ref": find(&snap, "button", "Upload"), "actionId": "no-claim", "runId": run_id}),
+        )
+        .await;
+    assert_eq!((s, v["error"]["kind"].as_str()), (400, Some("invalid_request")), "{v}");
+    let (s, v) = api
+        .post(
+            b,
+            "browser/select",
+            json!({"session": sid, "ref": find(&snap, "button", "Upload"), "values": ["x"], "actionId": "sel-b", "runId": run_id, "runClaim": claim_b}),
+        )
+        .await;
+    assert_ne!(v["error"]["kind"].as_str(), Some("LeaseLost"), "B holds the lease: {s} {v}");
+    assert_eq!(api.uploads().await, before, "A's click never reached the page");
 
     // Signed in, as the probes show it; no cookie comes back, and none is readable as `user`.
     let probes =

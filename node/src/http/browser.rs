@@ -8,9 +8,16 @@
 //! is recorded in the store (`computerd_raft::sm::actions`): `prepared`, then `dispatching`
 //! (written before the call leaves), then `done`, `failed` or `unknown`. The same id answers the
 //! record and is never sent again, whatever became of the first attempt: a timeout never turns
-//! into a second click. A refusal that the agent makes before anything reaches the page (a
-//! stale ref, the input lease, a bad path) returns the record to `prepared`, so the caller may
-//! try again with a fresh ref.
+//! into a second click. The node's checks (rights, the Computer's state and link) run before
+//! the dispatch mark: a refusal there leaves the record `failed`, "not sent". A refusal that the
+//! agent makes before anything reaches the page (a stale ref, the input lease, a bad path)
+//! returns the record to `prepared`, so the caller may try again with a fresh ref. An action of
+//! a run names the run's claim (`runClaim`), and is refused `LeaseLost` once that claim no
+//! longer holds the run's lease. A `dispatching` record whose call's deadline and margin passed
+//! by the cluster's clock is read as `unknown`.
+//!
+//! **Uploads** record an artifact per file set on the page (its length and SHA-256, as the agent
+//! counted and hashed it), named in the answer (`files[].artifact`) and so in the record.
 
 use std::time::Duration;
 
@@ -61,8 +68,9 @@ use super::util::propose;
 use crate::ids::now_ms;
 use crate::owner::CallError;
 
-/// A record left `dispatching` this long (its node died mid-call) is taken to be `unknown`.
-const STALE_DISPATCH: Duration = Duration::from_secs(120);
+/// A browser tool's whole deadline (its routes' bound): an action's record lapses to
+/// `unknown` only once this and the store's margin have passed by the cluster's clock.
+const CALL_DEADLINE: Duration = computerd_proto::deadline::CallKind::Tool.deadline();
 
 /// Kinds the agent answers before anything reaches the page: the record goes back to
 /// `prepared`. Anything else after the dispatch mark (a lost link, a deadline, a browser that
@@ -88,8 +96,13 @@ async fn send(
     op: &BrowserOp,
     write: bool,
 ) -> Result<(Value, Vec<u8>), ApiError> {
+    let agent = agent_for(state, caller, id, write).await?;
+    send_to(agent, caller, op).await
+}
+
+/// Sends `op` to an agent the node's checks already let the caller reach.
+async fn send_to(mut agent: computerd_actors::link::Agent, caller: &Caller, op: &BrowserOp) -> Result<(Value, Vec<u8>), ApiError> {
     let json = serde_json::to_string(op).map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?;
-    let mut agent = agent_for(state, caller, id, write).await?;
     let reply = agent
         .browser(DesktopCall { json, caller: actor_of(caller) })
         .await
@@ -204,7 +217,11 @@ async fn tool(state: &AppState, auth: Auth, id: &str, op: BrowserOp) -> Result<(
     let caller = if write { auth.for_write(state).await? } else { auth.current(state).await? };
     check_has_desktop(state, &caller, id)?;
     let meta = op.action().filter(|m| m.action_id.is_some());
-    let Some(meta) = meta else { return send(state, &caller, id, &op, write).await };
+    let Some(meta) = meta else {
+        let (mut json, image) = send(state, &caller, id, &op, write).await?;
+        record_artifacts(state, &caller, id, &op, &mut json).await?;
+        return Ok((json, image));
+    };
     let action_id = meta.action_id.clone().unwrap_or_default();
     // Reach the agent first: a Computer that cannot be reached refuses before any record.
     agent_for(state, &caller, id, write).await?;
@@ -224,12 +241,14 @@ async fn tool(state: &AppState, auth: Auth, id: &str, op: BrowserOp) -> Result<(
         tool: op.name().to_string(),
         request,
         run_id: meta.run_id.clone(),
+        run_claim: meta.run_claim.clone(),
         intent: meta.intent.clone(),
         evidence: meta.evidence.clone(),
         state: ActionState::Prepared,
         claim: claim.clone(),
         created_at: now_ms(),
         dispatched_at: None,
+        lapses_at: None,
         settled_at: None,
         result: None,
         error: None,
@@ -246,14 +265,43 @@ async fn tool(state: &AppState, auth: Auth, id: &str, op: BrowserOp) -> Result<(
         resolve_stale(state, &key).await;
         return replay(state);
     }
-    if propose(state, Command::ActionDispatch { key: key.clone(), claim: claim.clone(), at_ms: now_ms() })
-        .await
-        .is_err()
-    {
+    // The node's checks (rights, a paused Computer's resume, the link) before the dispatch
+    // mark: a refusal here sent nothing, and the record says so.
+    let agent = match agent_for(state, &caller, id, write).await {
+        Ok(agent) => agent,
+        Err(mut e) => {
+            let refuse =
+                Command::ActionRefuse { key: key.clone(), claim: claim.clone(), error: e.message.clone(), at_ms: now_ms() };
+            let _ = propose(state, refuse).await;
+            e.message = format!("{} (the action {} is failed, not sent)", e.message, meta.action_id.unwrap_or_default());
+            return Err(e);
+        }
+    };
+    let dispatch = Command::ActionDispatch {
+        key: key.clone(),
+        claim: claim.clone(),
+        at_ms: now_ms(),
+        deadline_ms: CALL_DEADLINE.as_millis() as u64,
+    };
+    if let Err(e) = propose(state, dispatch).await {
+        // The run's lease is gone: nothing is sent, and the caller is told so.
+        if e.kind == ErrorKind::LeaseLost {
+            return Err(e);
+        }
         // Another attempt took it between the two: answer the record, send nothing.
         return replay(state);
     }
-    let sent = send(state, &caller, id, &op, write).await;
+    let sent = match send_to(agent, &caller, &op).await {
+        Ok((mut json, image)) => match record_artifacts(state, &caller, id, &op, &mut json).await {
+            Ok(()) => Ok((json, image)),
+            // The page took the files: the action happened, whatever became of the records.
+            Err(e) => {
+                tracing::warn!(error = %e.message, "an upload's artifacts could not be recorded");
+                Ok((json, image))
+            }
+        },
+        Err(e) => Err(e),
+    };
     let (finish, answer) = match sent {
         Ok((json, image)) => {
             let outcome = match json["outcome"]["state"].as_str() {
@@ -298,22 +346,51 @@ async fn tool(state: &AppState, auth: Auth, id: &str, op: BrowserOp) -> Result<(
     }
 }
 
-/// A record left `dispatching` past [`STALE_DISPATCH`] (its node died mid-call) becomes `unknown`.
+/// A record left `dispatching` past its lapse time by the cluster's clock (its node died
+/// mid-call, or its finish was lost) becomes `unknown`; the store checks the time again.
 async fn resolve_stale(state: &AppState, key: &str) {
-    let Some(a) = record(state, key) else { return };
-    let stale = a.state == ActionState::Dispatching
-        && a.dispatched_at.is_some_and(|at| now_ms().saturating_sub(at) > STALE_DISPATCH.as_millis() as u64);
-    if stale {
-        let cmd = Command::ActionFinish {
-            key: key.to_string(),
-            claim: a.claim,
-            state: ActionState::Unknown,
-            result: None,
-            error: Some("the node sending it stopped before it answered".into()),
-            at_ms: now_ms(),
-        };
-        let _ = propose(state, cmd).await;
+    let lapsed = state.cluster.state().read(|s| {
+        s.browser_actions
+            .get(key)
+            .is_some_and(|a| a.state == ActionState::Dispatching && a.lapses_at.is_some_and(|t| s.clock >= t))
+    });
+    if lapsed {
+        let _ = propose(state, Command::ActionLapse { key: key.to_string(), at_ms: now_ms() }).await;
     }
+}
+
+/// Records an artifact for each file an upload set on the page (its path, length and SHA-256
+/// as the agent counted them) and names it in the answer's `files[].artifact`.
+async fn record_artifacts(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    op: &BrowserOp,
+    json: &mut Value,
+) -> Result<(), ApiError> {
+    if !matches!(op, BrowserOp::Upload(_)) {
+        return Ok(());
+    }
+    let Some(files) = json.get_mut("files").and_then(Value::as_array_mut) else { return Ok(()) };
+    for f in files.iter_mut() {
+        let (Some(path), Some(size), Some(sha256)) = (f["path"].as_str(), f["size"].as_u64(), f["sha256"].as_str()) else {
+            continue;
+        };
+        let artifact = computerd_raft::sm::Artifact {
+            id: crate::ids::new_id("art"),
+            computer_id: id.to_string(),
+            path: path.to_string(),
+            size,
+            sha256: sha256.to_string(),
+            blob_id: String::new(),
+            member_id: caller.member.id.clone(),
+            bot_id: caller.bot.as_ref().map(|b| b.id.clone()),
+            created_at: now_ms(),
+        };
+        propose(state, Command::ArtifactPut { by: caller.token.id.clone(), artifact: artifact.clone() }).await?;
+        f["artifact"] = json!(artifact.id);
+    }
+    Ok(())
 }
 
 fn answer(headers: &HeaderMap, (json, image): (Value, Vec<u8>)) -> Response {
@@ -369,7 +446,7 @@ pub async fn close(
 macro_rules! tool_route {
     ($name:ident, $path:literal, $op_id:literal, $req:ty, $variant:ident, $desc:literal, $answer:literal) => {
         #[doc = concat!("`POST ", $path, "`")]
-        #[utoipa::path(post, path = $path, operation_id = $op_id, tag = "browser", params(("id" = String, Path)), request_body(content = Object, description = $desc), responses((status = 200, description = $answer, body = Object), (status = 400, body = ErrorBody), (status = 404, description = "`not_found`: no such session or tab", body = ErrorBody), (status = 409, description = "`StaleRef`: take a new snapshot; `InputBusy`: a person holds the input lease", body = ErrorBody), (status = 422, description = "`ComputerUnsupported`: no browser", body = ErrorBody)), security(("bearer" = [])))]
+        #[utoipa::path(post, path = $path, operation_id = $op_id, tag = "browser", params(("id" = String, Path)), request_body(content = Object, description = $desc), responses((status = 200, description = $answer, body = Object), (status = 400, body = ErrorBody), (status = 404, description = "`not_found`: no such session or tab", body = ErrorBody), (status = 409, description = "`StaleRef`: take a new snapshot; `InputBusy`: a person holds the input lease; `LeaseLost`: the action's `runClaim` no longer holds its run's lease (nothing sent)", body = ErrorBody), (status = 422, description = "`ComputerUnsupported`: no browser", body = ErrorBody)), security(("bearer" = [])))]
         pub async fn $name(State(state): State<AppState>, auth: Auth, Path(id): Path<String>, headers: HeaderMap, body: Body<$req>) -> Result<Response, ApiError> {
             let Json(req) = body.map_err(|e| ApiError::invalid(e.body_text()))?;
             Ok(answer(&headers, tool(&state, auth, &id, BrowserOp::$variant(req)).await?))
@@ -401,7 +478,7 @@ tool_route!(
     "browser_click",
     RefRequest,
     Click,
-    "`{\"session\", \"tab\"?, \"ref\", \"timeoutMs\"?, \"actionId\"?, …}`",
+    "`{\"session\", \"tab\"?, \"ref\", \"timeoutMs\"?, \"actionId\"?, \"runId\"?, \"runClaim\"?, \"intent\"?, \"evidence\"?}`",
     "`{\"tab\", \"ref\", \"point\", \"outcome\": {state: done|unknown, navigated, status?, error?}, \"action\"?}`, or `{\"action\", \"replayed\": true}` for an actionId already sent"
 );
 tool_route!(
@@ -428,7 +505,7 @@ tool_route!(
     "browser_press",
     PressRequest,
     Press,
-    "`{\"session\", \"tab\"?, \"keys\": \"Enter\"|\"ctrl+l\"|…, \"actionId\"?, …}`",
+    "`{\"session\", \"tab\"?, \"keys\": \"Enter\"|\"ctrl+l\"|…, \"actionId\"?, \"runId\"?, \"runClaim\"?, \"intent\"?, \"evidence\"?}`",
     "`{\"tab\", \"keys\", \"outcome\", \"action\"?}`"
 );
 tool_route!(
@@ -437,7 +514,7 @@ tool_route!(
     "browser_select",
     SelectRequest,
     Select,
-    "`{\"session\", \"tab\"?, \"ref\", \"values\": [value or label], \"actionId\"?, …}`",
+    "`{\"session\", \"tab\"?, \"ref\", \"values\": [value or label], \"actionId\"?, \"runId\"?, \"runClaim\"?, \"intent\"?, \"evidence\"?}`",
     "`{\"tab\", \"ref\", \"selected\", \"action\"?}`"
 );
 tool_route!(
@@ -511,7 +588,7 @@ pub struct DecisionIn {
 }
 
 /// `POST /v1/computers/:id/browser/actions/:actionId/decision`
-#[utoipa::path(post, path = "/v1/computers/{id}/browser/actions/{action}/decision", operation_id = "browser_action_decide", tag = "browser", params(("id" = String, Path), ("action" = String, Path)), request_body = DecisionIn, responses((status = 200, description = "The record, settled", body = Object), (status = 403, description = "a bot decides nothing", body = ErrorBody), (status = 409, description = "the action is not unknown", body = ErrorBody)), security(("bearer" = [])))]
+#[utoipa::path(post, path = "/v1/computers/{id}/browser/actions/{action}/decision", operation_id = "browser_action_decide", tag = "browser", params(("id" = String, Path), ("action" = String, Path)), request_body = DecisionIn, responses((status = 200, description = "The record, settled", body = Object), (status = 403, description = "a bot decides nothing", body = ErrorBody), (status = 409, description = "the action is not unknown (a dispatching one turns unknown once its call's deadline and 30 s have passed by the cluster's clock)", body = ErrorBody)), security(("bearer" = [])))]
 pub async fn decide(
     State(state): State<AppState>,
     auth: Auth,

@@ -5,9 +5,19 @@
 //! `failed`, or `unknown` (the answer was lost or did not come in time: the action may have had
 //! its effect). Only a `prepared` record is dispatched, and only once: the dispatch mark moves
 //! it under the claim of one attempt, so a retry with the same id, or two at once, answer the
-//! record and never send again. A tool refused before anything was sent (a stale ref, the input
-//! lease) leaves it `prepared`, so the caller may try again with a fresh ref. A person decides an
-//! `unknown` record as for executions.
+//! record and never send again. A tool the agent refused before anything was sent (a stale ref,
+//! the input lease) leaves it `prepared`, so the caller may try again with a fresh ref; one the
+//! node's own checks refused (rights, the Computer's state, its link) is `failed`, "not sent".
+//!
+//! An action of a run names the claim of the run's attempt that acts: it is recorded, and
+//! marked dispatching, only while that claim holds the run's lease (`LeaseLost` otherwise), so
+//! an attempt whose lease lapsed sends nothing once another may hold the run.
+//!
+//! Only an `unknown` record is decided by a person. A `dispatching` one becomes `unknown` once
+//! its call's deadline plus [`DISPATCH_MARGIN_MS`] has passed by the cluster's clock (the
+//! leader's stamps, never a node's own wall clock): until then its call may still answer, and
+//! its answer is what the record says. An answer that comes after the lapse, before anyone
+//! decided, still settles it.
 //!
 //! Bounded: at most [`MAX_OPEN_PER_COMPUTER`] unsettled records per Computer; settled ones are
 //! kept `retention::ACTION_RETENTION_MS` (30 days) after they settled, then compacted a few per applied entry (the
@@ -27,6 +37,11 @@ use super::state::State;
 pub const MAX_OPEN_PER_COMPUTER: usize = 1024;
 /// A stored result is at most this large (JSON bytes); a larger one is cut to its outcome.
 pub const MAX_RESULT: usize = 16 * 1024;
+/// What a `dispatching` record waits past its call's deadline before it may lapse to `unknown`:
+/// the node's hops and the store's writes of the call's finish.
+pub const DISPATCH_MARGIN_MS: u64 = 30_000;
+/// The call deadline taken when a dispatch mark names none.
+pub const DEFAULT_CALL_DEADLINE_MS: u64 = 130_000;
 
 impl State {
     /// Records an action as `prepared` (or takes a `prepared` one for a new attempt, nothing
@@ -41,18 +56,12 @@ impl State {
         // An action of a run is recorded only while the run is being worked: it is what makes a
         // lost runtime's run need a decision.
         if let Some(run) = &action.run_id {
-            let r = self
-                .runs
+            self.runs
                 .runs
                 .get(run)
                 .filter(|r| self.may_see_run(&caller, r))
                 .ok_or_else(|| Reject::new(RejectKind::NotFound, "no such run"))?;
-            if r.state != super::run_model::RunState::Running {
-                return Err(Reject::new(
-                    RejectKind::Conflict,
-                    format!("the run is {}: its actions are taken while it runs", r.state.name()),
-                ));
-            }
+            self.check_run_lease(run, action.run_claim.as_deref())?;
         }
         let key = action.key();
         if let Some(seen) = self.browser_actions.get_mut(&key) {
@@ -68,6 +77,7 @@ impl State {
             seen.request = action.request.clone();
             seen.claim = action.claim.clone();
             seen.run_id = action.run_id.clone();
+            seen.run_claim = action.run_claim.clone();
             seen.intent = action.intent.clone();
             seen.evidence = action.evidence.clone();
             return Ok("new".into());
@@ -82,6 +92,7 @@ impl State {
         let mut a = action.clone();
         a.state = ActionState::Prepared;
         a.dispatched_at = None;
+        a.lapses_at = None;
         a.settled_at = None;
         a.result = None;
         a.error = None;
@@ -94,14 +105,79 @@ impl State {
         Ok("new".into())
     }
 
-    /// Marks a `prepared` record `dispatching` for the attempt holding `claim`.
-    pub(crate) fn action_dispatch(&mut self, key: &str, claim: &str, at_ms: u64) -> Result<(), Reject> {
-        let a = self.browser_actions.get_mut(key).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such action"))?;
+    /// Whether `claim` holds the lease of run `run` now, by the cluster's clock.
+    fn check_run_lease(&self, run: &str, claim: Option<&str>) -> Result<(), Reject> {
+        let r = self.runs.runs.get(run).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such run"))?;
+        match &r.lease {
+            Some(l)
+                if Some(l.claim.as_str()) == claim
+                    && r.state == super::run_model::RunState::Running
+                    && l.expires_at > self.clock =>
+            {
+                Ok(())
+            }
+            _ => Err(Reject::new(
+                RejectKind::LeaseLost,
+                format!(
+                    "this claim does not hold the run's lease (the run is {}): its lease lapsed or the run ended; nothing was sent",
+                    r.state.name()
+                ),
+            )),
+        }
+    }
+
+    /// Marks a `prepared` record `dispatching` for the attempt holding `claim`; it may lapse to
+    /// `unknown` once `deadline_ms` (the call's) and the margin have passed by the cluster's
+    /// clock. An action of a run needs its claim to hold the run's lease still.
+    pub(crate) fn action_dispatch(&mut self, key: &str, claim: &str, at_ms: u64, deadline_ms: u64) -> Result<(), Reject> {
+        let a = self.browser_actions.get(key).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such action"))?;
         if a.state != ActionState::Prepared || a.claim != claim {
             return Err(Reject::new(RejectKind::Conflict, "another attempt holds this action, or it was sent already"));
         }
+        if let Some(run) = a.run_id.clone() {
+            let run_claim = a.run_claim.clone();
+            self.check_run_lease(&run, run_claim.as_deref())?;
+        }
+        let deadline = if deadline_ms == 0 { DEFAULT_CALL_DEADLINE_MS } else { deadline_ms };
+        let lapses_at = self.clock.saturating_add(deadline).saturating_add(DISPATCH_MARGIN_MS);
+        let a = self.browser_actions.get_mut(key).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such action"))?;
         a.state = ActionState::Dispatching;
         a.dispatched_at = Some(at_ms);
+        a.lapses_at = Some(lapses_at);
+        Ok(())
+    }
+
+    /// A `prepared` record that the node's checks refused before its dispatch mark: `failed`,
+    /// with the reason and "not sent".
+    pub(crate) fn action_refuse(&mut self, key: &str, claim: &str, error: &str, at_ms: u64) -> Result<(), Reject> {
+        let a = self.browser_actions.get_mut(key).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such action"))?;
+        if a.state != ActionState::Prepared || a.claim != claim {
+            return Err(Reject::new(RejectKind::Conflict, "this attempt does not hold the action"));
+        }
+        a.state = ActionState::Failed;
+        a.error = Some(format!("not sent: {}", error.chars().take(1024).collect::<String>()));
+        a.settled_at = Some(at_ms);
+        self.settle_index(key, at_ms);
+        Ok(())
+    }
+
+    /// A `dispatching` record past its lapse time by the cluster's clock becomes `unknown`.
+    pub(crate) fn action_lapse(&mut self, key: &str, at_ms: u64) -> Result<(), Reject> {
+        let clock = self.clock;
+        let a = self.browser_actions.get_mut(key).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such action"))?;
+        if a.state != ActionState::Dispatching {
+            return Err(Reject::new(
+                RejectKind::Conflict,
+                format!("the action is {}, not dispatching", state_name(a.state)),
+            ));
+        }
+        if !a.lapses_at.is_some_and(|t| clock >= t) {
+            return Err(Reject::new(RejectKind::Conflict, "the action's call is still within its deadline"));
+        }
+        a.state = ActionState::Unknown;
+        a.error = Some(format!(
+            "no answer was recorded within the call's deadline (lapsed at {at_ms}): it may have happened"
+        ));
         Ok(())
     }
 
@@ -114,12 +190,14 @@ impl State {
         }
         a.state = ActionState::Prepared;
         a.dispatched_at = None;
+        a.lapses_at = None;
         a.error = Some(error.chars().take(1024).collect());
         Ok(())
     }
 
     /// Records how a dispatched action ended (`done`, `failed`, `unknown`) for the attempt
-    /// holding `claim`.
+    /// holding `claim`: while it is `dispatching`, or `unknown` and undecided (an answer that
+    /// came after the record lapsed is still its outcome).
     pub(crate) fn action_finish(
         &mut self,
         key: &str,
@@ -133,7 +211,8 @@ impl State {
             return Err(Reject::new(RejectKind::Invalid, "an action finishes done, failed or unknown"));
         }
         let a = self.browser_actions.get_mut(key).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such action"))?;
-        if a.state != ActionState::Dispatching || a.claim != claim {
+        let open = a.state == ActionState::Dispatching || (a.state == ActionState::Unknown && a.decided_by.is_none());
+        if !open || a.claim != claim {
             return Err(Reject::new(RejectKind::Conflict, "this attempt does not hold the action"));
         }
         a.state = state;
@@ -146,8 +225,8 @@ impl State {
         Ok(())
     }
 
-    /// A member settles an `unknown` action (or one left `dispatching` by a node that died) as
-    /// `done` or `failed`.
+    /// A member settles an `unknown` action as `done` or `failed` (a `dispatching` one only once
+    /// it lapsed by the cluster's clock: until then its call may still answer).
     pub(crate) fn action_decide(&mut self, by: &str, key: &str, done: bool, at_ms: u64) -> Result<(), Reject> {
         let caller = self.caller_by_token_id(by)?;
         if caller.bot.is_some() {
@@ -159,8 +238,16 @@ impl State {
             .map(|a| a.computer_id.clone())
             .ok_or_else(|| Reject::new(RejectKind::NotFound, "no such action"))?;
         self.check_operate(&caller, &computer_id)?;
+        let clock = self.clock;
         let a = self.browser_actions.get_mut(key).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such action"))?;
-        if !matches!(a.state, ActionState::Unknown | ActionState::Dispatching) {
+        let lapsed = a.state == ActionState::Dispatching && a.lapses_at.is_some_and(|t| clock >= t);
+        if a.state == ActionState::Dispatching && !lapsed {
+            return Err(Reject::new(
+                RejectKind::Conflict,
+                "the action is still being sent: its call may answer; only an unknown one is decided",
+            ));
+        }
+        if a.state != ActionState::Unknown && !lapsed {
             return Err(Reject::new(
                 RejectKind::Conflict,
                 format!("the action is {}: only an unknown one is decided", state_name(a.state)),
@@ -253,12 +340,14 @@ mod tests {
             tool: "click".into(),
             request: serde_json::json!({"ref": "e3"}),
             run_id: None,
+            run_claim: None,
             intent: Some("upload report.pdf to project B".into()),
             evidence: Some(serde_json::json!({"fileSha": "ab"})),
             state: ActionState::Prepared,
             claim: claim.into(),
             created_at: 10,
             dispatched_at: None,
+            lapses_at: None,
             settled_at: None,
             result: None,
             error: None,
@@ -283,10 +372,10 @@ mod tests {
         again.claim = "k2".into();
         assert_eq!(s.apply(&Command::ActionPrepare { by: OWNER.into(), action: again }), Response::Id("new".into()));
         assert!(matches!(
-            s.apply(&Command::ActionDispatch { key: key.clone(), claim: "k1".into(), at_ms: 20 }),
+            s.apply(&Command::ActionDispatch { key: key.clone(), claim: "k1".into(), at_ms: 20, deadline_ms: 1_000 }),
             Response::Rejected(_)
         ));
-        assert_eq!(s.apply(&Command::ActionDispatch { key: key.clone(), claim: "k2".into(), at_ms: 20 }), Response::Ok);
+        assert_eq!(s.apply(&Command::ActionDispatch { key: key.clone(), claim: "k2".into(), at_ms: 20, deadline_ms: 1_000 }), Response::Ok);
         // Once sent, a retry answers the record and sends nothing.
         let mut retry = a.clone();
         retry.claim = "k3".into();
@@ -295,7 +384,7 @@ mod tests {
             Response::Id("dispatching".into())
         );
         assert!(matches!(
-            s.apply(&Command::ActionDispatch { key: key.clone(), claim: "k3".into(), at_ms: 21 }),
+            s.apply(&Command::ActionDispatch { key: key.clone(), claim: "k3".into(), at_ms: 21, deadline_ms: 1_000 }),
             Response::Rejected(_)
         ));
         let lost = Command::ActionFinish {
@@ -336,5 +425,102 @@ mod tests {
         // Settled records go after the retention.
         s.compact_action(40, &key);
         assert!(!s.browser_actions.contains_key(&key));
+    }
+
+    /// A world with Computer `cmp_1` of the owner.
+    fn with_computer() -> (crate::sm::State, String) {
+        let mut s = world();
+        let c = "cmp_1".to_string();
+        s.computers.insert(c.clone(), computer(&c, "mem_o", crate::sm::model::Source::Paired));
+        (s, c)
+    }
+
+    fn stamped(s: &mut crate::sm::State, at: u64, cmd: Command) -> Response {
+        s.apply_request(&crate::sm::Request::new(cmd).stamped(at))
+    }
+
+    /// Issue 37, item 2: a person cannot settle an action that is still being sent; it lapses
+    /// to `unknown` once its call's deadline and the margin have passed by the cluster's clock
+    /// (the leader's stamps), and an answer that comes later, before a decision, still settles it.
+    #[test]
+    fn i37_2_only_an_unknown_action_is_decided_and_dispatching_lapses_by_the_cluster_clock() {
+        let (mut s, c) = with_computer();
+        let a = action(&c, "k1");
+        let key = a.key();
+        assert_eq!(stamped(&mut s, 1_000, Command::ActionPrepare { by: OWNER.into(), action: a }), Response::Id("new".into()));
+        let dispatch = Command::ActionDispatch { key: key.clone(), claim: "k1".into(), at_ms: 1, deadline_ms: 10_000 };
+        assert_eq!(stamped(&mut s, 1_000, dispatch), Response::Ok);
+        let lapses_at = 1_000 + 10_000 + DISPATCH_MARGIN_MS;
+        assert_eq!(s.browser_actions[&key].lapses_at, Some(lapses_at));
+        let decide = |done| Command::ActionDecide { by: OWNER.into(), key: key.clone(), done, at_ms: 5 };
+        let lapse = Command::ActionLapse { key: key.clone(), at_ms: 5 };
+        // A node whose own wall clock ran ahead proposes both early: the cluster's clock says no.
+        for early in [decide(true), lapse.clone()] {
+            let r = stamped(&mut s, lapses_at - 1, early);
+            assert!(matches!(&r, Response::Rejected(r) if r.kind == RejectKind::Conflict), "{r:?}");
+        }
+        assert_eq!(s.browser_actions[&key].state, ActionState::Dispatching);
+        // The call's answer within its deadline is what the record says.
+        let mut answered = s.clone();
+        let finish = |st| Command::ActionFinish {
+            key: key.clone(),
+            claim: "k1".into(),
+            state: st,
+            result: None,
+            error: None,
+            at_ms: 6,
+        };
+        assert_eq!(stamped(&mut answered, lapses_at - 1, finish(ActionState::Done)), Response::Ok);
+        assert_eq!(answered.browser_actions[&key].state, ActionState::Done);
+        // Past it, the record lapses to unknown; a late answer still settles it once.
+        assert_eq!(stamped(&mut s, lapses_at, lapse.clone()), Response::Ok);
+        assert_eq!(s.browser_actions[&key].state, ActionState::Unknown);
+        let mut late = s.clone();
+        assert_eq!(stamped(&mut late, lapses_at + 1, finish(ActionState::Failed)), Response::Ok);
+        assert_eq!(late.browser_actions[&key].state, ActionState::Failed);
+        assert!(!late.exec_index.open_actions.contains_key(&c));
+        assert!(matches!(stamped(&mut late, lapses_at + 2, finish(ActionState::Done)), Response::Rejected(_)));
+        // Or a person decides it, and a late answer is refused after that.
+        assert_eq!(stamped(&mut s, lapses_at + 1, decide(true)), Response::Ok);
+        assert_eq!(s.browser_actions[&key].state, ActionState::Done);
+        assert!(matches!(stamped(&mut s, lapses_at + 2, finish(ActionState::Failed)), Response::Rejected(_)));
+        assert_eq!(s.browser_actions[&key].state, ActionState::Done);
+        // A dispatching record past its lapse is decided directly too.
+        let (mut s, c) = with_computer();
+        let a = action(&c, "k1");
+        let key = a.key();
+        stamped(&mut s, 1_000, Command::ActionPrepare { by: OWNER.into(), action: a });
+        stamped(&mut s, 1_000, Command::ActionDispatch { key: key.clone(), claim: "k1".into(), at_ms: 1, deadline_ms: 1 });
+        let decide = Command::ActionDecide { by: OWNER.into(), key: key.clone(), done: false, at_ms: 5 };
+        assert_eq!(stamped(&mut s, 1_001 + DISPATCH_MARGIN_MS, decide), Response::Ok);
+        assert_eq!(s.browser_actions[&key].state, ActionState::Failed);
+    }
+
+    /// Issue 37, item 3: a prepared action that the node's checks refused is `failed`, "not
+    /// sent", and a retry answers that record without sending.
+    #[test]
+    fn i37_3_a_refusal_before_the_dispatch_mark_is_failed_not_sent() {
+        let (mut s, c) = with_computer();
+        let a = action(&c, "k1");
+        let key = a.key();
+        assert_eq!(s.apply(&Command::ActionPrepare { by: OWNER.into(), action: a.clone() }), Response::Id("new".into()));
+        let refuse = |claim: &str| Command::ActionRefuse {
+            key: key.clone(),
+            claim: claim.into(),
+            error: "the computer is paused".into(),
+            at_ms: 20,
+        };
+        assert!(matches!(s.apply(&refuse("other")), Response::Rejected(_)), "only the attempt holding it");
+        assert_eq!(s.apply(&refuse("k1")), Response::Ok);
+        let r = &s.browser_actions[&key];
+        assert_eq!((r.state, r.error.as_deref()), (ActionState::Failed, Some("not sent: the computer is paused")));
+        assert!(!s.exec_index.open_actions.contains_key(&c), "settled");
+        let mut retry = a;
+        retry.claim = "k2".into();
+        assert_eq!(s.apply(&Command::ActionPrepare { by: OWNER.into(), action: retry }), Response::Id("failed".into()));
+        assert!(matches!(
+            s.apply(&Command::ActionDispatch { key: key.clone(), claim: "k2".into(), at_ms: 21, deadline_ms: 1 }),
+            Response::Rejected(_)
+        ));
     }
 }

@@ -29,12 +29,22 @@ impl State {
                 Err(Reject::new(RejectKind::Conflict, "that artifact id is taken"))
             };
         }
-        let blob =
-            self.blobs.get(&a.blob_id).cloned().ok_or_else(|| Reject::new(RejectKind::NotFound, "no such blob"))?;
-        if blob.sha256 != a.sha256 || blob.size != a.size {
-            return Err(Reject::new(RejectKind::Conflict, "the copy is not the blob"));
+        // An artifact without a blob is a file the Computer holds (a browser upload's), known
+        // by the length and SHA-256 its agent counted.
+        if !a.blob_id.is_empty() {
+            let blob =
+                self.blobs.get(&a.blob_id).cloned().ok_or_else(|| Reject::new(RejectKind::NotFound, "no such blob"))?;
+            if blob.sha256 != a.sha256 || blob.size != a.size {
+                return Err(Reject::new(RejectKind::Conflict, "the copy is not the blob"));
+            }
+            self.touch_blob(&blob.id, a.created_at);
         }
-        self.touch_blob(&blob.id, a.created_at);
+        if a.sha256.len() != 64 || !a.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(Reject::new(RejectKind::Invalid, "an artifact's sha256 is 64 hex digits"));
+        }
+        if a.path.is_empty() || a.path.len() > 4096 {
+            return Err(Reject::new(RejectKind::Invalid, "an artifact's path is 1 to 4,096 bytes"));
+        }
         self.exec_index.artifact_expiry.insert((a.created_at, a.id.clone()));
         self.artifacts.insert(a.id.clone(), a.clone());
         Ok(())

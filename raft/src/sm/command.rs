@@ -320,6 +320,30 @@ pub enum Command {
         claim: String,
         /// Unix ms.
         at_ms: u64,
+        /// The call's deadline, ms: past it and [`super::actions::DISPATCH_MARGIN_MS`] by the
+        /// cluster's clock, the record may lapse to `unknown` ([`Command::ActionLapse`]).
+        #[serde(default)]
+        deadline_ms: u64,
+    },
+    /// A prepared action that the node's own checks refused before the dispatch mark (the
+    /// caller's rights, the Computer's state, its link): `failed`, "not sent".
+    ActionRefuse {
+        /// The record's key.
+        key: String,
+        /// The attempt's claim.
+        claim: String,
+        /// Why.
+        error: String,
+        /// Unix ms.
+        at_ms: u64,
+    },
+    /// A `dispatching` record whose call's deadline and margin have passed by the cluster's
+    /// clock becomes `unknown` (the node sending it stopped, or its finish was lost).
+    ActionLapse {
+        /// The record's key.
+        key: String,
+        /// Unix ms.
+        at_ms: u64,
     },
     /// A dispatched action that the agent refused before anything reached the page: back to
     /// prepared, so a new attempt may send it.
@@ -743,6 +767,8 @@ impl Command {
             Command::ActionDispatch { .. } => "action_dispatch",
             Command::ActionFinish { .. } => "action_finish",
             Command::ActionRelease { .. } => "action_release",
+            Command::ActionRefuse { .. } => "action_refuse",
+            Command::ActionLapse { .. } => "action_lapse",
             Command::BlobPut { .. } => "blob_put",
             Command::ArtifactPut { .. } => "artifact_put",
             Command::SetBlobLimits { .. } => "set_blob_limits",

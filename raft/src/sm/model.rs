@@ -536,6 +536,10 @@ pub struct BrowserAction {
     /// The run it belongs to.
     #[serde(default)]
     pub run_id: Option<String>,
+    /// The claim of the run's attempt that acts: it must hold the run's lease when the action
+    /// is recorded and when it is marked dispatching.
+    #[serde(default)]
+    pub run_claim: Option<String>,
     /// What it is meant to do.
     #[serde(default)]
     pub intent: Option<String>,
@@ -551,6 +555,10 @@ pub struct BrowserAction {
     /// When it was marked dispatching.
     #[serde(default)]
     pub dispatched_at: Option<u64>,
+    /// Cluster ms past which a `dispatching` record may lapse to `unknown`: the cluster's clock
+    /// at the dispatch mark, plus the call's deadline and the margin.
+    #[serde(default)]
+    pub lapses_at: Option<u64>,
     /// When it settled (done or failed).
     #[serde(default)]
     pub settled_at: Option<u64>,
@@ -660,7 +668,8 @@ pub struct Artifact {
     pub size: u64,
     /// SHA-256 (hex), as the agent computed it.
     pub sha256: String,
-    /// The blob it was copied from.
+    /// The blob it was copied from (empty: a file the Computer holds, such as one a browser
+    /// upload set on a page).
     pub blob_id: String,
     /// Who copied it.
     pub member_id: String,

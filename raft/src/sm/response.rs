@@ -24,6 +24,8 @@ pub enum RejectKind {
     ComputerConflict,
     /// The Computer's source cannot do this.
     Unsupported,
+    /// A run's action names a claim that no longer holds the run's lease.
+    LeaseLost,
 }
 
 /// A refusal with a message safe to show the caller.
@@ -56,6 +58,7 @@ impl Reject {
             RejectKind::IdempotencyKeyReused => ErrorKind::IdempotencyKeyReused,
             RejectKind::ComputerConflict => ErrorKind::ComputerConflict,
             RejectKind::Unsupported => ErrorKind::ComputerUnsupported,
+            RejectKind::LeaseLost => ErrorKind::LeaseLost,
         }
     }
 }

@@ -147,12 +147,14 @@ fn a_lost_runtime_with_a_dispatching_action_needs_a_decision() {
         tool: "upload".into(),
         request: json!({}),
         run_id: Some("run_1".into()),
+        run_claim: Some("c1".into()),
         intent: Some("upload report.pdf".into()),
         evidence: Some(json!({"previousDocumentIds": [1, 2]})),
         state: ActionState::Dispatching,
         claim: "a".into(),
         created_at: 2_100,
         dispatched_at: Some(2_100),
+        lapses_at: None,
         settled_at: None,
         result: None,
         error: None,
@@ -225,4 +227,64 @@ fn finished_runs_and_their_turn_ids_go_after_the_retention() {
     let mut copy: State = serde_json::from_value(serde_json::to_value(&s).expect("ser")).expect("de");
     copy.reindex_executions();
     assert_eq!(copy.runs.index, s.runs.index);
+}
+
+/// Issue 37, item 1: an action of a run is recorded and marked dispatching only while its
+/// claim holds the run's lease. Runtime A prepared an action, its lease lapsed and B claimed
+/// the run: A can neither dispatch it nor record another (`LeaseLost`); B takes it over.
+#[test]
+fn i37_1_a_runs_action_needs_its_claim_to_hold_the_lease() {
+    let mut s = started();
+    s.computers.insert(
+        "cmp_1".into(),
+        super::super::testing::computer("cmp_1", "mem_o", super::super::model::Source::Paired),
+    );
+    claim(&mut s, 2_000, "c1", 5_000);
+    let act = |id: &str, run_claim: &str, attempt: &str| BrowserAction {
+        action_id: id.into(),
+        computer_id: "cmp_1".into(),
+        member_id: "mem_o".into(),
+        bot_id: None,
+        tool: "click".into(),
+        request: json!({"ref": "e1"}),
+        run_id: Some("run_1".into()),
+        run_claim: Some(run_claim.into()),
+        intent: None,
+        evidence: None,
+        state: ActionState::Prepared,
+        claim: attempt.into(),
+        created_at: 0,
+        dispatched_at: None,
+        lapses_at: None,
+        settled_at: None,
+        result: None,
+        error: None,
+        decided_by: None,
+        evidence_blobs: vec![],
+    };
+    let prepare = |a: BrowserAction| Command::ActionPrepare { by: OWNER.into(), action: a };
+    let dispatch = |key: &str, attempt: &str| Command::ActionDispatch {
+        key: key.into(),
+        claim: attempt.into(),
+        at_ms: 0,
+        deadline_ms: 1_000,
+    };
+    // A claim that never held the run records nothing.
+    assert_eq!(rejected(at(&mut s, 2_100, prepare(act("x-1", "c9", "a0")))).kind, RejectKind::LeaseLost);
+    assert!(!s.browser_actions.keys().any(|k| k.ends_with("x-1")));
+    let a = act("up-1", "c1", "a1");
+    let key = a.key();
+    assert_eq!(ok(at(&mut s, 2_100, prepare(a))).as_deref(), Some("new"));
+    // A's lease lapses; B claims the run.
+    ok(at(&mut s, 7_000, Command::RunsTick));
+    assert_eq!(s.runs.runs["run_1"].state, RunState::Queued);
+    assert_eq!(claim(&mut s, 7_100, "c2", 5_000).as_deref(), Some("run_1"));
+    // A is fenced out of both steps; its prepared record stays prepared, nothing sent.
+    assert_eq!(rejected(at(&mut s, 7_200, dispatch(&key, "a1"))).kind, RejectKind::LeaseLost);
+    assert_eq!(s.browser_actions[&key].state, ActionState::Prepared);
+    assert_eq!(rejected(at(&mut s, 7_200, prepare(act("up-2", "c1", "a2")))).kind, RejectKind::LeaseLost);
+    // B, holding the lease, takes the prepared record over and sends it.
+    assert_eq!(ok(at(&mut s, 7_300, prepare(act("up-1", "c2", "b1")))).as_deref(), Some("new"));
+    assert_eq!(at(&mut s, 7_300, dispatch(&key, "b1")), Response::Ok);
+    assert_eq!(s.browser_actions[&key].state, ActionState::Dispatching);
 }

@@ -310,7 +310,11 @@ impl State {
             | Command::RunClaim { .. }
             | Command::RunEvent { .. }
             | Command::LinkUp { .. } => Err(Reject::new(RejectKind::Invalid, "handled in apply")),
-            Command::ActionDispatch { key, claim, at_ms } => self.action_dispatch(key, claim, *at_ms),
+            Command::ActionDispatch { key, claim, at_ms, deadline_ms } => {
+                self.action_dispatch(key, claim, *at_ms, *deadline_ms)
+            }
+            Command::ActionRefuse { key, claim, error, at_ms } => self.action_refuse(key, claim, error, *at_ms),
+            Command::ActionLapse { key, at_ms } => self.action_lapse(key, *at_ms),
             Command::ActionFinish { key, claim, state, result, error, at_ms } => {
                 self.action_finish(key, claim, *state, result.as_ref(), error.as_deref(), *at_ms)
             }
