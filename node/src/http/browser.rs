@@ -139,7 +139,9 @@ pub async fn evidence(
     body: Body<EvidenceIn>,
 ) -> Result<Json<Value>, ApiError> {
     let Json(req) = body.map_err(|e| ApiError::invalid(e.body_text()))?;
-    let caller = auth.for_write(&state).await?;
+    // The rights at a current read, as for every call that acts on a Computer: a grant or token
+    // revoked on the leader is refused here even while this replica lags.
+    let caller = auth.current(&state).await?;
     let key = match &req.action_id {
         Some(action) => {
             let key = action_key(&id, &caller.member.id, caller.bot.as_ref().map(|b| b.id.as_str()), action);
@@ -214,7 +216,9 @@ async fn tool(state: &AppState, auth: Auth, id: &str, op: BrowserOp) -> Result<(
         op,
         BrowserOp::Snapshot(_) | BrowserOp::Screenshot(_) | BrowserOp::List | BrowserOp::SessionStatus(_)
     );
-    let caller = if write { auth.for_write(state).await? } else { auth.current(state).await? };
+    // The rights at a current read, for every tool: a replica that lags behind a revocation
+    // does not let it through.
+    let caller = auth.current(state).await?;
     check_has_desktop(state, &caller, id)?;
     let meta = op.action().filter(|m| m.action_id.is_some());
     let Some(meta) = meta else {
