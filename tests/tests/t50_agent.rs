@@ -357,6 +357,36 @@ async fn t36_sessions_are_listed_and_read_after_they_end() {
     assert_eq!(format!("{polled}{}", v["output"].as_str().unwrap_or("")), "1\n2\n3\n", "the stream moved nothing: {v}");
 }
 
+/// Issue 37, item 10: an output stream stops at once when its token is revoked. The session is
+/// quiet when the token goes, and prints again 3 s later: that output never reaches the stream
+/// (a look used to wait out the whole 25 s window and send what came, unchecked).
+#[tokio::test]
+async fn i37_10_an_output_stream_stops_at_once_on_a_revocation() {
+    let c = TestCluster::start(1).await;
+    let (id, _agent) = linked(&c, "revoke").await;
+    let (s, v) = c.call(Method::POST, 1, "/v1/tokens", &c.token, Some(json!({"name": "watcher"}))).await;
+    assert_eq!(s, 201, "{v}");
+    let (tid, secret) = (v["token"]["id"].as_str().expect("id"), v["secret"].as_str().expect("secret"));
+    let body = json!({"command": "echo before; sleep 3; echo after; sleep 30", "yieldTimeMs": 250});
+    let (s, v) = c.call(Method::POST, 1, &format!("/v1/computers/{id}/sessions"), secret, Some(body)).await;
+    assert_eq!((s, &v["running"]), (200, &json!(true)), "{v}");
+    let sid = v["session"].as_str().expect("session").to_string();
+    let url = c.url(1, &format!("/v1/computers/{id}/sessions/{sid}/output"));
+    let mut sse = computerd_tests::sse::Sse::open(&url, secret, None).await;
+    let first = sse.next().await.expect("the first output");
+    assert_eq!(first.2["output"], "before\n", "{first:?}");
+    let (s, v) = c.call(Method::DELETE, 1, &format!("/v1/tokens/{tid}"), &c.token, None).await;
+    assert_eq!(s, 200, "{v}");
+    let mut after = Vec::new();
+    while let Some(ev) = sse.next().await {
+        after.push(ev);
+    }
+    assert!(after.is_empty(), "nothing after the revocation: {after:?}");
+    // The session itself goes on: the owner still reads it.
+    let v = input(&c, &id, &sid, "", 5_000).await;
+    assert!(v["output"].as_str().is_some_and(|o| o.contains("after")), "{v}");
+}
+
 #[tokio::test]
 async fn t32_yield_30s_edge() {
     let c = TestCluster::start(1).await;

@@ -393,13 +393,17 @@ pub struct OutputQuery {
 /// How long one response of an output stream lasts: it ends before a session call's deadline
 /// (40 s, here and on a forwarding node), and the client goes on from its last id.
 const STREAM_WINDOW: std::time::Duration = std::time::Duration::from_secs(25);
+/// An output stream's rights are checked again at least this often (and at every change the
+/// store applies, so a revocation ends it at once).
+const STREAM_RECHECK: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// `GET /v1/computers/:id/sessions/:sid/output`: the session's output as server-sent events,
 /// from `fromOffset` or the `Last-Event-ID` (an offset; default 0): `output` events
 /// (`{"output", "truncated", "offset"}`, id = the offset after it), then one `end` event
 /// (`{"exitCode", "signal", "offset"}`) when the command has ended, and the stream closes. It only
 /// reads: the offset that input calls answer from does not move. Rights are checked again before
-/// each look. One response lasts at most 25 s (a session call's bounds hold for it, here and when
+/// each look (a look waits at most 2 s), before each event, and at every change the store
+/// applies: a revoked token or grant ends the stream at once. One response lasts at most 25 s (a session call's bounds hold for it, here and when
 /// forwarded to the link's node): the client reconnects with `Last-Event-ID`, as `EventSource`
 /// does by itself, through any node; ids are offsets, so nothing is lost or repeated.
 #[utoipa::path(get, path = "/v1/computers/{id}/sessions/{sid}/output", operation_id = "sessions_output", tag = "sessions", params(("id" = String, Path), ("sid" = String, Path), ("fromOffset" = Option<u64>, Query), ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this offset")), responses((status = 200, description = "`text/event-stream`: `output` events, then `end`", content_type = "text/event-stream"), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
@@ -433,36 +437,58 @@ pub async fn output(
     };
     agent.input(look(from, 0)).await.map_err(|s| ApiError::from(CallError::from_status(s)))?;
     let until = tokio::time::Instant::now() + STREAM_WINDOW;
+    let applied = state.cluster.state().subscribe();
     let stream = futures::stream::unfold(
-        (state, auth, id, agent, from, false, look),
-        move |(state, auth, id, mut agent, cursor, ended, look)| async move {
+        (state, auth, id, agent, from, false, look, applied),
+        move |(state, auth, id, mut agent, cursor, ended, look, mut applied)| async move {
             if ended {
                 return None;
             }
-            loop {
-                let left = until.saturating_duration_since(tokio::time::Instant::now());
-                if left.is_zero() {
-                    return None;
-                }
-                // Rights again before each look: a revoked token or a hidden Computer ends it.
+            // The caller may still see the Computer: a revoked token, or a grant gone, ends it.
+            let allowed = |state: &AppState| {
                 state
                     .cluster
                     .state()
                     .read(|s| s.caller_by_hash(auth.hash()).and_then(|c| s.visible_computer(&c, &id).map(|_| ())))
-                    .ok()?;
-                let r = agent.input(look(cursor, left.as_millis() as u32)).await.ok()?.into_inner();
+                    .is_ok()
+            };
+            loop {
+                let left = until.saturating_duration_since(tokio::time::Instant::now());
+                if left.is_zero() || !allowed(&state) {
+                    return None;
+                }
+                let wait = left.min(STREAM_RECHECK);
+                let r = {
+                    let looked = agent.input(look(cursor, wait.as_millis() as u32));
+                    tokio::pin!(looked);
+                    loop {
+                        tokio::select! {
+                            r = &mut looked => break r,
+                            changed = applied.changed() => {
+                                if changed.is_err() || !allowed(&state) {
+                                    return None;
+                                }
+                            }
+                        }
+                    }
+                };
+                let r = r.ok()?.into_inner();
+                // And before the event: nothing read after a revocation is sent.
+                if !allowed(&state) {
+                    return None;
+                }
                 if !r.output.is_empty() || r.truncated {
                     let data = json!({"output": r.output, "truncated": r.truncated, "offset": r.offset});
                     let ev = Event::default().id(r.offset.to_string()).event("output").data(data.to_string());
                     return Some((
                         Ok::<_, std::convert::Infallible>(ev),
-                        (state, auth, id, agent, r.offset, false, look),
+                        (state, auth, id, agent, r.offset, false, look, applied),
                     ));
                 }
                 if !r.running {
                     let data = json!({"exitCode": r.exit_code, "signal": r.signal, "offset": r.offset});
                     let ev = Event::default().id(r.offset.to_string()).event("end").data(data.to_string());
-                    return Some((Ok(ev), (state, auth, id, agent, r.offset, true, look)));
+                    return Some((Ok(ev), (state, auth, id, agent, r.offset, true, look, applied)));
                 }
             }
         },
