@@ -12,7 +12,9 @@
 //!   timeout of `sandboxTimeoutSec` (default 3600, the smallest plan's cap), which
 //!   [`Provider::keep_alive`] pushes ahead while the Computer runs.
 //! - **pause** = `POST /sandboxes/{id}/pause` (files, memory and processes kept). A sandbox
-//!   already paused answers 409: the effect wanted holds.
+//!   already paused answers 409 saying so: the effect wanted holds. E2B answers 409 too for a
+//!   sandbox that "cannot be paused while in '<state>' state" (or whose snapshot is being made):
+//!   that pause did not happen, and fails as refused.
 //! - **resume** = `POST /sandboxes/{id}/connect`, which also resumes a paused sandbox. So it is
 //!   called only here, inside a resume execution, never to read.
 //! - **delete** = `DELETE /sandboxes/{id}` (kill); 404 means it is gone already.
@@ -148,6 +150,18 @@ fn refusal(a: &Answer, create: bool) -> ProviderError {
     }
 }
 
+/// What a pause's answer means: done, or already paused (a 409 that says so); any other 409
+/// (a sandbox in a state that cannot be paused, a snapshot being made) is a pause that did not
+/// happen.
+fn pause_answer(a: &Answer) -> Result<(), ProviderError> {
+    match a.status {
+        200..=299 => Ok(()),
+        409 if says(a).to_ascii_lowercase().contains("already paused") => Ok(()),
+        409 => Err(ProviderError::Rejected(format!("E2B did not pause the sandbox: {}", says(a)))),
+        _ => Err(refusal(a, false)),
+    }
+}
+
 impl E2bProvider {
     /// An adapter for a parsed config, its API key and the call deadline.
     pub fn new(config: E2bConfig, api_key: String, timeout: Duration) -> Result<Self, String> {
@@ -202,12 +216,7 @@ impl Provider for E2bProvider {
     async fn pause(&self, sandbox: &str, _command_key: &str) -> Result<(), ProviderError> {
         check_id(sandbox)?;
         let a = self.call(http::Method::POST, &format!("/sandboxes/{sandbox}/pause"), None).await?;
-        match a.status {
-            200..=299 => Ok(()),
-            // Already paused: the effect wanted holds.
-            409 => Ok(()),
-            _ => Err(refusal(&a, false)),
-        }
+        pause_answer(&a)
     }
 
     async fn resume(&self, sandbox: &str, _command_key: &str) -> Result<(), ProviderError> {
@@ -362,6 +371,29 @@ mod tests {
         );
         assert_eq!(kind(refusal(&a(500, "boom"), true)), "lost");
         assert_eq!(kind(refusal(&a(503, "no capacity"), true)), "lost");
+    }
+
+    /// Issue 37, item 13: only the 409 that says "already paused" is a pause that holds.
+    #[test]
+    fn i37_13_only_already_paused_is_a_pause() {
+        let a = |status: u16, msg: &str| Answer {
+            status,
+            body: serde_json::to_vec(&json!({"code": status, "message": msg})).expect("json").into(),
+            retry_after: None,
+            next_token: None,
+        };
+        assert!(pause_answer(&a(204, "")).is_ok());
+        assert!(pause_answer(&a(409, "Sandbox ix1 is already paused")).is_ok());
+        for other in [
+            "Sandbox 'ix1' cannot be paused while in 'resuming' state",
+            "Sandbox snapshot is currently being created",
+            "Sandbox ix1 is already running",
+        ] {
+            assert!(
+                matches!(pause_answer(&a(409, other)), Err(ProviderError::Rejected(m)) if m.contains(other)),
+                "{other}"
+            );
+        }
     }
 
     #[test]

@@ -35,7 +35,9 @@ Left out: templates, snapshots, fork, metrics, logs, network updates, volumes, s
 tokens; envd (the in-sandbox daemon: the SDK's files/commands API cannot work against a fake sandbox);
 traffic-triggered auto-resume (``autoResume`` is stored and reported in ``lifecycle`` only); network/mcp/
 iam/volumeMounts are validated but have no effect; no per-team timeout ceiling.
-Fake-only routes: ``GET /_fake/journal`` and ``POST /_fake/faults`` (see tests/fakes contract).
+Fake-only routes: ``GET /_fake/journal`` and ``POST /_fake/faults`` (see tests/fakes contract). A
+``status`` fault may carry the ``message`` of its answer, so a test gets E2B's other 409 of a pause
+(``Sandbox '<id>' cannot be paused while in '<state>' state``), which this fake has no state for.
 
 Usage: e2b_fake.py --journal FILE --api-key KEY --run-label LABEL --agent-binary PATH --template NAME=IMAGE ...
 """
@@ -362,11 +364,14 @@ class Fake:
             raise ApiError(400, "status must be an HTTP error status")
         delay = spec.get("delayMs", 3000)
         times = spec.get("times", 1)
+        message = spec.get("message", f"injected fault: status {status}")
+        if not isinstance(message, str):
+            raise ApiError(400, "message must be a string")
         if not isinstance(delay, int) or delay < 0 or not isinstance(times, int) or times < 1:
             raise ApiError(400, "delayMs must be >= 0 and times >= 1")
         with self.faults_lock:
             self.faults.append({"method": method.upper(), "path": path, "fault": kind, "status": status,
-                                "delayMs": delay, "times": times})
+                                "delayMs": delay, "times": times, "message": message})
 
     def take_fault(self, method, path):
         segs = path.split("/")
@@ -555,7 +560,7 @@ class Handler(BaseHTTPRequestHandler):
             if m and m.group(1) != "metrics":
                 entry["sandboxId"] = m.group(1)
             fake.write_journal(entry)
-            return self.send(status, {"code": status, "message": f"injected fault: status {status}"}, headers)
+            return self.send(status, {"code": status, "message": fault["message"]}, headers)
 
         try:
             res = self.dispatch(method, path, query, raw_body, key_ok, entry)

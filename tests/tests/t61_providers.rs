@@ -239,6 +239,33 @@ async fn t30_refusals_and_e2b_keep_alive() {
     assert_eq!((st, v["error"]["kind"].as_str()), (400, Some("invalid_request")), "clear-text endpoints are refused: {v}");
 }
 
+/// Issue 37, item 13: E2B answers 409 both for a sandbox already paused and for one that cannot
+/// be paused in its state. The second is a pause that did not happen: the execution fails and
+/// the Computer stays running; the next pause goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i37_13_an_e2b_409_that_is_not_already_paused_fails_the_pause() {
+    let fake = FakeService::start("e2b", KEY);
+    let c = TestCluster::start(1).await;
+    let p = provider(&c, &fake, json!({})).await;
+    let (id, _) = create(&c, 1, &p, "busy-pause").await;
+    let v = wait_state(&c, &id, "running").await;
+    let sandbox = s(&v, "sandboxId");
+    let busy = format!("Sandbox '{sandbox}' cannot be paused while in 'snapshotting' state");
+    fake.fault(json!({"method": "POST", "path": format!("/sandboxes/{sandbox}/pause"), "fault": "status", "status": 409, "message": busy}))
+        .await;
+    let exe = lifecycle(&c, 1, &id, "/pause", "busy-pause-1").await;
+    let done = c.settle(1, &exe, &c.token).await;
+    assert_eq!(done["state"], "failed", "{done}");
+    assert!(done.to_string().contains("cannot be paused while in"), "the reason is E2B's: {done}");
+    let (_, v) = c.call(Method::GET, 1, &format!("/v1/computers/{id}"), &c.token, None).await;
+    assert_eq!(v["state"], "running", "{v}");
+    let exe = lifecycle(&c, 1, &id, "/pause", "busy-pause-2").await;
+    assert_eq!(c.settle(1, &exe, &c.token).await["state"], "succeeded");
+    wait_state(&c, &id, "paused").await;
+    let exe = lifecycle(&c, 1, &id, "", "busy-pause-del").await;
+    assert_eq!(c.settle(1, &exe, &c.token).await["state"], "succeeded");
+}
+
 /// Each fake answers its service's official Python SDK as the service does.
 #[test]
 fn t40_the_fakes_answer_the_official_sdks() {
