@@ -17,6 +17,7 @@ pub mod rfb;
 pub mod sse;
 pub mod tls;
 pub mod tools;
+pub mod uids;
 pub mod wait;
 
 pub use cluster::Node;

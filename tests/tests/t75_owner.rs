@@ -12,6 +12,7 @@ use std::time::Duration;
 use std::time::Instant;
 
 use computerd_tests::TestCluster;
+use computerd_tests::uids::UidRange;
 use computerd_tests::agent::AgentProc;
 use computerd_tests::agent::paired_computer;
 use computerd_tests::netfault::NetFault;
@@ -36,9 +37,12 @@ struct World {
     /// The leader at the start, and the followers (sorted).
     leader: u64,
     followers: Vec<u64>,
+    /// The agent's binding UIDs, this test's own while it runs.
+    _uids: UidRange,
 }
 
-async fn world(nodes: u64, first_uid: &str) -> World {
+async fn world(nodes: u64) -> World {
+    let uids = UidRange::take();
     let c = TestCluster::start(nodes).await;
     let leader = c.leader().await;
     let followers: Vec<u64> = c.nodes.keys().copied().filter(|n| *n != leader).collect();
@@ -53,7 +57,7 @@ async fn world(nodes: u64, first_uid: &str) -> World {
         "--workdir".to_string(),
         workspace.to_string_lossy().into_owned(),
         "--mcp-first-uid".into(),
-        first_uid.into(),
+        uids.arg(),
     ];
     let args: Vec<&str> = flags.iter().map(String::as_str).collect();
     let agent = AgentProc::spawn_with(&c.url(owner, ""), &state, Some(&code), &log, &args);
@@ -68,7 +72,7 @@ async fn world(nodes: u64, first_uid: &str) -> World {
     let (s, v) = c.call(Method::POST, owner, &format!("/api/bots/{bot}/tools/install"), &c.token, Some(body)).await;
     assert_eq!(s, 201, "{v}");
     let binding = v["bindingId"].as_str().expect("binding").to_string();
-    World { c, id, bot, binding, agent, state, log, flags, leader, followers }
+    World { c, id, bot, binding, agent, state, log, flags, leader, followers, _uids: uids }
 }
 
 /// Waits until node `via` (at a current read) names `owner` as the holder of the link.
@@ -126,7 +130,7 @@ async fn routing(c: &TestCluster, node: u64) -> Value {
 /// and not redone.
 #[tokio::test]
 async fn t10_a_hung_owner_ends_each_routed_call_at_its_deadline() {
-    let w = world(3, "230000").await;
+    let w = world(3).await;
     let (owner, sender) = (w.followers[0], w.followers[1]);
     let before = routing(&w.c, sender).await;
     w.c.signal(owner, Signal::SIGSTOP);
@@ -163,7 +167,7 @@ async fn t10_a_hung_owner_ends_each_routed_call_at_its_deadline() {
 /// after exactly one retry, with B's answer.
 #[tokio::test]
 async fn t20_a_stale_view_reaches_the_new_owner_with_one_retry() {
-    let mut w = world(4, "240000").await;
+    let mut w = world(4).await;
     let (a, b, s) = (w.followers[0], w.followers[1], w.followers[2]);
     // S is current before the cut: it names A.
     linked_to(&w.c, s, &w.id, a).await;

@@ -8,6 +8,7 @@
 //! refuses tool installs unless its owner chose shared-UID bindings, which every listing marks.
 
 use computerd_tests::TestCluster;
+use computerd_tests::uids::UidRange;
 use computerd_tests::agent::AgentProc;
 use computerd_tests::agent::paired_computer;
 use computerd_tests::agent::wait_state;
@@ -23,18 +24,20 @@ fn reason(v: &Value) -> &str {
 
 #[tokio::test]
 async fn t10_install_discover_call_journal_revoke() {
-    flow(1, 1, 1, "210000").await;
+    flow(1, 1, 1).await;
 }
 
 /// The same through a 3-node cluster: the agent is linked to node 2, the calls go to node 3 (the
 /// agent requests are relayed over gRPC to node 2), the bot and grant are made on node 1.
 #[tokio::test]
 async fn t20_the_same_through_three_nodes() {
-    flow(3, 2, 3, "220000").await;
+    flow(3, 2, 3).await;
 }
 
-/// `first_uid`: tests run side by side on one machine, so each agent gets its own UID range.
-async fn flow(nodes: u64, agent_node: u64, api: u64, first_uid: &str) {
+/// Tests run side by side on one machine, so each agent gets its own UID range.
+async fn flow(nodes: u64, agent_node: u64, api: u64) {
+    let uids = UidRange::take();
+    let first_uid = uids.arg();
     let c = TestCluster::start(nodes).await;
     let (id, code) = paired_computer(&c, "tools").await;
     let workspace = c.dir.path().join("workspace");
@@ -49,7 +52,7 @@ async fn flow(nodes: u64, agent_node: u64, api: u64, first_uid: &str) {
         &state,
         Some(&code),
         &log,
-        &["--workdir", &ws, "--mcp-first-uid", first_uid],
+        &["--workdir", &ws, "--mcp-first-uid", &first_uid],
     );
     wait_state(&c, &id, "running").await;
     let (s, bot) = c.call(Method::POST, 1, "/v1/bots", &c.token, Some(json!({"name": "toolbot"}))).await;
@@ -191,7 +194,9 @@ async fn t30_a_lost_call_is_unknown_and_never_redone() {
     let state = c.dir.path().join("agent");
     let ws = workspace.to_string_lossy().into_owned();
     let log = c.dir.path().join("agent.log");
-    let flags = ["--workdir", ws.as_str(), "--mcp-first-uid", "240000"];
+    let uids = UidRange::take();
+    let first_uid = uids.arg();
+    let flags = ["--workdir", ws.as_str(), "--mcp-first-uid", first_uid.as_str()];
     let mut agent = AgentProc::spawn_with(&c.url(1, ""), &state, Some(&code), &log, &flags);
     wait_state(&c, &id, "running").await;
     let (_, bot) = c.call(Method::POST, 1, "/v1/bots", &c.token, Some(json!({"name": "lostbot"}))).await;
@@ -245,7 +250,9 @@ async fn t35_a_replay_past_the_result_retention_is_expired_and_never_redone() {
     let state = c.dir.path().join("agent");
     let ws = workspace.to_string_lossy().into_owned();
     let log = c.dir.path().join("agent.log");
-    let flags = ["--workdir", ws.as_str(), "--mcp-first-uid", "245000", "--tool-result-retention-secs", "0"];
+    let uids = UidRange::take();
+    let first_uid = uids.arg();
+    let flags = ["--workdir", ws.as_str(), "--mcp-first-uid", first_uid.as_str(), "--tool-result-retention-secs", "0"];
     let _agent = AgentProc::spawn_with(&c.url(1, ""), &state, Some(&code), &log, &flags);
     wait_state(&c, &id, "running").await;
     let (_, bot) = c.call(Method::POST, 1, "/v1/bots", &c.token, Some(json!({"name": "expirebot"}))).await;
@@ -288,7 +295,9 @@ async fn t40_another_bots_version_is_no_switch_target() {
     let state = c.dir.path().join("agent");
     let ws = workspace.to_string_lossy().into_owned();
     let log = c.dir.path().join("agent.log");
-    let flags = ["--workdir", ws.as_str(), "--mcp-first-uid", "250000"];
+    let uids = UidRange::take();
+    let first_uid = uids.arg();
+    let flags = ["--workdir", ws.as_str(), "--mcp-first-uid", first_uid.as_str()];
     let _agent = AgentProc::spawn_with(&c.url(1, ""), &state, Some(&code), &log, &flags);
     wait_state(&c, &id, "running").await;
     let mut bots = Vec::new();
@@ -329,7 +338,7 @@ async fn t40_another_bots_version_is_no_switch_target() {
     assert_eq!(s, 200, "{v}");
     let who = v["result"]["ok"]["content"][0]["text"].as_str().unwrap_or_default().to_string();
     let uid = who.split(' ').next().unwrap_or_default().to_string();
-    assert!(uid.parse::<u32>().is_ok_and(|u| u >= 250_000), "{who}");
+    assert!(uid.parse::<u32>().is_ok_and(|u| u > uids.first && u < uids.first + 1_000), "{who}");
     let (s, v) = call("op-3", "spawn_zombie_leader", json!({"setsid": true})).await;
     assert_eq!(s, 200, "{v}");
     let answer = v["result"]["ok"]["content"][0]["text"].as_str().unwrap_or_default().to_string();
@@ -375,7 +384,9 @@ async fn t50_rights_follow_the_grant_through_every_node() {
     let runtime = state.join("runtime");
     let ws = workspace.to_string_lossy().into_owned();
     let log = c.dir.path().join("agent.log");
-    let flags = ["--workdir", ws.as_str(), "--mcp-first-uid", "260000"];
+    let uids = UidRange::take();
+    let first_uid = uids.arg();
+    let flags = ["--workdir", ws.as_str(), "--mcp-first-uid", first_uid.as_str()];
     let _agent = AgentProc::spawn_with(&c.url(2, ""), &state, Some(&code), &log, &flags);
     wait_state(&c, &id, "running").await;
     let (s, bot) = c.call(Method::POST, 1, "/v1/bots", &c.token, Some(json!({"name": "rightsbot"}))).await;
@@ -465,7 +476,9 @@ async fn t60_failed_installs_and_revoked_bindings_leave_nothing() {
     let runtime = state.join("runtime");
     let ws = workspace.to_string_lossy().into_owned();
     let log = c.dir.path().join("agent.log");
-    let flags = ["--workdir", ws.as_str(), "--mcp-first-uid", "270000"];
+    let uids = UidRange::take();
+    let first_uid = uids.arg();
+    let flags = ["--workdir", ws.as_str(), "--mcp-first-uid", first_uid.as_str()];
     let _agent = AgentProc::spawn_with(&c.url(1, ""), &state, Some(&code), &log, &flags);
     wait_state(&c, &id, "running").await;
     let (_, bot) = c.call(Method::POST, 1, "/v1/bots", &c.token, Some(json!({"name": "cleanbot"}))).await;
