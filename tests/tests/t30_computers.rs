@@ -545,6 +545,39 @@ async fn t95_event_stream() {
     .await;
     assert_eq!(got, Ok(true), "{text}");
     assert!(text.contains("event: ExecutionStarted") && text.contains(&exe));
+    // Issue 37, item 11: `Last-Event-ID` resumes after that event, in JSON and on a stream.
+    let (_, all) = c.call(Method::GET, 1, "/v1/events?after=0", &c.token, None).await;
+    let seqs: Vec<u64> = all["events"].as_array().expect("events").iter().filter_map(|e| e["seq"].as_u64()).collect();
+    assert!(seqs.len() >= 2, "{all}");
+    let r = c.req(Method::GET, 1, "/v1/events?after=0", &c.token).header("last-event-id", seqs[0].to_string());
+    let resumed: Value = r.send().await.expect("get").json().await.expect("json");
+    let after: Vec<u64> = resumed["events"].as_array().expect("events").iter().filter_map(|e| e["seq"].as_u64()).collect();
+    assert_eq!(after, seqs[1..], "{resumed}");
+    assert!(resumed.get("gap").is_none(), "nothing was dropped: {resumed}");
+    let mut resp = c
+        .req(Method::GET, 1, "/v1/events?after=0", &c.token)
+        .header("accept", "text/event-stream")
+        .header("last-event-id", seqs[seqs.len() - 2].to_string())
+        .send()
+        .await
+        .expect("stream");
+    let mut text = String::new();
+    let last = format!("id: {}", seqs[seqs.len() - 1]);
+    let got = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(chunk) = resp.chunk().await.expect("chunk") {
+            text.push_str(&String::from_utf8_lossy(&chunk));
+            if text.contains(&last) {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(got, Ok(true), "{text}");
+    let ids: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("id: ")).collect();
+    assert_eq!(ids, [seqs[seqs.len() - 1].to_string()], "only the event after the one resumed from: {text}");
+    let bad = c.req(Method::GET, 1, "/v1/events", &c.token).header("last-event-id", "x").send().await.expect("get");
+    assert_eq!(bad.status().as_u16(), 400);
 }
 
 /// Every event the owner sees, oldest first (all pages).

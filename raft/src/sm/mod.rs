@@ -52,6 +52,7 @@ pub use computer_index::MAX_LIST as MAX_COMPUTER_LIST;
 pub use delegation::MAX_DELEGATIONS;
 pub use events::EVENT_LOG_LEN;
 pub use events::Event;
+pub use events::EventsPage;
 pub use exec_index::ExecIndex;
 pub use identity::Bot;
 pub use identity::MAX_MEMBERS;
