@@ -16,13 +16,19 @@ use serde_json::Value;
 use serde_json::json;
 
 const KEY: &str = "e2b_test_key_0123456789abcdef";
+/// The key of a second provider, whose endpoint is the other fake.
+const OTHER_KEY: &str = "e2b_other_key_fedcba9876543210";
 
 fn s(v: &Value, k: &str) -> String {
     v[k].as_str().unwrap_or_else(|| panic!("{k} in {v}")).to_string()
 }
 
 async fn provider(c: &TestCluster, fake: &FakeService, extra: Value) -> String {
-    let mut config = json!({"serverUrl": c.url(1, ""), "endpoint": fake.url, "apiKey": KEY, "timeoutMs": 30000});
+    provider_with_key(c, fake, KEY, extra).await
+}
+
+async fn provider_with_key(c: &TestCluster, fake: &FakeService, key: &str, extra: Value) -> String {
+    let mut config = json!({"serverUrl": c.url(1, ""), "endpoint": fake.url, "apiKey": key, "timeoutMs": 30000});
     if let (Some(base), Some(more)) = (config.as_object_mut(), extra.as_object()) {
         base.extend(more.clone());
     }
@@ -31,7 +37,7 @@ async fn provider(c: &TestCluster, fake: &FakeService, extra: Value) -> String {
     let (st, v) = c.call(Method::POST, 1, "/v1/computer-providers", &c.token, Some(body)).await;
     assert_eq!(st, 201, "{v}");
     assert_eq!(v["secretFields"], json!(["apiKey"]), "the key is write-only: {v}");
-    assert!(!v.to_string().contains(KEY));
+    assert!(!v.to_string().contains(key));
     s(&v, "id")
 }
 
@@ -81,10 +87,15 @@ async fn all_valid(fake: &FakeService) {
 /// The whole flow for one provider kind; `keeps_processes` says what its pause keeps.
 async fn flow(kind: &'static str, keeps_processes: bool) {
     let fake = FakeService::start(kind, KEY);
-    // Another fake at another address: no request, so no credential, may ever reach it.
-    let elsewhere = FakeService::start(kind, KEY);
+    // Another fake at another address, the endpoint of a second provider with its own key:
+    // each key goes to its own endpoint only (a fake journals a request with another key as
+    // not `keyOk`).
+    let elsewhere = FakeService::start(kind, OTHER_KEY);
     let c = TestCluster::start(3).await;
     let p = provider(&c, &fake, json!({})).await;
+    let other = provider_with_key(&c, &elsewhere, OTHER_KEY, json!({})).await;
+    let (other_id, exe) = create(&c, 3, &other, "create-elsewhere").await;
+    assert_eq!(c.settle(3, &exe, &c.token).await["state"], "succeeded");
 
     let (id, exe) = create(&c, 2, &p, "create-1").await;
     assert_eq!(c.settle(2, &exe, &c.token).await["state"], "succeeded");
@@ -142,7 +153,11 @@ async fn flow(kind: &'static str, keeps_processes: bool) {
         .collect();
     assert_eq!(lifecycle_effects(&fake).await, want, "exactly one effect per command");
     all_valid(&fake).await;
-    assert!(elsewhere.journal().await.is_empty(), "nothing was sent anywhere but the configured endpoint");
+    let exe = lifecycle(&c, 2, &other_id, "", "delete-elsewhere").await;
+    assert_eq!(c.settle(2, &exe, &c.token).await["state"], "succeeded");
+    let seen = elsewhere.journal().await;
+    assert!(seen.iter().any(|e| e["effect"] == "create"), "the second provider reached its own endpoint: {seen:?}");
+    all_valid(&elsewhere).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
