@@ -478,9 +478,15 @@ async fn t40_link_cut_mid_command() {
         &c.dir.path().join("agent.log"),
     );
     let g1 = wait_state(&c, &id, "running").await["linkGeneration"].as_u64().expect("generation");
-    let (_, v) =
-        run(&c, &id, json!({"command": "for i in $(seq 1 40); do echo line$i; sleep 0.05; done", "yieldTimeMs": 250}))
-            .await;
+    // Half of its lines, then it waits for `go` (made by the test once the link is back), then
+    // the other half: it is running, for sure, across the cut.
+    let go = c.dir.path().join("go");
+    let command = format!(
+        "for i in $(seq 1 20); do echo line$i; done; while [ ! -e {} ]; do sleep 0.05; done; for i in $(seq 21 40); do echo line$i; done",
+        go.display()
+    );
+    let (_, v) = run(&c, &id, json!({"command": command, "yieldTimeMs": 250})).await;
+    assert_eq!(v["running"], true, "running when the link is cut: {v}");
     let sid = v["session"].as_str().expect("session").to_string();
     let mut out = v["output"].as_str().unwrap_or_default().to_string();
     proxy.cut();
@@ -489,6 +495,10 @@ async fn t40_link_cut_mid_command() {
         (v["state"] == "running" && v["linkGeneration"].as_u64() > Some(g1)).then_some(())
     })
     .await;
+    let v = input(&c, &id, &sid, "", 250).await;
+    assert_eq!(v["running"], true, "the command outlived the cut: {v}");
+    out.push_str(v["output"].as_str().unwrap_or_default());
+    std::fs::write(&go, b"").expect("go");
     loop {
         let v = input(&c, &id, &sid, "", 2000).await;
         out.push_str(v["output"].as_str().unwrap_or_default());
