@@ -79,6 +79,11 @@ async fn flow(nodes: u64, agent_node: u64, api: u64) {
     let binding = v["bindingId"].as_str().expect("binding").to_string();
     let names: Vec<&str> = v["tools"].as_array().expect("tools").iter().filter_map(|t| t["name"].as_str()).collect();
     assert!(names.contains(&"echo"), "{names:?}");
+    // Issue 37, item 7: the same package again answers the same binding (no second one).
+    let (s, again) = install(manifest(&digest)).await;
+    assert_eq!((s, again["bindingId"].as_str(), again["replayed"].as_bool()), (200, Some(binding.as_str()), Some(true)), "{again}");
+    let (s, listed) = c.call(Method::GET, api, &format!("/api/bots/{bot}/tools"), &c.token, None).await;
+    assert_eq!((s, listed["bindings"].as_array().map(Vec::len)), (200, Some(1)), "one binding: {listed}");
 
     let call_path = format!("/api/bots/{bot}/tools/{binding}/call");
     let call = |op: &str, text: &str| {
@@ -464,6 +469,44 @@ async fn t50_rights_follow_the_grant_through_every_node() {
 /// binding listed and nothing on the agent; 64 install/revoke cycles (of 64 packages: twice the
 /// agent's package cap) each remove the binding's HOME, private copy and package, and leave room
 /// for a new install.
+/// Issue 37, item 7: an install under an `operationId` is made once. Its retry (a lost answer)
+/// answers the same binding and makes no second one; another body under the same id is refused
+/// (`IdempotencyKeyReused`) and changes nothing.
+#[tokio::test]
+async fn i37_7_an_install_under_an_operation_id_is_made_once() {
+    let c = TestCluster::start(1).await;
+    let (id, code) = paired_computer(&c, "once").await;
+    let workspace = c.dir.path().join("workspace");
+    let pkg = tools::pack(&c.dir.path().join("pkg"), &workspace, "server.tar.gz", None);
+    let state = c.dir.path().join("agent");
+    let ws = workspace.to_string_lossy().into_owned();
+    let uids = UidRange::take();
+    let first_uid = uids.arg();
+    let flags = ["--workdir", ws.as_str(), "--mcp-first-uid", first_uid.as_str()];
+    let _agent = AgentProc::spawn_with(&c.url(1, ""), &state, Some(&code), &c.dir.path().join("agent.log"), &flags);
+    wait_state(&c, &id, "running").await;
+    let (_, bot) = c.call(Method::POST, 1, "/v1/bots", &c.token, Some(json!({"name": "oncebot"}))).await;
+    let bot = bot["id"].as_str().expect("bot").to_string();
+    let (s, v) = c.call(Method::PUT, 1, &format!("/v1/computers/{id}/bots/{bot}"), &c.token, None).await;
+    assert_eq!(s, 200, "{v}");
+    let install_path = format!("/api/bots/{bot}/tools/install");
+    let install = |artifact: &str| {
+        let body = json!({"artifactPath": artifact, "manifest": tools::manifest("1.0.0", &pkg.digest), "operationId": "install-1"});
+        c.call(Method::POST, 1, &install_path, &c.token, Some(body))
+    };
+    let (s, first) = install(&pkg.artifact).await;
+    assert_eq!(s, 201, "{first}");
+    let binding = first["bindingId"].as_str().expect("binding").to_string();
+    let (s, again) = install(&pkg.artifact).await;
+    assert_eq!((s, again["bindingId"].as_str(), again["replayed"].as_bool()), (200, Some(binding.as_str()), Some(true)), "{again}");
+    assert_eq!(again["tools"], first["tools"]);
+    let (s, v) = install("uploads/another.tar.gz").await;
+    assert_eq!((s, v["error"]["kind"].as_str()), (422, Some("IdempotencyKeyReused")), "{v}");
+    let (s, listed) = c.call(Method::GET, 1, &format!("/api/bots/{bot}/tools"), &c.token, None).await;
+    let ids: Vec<&str> = listed["bindings"].as_array().expect("bindings").iter().filter_map(|b| b["bindingId"].as_str().or(b["id"].as_str())).collect();
+    assert_eq!((s, ids), (200, vec![binding.as_str()]), "one binding: {listed}");
+}
+
 #[tokio::test]
 async fn t60_failed_installs_and_revoked_bindings_leave_nothing() {
     let c = TestCluster::start(1).await;

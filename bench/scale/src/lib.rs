@@ -259,6 +259,8 @@ impl World {
             error: None,
             created_at: self.clock,
             shared_uid: false,
+            install_key: None,
+            request_hash: None,
         }
     }
 

@@ -1,9 +1,12 @@
 //! MCP tool packages for a bot, on a Computer it may use (SPEC §6, seed 000):
 //!
-//! - `POST /api/bots/{botId}/tools/install` `{artifactPath, manifest, computerId?}`: the binding
-//!   is recorded first (admission `installing`), then the agent installs it inside the Computer
-//!   (digest, strict unpack, its own UID/HOME) and discovers its tools; the answer is
-//!   `{bindingId, tools}` or 422 `package_rejected` with the installer's `reason`.
+//! - `POST /api/bots/{botId}/tools/install` `{artifactPath, manifest, computerId?, operationId?}`:
+//!   the binding is recorded first (admission `installing`), then the agent installs it inside
+//!   the Computer (digest, strict unpack, its own UID/HOME) and discovers its tools; the answer
+//!   is `{bindingId, tools}` or 422 `package_rejected` with the installer's `reason`. An install
+//!   is made once: the same `operationId` (or, without one, the same package, version and
+//!   digest) answers the live binding it made, and a binding still `installing` is asked of the
+//!   agent again under its id; another body under that `operationId` is `IdempotencyKeyReused`.
 //! - `GET /api/bots/{botId}/tools`: the bot's bindings.
 //! - `POST …/tools/{bindingId}/discover`: reads the tool schemas again.
 //! - `POST …/tools/{bindingId}/call` `{operationId, tool, arguments}`: journaled in the store before
@@ -67,6 +70,11 @@ pub struct InstallIn {
     computer_id: Option<String>,
     #[serde(default)]
     reauthorize: bool,
+    /// The caller's id of this install: a retry with it answers the same binding; another body
+    /// under it is refused (`IdempotencyKeyReused`). Without it, an install of the same package,
+    /// version and digest for the bot on the Computer answers the binding it has.
+    #[serde(default)]
+    operation_id: Option<String>,
 }
 
 /// `POST …/call` body.
@@ -193,8 +201,24 @@ pub async fn install(
     let (Some(pkg), Some(version), Some(sha)) = (m["id"].as_str(), m["version"].as_str(), m["sha256"].as_str()) else {
         return Err(rejected("bad_manifest".into(), "the manifest needs id, version and sha256".into()));
     };
-    let computer = computer_for(&state, &caller, &bot_id, b.computer_id)?;
+    if b.operation_id.as_ref().is_some_and(|o| o.is_empty() || o.len() > 200) {
+        return Err(ApiError::invalid("operationId is 1 to 200 bytes"));
+    }
+    let computer = computer_for(&state, &caller, &bot_id, b.computer_id.clone())?;
     state.cluster.state().read(|s| s.check_tool_use(&caller, &bot_id, &computer))?;
+    // What makes a retry the same install, and (under an operationId) what it asked for.
+    let (install_key, request_hash) = match &b.operation_id {
+        Some(op) => {
+            let request = json!({
+                "computerId": computer,
+                "artifactPath": b.artifact_path,
+                "manifest": b.manifest,
+                "reauthorize": b.reauthorize,
+            });
+            (format!("op:{op}"), Some(hex::encode(sha2::Sha256::digest(request.to_string().as_bytes()))))
+        }
+        None => (format!("pkg:{pkg}\n{version}\n{sha}"), None),
+    };
     // A revoked package comes back only through `reauthorize`, with the same version and digest,
     // as a new binding (new UID and state) once the old runtime is confirmed stopped; the old
     // binding id stays revoked for good.
@@ -242,10 +266,22 @@ pub async fn install(
         error: None,
         created_at: now_ms(),
         shared_uid: false,
+        install_key: Some(install_key),
+        request_hash,
     };
     let id = propose(&state, Command::BindingReserve { by: caller.token.id.clone(), binding: binding.clone() })
         .await?
-        .unwrap_or(binding.id);
+        .unwrap_or(binding.id.clone());
+    if id != binding.id {
+        // The same install again: a ready binding is answered as it is; one still installing
+        // (its first answer lost, or in flight) is asked of the agent again, which answers what
+        // it has for that binding id.
+        let seen = state.cluster.state().read(|s| s.tool_bindings.get(&id).cloned());
+        if let Some(seen) = seen.filter(|x| x.state == BindingState::Ready) {
+            let body = json!({"bindingId": id, "tools": seen.tools, "sharedUid": seen.shared_uid, "replayed": true});
+            return Ok((StatusCode::OK, Json(body)));
+        }
+    }
     let request = McpRequest::Install {
         binding_id: id.clone(),
         bot_id: bot_id.clone(),

@@ -47,6 +47,9 @@ pub struct BindingIndex {
     /// ones trimmed past [`MAX_REVOKED`] are found without reading the Computer's bindings.
     #[serde(default)]
     pub revoked: BTreeMap<String, BTreeSet<(u64, String)>>,
+    /// (bot, Computer, install key) -> the live binding it made: a retried install answers it.
+    #[serde(default)]
+    pub installs: BTreeMap<String, String>,
 }
 
 /// Where a binding stands.
@@ -93,6 +96,19 @@ pub struct ToolBinding {
     /// bindings), not one of its own: shown in every listing. Once set, never unset.
     #[serde(default)]
     pub shared_uid: bool,
+    /// What makes a retried install the same install: `op:<operationId>`, or
+    /// `pkg:<package>\n<version>\n<sha256>` when the caller named none.
+    #[serde(default)]
+    pub install_key: Option<String>,
+    /// The SHA-256 of an install's request under an `operationId` (another body under the same
+    /// id is refused).
+    #[serde(default)]
+    pub request_hash: Option<String>,
+}
+
+/// The install index's key of a binding: its bot, its Computer and its install key.
+fn install_slot(b: &ToolBinding) -> Option<String> {
+    b.install_key.as_ref().map(|k| format!("{}\n{}\n{k}", b.bot_id, b.computer_id))
 }
 
 /// Where an operation stands.
@@ -342,14 +358,36 @@ impl State {
             }
         }
         index.pending_switch.remove(id);
+        if let Some(slot) = install_slot(&b)
+            && index.installs.get(&slot).is_some_and(|x| x == id)
+        {
+            index.installs.remove(&slot);
+        }
     }
 
-    /// Records a binding being installed; the bot must be able to use the Computer.
+    /// Records a binding being installed; the bot must be able to use the Computer. An install
+    /// whose key names a live binding answers that binding (a retry after a lost answer, or
+    /// the same package again), and makes none; under an `operationId` with another request,
+    /// it is refused.
     pub(crate) fn binding_reserve(&mut self, by: &str, b: &ToolBinding) -> Result<String, Reject> {
         let caller = self.caller_by_token_id(by)?;
         self.check_tool_use(&caller, &b.bot_id, &b.computer_id)?;
         if self.tool_bindings.contains_key(&b.id) {
             return Err(Reject::new(RejectKind::Conflict, "binding id collision"));
+        }
+        if let Some(slot) = install_slot(b)
+            && let Some(seen) = self.binding_index.installs.get(&slot).and_then(|id| self.tool_bindings.get(id))
+            && seen.state != BindingState::Revoked
+            // Keyed by its package, a binding switched to another version is another install.
+            && (b.request_hash.is_some() || (seen.version == b.version && seen.sha256 == b.sha256))
+        {
+            if seen.request_hash != b.request_hash {
+                return Err(Reject::new(
+                    RejectKind::IdempotencyKeyReused,
+                    "this operationId was used for another install: use a new one",
+                ));
+            }
+            return Ok(seen.id.clone());
         }
         let live = self.bindings_on(&b.computer_id).filter(|x| x.state != BindingState::Revoked).count();
         if live >= MAX_BINDINGS {
@@ -418,6 +456,11 @@ impl State {
             if let Some(b) = self.tool_bindings.get_mut(&c) {
                 b.state = BindingState::Revoked;
                 computers.insert(b.computer_id.clone());
+                if let Some(slot) = install_slot(b)
+                    && self.binding_index.installs.get(&slot).is_some_and(|x| *x == b.id)
+                {
+                    self.binding_index.installs.remove(&slot);
+                }
                 let tombs = self.binding_index.revoked.entry(b.computer_id.clone()).or_default();
                 tombs.insert((b.created_at, b.id.clone()));
             }
@@ -644,6 +687,8 @@ fn index_insert(index: &mut BindingIndex, b: &ToolBinding) {
     index.by_computer.entry(b.computer_id.clone()).or_default().insert(b.id.clone());
     if b.state == BindingState::Revoked {
         index.revoked.entry(b.computer_id.clone()).or_default().insert((b.created_at, b.id.clone()));
+    } else if let Some(slot) = install_slot(b) {
+        index.installs.insert(slot, b.id.clone());
     }
 }
 

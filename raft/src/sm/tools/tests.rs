@@ -78,6 +78,8 @@ fn binding(id: &str, computer: &str, package: &str) -> ToolBinding {
         error: None,
         shared_uid: false,
         created_at: 1,
+        install_key: None,
+        request_hash: None,
     }
 }
 
@@ -345,3 +347,46 @@ fn settled_switches_expire_with_the_retention_and_a_reserved_one_waits() {
     tick(&mut s, 6 + crate::sm::DEFAULT_RETENTION_MS);
     assert!(!s.switches.contains_key(&key) && s.exec_index.switches.is_empty(), "settled, then expired");
 }
+
+/// Issue 37, item 7: an install is idempotent on its key. The same key and request answer the
+/// live binding it made (no second binding toward the 64); another request under the same
+/// `operationId` is refused; once the binding is gone (a failed install, a revoke), the key
+/// installs anew.
+#[test]
+fn i37_7_an_install_is_idempotent_on_its_key() {
+    let mut s = world();
+    let keyed = |id: &str, key: &str, hash: &str| {
+        let mut b = binding(id, "cmp_1", "pkg");
+        b.install_key = Some(key.into());
+        b.request_hash = Some(hash.into());
+        b
+    };
+    let reserve = |s: &mut State, b: ToolBinding| s.apply(&Command::BindingReserve { by: BOT.into(), binding: b });
+    assert_eq!(reserve(&mut s, keyed("mcb_1", "op:a", "h1")), Response::Id("mcb_1".into()));
+    // The retry after a lost answer: the same binding, nothing new.
+    assert_eq!(reserve(&mut s, keyed("mcb_2", "op:a", "h1")), Response::Id("mcb_1".into()));
+    assert_eq!(s.tool_bindings.len(), 1);
+    let other = rejected(reserve(&mut s, keyed("mcb_3", "op:a", "h2")));
+    assert_eq!(other.kind, RejectKind::IdempotencyKeyReused);
+    // Another Computer's binding under the same key is its own.
+    let mut there = keyed("mcb_4", "op:a", "h1");
+    there.computer_id = "cmp_2".into();
+    assert_eq!(reserve(&mut s, there), Response::Id("mcb_4".into()));
+    // A failed install leaves no binding: the key installs anew.
+    ok(s.apply(&Command::BindingSettle {
+        binding_id: "mcb_1".into(),
+        ready: false,
+        tools: Value::Null,
+        error: None,
+        shared_uid: false,
+    }));
+    assert_eq!(reserve(&mut s, keyed("mcb_5", "op:a", "h2")), Response::Id("mcb_5".into()));
+    // A revoked one too (the index keeps live bindings only), and a reindex keeps the index.
+    ok(s.apply(&Command::BindingRevoke { by: OWNER.into(), binding_id: "mcb_5".into() }));
+    assert!(!s.binding_index.installs.values().any(|id| id == "mcb_5"));
+    let before = s.binding_index.installs.clone();
+    s.reindex_tools();
+    assert_eq!(s.binding_index.installs, before);
+    assert_eq!(reserve(&mut s, keyed("mcb_6", "op:a", "h1")), Response::Id("mcb_6".into()));
+}
+
