@@ -181,6 +181,58 @@ fn on_path(program: &str) -> bool {
     std::env::var_os("PATH").map(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file())).unwrap_or(false)
 }
 
+/// The bytes of the workspace's file `artifact`, read as root without following a symlink at
+/// any step: each directory is opened under the one before with `O_NOFOLLOW`, then the file,
+/// which must be a regular file of at most `limit` bytes. Every failure (missing, a symlink, not
+/// a regular file, no permission) gives one message, so the answer tells nothing of what lies
+/// where a symlink points.
+fn read_artifact(workspace: &Path, artifact: &str, limit: u64) -> Result<Vec<u8>, InstallError> {
+    use std::io::Read;
+    use std::os::fd::FromRawFd;
+    use std::os::fd::OwnedFd;
+    use std::os::unix::ffi::OsStrExt;
+    let refused = || InstallError::Artifact(format!("{artifact} is not a readable regular file of the workspace"));
+    let open_at = |dir: &OwnedFd, name: &str, flags: libc::c_int| -> Result<OwnedFd, InstallError> {
+        let name = std::ffi::CString::new(name).map_err(|_| refused())?;
+        use std::os::fd::AsRawFd;
+        // SAFETY: a valid directory descriptor and a NUL-terminated name; the result is checked.
+        let fd = unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), flags | libc::O_NOFOLLOW | libc::O_CLOEXEC) };
+        if fd < 0 {
+            return Err(refused());
+        }
+        // SAFETY: a descriptor just opened, owned from here on.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    };
+    let root = std::ffi::CString::new(workspace.as_os_str().as_bytes()).map_err(|_| refused())?;
+    // SAFETY: a NUL-terminated path; the result is checked. The workspace itself is the agent's
+    // configuration, not the caller's.
+    let fd = unsafe { libc::open(root.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(refused());
+    }
+    // SAFETY: as above.
+    let mut dir = unsafe { OwnedFd::from_raw_fd(fd) };
+    let parts: Vec<&str> = artifact.split('/').filter(|p| !p.is_empty() && *p != ".").collect();
+    let Some((last, dirs)) = parts.split_last() else { return Err(refused()) };
+    for d in dirs {
+        dir = open_at(&dir, d, libc::O_RDONLY | libc::O_DIRECTORY)?;
+    }
+    let file = std::fs::File::from(open_at(&dir, last, libc::O_RDONLY | libc::O_NONBLOCK)?);
+    let meta = file.metadata().map_err(|_| refused())?;
+    if !meta.is_file() {
+        return Err(refused());
+    }
+    if meta.len() > limit {
+        return Err(Rejection::ArchiveTooLarge(limit).into());
+    }
+    let mut bytes = Vec::new();
+    file.take(limit + 1).read_to_end(&mut bytes).map_err(|_| refused())?;
+    if bytes.len() as u64 > limit {
+        return Err(Rejection::ArchiveTooLarge(limit).into());
+    }
+    Ok(bytes)
+}
+
 /// Installs the archive at `artifact` (relative to `workspace`) as `manifest` says, under
 /// `runtime` (root-owned: `runtime/staging`, `runtime/packages`).
 pub fn install(
@@ -194,18 +246,7 @@ pub fn install(
     if artifact.is_empty() || artifact.starts_with('/') || artifact.split('/').any(|p| p == "..") {
         return Err(InstallError::Artifact("must be a path inside the workspace, without '..'".into()));
     }
-    let path = workspace.join(artifact);
-    let meta = std::fs::symlink_metadata(&path).map_err(|e| InstallError::Artifact(format!("{artifact}: {e}")))?;
-    if !meta.is_file() {
-        return Err(InstallError::Artifact(format!("{artifact} is not a regular file")));
-    }
-    if meta.len() > limits.archive_bytes {
-        return Err(Rejection::ArchiveTooLarge(limits.archive_bytes).into());
-    }
-    let bytes = std::fs::read(&path).map_err(|e| InstallError::Artifact(format!("{artifact}: {e}")))?;
-    if bytes.len() as u64 > limits.archive_bytes {
-        return Err(Rejection::ArchiveTooLarge(limits.archive_bytes).into());
-    }
+    let bytes = read_artifact(workspace, artifact, limits.archive_bytes)?;
     // 2. The digest, before anything is decompressed.
     if hex::encode(sha2::Sha256::digest(&bytes)) != manifest.sha256 {
         return Err(InstallError::DigestMismatch);
