@@ -14,6 +14,7 @@
 //!   refs, element tools, uploads checked before they reach the page.
 //! - [`files`]: file and directory calls.
 //! - [`layout`]: the owners and modes of the agent's state dir and of the workspace.
+//! - [`nofollow`]: walking a tree another account owns without following its symlinks.
 //! - [`service`]: the gRPC service, refusing any link generation but the current one.
 //! - [`tls`]: `https`/`wss` with the server verified (system roots, or `--ca`); plain `http` only
 //!   to loopback or with `--insecure`.
@@ -26,6 +27,7 @@ pub mod files;
 pub mod layout;
 pub mod link;
 pub mod mcp;
+pub mod nofollow;
 pub mod output;
 pub mod pairing;
 pub mod ports;

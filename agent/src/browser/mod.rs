@@ -108,6 +108,9 @@ pub struct Session {
     pub tabs: tokio::sync::Mutex<page::Tabs>,
     /// Where its uploads are copied.
     pub stage_dir: PathBuf,
+    /// That directory, open (uploads are copied into it through this descriptor, never through a
+    /// path the browser's account could redirect).
+    pub stage_fd: std::os::fd::OwnedFd,
 }
 
 /// The browser of this Computer; clones share it.
@@ -233,7 +236,10 @@ impl Browser {
         if tokio::time::timeout(Duration::from_secs(3), child.wait()).await.is_err() {
             let _ = child.kill().await;
         }
-        let _ = std::fs::remove_dir_all(&session.stage_dir);
+        // Removed as the browser's account, whose tree it is: a symlink it planted on the way
+        // leads nowhere it could not go itself.
+        let (stage, account) = (session.stage_dir.clone(), Arc::new(self.inner.account.clone()));
+        let _ = crate::users::run_as(&account, move || std::fs::remove_dir_all(stage)).await;
         Ok(json!({"session": id, "closed": true}))
     }
 
@@ -272,6 +278,7 @@ impl Browser {
             child: tokio::sync::Mutex::new(child),
             tabs: tokio::sync::Mutex::new(page::Tabs::default()),
             stage_dir: dirs.stage,
+            stage_fd: dirs.stage_fd,
         });
         let first = {
             let mut tabs = session.tabs.lock().await;
@@ -294,25 +301,9 @@ impl Browser {
         Ok(json!({"session": id, "mode": req.mode, "profile": profile, "tabs": [first]}))
     }
 
-    /// Makes (or keeps) the browser's directories: its home, the profile, this session's
-    /// staging directory; all the account's, 0700.
+    /// Makes (or keeps) the browser's directories: see [`make_dirs`].
     fn dirs(&self, profile: &str, id: &str) -> Result<Dirs, String> {
-        let root = &self.inner.root;
-        let dirs = Dirs {
-            home: root.join("home"),
-            profile: root.join("profiles").join(profile),
-            stage: root.join("uploads").join(id),
-        };
-        for d in [root.as_path(), &root.join("profiles"), &root.join("uploads"), &dirs.home, &dirs.profile, &dirs.stage]
-        {
-            private_dir(d, self.owner())?;
-        }
-        no_preconnect(&dirs.profile, self.owner())?;
-        // A lock left by a browser that died with an earlier agent (none of ours uses it now).
-        for f in ["SingletonLock", "SingletonSocket", "SingletonCookie"] {
-            let _ = std::fs::remove_file(dirs.profile.join(f));
-        }
-        Ok(dirs)
+        make_dirs(&self.inner.root, profile, id, self.owner())
     }
 
     async fn launch(&self, mode: Mode, dirs: &Dirs) -> Result<(Cdp, tokio::process::Child), BrowserError> {
@@ -365,6 +356,42 @@ struct Dirs {
     home: PathBuf,
     profile: PathBuf,
     stage: PathBuf,
+    stage_fd: std::os::fd::OwnedFd,
+}
+
+/// Makes (or keeps) the browser's directories under `root`: its home, the profile, this
+/// session's staging directory; all `owner`'s (the desktop account's), 0700.
+///
+/// The tree is that account's, so it may hold symlinks it planted: every step below `root`'s
+/// parent is opened with `O_NOFOLLOW` and changed through its descriptor (a symlink is refused,
+/// never followed), and the profile's preferences are replaced, never written through
+/// ([`no_preconnect`]).
+fn make_dirs(root: &Path, profile: &str, id: &str, owner: Option<(u32, u32)>) -> Result<Dirs, String> {
+    use std::os::fd::AsFd;
+    let fail = |what: &Path, e: std::io::Error| format!("cannot make {} private: {e}", what.display());
+    let (Some(parent), Some(name)) = (root.parent(), root.file_name()) else {
+        return Err(format!("{} cannot be the browser's directory", root.display()));
+    };
+    let start = crate::nofollow::open_start(parent).map_err(|e| fail(parent, e))?;
+    let top = crate::nofollow::private_dir_at(start.as_fd(), name, owner).map_err(|e| fail(root, e))?;
+    let dirs = Dirs {
+        home: root.join("home"),
+        profile: root.join("profiles").join(profile),
+        stage: root.join("uploads").join(id),
+        stage_fd: {
+            let rel = Path::new("uploads").join(id);
+            crate::nofollow::private_dirs(top.as_fd(), &rel, owner).map_err(|e| fail(&root.join(&rel), e))?
+        },
+    };
+    crate::nofollow::private_dirs(top.as_fd(), Path::new("home"), owner).map_err(|e| fail(&dirs.home, e))?;
+    let rel = Path::new("profiles").join(profile);
+    let profile_fd = crate::nofollow::private_dirs(top.as_fd(), &rel, owner).map_err(|e| fail(&dirs.profile, e))?;
+    no_preconnect(profile_fd.as_fd(), owner).map_err(|e| format!("{}/Default: {e}", dirs.profile.display()))?;
+    // A lock left by a browser that died with an earlier agent (none of ours uses it now).
+    for f in ["SingletonLock", "SingletonSocket", "SingletonCookie"] {
+        let _ = nix::unistd::unlinkat(profile_fd.as_fd(), f, nix::unistd::UnlinkatFlags::NoRemoveDir);
+    }
+    Ok(dirs)
 }
 
 /// Chromium's command line (the benchmark's baseline browser uses it too).
@@ -408,12 +435,36 @@ pub fn flags(mode: Mode, profile: &Path) -> Vec<String> {
 /// answer: an upload whose answer was lost would be made twice by the browser itself, below any
 /// action record. Without preconnects (and with a server that does not keep connections alive)
 /// a lost answer stays lost.
-fn no_preconnect(profile: &Path, owner: Option<(u32, u32)>) -> Result<(), String> {
-    let dir = profile.join("Default");
-    private_dir(&dir, owner)?;
-    let path = dir.join("Preferences");
-    let mut prefs: Value =
-        std::fs::read(&path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_else(|| json!({}));
+///
+/// The profile is the browser account's: `Default` is opened without following a symlink, the
+/// old preferences are read only when they are a regular file of that account (not a link to
+/// another's), and the new ones replace them by a rename, never writing through what was there.
+fn no_preconnect(profile: std::os::fd::BorrowedFd<'_>, owner: Option<(u32, u32)>) -> Result<(), String> {
+    use std::io::Read;
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::MetadataExt;
+    let dir = crate::nofollow::private_dir_at(profile, "Default".as_ref(), owner).map_err(|e| e.to_string())?;
+    let old = nix::fcntl::openat(
+        dir.as_fd(),
+        "Preferences",
+        nix::fcntl::OFlag::O_RDONLY
+            | nix::fcntl::OFlag::O_NOFOLLOW
+            | nix::fcntl::OFlag::O_NONBLOCK
+            | nix::fcntl::OFlag::O_NOCTTY
+            | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .ok()
+    .map(std::fs::File::from)
+    .filter(|f| {
+        f.metadata()
+            .is_ok_and(|m| m.is_file() && m.len() <= PREFERENCES_MAX && owner.is_none_or(|(uid, _)| m.uid() == uid))
+    });
+    let mut bytes = Vec::new();
+    if let Some(f) = old {
+        let _ = f.take(PREFERENCES_MAX).read_to_end(&mut bytes);
+    }
+    let mut prefs: Value = serde_json::from_slice(&bytes).unwrap_or_else(|_| json!({}));
     if !prefs.is_object() {
         prefs = json!({});
     }
@@ -422,22 +473,12 @@ fn no_preconnect(profile: &Path, owner: Option<(u32, u32)>) -> Result<(), String
     }
     prefs["net"]["network_prediction_options"] = json!(2);
     let bytes = serde_json::to_vec(&prefs).map_err(|e| e.to_string())?;
-    std::fs::write(&path, bytes).map_err(|e| format!("{}: {e}", path.display()))?;
-    if let Some((uid, gid)) = owner {
-        std::os::unix::fs::chown(&path, Some(uid), Some(gid)).map_err(|e| format!("{}: {e}", path.display()))?;
-    }
-    Ok(())
+    crate::nofollow::replace_at(dir.as_fd(), "Preferences".as_ref(), &bytes, 0o600, owner)
+        .map_err(|e| format!("Preferences: {e}"))
 }
 
-fn private_dir(d: &Path, owner: Option<(u32, u32)>) -> Result<(), String> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::create_dir_all(d).map_err(|e| format!("cannot make {}: {e}", d.display()))?;
-    std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700)).map_err(|e| format!("{}: {e}", d.display()))?;
-    if let Some((uid, gid)) = owner {
-        std::os::unix::fs::chown(d, Some(uid), Some(gid)).map_err(|e| format!("{}: {e}", d.display()))?;
-    }
-    Ok(())
-}
+/// Preferences larger than this are not read (they are started afresh).
+const PREFERENCES_MAX: u64 = 16 << 20;
 
 /// Logs the browser's last words (its stderr is noisy; only lines that say something failed).
 async fn drain(err: tokio::process::ChildStderr) {
@@ -447,5 +488,83 @@ async fn drain(err: tokio::process::ChildStderr) {
         if line.contains("ERROR") || line.contains("FATAL") {
             tracing::debug!(line = %line.chars().take(300).collect::<String>(), "chromium");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    /// A root-owned stand-in for `/etc` or the agent's credential: its owner, mode and bytes.
+    fn guarded(dir: &Path) -> (PathBuf, PathBuf) {
+        let target = dir.join("etc");
+        std::fs::create_dir(&target).expect("mkdir");
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let file = target.join("credential");
+        std::fs::write(&file, b"root's secret").expect("write");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        (target, file)
+    }
+
+    fn looks(p: &Path) -> (u32, u32, u32, Vec<u8>) {
+        let m = std::fs::symlink_metadata(p).expect("stat");
+        let bytes = if m.is_file() { std::fs::read(p).expect("read") } else { Vec::new() };
+        (m.uid(), m.gid(), m.mode() & 0o7777, bytes)
+    }
+
+    /// Issue 36, item 3: symlinks the browser's account planted where its home, a profile or
+    /// the staging directory go are refused, never followed: their targets keep their owner and
+    /// mode. (The agent runs as root in the tests, as in a sandbox.)
+    #[test]
+    fn i36_3_a_planted_directory_symlink_is_refused_and_its_target_untouched() {
+        if !nix::unistd::geteuid().is_root() {
+            panic!("this test needs root");
+        }
+        let owner = Some((4242, 4242));
+        for planted in ["home", "profiles/site-a", "uploads", "profiles"] {
+            let t = tempfile::tempdir().expect("tempdir");
+            let (target, file) = guarded(t.path());
+            let root = t.path().join("computerd-browser");
+            // The account's tree as an earlier session left it, with the link planted.
+            make_dirs(&root, "other", "s0", owner).expect("a first session");
+            let at = root.join(planted);
+            let _ = std::fs::remove_dir_all(&at);
+            std::fs::create_dir_all(at.parent().expect("parent")).expect("mkdir");
+            std::os::unix::fs::symlink(&target, &at).expect("plant");
+            let before = (looks(&target), looks(&file));
+            let made = make_dirs(&root, "site-a", "s1", owner);
+            assert!(made.is_err(), "{planted}: a symlink was followed");
+            assert_eq!((looks(&target), looks(&file)), before, "{planted}: the target changed");
+            assert!(std::fs::symlink_metadata(&at).expect("lstat").file_type().is_symlink());
+        }
+    }
+
+    /// Issue 36, item 3: `Default/Preferences` as a symlink to a root-owned file is replaced
+    /// (a new file of the account), never read through or written through: the target keeps
+    /// its bytes, owner and mode.
+    #[test]
+    fn i36_3_a_preferences_symlink_is_replaced_and_its_target_untouched() {
+        if !nix::unistd::geteuid().is_root() {
+            panic!("this test needs root");
+        }
+        let owner = Some((4242, 4242));
+        let t = tempfile::tempdir().expect("tempdir");
+        let (_, file) = guarded(t.path());
+        let root = t.path().join("computerd-browser");
+        make_dirs(&root, "site-a", "s0", owner).expect("a first session");
+        let prefs = root.join("profiles/site-a/Default/Preferences");
+        std::fs::remove_file(&prefs).expect("rm");
+        std::os::unix::fs::symlink(&file, &prefs).expect("plant");
+        let before = looks(&file);
+        make_dirs(&root, "site-a", "s1", owner).expect("the session's directories");
+        assert_eq!(looks(&file), before, "the target changed");
+        let (uid, gid, mode, bytes) = looks(&prefs);
+        assert_eq!((uid, gid, mode), (4242, 4242, 0o600), "a new file of the account");
+        let v: Value = serde_json::from_slice(&bytes).expect("JSON");
+        assert_eq!(v["net"]["network_prediction_options"], 2);
+        assert!(!String::from_utf8_lossy(&bytes).contains("secret"), "nothing was read through the link");
     }
 }

@@ -913,10 +913,14 @@ async fn upload(
     if r.paths.len() > 1 && kind["multiple"] != Value::Bool(true) {
         return Err(BrowserError::invalid(format!("{} takes one file", r.r#ref)));
     }
-    let used: u64 = dir_size(&session.stage_dir);
+    use std::os::fd::AsFd;
+    use std::os::fd::AsRawFd;
+    // The staging directory as opened (the browser's account could move its path elsewhere).
+    let used: u64 = dir_size(std::path::Path::new(&format!("/proc/self/fd/{}", session.stage_fd.as_raw_fd())));
     let (paths, stage, from) = (r.paths.clone(), session.stage_dir.clone(), uploads_from.to_path_buf());
+    let stage_fd = session.stage_fd.try_clone().map_err(|e| failed(e.to_string()))?;
     let staged = tokio::task::spawn_blocking(move || {
-        super::upload::stage(&paths, &from, &stage, owner, browser::MAX_UPLOAD_BYTES)
+        super::upload::stage(&paths, &from, &stage, stage_fd.as_fd(), owner, browser::MAX_UPLOAD_BYTES)
     })
     .await
     .map_err(|e| failed(e.to_string()))?

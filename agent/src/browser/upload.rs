@@ -12,7 +12,6 @@ use std::io::Read;
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::fs::OpenOptionsExt;
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::path::PathBuf;
 
@@ -33,39 +32,38 @@ pub struct Staged {
     pub sha256: String,
 }
 
-/// Checks every path, then copies each into a new directory under `stage_dir`, owned by
-/// `owner` (uid, gid) when given. Nothing is copied unless every path passes.
+/// Checks every path, then copies each into a new directory under `stage_dir` (open as
+/// `stage_fd`), owned by `owner` (uid, gid) when given. Nothing is copied unless every path
+/// passes. The staging directory is the browser account's: everything in it is made through
+/// `stage_fd` and the descriptors opened under it (`O_NOFOLLOW`, `O_EXCL`), and owned through
+/// them (`fchown`), so a symlink that account plants leads nowhere.
 pub fn stage(
     paths: &[String],
     root: &Path,
     stage_dir: &Path,
+    stage_fd: std::os::fd::BorrowedFd<'_>,
     owner: Option<(u32, u32)>,
     max: u64,
 ) -> Result<Vec<Staged>, String> {
+    use std::os::fd::AsFd;
     let root = root.canonicalize().map_err(|e| format!("{} cannot be resolved: {e}", root.display()))?;
     let reader = std::fs::metadata(&root).map_err(|e| format!("{}: {e}", root.display()))?.uid();
     let mut opened = Vec::with_capacity(paths.len());
     for p in paths {
         opened.push(open_checked(p, &root, reader, max)?);
     }
-    let dir = stage_dir.join(hex::encode(rand::random::<[u8; 8]>()));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(|e| e.to_string())?;
-    if let Some((uid, gid)) = owner {
-        std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).map_err(|e| e.to_string())?;
-    }
+    let rand = hex::encode(rand::random::<[u8; 8]>());
+    let dir = stage_dir.join(&rand);
+    let dir_fd = crate::nofollow::private_dir_at(stage_fd, rand.as_ref(), owner)
+        .map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
     let mut out = Vec::with_capacity(opened.len());
     for (i, (source, name, mut file)) in opened.into_iter().enumerate() {
         // One directory per file, so two files of the same name keep their names.
         let sub = dir.join(i.to_string());
-        std::fs::create_dir(&sub).map_err(|e| e.to_string())?;
+        let sub_fd = crate::nofollow::private_dir_at(dir_fd.as_fd(), i.to_string().as_ref(), owner)
+            .map_err(|e| format!("cannot make {}: {e}", sub.display()))?;
         let copy = sub.join(&name);
-        let mut w = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o400)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&copy)
+        let mut w = crate::nofollow::create_at(sub_fd.as_fd(), name.as_ref(), 0o400, owner)
             .map_err(|e| format!("cannot copy {source}: {e}"))?;
         let mut hash = sha2::Sha256::new();
         let mut size = 0u64;
@@ -86,10 +84,6 @@ pub fn stage(
             return Err(format!("{source} is empty"));
         }
         w.sync_all().map_err(|e| e.to_string())?;
-        if let Some((uid, gid)) = owner {
-            std::os::unix::fs::chown(&sub, Some(uid), Some(gid)).map_err(|e| e.to_string())?;
-            std::os::unix::fs::chown(&copy, Some(uid), Some(gid)).map_err(|e| e.to_string())?;
-        }
         out.push(Staged { source, copy, name, size, sha256: hex::encode(hash.finalize()) });
     }
     Ok(out)
@@ -146,6 +140,7 @@ fn open_checked(p: &str, root: &Path, reader: u32, max: u64) -> Result<(String, 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn only_regular_nonempty_bounded_files_under_the_root() {
@@ -159,7 +154,10 @@ mod tests {
         std::fs::write(t.path().join("secret"), b"outside").expect("write");
         std::os::unix::fs::symlink(t.path().join("secret"), root.join("link-out")).expect("symlink");
         std::os::unix::fs::symlink(root.join("report.pdf"), root.join("sub/link-in")).expect("symlink");
-        let s = |p: PathBuf| stage(&[p.display().to_string()], &root, &stage_dir, None, 100);
+        std::fs::create_dir(&stage_dir).expect("mkdir");
+        let stage_fd = crate::nofollow::open_start(&stage_dir).expect("open");
+        use std::os::fd::AsFd;
+        let s = |p: PathBuf| stage(&[p.display().to_string()], &root, &stage_dir, stage_fd.as_fd(), None, 100);
         let err = |p: PathBuf| s(p).expect_err("refused");
         assert!(err(t.path().join("secret")).contains("outside"));
         assert!(err(root.join("link-out")).contains("outside"), "a symlink out is refused");
@@ -168,10 +166,12 @@ mod tests {
         assert!(err(root.join("missing")).contains("No such file"));
         assert!(err(root.join("sub")).contains("not a regular file"));
         assert!(
-            stage(&["report.pdf".into()], &root, &stage_dir, None, 100).expect_err("relative").contains("absolute")
+            stage(&["report.pdf".into()], &root, &stage_dir, stage_fd.as_fd(), None, 100)
+                .expect_err("relative")
+                .contains("absolute")
         );
         // Nothing was copied for the refusals.
-        assert!(!stage_dir.exists() || std::fs::read_dir(&stage_dir).expect("dir").next().is_none());
+        assert!(std::fs::read_dir(&stage_dir).expect("dir").next().is_none());
         std::fs::write(root.join("private"), b"root only").expect("write");
         std::fs::set_permissions(root.join("private"), std::fs::Permissions::from_mode(0o600)).expect("chmod");
         std::os::unix::fs::chown(root.join("private"), Some(4242), None).expect("chown (the tests run as root)");
