@@ -426,6 +426,35 @@ fn hostile_archives_are_refused_with_their_reason() {
     }
 }
 
+/// Issue 36, item 7: a symlink at any step of `artifactPath` (a directory above the file, or
+/// the file) is not followed, and the answer is the same as for a missing file: it tells nothing
+/// of what the link points at (here a root-only directory holding an archive that would install).
+#[test]
+fn i36_7_a_symlink_in_the_artifact_path_is_never_followed() {
+    let bed = Bed::new();
+    let good = gz(&ok_tar().end());
+    let ws = bed.root.path().join("workspace");
+    let lim = Limits::default();
+    let hidden = bed.root.path().join("root-only");
+    std::fs::create_dir_all(&hidden).expect("dir");
+    std::fs::write(hidden.join("secret.tar.gz"), &good).expect("secret");
+    std::fs::set_permissions(&hidden, std::os::unix::fs::PermissionsExt::from_mode(0o700)).expect("chmod");
+    std::os::unix::fs::symlink(&hidden, ws.join("linked")).expect("dir link");
+    std::os::unix::fs::symlink(hidden.join("secret.tar.gz"), ws.join("file-link.tar.gz")).expect("file link");
+    let said = |artifact: &str| {
+        let m = bed.manifest(&good, &["python3", "./server.py"]);
+        match install(&ws, artifact, &m, &bed.runtime(), &lim) {
+            Err(e) => (e.reason(), e.to_string().replace(artifact, "<path>")),
+            Ok(_) => panic!("{artifact} was installed"),
+        }
+    };
+    let missing = said("nowhere/secret.tar.gz");
+    assert_eq!(missing.0, "bad_artifact_path");
+    for linked in ["linked/secret.tar.gz", "file-link.tar.gz", "linked/none.tar.gz", "./linked/secret.tar.gz"] {
+        assert_eq!(said(linked), missing, "{linked}");
+    }
+}
+
 #[test]
 fn install_checks_the_artifact_the_digest_and_the_entrypoint() {
     let bed = Bed::new();
@@ -447,27 +476,6 @@ fn install_checks_the_artifact_the_digest_and_the_entrypoint() {
         let m = bed.manifest(&good, &["python3", "./server.py"]);
         let r = install(&ws, bad, &m, &bed.runtime(), &lim);
         assert_eq!(r.map(|_| ()).map_err(|e| e.reason()), Err("bad_artifact_path"), "{bad:?}");
-    }
-    // Issue 36, item 7: a symlink at any step (a directory above the file, or the file) is not
-    // followed, and the answer is the same as for a missing file: it tells nothing of what the
-    // link points at (here a root-only directory holding a file that exists).
-    let hidden = bed.root.path().join("root-only");
-    std::fs::create_dir_all(&hidden).expect("dir");
-    std::fs::write(hidden.join("secret.tar.gz"), &good).expect("secret");
-    std::fs::set_permissions(&hidden, std::os::unix::fs::PermissionsExt::from_mode(0o700)).expect("chmod");
-    std::os::unix::fs::symlink(&hidden, ws.join("linked")).expect("dir link");
-    std::os::unix::fs::symlink(hidden.join("secret.tar.gz"), ws.join("file-link.tar.gz")).expect("file link");
-    let said = |artifact: &str| {
-        let m = bed.manifest(&good, &["python3", "./server.py"]);
-        match install(&ws, artifact, &m, &bed.runtime(), &lim) {
-            Err(e) => (e.reason(), e.to_string().replace(artifact, "<path>")),
-            Ok(_) => panic!("{artifact} was installed"),
-        }
-    };
-    let missing = said("nowhere/secret.tar.gz");
-    assert_eq!(missing.0, "bad_artifact_path");
-    for linked in ["linked/secret.tar.gz", "file-link.tar.gz", "linked/none.tar.gz", "./linked/secret.tar.gz"] {
-        assert_eq!(said(linked), missing, "{linked}");
     }
     // An entrypoint file that is not in the package.
     let m = bed.manifest(&good, &["python3", "./missing.py"]);
