@@ -54,21 +54,8 @@ impl Limits {
     }
 }
 
-/// The key of a source: an IPv4 address as it is (an IPv4-mapped IPv6 address as its IPv4), an
-/// IPv6 address as its /64.
-pub fn source_key(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => {
-                let mut seg = v6.segments();
-                seg[4..].fill(0);
-                IpAddr::V6(std::net::Ipv6Addr::from(seg))
-            }
-        },
-        v4 => v4,
-    }
-}
+/// The key of a source, as the cluster service's enrolment limit counts it too.
+pub use computerd_raft::service::source_key;
 
 #[cfg(test)]
 mod tests {

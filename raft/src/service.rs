@@ -194,8 +194,10 @@ impl Service {
     }
 }
 
-/// The source an enrolment counts against: its address, or its /64 for IPv6.
-fn source_key(ip: IpAddr) -> IpAddr {
+/// The key a source counts against (enrolments here, the HTTP edge's unauthenticated calls): an
+/// IPv4 address as it is (an IPv4-mapped IPv6 address as its IPv4), an IPv6 address as its /64
+/// (one host is routinely given a whole /64).
+pub fn source_key(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
             Some(v4) => IpAddr::V4(v4),
