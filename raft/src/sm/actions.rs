@@ -171,7 +171,7 @@ impl State {
                 format!("the action is {}, not dispatching", state_name(a.state)),
             ));
         }
-        if !a.lapses_at.is_some_and(|t| clock >= t) {
+        if a.lapses_at.is_none_or(|t| clock < t) {
             return Err(Reject::new(RejectKind::Conflict, "the action's call is still within its deadline"));
         }
         a.state = ActionState::Unknown;
