@@ -59,11 +59,17 @@ impl Bed {
     /// Packs the fixture server (its echo answering `prefix` + text) as `uploads/<name>`;
     /// answers the archive's SHA-256.
     fn pack(&self, name: &str, prefix: &str) -> String {
+        self.pack_with(name, prefix, "")
+    }
+
+    /// [`Bed::pack`], with Python `preamble` run first when the server starts.
+    fn pack_with(&self, name: &str, prefix: &str, preamble: &str) -> String {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mcp_fixture_server.py");
         let source = std::fs::read_to_string(src).expect("fixture").replace(
             "return args.get(\"text\", \"\"), False",
             &format!("return {prefix:?} + args.get(\"text\", \"\"), False"),
         );
+        let source = format!("{preamble}\n{source}");
         let dir = self.root.path().join(format!("src-{name}"));
         std::fs::create_dir_all(&dir).expect("src");
         std::fs::write(dir.join("server.py"), source).expect("server");
@@ -616,4 +622,85 @@ async fn revoked_and_failed_bindings_leave_no_files_and_free_their_slots() {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     assert_eq!(homes, vec!["mcb_keep".to_string()], "only the live binding has a HOME");
+}
+
+/// What a switch's refusal says was done: (switched, the version the binding is at).
+fn done(r: &McpReply) -> (Option<bool>, Option<String>) {
+    let v = r.result.as_ref().unwrap_or(&Value::Null);
+    (v["switched"].as_bool(), v["version"].as_str().map(str::to_string))
+}
+
+/// Issue 37, item 5: the target's server fails discovery. The agent answers that it switched
+/// (and at which version), never a bare failure the store would take as "not switched"; the
+/// same operation sent again, once the server starts, answers the switch.
+#[tokio::test]
+async fn i37_5_a_switch_whose_discovery_fails_says_it_switched_and_its_retry_finishes_it() {
+    let bed = Bed::new(63_000);
+    let flag = bed.root.path().join("v2-may-start");
+    let v1 = bed.pack("v1.tar.gz", "");
+    bed.bind("mcb_a", "bot_a", "v1.tar.gz", "1.0.0", &v1).await;
+    // v2 starts only once the flag exists (its install discovers it with the flag there).
+    std::fs::write(&flag, "").expect("flag");
+    let preamble = format!("import os, sys\nif not os.path.exists({:?}):\n    sys.exit(3)", flag.display().to_string());
+    let v2 = bed.pack_with("v2.tar.gz", "v2:", &preamble);
+    bed.bind("mcb_b", "bot_a", "v2.tar.gz", "1.1.0", &v2).await;
+    std::fs::remove_file(&flag).expect("unflag");
+
+    let r = bed.switch("mcb_a", "sw-1", "1.0.0", "1.1.0").await;
+    assert!(r.error.is_some(), "discovery failed: {r:?}");
+    assert_eq!(done(&r), (Some(true), Some("1.1.0".into())), "it says it switched: {r:?}");
+
+    std::fs::write(&flag, "").expect("flag");
+    let r = bed.switch("mcb_a", "sw-1", "1.0.0", "1.1.0").await;
+    assert_eq!((ok(&r)["version"].as_str(), ok(&r)["replayed"].as_bool()), (Some("1.1.0"), Some(true)), "{r:?}");
+    assert_eq!(echoed(&bed.echo("mcb_a", "hi").await), "v2:hi");
+}
+
+/// Issue 37, item 5: the receipt cannot be written after the registry moved. The agent puts
+/// the binding back at the source and says it did not switch (the source's code still
+/// answers); the same operation then switches.
+#[tokio::test]
+async fn i37_5_a_switch_without_its_receipt_is_undone_and_says_so() {
+    let bed = Bed::new(63_100);
+    let v1 = bed.pack("v1.tar.gz", "");
+    let v2 = bed.pack("v2.tar.gz", "v2:");
+    bed.bind("mcb_a", "bot_a", "v1.tar.gz", "1.0.0", &v1).await;
+    bed.bind("mcb_b", "bot_a", "v2.tar.gz", "1.1.0", &v2).await;
+    // The receipt's temporary file is a directory: writing it fails after the registry moved.
+    let blocker = bed.runtime().join("receipts/mcb_a/.sw-1.tmp");
+    std::fs::create_dir_all(&blocker).expect("blocker");
+
+    let r = bed.switch("mcb_a", "sw-1", "1.0.0", "1.1.0").await;
+    assert_eq!(reason(&r), "runtime_failed", "{r:?}");
+    assert_eq!(done(&r), (Some(false), Some("1.0.0".into())), "back at the source: {r:?}");
+    assert_eq!(echoed(&bed.echo("mcb_a", "hi").await), "hi", "the source's code answers");
+
+    std::fs::remove_dir(&blocker).expect("unblock");
+    let r = bed.switch("mcb_a", "sw-1", "1.0.0", "1.1.0").await;
+    assert_eq!((ok(&r)["version"].as_str(), ok(&r)["replayed"].as_bool()), (Some("1.1.0"), Some(false)), "{r:?}");
+    assert_eq!(echoed(&bed.echo("mcb_a", "hi").await), "v2:hi");
+}
+
+/// Issue 37, item 8: replaying a done switch checks the bytes again. The target's files changed
+/// after the switch: the replay refuses (saying the binding is switched), where it used to answer
+/// the receipt after discovering the changed code's schemas.
+#[tokio::test]
+async fn i37_8_a_switchs_replay_checks_the_bytes_again() {
+    let bed = Bed::new(63_200);
+    let v1 = bed.pack("v1.tar.gz", "");
+    let v2 = bed.pack("v2.tar.gz", "v2:");
+    bed.bind("mcb_a", "bot_a", "v1.tar.gz", "1.0.0", &v1).await;
+    bed.bind("mcb_b", "bot_a", "v2.tar.gz", "1.1.0", &v2).await;
+    let r = bed.switch("mcb_a", "sw-1", "1.0.0", "1.1.0").await;
+    assert_eq!(ok(&r)["replayed"], false, "{r:?}");
+    let r = bed.switch("mcb_a", "sw-1", "1.0.0", "1.1.0").await;
+    assert_eq!(ok(&r)["replayed"], true, "an unchanged replay answers: {r:?}");
+
+    let server = bed.package_dir("1.1.0").join("server.py");
+    let mut changed = std::fs::read(&server).expect("read");
+    changed.extend_from_slice(b"\n# changed\n");
+    std::fs::write(&server, &changed).expect("write");
+    let r = bed.switch("mcb_a", "sw-1", "1.0.0", "1.1.0").await;
+    assert_eq!(reason(&r), "package_changed", "{r:?}");
+    assert_eq!(done(&r), (Some(true), Some("1.1.0".into())), "{r:?}");
 }

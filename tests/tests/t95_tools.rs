@@ -661,3 +661,102 @@ async fn t55_an_agent_that_is_not_root() {
     let (s, v) = run(None).await;
     assert_eq!(s, 200, "the agent still answers: {v}");
 }
+
+/// Issue 37, items 5 and 6, through a node and a real agent. A switch whose target's server
+/// fails discovery leaves the store and the agent agreeing: the switch stays pending (its
+/// binding closed to calls, never reopened at the source while the target's code is in place),
+/// and the same operation sent again finishes it. A switch cancelled by revoking a participant
+/// drains every participant, and says so before it calls the revoke complete.
+#[tokio::test]
+async fn i37_5_6_a_switch_the_agent_did_is_never_undone_in_the_store_and_a_cancel_drains_all() {
+    let uids = UidRange::take();
+    let first_uid = uids.arg();
+    let c = TestCluster::start(1).await;
+    let (id, code) = paired_computer(&c, "switches").await;
+    let workspace = c.dir.path().join("workspace");
+    let v1 = tools::pack(&c.dir.path().join("pkg"), &workspace, "server.tar.gz", None).digest;
+    // v2 starts only while the flag exists (in a directory its UID can reach).
+    let flags = tempfile::tempdir().expect("flags");
+    std::fs::set_permissions(flags.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    let flag = flags.path().join("v2-may-start");
+    let source = std::fs::read_to_string(tools::fixture()).expect("fixture").replace(
+        "return args.get(\"text\", \"\"), False",
+        "return \"v2:\" + args.get(\"text\", \"\"), False",
+    );
+    let source = format!("import os, sys\nif not os.path.exists({:?}):\n    sys.exit(3)\n{source}", flag.display().to_string());
+    let v2 = tools::pack(&c.dir.path().join("pkg2"), &workspace, "server-1.1.tar.gz", Some(&source)).digest;
+
+    let state = c.dir.path().join("agent");
+    let ws = workspace.to_string_lossy().into_owned();
+    let log = c.dir.path().join("agent.log");
+    let _agent = AgentProc::spawn_with(
+        &c.url(1, ""),
+        &state,
+        Some(&code),
+        &log,
+        &["--workdir", &ws, "--mcp-first-uid", &first_uid],
+    );
+    wait_state(&c, &id, "running").await;
+    let (s, bot) = c.call(Method::POST, 1, "/v1/bots", &c.token, Some(json!({"name": "switchbot"}))).await;
+    assert_eq!(s, 201, "{bot}");
+    let bot = bot["id"].as_str().expect("bot").to_string();
+    let (s, v) = c.call(Method::PUT, 1, &format!("/v1/computers/{id}/bots/{bot}"), &c.token, None).await;
+    assert_eq!(s, 200, "{v}");
+    let (cl, bot) = (&c, bot.as_str());
+    let install = |package: &str, artifact: &str, version: &str, digest: &str| {
+        let mut m = tools::manifest(version, digest);
+        m["id"] = json!(package);
+        let body = json!({"artifactPath": format!("uploads/{artifact}"), "manifest": m});
+        let path = format!("/api/bots/{bot}/tools/install");
+        async move { cl.call(Method::POST, 1, &path, &cl.token, Some(body)).await }
+    };
+    let one = "example.mcp.server";
+    let (s, v) = install(one, "server.tar.gz", "1.0.0", &v1).await;
+    assert_eq!(s, 201, "{v}");
+    let a = v["bindingId"].as_str().expect("binding").to_string();
+    std::fs::write(&flag, "").expect("flag");
+    let (s, v) = install(one, "server-1.1.tar.gz", "1.1.0", &v2).await;
+    assert_eq!(s, 201, "{v}");
+    std::fs::remove_file(&flag).expect("unflag");
+    let echo = |binding: &str, op: &str| {
+        let body = json!({"operationId": op, "tool": "echo", "arguments": {"text": "hi"}});
+        let path = format!("/api/bots/{bot}/tools/{binding}/call");
+        async move { cl.call(Method::POST, 1, &path, &cl.token, Some(body)).await }
+    };
+    let switch = |binding: &str, op: &str| {
+        let body = json!({"operationId": op, "version": "1.1.0"});
+        let path = format!("/api/bots/{bot}/tools/{binding}/switch");
+        async move { cl.call(Method::POST, 1, &path, &cl.token, Some(body)).await }
+    };
+
+    // Item 5: the agent switched, but the target's server does not start.
+    let (s, v) = switch(&a, "sw-1").await;
+    assert_eq!((s, v["error"]["reason"].as_str()), (409, Some("switch_pending")), "{v}");
+    let (s, v) = echo(&a, "op-1").await;
+    assert_eq!(s, 403, "the binding stays closed while the switch is pending: {v}");
+    std::fs::write(&flag, "").expect("flag");
+    let (s, v) = switch(&a, "sw-1").await;
+    assert_eq!((s, v["receipt"]["version"].as_str()), (200, Some("1.1.0")), "the same operation finishes it: {v}");
+    let (s, v) = echo(&a, "op-2").await;
+    assert_eq!((s, v["result"]["ok"]["content"][0]["text"].as_str()), (200, Some("v2:hi")), "{v}");
+
+    // Item 6: another package's binding at 1.0.0 switching to 1.1.0 (its target `t`), left
+    // pending; revoking the target cancels the switch and drains both participants.
+    let other = "example.mcp.other";
+    let (s, v) = install(other, "server.tar.gz", "1.0.0", &v1).await;
+    assert_eq!(s, 201, "{v}");
+    let b = v["bindingId"].as_str().expect("binding").to_string();
+    let (s, v) = install(other, "server-1.1.tar.gz", "1.1.0", &v2).await;
+    assert_eq!(s, 201, "{v}");
+    let t = v["bindingId"].as_str().expect("binding").to_string();
+    std::fs::remove_file(&flag).expect("unflag");
+    let (s, v) = switch(&b, "sw-2").await;
+    assert_eq!((s, v["error"]["reason"].as_str()), (409, Some("switch_pending")), "{v}");
+    let (s, v) = c.call(Method::DELETE, 1, &format!("/api/bots/{bot}/tools/{t}"), &c.token, None).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!((v["complete"].as_bool(), v["notDrained"].clone()), (Some(true), json!([])), "both drained: {v}");
+    let (s, v) = switch(&b, "sw-2").await;
+    assert_eq!((s, v["error"]["reason"].as_str()), (409, Some("cancelled")), "ended once both drained: {v}");
+    let (s, v) = echo(&b, "op-3").await;
+    assert_eq!(s, 403, "every participant is closed: {v}");
+}

@@ -533,15 +533,25 @@ impl Tools {
     /// receipt (`RUNTIME/receipts/<binding>/<operation>.json`: operation ids are the bot's own, so
     /// another bot's use of the same id is another receipt) records that it happened; a retry proceeds
     /// only when there is no receipt and the binding is still at the source version (do it), or a
-    /// receipt and the binding at the target (answer it again).
+    /// receipt and the binding at the target (answer it again, once the bytes are checked again).
+    ///
+    /// Every refusal says exactly what was done, in its `result`: `{"switched", "version"}`
+    /// (the version the binding is at now). The store reopens the binding at the source only on
+    /// `switched: false` at the source version; anything else keeps the switch pending.
     async fn switch(&self, id: &str, op: &str, from: &str, to: &str) -> McpReply {
+        let not_switched = |at: Option<&str>, reason: &str, message: String| {
+            switch_refusal(false, at, reason, message)
+        };
         if !check_id(op) {
-            return McpReply::fail("bad_operation_id", "an operation id is letters, digits, _ and -");
+            return not_switched(None, "bad_operation_id", "an operation id is letters, digits, _ and -".into());
         }
         let mut reg = self.load();
-        let Some(b) = reg.bindings.get(id).cloned() else { return McpReply::fail("no_binding", "no such binding") };
+        let Some(b) = reg.bindings.get(id).cloned() else {
+            return not_switched(None, "no_binding", "no such binding".into());
+        };
+        let at = Some(b.version.as_str());
         if b.revoked {
-            return McpReply::fail("revoked", "the binding was revoked");
+            return not_switched(at, "revoked", "the binding was revoked".into());
         }
         let receipts = self.runtime.join("receipts");
         let receipt_path = receipts.join(id).join(format!("{op}.json"));
@@ -551,55 +561,20 @@ impl Tools {
         let receipt =
             read(&receipt_path).or_else(|| read(&receipts.join(format!("{op}.json"))).filter(|r| r["binding"] == id));
         match (&receipt, b.version.as_str()) {
-            (Some(r), v) if v == to && r["binding"] == id => {
-                let (tools, _) = runner::discover(&self.spec(&b, id)).await;
-                return match tools {
-                    Ok(t) => McpReply::ok(
-                        serde_json::json!({"tools": t, "version": to, "sha256": r["sha256"], "replayed": true}),
-                    ),
-                    Err(e) => McpReply::fail(run_reason(&e), e.to_string()),
-                };
-            }
+            (Some(r), v) if v == to && r["binding"] == id => return self.replay_switch(&reg, &b, id, to, r).await,
             (None, v) if v == from => {}
             _ => {
-                return McpReply::fail(
+                return not_switched(
+                    at,
                     "transition_lost",
-                    "the binding is neither at the source without a receipt nor at the target with one",
+                    "the binding is neither at the source without a receipt nor at the target with one: revoke it and install again".into(),
                 );
             }
         }
-        // The target: a version of the binding's package that the binding's bot installed on this
-        // Computer (another bot's install of the same id and version is not it), whose record and
-        // bytes are still what that install published.
-        if b.bot.is_empty() || b.package_id.is_empty() {
-            return McpReply::fail(
-                "binding_unrecorded",
-                "the binding's bot and package were not recorded when it was installed: install the version for the bot",
-            );
-        }
-        let Some(target) =
-            reg.installed.iter().find(|p| p.bot == b.bot && p.id == b.package_id && p.version == to).cloned()
-        else {
-            return McpReply::fail(
-                "version_not_installed",
-                format!("version {to} of the package was not installed here for the binding's bot"),
-            );
+        let (target, manifest) = match verified_target(&reg, &b, to) {
+            Ok(t) => t,
+            Err((reason, message)) => return not_switched(at, reason, message),
         };
-        let Some(record) = install::record(&target.dir) else {
-            return McpReply::fail("package_missing", "the target's record is missing");
-        };
-        let m = &record.manifest;
-        if (m.id.as_str(), m.version.as_str(), m.sha256.as_str()) != (&target.id, to, &target.sha256)
-            || record.tree_digest != target.tree_digest
-        {
-            return McpReply::fail("package_changed", "the target version's record is not what the bot installed");
-        }
-        match tree_digest(&target.dir) {
-            Ok(d) if d == target.tree_digest => {}
-            Ok(_) => return McpReply::fail("package_changed", "the target version's files changed since install"),
-            Err(e) => return McpReply::fail("package_missing", e.to_string()),
-        }
-        let manifest = record.manifest;
         // Retire the source: nothing of the UID runs while the code changes under it.
         let drain = if self.spec_shared() {
             runner::Drain { confirmed: true, killed: 0 }
@@ -607,20 +582,20 @@ impl Tools {
             runner::kill_uid(b.uid).await
         };
         if !drain.confirmed {
-            return McpReply::fail("drain_incomplete", "the binding's processes did not all stop");
+            return not_switched(at, "drain_incomplete", "the binding's processes did not all stop".into());
         }
         let code = if manifest.share_immutable_package {
             target.dir.clone()
         } else {
             let private = self.runtime.join("private").join(format!("{id}-{to}"));
             if let Err(e) = copy_private(&target.dir, &private, b.uid) {
-                return McpReply::fail("runtime_failed", e.to_string());
+                return not_switched(at, "runtime_failed", e.to_string());
             }
             private
         };
         let digest = match tree_digest(&code) {
             Ok(d) => d,
-            Err(e) => return McpReply::fail("runtime_failed", e.to_string()),
+            Err(e) => return not_switched(at, "runtime_failed", e.to_string()),
         };
         let mut nb = b.clone();
         nb.package = target.dir.clone();
@@ -629,33 +604,84 @@ impl Tools {
         nb.version = to.to_string();
         nb.sha256 = target.sha256.clone();
         nb.tree_digest = digest;
+        let before = reg.clone();
         reg.bindings.insert(id.to_string(), nb.clone());
         let receipt = serde_json::json!({"binding": id, "from": from, "to": to, "sha256": manifest.sha256});
-        let written = (|| -> std::io::Result<()> {
+        let prepared = (|| -> std::io::Result<()> {
             std::fs::create_dir_all(receipts.join(id))?;
             std::fs::set_permissions(&receipts, std::fs::Permissions::from_mode(0o700))?;
-            std::fs::set_permissions(receipts.join(id), std::fs::Permissions::from_mode(0o700))?;
-            // The registry first, then the receipt: a crash between leaves "at target, no
-            // receipt", which a retry refuses rather than guesses.
-            self.save(&reg)?;
+            std::fs::set_permissions(receipts.join(id), std::fs::Permissions::from_mode(0o700))
+        })();
+        // The registry first, then the receipt: a crash between leaves "at target, no receipt",
+        // which a retry refuses rather than guesses.
+        if let Err(e) = prepared.and_then(|()| self.save(&reg)) {
+            // What the registry says now is what the binding runs.
+            let now = self.load().bindings.get(id).map(|x| x.version.clone());
+            if now.as_deref() == Some(to) {
+                return switch_refusal(true, Some(to), "runtime_failed", format!("switched, but: {e}"));
+            }
+            if b.code != nb.code {
+                self.remove_private(&nb.code);
+            }
+            return not_switched(now.as_deref(), "runtime_failed", e.to_string());
+        }
+        let written = (|| -> std::io::Result<()> {
             let tmp = receipts.join(id).join(format!(".{op}.tmp"));
             std::fs::write(&tmp, receipt.to_string())?;
             std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
             std::fs::rename(tmp, &receipt_path)
         })();
         if let Err(e) = written {
-            return McpReply::fail("runtime_failed", e.to_string());
+            // No receipt: the binding goes back to the source, so that the switch can be asked
+            // again; if even that fails, it is at the target without a receipt, and says so.
+            return match self.save(&before) {
+                Ok(()) => {
+                    if b.code != nb.code {
+                        self.remove_private(&nb.code);
+                    }
+                    not_switched(at, "runtime_failed", format!("the receipt was not written: {e}"))
+                }
+                Err(back) => switch_refusal(
+                    true,
+                    Some(to),
+                    "runtime_failed",
+                    format!("switched, but the receipt was not written ({e}) nor the switch undone ({back})"),
+                ),
+            };
         }
         if b.code != nb.code {
             // The source's private copy is no one's code now.
             self.remove_private(&b.code);
         }
-        let (tools, _) = runner::discover(&self.spec(&nb, id)).await;
+        self.discovered(&nb, id, to, &manifest.sha256, false).await
+    }
+
+    /// The answer to a switch that already happened (its receipt, and the binding at the
+    /// target): the target's bytes and the binding's code are checked again against what the
+    /// install published and the manifest's digest, then its schemas discovered.
+    async fn replay_switch(&self, reg: &Registry, b: &Binding, id: &str, to: &str, receipt: &Value) -> McpReply {
+        let changed = |message: String| switch_refusal(true, Some(to), "package_changed", message);
+        let target = match verified_target(reg, b, to) {
+            Ok((target, _)) => target,
+            Err((_, message)) => return changed(message),
+        };
+        if receipt["sha256"].as_str() != Some(target.sha256.as_str()) || b.sha256 != target.sha256 {
+            return changed("the receipt's digest is not the installed target's".into());
+        }
+        match tree_digest(&b.code) {
+            Ok(d) if d == b.tree_digest => {}
+            Ok(_) => return changed("the binding's code changed since the switch".into()),
+            Err(e) => return switch_refusal(true, Some(to), "package_missing", e.to_string()),
+        }
+        self.discovered(b, id, to, &target.sha256, true).await
+    }
+
+    /// A switched binding's schemas: the switch's answer, or a refusal that says it switched.
+    async fn discovered(&self, b: &Binding, id: &str, to: &str, sha256: &str, replayed: bool) -> McpReply {
+        let (tools, _) = runner::discover(&self.spec(b, id)).await;
         match tools {
-            Ok(t) => McpReply::ok(
-                serde_json::json!({"tools": t, "version": to, "sha256": manifest.sha256, "replayed": false}),
-            ),
-            Err(e) => McpReply::fail(run_reason(&e), format!("switched, but discovery failed: {e}")),
+            Ok(t) => McpReply::ok(serde_json::json!({"tools": t, "version": to, "sha256": sha256, "replayed": replayed})),
+            Err(e) => switch_refusal(true, Some(to), run_reason(&e), format!("switched, but discovery failed: {e}")),
         }
     }
 
@@ -853,5 +879,52 @@ fn run_reason(e: &runner::RunError) -> &'static str {
         runner::RunError::Spawn(_) => "server_did_not_start",
         runner::RunError::Protocol(_) => "mcp_error",
         runner::RunError::Deadline(_) => "deadline",
+    }
+}
+
+/// A switch's refusal, with what was done: whether the binding switched, and the version it is
+/// at now (`None`: there is no such binding).
+fn switch_refusal(switched: bool, version: Option<&str>, reason: &str, message: String) -> McpReply {
+    let mut r = McpReply::fail(reason, message);
+    r.result = Some(serde_json::json!({"switched": switched, "version": version}));
+    r
+}
+
+/// The target of a switch of `b` to `to`: a version of the binding's package that the binding's
+/// bot installed on this Computer (another bot's install of the same id and version is not it),
+/// whose record and bytes are still what that install published. Answers it and its manifest,
+/// or why not (reason, message).
+fn verified_target(
+    reg: &Registry,
+    b: &Binding,
+    to: &str,
+) -> Result<(Installed, install::Manifest), (&'static str, String)> {
+    if b.bot.is_empty() || b.package_id.is_empty() {
+        return Err((
+            "binding_unrecorded",
+            "the binding's bot and package were not recorded when it was installed: install the version for the bot"
+                .into(),
+        ));
+    }
+    let Some(target) = reg.installed.iter().find(|p| p.bot == b.bot && p.id == b.package_id && p.version == to).cloned()
+    else {
+        return Err((
+            "version_not_installed",
+            format!("version {to} of the package was not installed here for the binding's bot"),
+        ));
+    };
+    let Some(record) = install::record(&target.dir) else {
+        return Err(("package_missing", "the target's record is missing".into()));
+    };
+    let m = &record.manifest;
+    if (m.id.as_str(), m.version.as_str(), m.sha256.as_str()) != (&target.id, to, &target.sha256)
+        || record.tree_digest != target.tree_digest
+    {
+        return Err(("package_changed", "the target version's record is not what the bot installed".into()));
+    }
+    match tree_digest(&target.dir) {
+        Ok(d) if d == target.tree_digest => Ok((target, record.manifest)),
+        Ok(_) => Err(("package_changed", "the target version's files changed since install".into())),
+        Err(e) => Err(("package_missing", e.to_string())),
     }
 }

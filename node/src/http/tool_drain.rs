@@ -30,7 +30,10 @@ pub async fn drain(state: &AppState, token_id: &str, computer: &str, ids: &[Stri
         let request = McpRequest::Revoke { binding_id: id.clone() };
         let local = async { state.owners.agent(computer).await.map_err(ApiError::from) };
         match state.owners.mcp(computer, &request, token_id, local).await.and_then(reply_of) {
-            Ok(Ok(r)) if r["drained"] == true => drained.push(id.clone()),
+            Ok(Ok(r)) if r["drained"] == true => {
+                mark_drained(state, id).await;
+                drained.push(id.clone());
+            }
             Ok(Ok(r)) => {
                 tracing::warn!(computer, binding = %id, answer = %r, "a closed binding's drain is unconfirmed")
             }
@@ -41,6 +44,16 @@ pub async fn drain(state: &AppState, token_id: &str, computer: &str, ids: &[Stri
         }
     }
     drained
+}
+
+/// Tells the store that a closed binding's runtime is confirmed stopped (a cancelling switch it
+/// took part in ends once all its participants are). A failure is logged: the switch then stays
+/// cancelling until a later drain of the binding is reported.
+pub async fn mark_drained(state: &AppState, id: &str) {
+    let report = computerd_raft::sm::Command::BindingDrained { binding_id: id.to_string() };
+    if let Err(e) = super::util::propose(state, report).await {
+        tracing::warn!(binding = %id, error = %e.message, "a binding's drain was not recorded");
+    }
 }
 
 /// The bot's bindings not yet closed, on one Computer or all, at a current read: what a grant's

@@ -53,6 +53,7 @@ use super::calls::agent_for;
 #[allow(unused_imports)]
 use super::schemas::ErrorBody;
 use super::tool_drain::drain;
+use super::tool_drain::mark_drained;
 use super::tool_drain::reply_of;
 use super::util::Body;
 use super::util::check_id;
@@ -145,6 +146,17 @@ async fn agent_mcp(
     computer: &str,
     request: McpRequest,
 ) -> Result<Result<Value, (String, String)>, ApiError> {
+    reply_of(agent_mcp_reply(state, caller, computer, request).await?)
+}
+
+/// The agent's whole answer to `request` on `computer` (both its result and its refusal:
+/// a switch's refusal says in its result what was done), once rights and admission hold.
+async fn agent_mcp_reply(
+    state: &AppState,
+    caller: &Caller,
+    computer: &str,
+    request: McpRequest,
+) -> Result<computerd_proto::mcp::McpReply, ApiError> {
     // The rights and the binding's admission: here, at this replica's read (a refusal only
     // once a current read confirms it: this replica may not have applied the caller's own
     // last write yet); then at a current read on the node that serves the request: here when
@@ -160,8 +172,7 @@ async fn agent_mcp(
         state.cluster.state().read(|s| s.check_tool_request(Some(caller), computer, &request))?;
         agent_for(state, caller, computer, true).await
     };
-    let reply = state.owners.mcp(computer, &request, &caller.token.id, local).await?;
-    reply_of(reply)
+    Ok(state.owners.mcp(computer, &request, &caller.token.id, local).await?)
 }
 
 /// True for an error that says the request was refused before it reached the agent (rights,
@@ -575,6 +586,9 @@ pub async fn switch(
         state: computerd_raft::sm::SwitchState::Reserved,
         receipt: None,
         reserved_at: now_ms(),
+        generation: 0,
+        drained: Vec::new(),
+        note: None,
     };
     let key = operation_key(&bot_id, &w.operation_id);
     let seen = propose(&state, Command::SwitchReserve { by: caller.token.id.clone(), switch: sw }).await?;
@@ -588,13 +602,28 @@ pub async fn switch(
             ));
         }
         Some("reserved") => {}
+        Some("cancelling") => {
+            let mut e = ApiError::new(
+                ErrorKind::Conflict,
+                format!(
+                    "the switch was cancelled (a participant was revoked); waiting for the runtime of {} to be confirmed stopped",
+                    stored.undrained().join(", ")
+                ),
+            );
+            e.reason = Some("cancelling".into());
+            return Err(e);
+        }
         other => {
             let mut e = ApiError::new(ErrorKind::Conflict, format!("the switch is {}", other.unwrap_or("unknown")));
             e.reason = other.map(str::to_string);
             return Err(e);
         }
     }
-    let computer = state.cluster.state().read(|s| s.tool_bindings.get(&id).map(|b| b.computer_id.clone()));
+    let (computer, generation) = state.cluster.state().read(|s| {
+        let computer = s.tool_bindings.get(&id).map(|b| b.computer_id.clone());
+        let generation = computer.as_ref().and_then(|c| s.computers.get(c)).map_or(0, |c| c.link_generation);
+        (computer, generation)
+    });
     let computer = computer.ok_or_else(|| ApiError::not_found("no such binding"))?;
     // (The bot's binding already at the target is closed to calls since the reserve; the
     // commit revokes it, and it is drained after that, like any revoked binding.)
@@ -605,9 +634,13 @@ pub async fn switch(
         version: w.version.clone(),
     };
     // A lost answer leaves the switch reserved: sending the same operation again carries it on.
-    match agent_mcp(&state, &caller, &computer, request).await? {
-        Ok(receipt) => {
-            propose(&state, Command::SwitchSettle { key, receipt: receipt.clone(), ok: true }).await?;
+    // The store follows what the agent says it did, under the link the switch was sent on
+    // (`generation`, read before sending: an answer that crossed a relink settles nothing).
+    let reply = agent_mcp_reply(&state, &caller, &computer, request).await?;
+    match switch_outcome(reply, &stored.from_version) {
+        SwitchOutcome::Switched(receipt) => {
+            let settle = Command::SwitchSettle { key, receipt: receipt.clone(), ok: true, generation: Some(generation) };
+            propose(&state, settle).await?;
             let mut target_drained = None;
             if let Some(target) = &stored.target_binding {
                 let drained = drain(&state, &caller.token.id, &computer, std::slice::from_ref(target)).await;
@@ -618,11 +651,60 @@ pub async fn switch(
                 "targetDrained": target_drained,
             })))
         }
-        Err((reason, message)) => {
+        SwitchOutcome::NotSwitched(reason, message) => {
             let refusal = json!({"reason": reason, "message": message});
-            propose(&state, Command::SwitchSettle { key, receipt: refusal, ok: false }).await?;
+            let settle = Command::SwitchSettle { key, receipt: refusal, ok: false, generation: Some(generation) };
+            propose(&state, settle).await?;
             Err(rejected(reason, message))
         }
+        SwitchOutcome::Pending(note) => {
+            propose(&state, Command::SwitchHold { key, note: note.clone(), generation }).await?;
+            let switched = note["switched"] == true;
+            let then = if switched {
+                "send the same operationId again to finish it"
+            } else {
+                "revoke the binding and install it again"
+            };
+            let at = note["version"].as_str().unwrap_or("no version");
+            let mut e = ApiError::new(
+                ErrorKind::Conflict,
+                format!("the switch is pending: the binding is at {at} ({}: {}); {then}", note["reason"].as_str().unwrap_or(""), note["message"].as_str().unwrap_or("")),
+            );
+            e.reason = Some("switch_pending".into());
+            Err(e)
+        }
+    }
+}
+
+/// What an agent's answer to a switch says was done.
+enum SwitchOutcome {
+    /// Switched, and the schemas discovered: the receipt.
+    Switched(Value),
+    /// Not switched, and the binding is still at the source version: why (reason, message).
+    NotSwitched(String, String),
+    /// Anything else (switched but not ready; neither at the source nor at the target; an
+    /// answer that does not say): the switch stays pending, with this note.
+    Pending(Value),
+}
+
+fn switch_outcome(reply: computerd_proto::mcp::McpReply, from: &str) -> SwitchOutcome {
+    match (reply.result, reply.error) {
+        (Some(r), None) if !r.is_null() => SwitchOutcome::Switched(r),
+        (done, Some(e)) => {
+            let done = done.unwrap_or(Value::Null);
+            if done["switched"] == false && done["version"] == from {
+                SwitchOutcome::NotSwitched(e.reason, e.message)
+            } else {
+                SwitchOutcome::Pending(json!({
+                    "reason": e.reason, "message": e.message,
+                    "switched": done["switched"], "version": done["version"],
+                }))
+            }
+        }
+        (_, None) => SwitchOutcome::Pending(json!({
+            "reason": "unknown", "message": "the agent answered neither a result nor a refusal",
+            "switched": null, "version": null,
+        })),
     }
 }
 
@@ -644,15 +726,33 @@ pub async fn revoke(
         s.check_operate(&caller, &b.computer_id)?;
         Ok::<_, computerd_raft::sm::Reject>(b.computer_id.clone())
     })?;
-    // Admission closes first: from here on no new call is let through.
+    // Admission closes first: from here on no new call is let through (nor through any other
+    // participant of a switch it takes part in: the switch is cancelling).
     propose(&state, Command::BindingRevoke { by: caller.token.id.clone(), binding_id: id.clone() }).await?;
+    // The other participants of a switch this revoke cancelled: each is drained too, and the
+    // switch ends once every one is confirmed stopped.
+    state.cluster.read_barrier().await?;
+    let others: Vec<String> =
+        state.cluster.state().read(|s| s.cancelling_with(&id)).into_iter().filter(|p| *p != id).collect();
     // Then the agent drains it (a paused Computer is resumed for that, with the caller's rights),
     // and once nothing of its UID is left removes its HOME, private copy and unused packages.
     let drained = match agent_mcp(&state, &caller, &computer, McpRequest::Revoke { binding_id: id.clone() }).await {
         Ok(Ok(r)) => r["drained"].as_bool().unwrap_or(false),
         _ => false,
     };
-    Ok(Json(json!({"bindingId": id, "revoked": true, "drained": drained, "complete": drained})))
+    if drained {
+        mark_drained(&state, &id).await;
+    }
+    // (The answer names those not confirmed stopped.)
+    let others_drained = drain(&state, &caller.token.id, &computer, &others).await;
+    let mut not_drained: Vec<String> = others.into_iter().filter(|p| !others_drained.contains(p)).collect();
+    if !drained {
+        not_drained.insert(0, id.clone());
+    }
+    Ok(Json(json!({
+        "bindingId": id, "revoked": true, "drained": drained, "complete": not_drained.is_empty(),
+        "notDrained": not_drained,
+    })))
 }
 
 /// `POST /api/bots/{botId}/tools/computer_mcp`: the model-facing tool.

@@ -706,14 +706,16 @@ pub enum Command {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         held: Option<super::tools::HeldResult>,
     },
-    /// Reserves a version switch of a binding. Answers `reserved`, `done`, `failed` or `cancelled`.
+    /// Reserves a version switch of a binding. Answers `reserved`, `done`, `failed`, `cancelling` or
+    /// `cancelled`.
     SwitchReserve {
         /// The caller's token id.
         by: String,
         /// The switch.
         switch: super::tools::Switch,
     },
-    /// The agent's answer to a switch: commit it (`ok`) or reopen the participants.
+    /// The agent's answer to a switch: commit it (`ok`) or reopen the participants (the agent
+    /// said the binding is still at the source).
     SwitchSettle {
         /// The journal key.
         key: String,
@@ -721,6 +723,26 @@ pub enum Command {
         receipt: serde_json::Value,
         /// Whether it switched.
         ok: bool,
+        /// The Computer's link generation the answer came under (refused once the link
+        /// changed). Absent in entries of older nodes.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        generation: Option<u64>,
+    },
+    /// The agent's answer leaves a switch pending (switched, discovery failed; or neither state a
+    /// switch may go on from): it stays reserved, with the answer noted.
+    SwitchHold {
+        /// The journal key.
+        key: String,
+        /// The agent's answer.
+        note: serde_json::Value,
+        /// The Computer's link generation the answer came under.
+        generation: u64,
+    },
+    /// A closed binding's runtime is confirmed stopped on its agent (a participant of a
+    /// cancelling switch is then drained).
+    BindingDrained {
+        /// The binding.
+        binding_id: String,
     },
     /// Replaces the capability rules.
     SetRules {
@@ -808,6 +830,8 @@ impl Command {
             Command::OperationFinish { .. } => "operation_finish",
             Command::SwitchReserve { .. } => "switch_reserve",
             Command::SwitchSettle { .. } => "switch_settle",
+            Command::SwitchHold { .. } => "switch_hold",
+            Command::BindingDrained { .. } => "binding_drained",
             Command::Bootstrap { .. } => "bootstrap",
             Command::CreateMember { .. } => "create_member",
             Command::CreateBot { .. } => "create_bot",

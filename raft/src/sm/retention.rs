@@ -89,10 +89,14 @@ impl State {
             self.operations.remove(&key);
             self.exec_index.operations.remove(&(at, key));
         }
-        // A switch still reserved (its participants closed) stays until it settles; the few in
-        // flight are passed over.
+        // A switch still reserved or cancelling (its participants closed, or not yet drained)
+        // stays until it ends; the few in flight are passed over.
         let switches = &self.switches;
-        let settled = |key: &str| !switches.get(key).is_some_and(|sw| sw.state == super::tools::SwitchState::Reserved);
+        let settled = |key: &str| {
+            !switches.get(key).is_some_and(|sw| {
+                matches!(sw.state, super::tools::SwitchState::Reserved | super::tools::SwitchState::Cancelling)
+            })
+        };
         for (at, key) in due(&self.exec_index.switches, horizon, settled) {
             self.switches.remove(&key);
             self.exec_index.switches.remove(&(at, key));

@@ -284,7 +284,11 @@ impl State {
             Command::OperationFinish { key, result, held } => {
                 self.operation_finish(key, result.as_ref(), held.as_ref())
             }
-            Command::SwitchSettle { key, receipt, ok } => self.switch_settle(key, receipt, *ok),
+            Command::SwitchSettle { key, receipt, ok, generation } => {
+                self.switch_settle(key, receipt, *ok, *generation)
+            }
+            Command::SwitchHold { key, note, generation } => self.switch_hold(key, note, *generation),
+            Command::BindingDrained { binding_id } => self.binding_drained(binding_id),
             Command::ReportActivity { marks } => {
                 self.report_activity(marks);
                 Ok(())

@@ -174,8 +174,24 @@ pub enum SwitchState {
     Done,
     /// The agent refused it; the participants are open again.
     Failed,
-    /// A participant was revoked; every participant is closed.
+    /// A participant was revoked; every participant is closed, and their runtimes are being
+    /// drained: it ends (`cancelled`) once each one's runtime is confirmed stopped.
+    Cancelling,
+    /// Cancelled, and every participant's runtime confirmed stopped (or the Computer gone).
     Cancelled,
+}
+
+impl SwitchState {
+    /// The name the API answers.
+    pub fn name(self) -> &'static str {
+        match self {
+            SwitchState::Reserved => "reserved",
+            SwitchState::Done => "done",
+            SwitchState::Failed => "failed",
+            SwitchState::Cancelling => "cancelling",
+            SwitchState::Cancelled => "cancelled",
+        }
+    }
 }
 
 /// A version switch of a binding, journaled by operation id.
@@ -202,6 +218,31 @@ pub struct Switch {
     /// before it was kept, which are never compacted).
     #[serde(default)]
     pub reserved_at: u64,
+    /// The Computer's link generation the switch was last sent under (set by the store at the
+    /// reserve, and moved on by an answer of a later link): an answer sent under an older link
+    /// is not believed, and the agent of the newer one decides again from its receipt.
+    #[serde(default)]
+    pub generation: u64,
+    /// While cancelling: the participants whose runtime is confirmed stopped.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drained: Vec<String>,
+    /// While reserved: the agent's last answer that left it pending (it switched, but discovery
+    /// failed; or the binding is in neither state a switch may go on from).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<Value>,
+}
+
+impl Switch {
+    /// The bindings that take part: the one that moves, and the bot's binding already at the
+    /// target, if any.
+    pub fn participants(&self) -> impl Iterator<Item = &String> {
+        std::iter::once(&self.binding_id).chain(self.target_binding.as_ref())
+    }
+
+    /// While cancelling: the participants whose runtime is not confirmed stopped yet.
+    pub fn undrained(&self) -> Vec<String> {
+        self.participants().filter(|id| !self.drained.contains(id)).cloned().collect()
+    }
 }
 
 /// The journal key of an operation (operation ids are scoped to their bot).
@@ -317,10 +358,13 @@ impl State {
             index_insert(&mut index, b);
         }
         for (key, sw) in &self.switches {
-            if sw.state == SwitchState::Reserved {
-                for id in std::iter::once(&sw.binding_id).chain(sw.target_binding.as_ref()) {
-                    index.pending_switch.insert(id.clone(), key.clone());
-                }
+            let ids = match sw.state {
+                SwitchState::Reserved => sw.participants().cloned().collect(),
+                SwitchState::Cancelling => sw.undrained(),
+                _ => Vec::new(),
+            };
+            for id in ids {
+                index.pending_switch.insert(id, key.clone());
             }
         }
         self.binding_index = index;
@@ -357,12 +401,65 @@ impl State {
                 index.revoked.remove(&b.computer_id);
             }
         }
-        index.pending_switch.remove(id);
+        let pending = index.pending_switch.remove(id);
         if let Some(slot) = install_slot(&b)
             && index.installs.get(&slot).is_some_and(|x| x == id)
         {
             index.installs.remove(&slot);
         }
+        // A cancelling switch's participant whose tombstone goes: its drain can no longer be
+        // confirmed, so it stops holding the switch (which keeps the record of it).
+        if let Some(key) = pending {
+            self.participant_gone(&key, id, false);
+        }
+    }
+
+    /// A participant of a cancelling switch is confirmed drained (`drained`), or is gone from
+    /// the store unconfirmed: once none is left waiting, the switch is cancelled.
+    fn participant_gone(&mut self, key: &str, id: &str, drained: bool) {
+        let Some(sw) = self.switches.get_mut(key).filter(|sw| sw.state == SwitchState::Cancelling) else { return };
+        if drained {
+            if !sw.drained.iter().any(|d| d == id) {
+                sw.drained.push(id.to_string());
+            }
+        } else {
+            let note = sw.note.get_or_insert_with(|| serde_json::json!({}));
+            if let Some(list) = note.as_object_mut() {
+                let gone = list.entry("unconfirmed").or_insert_with(|| serde_json::json!([]));
+                if let Some(a) = gone.as_array_mut() {
+                    a.push(serde_json::json!(id));
+                }
+            }
+        }
+        let index = &self.binding_index.pending_switch;
+        let waiting = sw.participants().any(|p| p != id && index.get(p).is_some_and(|k| k == key));
+        if !waiting {
+            sw.state = SwitchState::Cancelled;
+        }
+    }
+
+    /// A closed binding's runtime is confirmed stopped on its agent: if it took part in a
+    /// cancelling switch, that participant is drained (the switch ends once all are).
+    pub(crate) fn binding_drained(&mut self, id: &str) -> Result<(), Reject> {
+        if let Some(key) = self.binding_index.pending_switch.get(id).cloned()
+            && self.switches.get(&key).is_some_and(|sw| sw.state == SwitchState::Cancelling)
+        {
+            self.binding_index.pending_switch.remove(id);
+            self.participant_gone(&key, id, true);
+        }
+        Ok(())
+    }
+
+    /// The participants of the cancelling switch `id` takes part in that are not confirmed
+    /// drained yet (empty when it takes part in none).
+    pub fn cancelling_with(&self, id: &str) -> Vec<String> {
+        self.binding_index
+            .pending_switch
+            .get(id)
+            .and_then(|key| self.switches.get(key))
+            .filter(|sw| sw.state == SwitchState::Cancelling)
+            .map(Switch::undrained)
+            .unwrap_or_default()
     }
 
     /// Records a binding being installed; the bot must be able to use the Computer. An install
@@ -439,20 +536,27 @@ impl State {
     }
 
     /// Closes a binding for good. Closing a participant of a pending switch cancels the switch
-    /// and closes every participant. The Computer keeps at most [`MAX_REVOKED`] tombstones.
+    /// and closes every participant; the switch stays `cancelling` (each participant indexed to
+    /// it) until every participant's runtime is confirmed drained. The Computer keeps at most
+    /// [`MAX_REVOKED`] tombstones.
     fn close_binding(&mut self, id: &str) {
         let mut closing = vec![id.to_string()];
+        let mut cancelling = false;
         if let Some(key) = self.binding_index.pending_switch.get(id).cloned()
             && let Some(sw) = self.switches.get_mut(&key)
-            && sw.state == SwitchState::Reserved
         {
-            sw.state = SwitchState::Cancelled;
-            closing.push(sw.binding_id.clone());
-            closing.extend(sw.target_binding.clone());
+            if sw.state == SwitchState::Reserved {
+                sw.state = SwitchState::Cancelling;
+                sw.drained.clear();
+                closing.extend(sw.participants().cloned());
+            }
+            cancelling = sw.state == SwitchState::Cancelling;
         }
         let mut computers = BTreeSet::new();
         for c in closing {
-            self.binding_index.pending_switch.remove(&c);
+            if !cancelling {
+                self.binding_index.pending_switch.remove(&c);
+            }
             if let Some(b) = self.tool_bindings.get_mut(&c) {
                 b.state = BindingState::Revoked;
                 computers.insert(b.computer_id.clone());
@@ -507,8 +611,9 @@ impl State {
         for id in ids {
             if let Some(key) = self.binding_index.pending_switch.get(&id).cloned()
                 && let Some(sw) = self.switches.get_mut(&key)
-                && sw.state == SwitchState::Reserved
+                && matches!(sw.state, SwitchState::Reserved | SwitchState::Cancelling)
             {
+                // Nothing of the Computer runs any more: there is nothing left to drain.
                 sw.state = SwitchState::Cancelled;
             }
             self.remove_binding(&id);
@@ -532,13 +637,7 @@ impl State {
             if let Some(b) = self.tool_bindings.get(&seen.binding_id) {
                 self.check_tool_use(&caller, &sw.bot_id, &b.computer_id)?;
             }
-            return Ok(match seen.state {
-                SwitchState::Reserved => "reserved",
-                SwitchState::Done => "done",
-                SwitchState::Failed => "failed",
-                SwitchState::Cancelled => "cancelled",
-            }
-            .into());
+            return Ok(seen.state.name().into());
         }
         let b = self
             .tool_bindings
@@ -567,6 +666,9 @@ impl State {
         sw.target_binding = target.clone();
         sw.state = SwitchState::Reserved;
         sw.receipt = None;
+        sw.generation = self.computers.get(&b.computer_id).map_or(0, |c| c.link_generation);
+        sw.drained.clear();
+        sw.note = None;
         for id in std::iter::once(b.id.clone()).chain(target) {
             if let Some(x) = self.tool_bindings.get_mut(&id) {
                 x.state = BindingState::Switching;
@@ -581,18 +683,26 @@ impl State {
     }
 
     /// The agent switched: version pointer, readiness and schemas change together; the target
-    /// binding is revoked (the node drains it next). Or it refused: the participants open again.
-    pub(crate) fn switch_settle(&mut self, key: &str, receipt: &Value, ok: bool) -> Result<(), Reject> {
-        let sw = self.switches.get(key).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such switch"))?.clone();
-        if sw.state != SwitchState::Reserved {
-            return Err(Reject::new(RejectKind::Conflict, "the switch is not pending"));
-        }
+    /// binding is revoked (the node drains it next). Or it said that it did not, and the
+    /// binding is still at the source: the participants open again. `generation` is the
+    /// Computer's link generation the answer came under (`None` in entries of older nodes):
+    /// an answer of a link that has since been replaced is refused, and the switch stays
+    /// pending for the agent of the current link to decide from its receipt.
+    pub(crate) fn switch_settle(
+        &mut self,
+        key: &str,
+        receipt: &Value,
+        ok: bool,
+        generation: Option<u64>,
+    ) -> Result<(), Reject> {
+        let sw = self.pending_switch_under(key, generation)?;
         for id in std::iter::once(&sw.binding_id).chain(sw.target_binding.as_ref()) {
             self.binding_index.pending_switch.remove(id);
         }
         if let Some(s) = self.switches.get_mut(key) {
             s.state = if ok { SwitchState::Done } else { SwitchState::Failed };
             s.receipt = Some(receipt.clone());
+            s.generation = generation.unwrap_or(s.generation);
         }
         if ok {
             if let Some(b) = self.tool_bindings.get_mut(&sw.binding_id) {
@@ -614,6 +724,37 @@ impl State {
             }
         }
         Ok(())
+    }
+
+    /// The agent's answer leaves the switch pending (it switched but discovery failed, or the
+    /// binding is in neither state a switch may go on from): the switch stays reserved, with
+    /// the answer as its note and the answer's link generation as its own.
+    pub(crate) fn switch_hold(&mut self, key: &str, note: &Value, generation: u64) -> Result<(), Reject> {
+        self.pending_switch_under(key, Some(generation))?;
+        if let Some(s) = self.switches.get_mut(key) {
+            s.note = Some(note.clone());
+            s.generation = generation;
+        }
+        Ok(())
+    }
+
+    /// The reserved switch `key`, if an answer under link `generation` may still settle it.
+    fn pending_switch_under(&self, key: &str, generation: Option<u64>) -> Result<Switch, Reject> {
+        let sw = self.switches.get(key).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such switch"))?;
+        if sw.state != SwitchState::Reserved {
+            return Err(Reject::new(RejectKind::Conflict, format!("the switch is {}, not pending", sw.state.name())));
+        }
+        if let Some(g) = generation {
+            let computer = self.tool_bindings.get(&sw.binding_id).map(|b| b.computer_id.as_str());
+            let now = computer.and_then(|c| self.computers.get(c)).map_or(0, |c| c.link_generation);
+            if g != now {
+                return Err(Reject::new(
+                    RejectKind::Conflict,
+                    "the Computer's agent link changed while the switch was sent: send the same operationId again",
+                ));
+            }
+        }
+        Ok(sw.clone())
     }
 
     /// Journals a call before it is sent. Answers `new`, or for a retry with the same payload

@@ -277,6 +277,9 @@ fn a_switch_is_found_by_index_and_revoking_a_participant_cancels_it() {
         state: SwitchState::Reserved,
         receipt: None,
         reserved_at: 1,
+        generation: 0,
+        drained: Vec::new(),
+        note: None,
     };
     assert_eq!(
         ok(s.apply(&Command::SwitchReserve { by: BOT.into(), switch: sw.clone() })).as_deref(),
@@ -287,12 +290,114 @@ fn a_switch_is_found_by_index_and_revoking_a_participant_cancels_it() {
     assert_eq!(s.binding_index.pending_switch.get("mcb_b"), Some(&key));
     assert_eq!(s.binding_index, fresh_index(&s));
     ok(s.apply(&Command::BindingRevoke { by: BOT.into(), binding_id: "mcb_b".into() }));
-    assert_eq!(s.switches[&key].state, SwitchState::Cancelled);
+    assert_eq!(s.switches[&key].state, SwitchState::Cancelling);
     assert_eq!(
         (s.tool_bindings["mcb_a"].state, s.tool_bindings["mcb_b"].state),
         (BindingState::Revoked, BindingState::Revoked)
     );
-    assert!(s.binding_index.pending_switch.is_empty());
+    assert_eq!(s.binding_index, fresh_index(&s));
+}
+
+/// Issue 37, item 6: revoking one participant of a pending switch closes them all, and the
+/// switch is `cancelling` until every participant's runtime is confirmed drained, saying which
+/// is not; the named one's drain alone does not end it. It is not compacted while cancelling.
+#[test]
+fn i37_6_a_cancelled_switch_ends_only_when_every_participant_is_drained() {
+    let mut s = world();
+    let key = reserved_with_target(&mut s);
+    ok(s.apply(&Command::BindingRevoke { by: BOT.into(), binding_id: "mcb_b".into() }));
+    assert_eq!(s.switches[&key].state, SwitchState::Cancelling);
+    assert_eq!(s.cancelling_with("mcb_b"), vec!["mcb_a".to_string(), "mcb_b".to_string()]);
+    assert_eq!(
+        ok(s.apply(&Command::SwitchReserve { by: BOT.into(), switch: switch("sw-1", 1) })).as_deref(),
+        Some("cancelling"),
+        "the same operation answers where it stands"
+    );
+    ok(s.apply(&Command::BindingDrained { binding_id: "mcb_b".into() }));
+    assert_eq!(s.switches[&key].state, SwitchState::Cancelling, "mcb_a's runtime is not confirmed stopped");
+    assert_eq!(s.switches[&key].undrained(), vec!["mcb_a".to_string()]);
+    assert_eq!(s.cancelling_with("mcb_a"), vec!["mcb_a".to_string()]);
+    assert_eq!(s.binding_index, fresh_index(&s));
+    let tick = |s: &mut State, at: u64| {
+        s.apply_request(&crate::sm::Request::new(Command::SetRetention { by: "nobody".into(), ms: 0 }).stamped(at))
+    };
+    tick(&mut s, 2 + crate::sm::DEFAULT_RETENTION_MS);
+    assert!(s.switches.contains_key(&key), "a cancelling switch is kept until it ends");
+    // A drain report of a binding in no switch changes nothing.
+    ok(s.apply(&Command::BindingDrained { binding_id: "mcb_b".into() }));
+    ok(s.apply(&Command::BindingDrained { binding_id: "mcb_a".into() }));
+    assert_eq!(s.switches[&key].state, SwitchState::Cancelled);
+    assert!(s.binding_index.pending_switch.is_empty() && s.cancelling_with("mcb_a").is_empty());
+    assert_eq!(s.binding_index, fresh_index(&s));
+}
+
+/// Issue 37, items 5 and 8: an answer that leaves the switch pending keeps the participants
+/// closed and the binding at its source version in the store; an answer sent under a link that
+/// has since been replaced settles nothing; an answer of the current link does.
+#[test]
+fn i37_5_a_pending_answer_keeps_the_switch_reserved_and_a_stale_links_answer_settles_nothing() {
+    let mut s = world();
+    let key = reserved_with_target(&mut s);
+    assert_eq!(s.switches[&key].generation, 1, "bound to the Computer's link at the reserve");
+    let note = serde_json::json!({"reason": "discovery_failed", "switched": true, "version": "1.1.0"});
+    ok(s.apply(&Command::SwitchHold { key: key.clone(), note: note.clone(), generation: 1 }));
+    assert_eq!((s.switches[&key].state, s.switches[&key].note.clone()), (SwitchState::Reserved, Some(note)));
+    assert_eq!(
+        (s.tool_bindings["mcb_a"].state, s.tool_bindings["mcb_a"].version.as_str()),
+        (BindingState::Switching, "1.0.0")
+    );
+    // The agent relinked (generation 2): the old link's answer is not believed.
+    s.computers.get_mut("cmp_1").map(|c| c.link_generation = 2);
+    let receipt = serde_json::json!({"version": "1.1.0", "sha256": "cd".repeat(32), "tools": []});
+    let stale = Command::SwitchSettle { key: key.clone(), receipt: receipt.clone(), ok: true, generation: Some(1) };
+    assert_eq!(rejected(s.apply(&stale)).kind, RejectKind::Conflict);
+    let stale_fail = Command::SwitchSettle { key: key.clone(), receipt: receipt.clone(), ok: false, generation: Some(1) };
+    assert_eq!(rejected(s.apply(&stale_fail)).kind, RejectKind::Conflict);
+    assert_eq!(s.switches[&key].state, SwitchState::Reserved);
+    ok(s.apply(&Command::SwitchSettle { key: key.clone(), receipt, ok: true, generation: Some(2) }));
+    let sw = &s.switches[&key];
+    assert_eq!((sw.state, sw.generation), (SwitchState::Done, 2));
+    let a = &s.tool_bindings["mcb_a"];
+    assert_eq!((a.state, a.version.as_str(), a.sha256.clone()), (BindingState::Ready, "1.1.0", "cd".repeat(32)));
+    assert_eq!(s.tool_bindings["mcb_b"].state, BindingState::Revoked, "the target binding is revoked");
+}
+
+fn switch(op: &str, at: u64) -> Switch {
+    Switch {
+        operation_id: op.into(),
+        bot_id: "bot_1".into(),
+        binding_id: "mcb_a".into(),
+        from_version: String::new(),
+        to_version: "1.1.0".into(),
+        target_binding: None,
+        state: SwitchState::Reserved,
+        receipt: None,
+        reserved_at: at,
+        generation: 0,
+        drained: Vec::new(),
+        note: None,
+    }
+}
+
+/// mcb_a at 1.0.0 and mcb_b at 1.1.0 (both ready) on cmp_1; a switch of mcb_a to 1.1.0
+/// reserved (mcb_b its target). Answers the switch's key.
+fn reserved_with_target(s: &mut State) -> String {
+    ok(install(s, BOT, "mcb_a", "cmp_1"));
+    let mut b = binding("mcb_b", "cmp_1", "pkg");
+    b.version = "1.1.0".into();
+    ok(s.apply(&Command::BindingReserve { by: BOT.into(), binding: b }));
+    ok(s.apply(&Command::BindingSettle {
+        binding_id: "mcb_b".into(),
+        ready: true,
+        tools: Value::Null,
+        error: None,
+        shared_uid: false,
+    }));
+    assert_eq!(
+        ok(s.apply(&Command::SwitchReserve { by: BOT.into(), switch: switch("sw-1", 1) })).as_deref(),
+        Some("reserved")
+    );
+    operation_key("bot_1", "sw-1")
 }
 
 #[test]
@@ -334,6 +439,9 @@ fn settled_switches_expire_with_the_retention_and_a_reserved_one_waits() {
         state: SwitchState::Reserved,
         receipt: None,
         reserved_at: 5,
+        generation: 0,
+        drained: Vec::new(),
+        note: None,
     };
     ok(s.apply(&Command::SwitchReserve { by: BOT.into(), switch: sw("sw-1") }));
     let key = operation_key("bot_1", "sw-1");
@@ -343,7 +451,7 @@ fn settled_switches_expire_with_the_retention_and_a_reserved_one_waits() {
     tick(&mut s, 5 + crate::sm::DEFAULT_RETENTION_MS);
     assert!(s.switches.contains_key(&key), "a reserved switch stays until it settles");
     let receipt = serde_json::json!({"reason": "refused", "message": "no"});
-    ok(s.apply(&Command::SwitchSettle { key: key.clone(), receipt, ok: false }));
+    ok(s.apply(&Command::SwitchSettle { key: key.clone(), receipt, ok: false, generation: None }));
     tick(&mut s, 6 + crate::sm::DEFAULT_RETENTION_MS);
     assert!(!s.switches.contains_key(&key) && s.exec_index.switches.is_empty(), "settled, then expired");
 }
