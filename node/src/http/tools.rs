@@ -558,10 +558,14 @@ pub async fn call(
 /// switch durably first (closing the participants to new calls); the agent retires the source,
 /// re-verifies the target's bytes, repoints the binding, writes a protected receipt and
 /// discovers the schemas; the store then commits version, readiness and schemas in one step (and
-/// revokes the bot's binding that was already at the target, once drained). Retrying with the same
-/// operation id replays the receipt, or carries a pending switch on (the agent decides from its
-/// receipt whether it may).
-#[utoipa::path(post, path = "/api/bots/{bot}/tools/{binding}/switch", operation_id = "tools_switch", tag = "tools", params(("bot" = String, Path), ("binding" = String, Path)), request_body = SwitchIn, responses((status = 200, body = Object), (status = 409, body = ErrorBody)), security(("bearer" = [])))]
+/// revokes the bot's binding that was already at the target, once drained). The store follows
+/// what the agent says it did: not switched and still at the source is 422 (the binding opens
+/// again); anything else that is not done (switched but discovery failed) is `409
+/// switch_pending`, and the binding stays closed. Retrying with the same operation id replays the
+/// receipt, or carries a pending switch on (the agent decides from its receipt whether it may,
+/// after checking the bytes again). A switch cancelled by a revoke answers `409 cancelling` until
+/// every participant is drained, then `409 cancelled`.
+#[utoipa::path(post, path = "/api/bots/{bot}/tools/{binding}/switch", operation_id = "tools_switch", tag = "tools", params(("bot" = String, Path), ("binding" = String, Path)), request_body = SwitchIn, responses((status = 200, body = Object), (status = 409, body = ErrorBody), (status = 422, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn switch(
     State(state): State<AppState>,
     auth: Auth,
@@ -708,7 +712,9 @@ fn switch_outcome(reply: computerd_proto::mcp::McpReply, from: &str) -> SwitchOu
     }
 }
 
-/// `DELETE /api/bots/{botId}/tools/{bindingId}`: revoke.
+/// `DELETE /api/bots/{botId}/tools/{bindingId}`: revoke. Revoking a participant of a pending
+/// switch cancels it and drains every participant: `complete` only once all are confirmed
+/// stopped, and `notDrained` names those that are not.
 #[utoipa::path(delete, path = "/api/bots/{bot}/tools/{binding}", operation_id = "tools_revoke", tag = "tools", params(("bot" = String, Path), ("binding" = String, Path)), responses((status = 200, body = Object), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn revoke(
     State(state): State<AppState>,
