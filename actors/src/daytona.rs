@@ -11,6 +11,12 @@
 //!   `pauseKeeps` says `files`). On start the entrypoint runs again and the agent links again
 //!   with the credential it kept on disk.
 //! - **resume** = `POST /sandbox/{id}/start`.
+//! - Stop and start are asynchronous at Daytona: the stop answers while the runner is still
+//!   stopping the sandbox (a start sent then fails), and the start's server waits up to 30 s for
+//!   the runner and may answer `starting`. So both then poll `GET /sandbox/{id}` until the state
+//!   asked for (`stopped` or `archived`; `started`), within the call's deadline; past it, or in
+//!   Daytona's `error` state, the outcome is unknown (`Lost`). The call deadline (`timeoutMs`,
+//!   default 60 s, at least 35 s) is above Daytona's own 30 s wait on create and start.
 //! - **delete** = `DELETE /sandbox/{id}`; 404 means it is gone already.
 //! - **inspect** = `GET /sandbox?labels={"computerd.computer": "<id>"}`; **list** (the sandbox
 //!   watch) = `GET /sandbox` page by page (`nextCursor`).
@@ -59,6 +65,15 @@ pub const LABEL_KEY: &str = "computerd.command-key";
 /// At most this many pages of 100 sandboxes are read by one list (the sandbox watch's pass).
 const MAX_PAGES: usize = 50;
 
+/// How long Daytona's API server itself waits for its runner on a create or a start.
+pub const SERVER_WAIT: Duration = Duration::from_secs(30);
+/// The call deadline of a daytona provider with no `timeoutMs`: twice the server's own wait.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+/// The shortest `timeoutMs` accepted: the server's own wait, and 5 s for the exchange.
+pub const MIN_TIMEOUT_MS: u64 = 35_000;
+/// The longest `timeoutMs` accepted.
+pub const MAX_TIMEOUT_MS: u64 = 600_000;
+
 /// A daytona provider's config.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -93,6 +108,14 @@ impl DaytonaConfig {
         check_server_url("daytona", &c.server_url, c.ca_cert.as_deref())?;
         Endpoint::parse(c.endpoint.as_deref().unwrap_or(DEFAULT_ENDPOINT), None)
             .map_err(|e| format!("daytona provider config: {e}"))?;
+        if let Some(ms) = c.timeout_ms
+            && !(MIN_TIMEOUT_MS..=MAX_TIMEOUT_MS).contains(&ms)
+        {
+            return Err(format!(
+                "daytona provider config: timeoutMs must be {MIN_TIMEOUT_MS} to {MAX_TIMEOUT_MS}: Daytona's API itself waits up to {} s on create and start",
+                SERVER_WAIT.as_secs()
+            ));
+        }
         for (name, v) in [("snapshot", &c.snapshot), ("target", &c.target), ("organizationId", &c.organization_id)] {
             if v.as_deref().is_some_and(|t| t.is_empty() || t.len() > 256 || t.chars().any(char::is_control)) {
                 return Err(format!("daytona provider config: {name} must be 1 to 256 printable bytes"));
@@ -166,11 +189,55 @@ impl DaytonaProvider {
     }
 
     async fn call(&self, method: http::Method, path: &str, body: Option<&Value>) -> Result<Answer, ProviderError> {
+        self.call_within(method, path, body, self.deadline).await
+    }
+
+    async fn call_within(
+        &self,
+        method: http::Method,
+        path: &str,
+        body: Option<&Value>,
+        deadline: Duration,
+    ) -> Result<Answer, ProviderError> {
         let mut headers = vec![("Authorization", self.bearer.as_str())];
         if let Some(org) = &self.config.organization_id {
             headers.push(("X-Daytona-Organization-ID", org.as_str()));
         }
-        self.endpoint.call(method, path, &headers, body, self.deadline).await
+        self.endpoint.call(method, path, &headers, body, deadline).await
+    }
+
+    /// After a stop or start Daytona accepted (at `since`): polls the sandbox until it is in one
+    /// of `want`, within the call's deadline. What was asked for was sent, so a sandbox that
+    /// does not get there in time, lands in `error`, or is gone is an unknown outcome.
+    async fn wait_for(&self, sandbox: &str, want: &[&str], since: tokio::time::Instant) -> Result<(), ProviderError> {
+        let until = since + self.deadline;
+        let mut pause = Duration::from_millis(100);
+        let mut last = String::from("unknown");
+        loop {
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return Err(ProviderError::Lost(format!(
+                    "the sandbox was still {last} when the call's deadline passed (wanted {})",
+                    want.join(" or ")
+                )));
+            }
+            let a = self.call_within(http::Method::GET, &format!("/sandbox/{sandbox}"), None, left).await?;
+            match a.status {
+                200 => {}
+                404 => return Err(ProviderError::Lost("the sandbox is gone at Daytona".into())),
+                _ => return Err(ProviderError::Lost(format!("{} on the sandbox's state", says(&a)))),
+            }
+            last = a.json()["state"].as_str().unwrap_or("unknown").to_string();
+            if want.contains(&last.as_str()) {
+                return Ok(());
+            }
+            if matches!(last.as_str(), "error" | "build_failed" | "destroyed" | "destroying") {
+                return Err(ProviderError::Lost(format!("the sandbox went to Daytona's {last} state")));
+            }
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            tokio::time::sleep(pause.min(left)).await;
+            pause = (pause * 2).min(Duration::from_secs(1));
+        }
     }
 
     /// The body of a create.
@@ -219,12 +286,16 @@ impl Provider for DaytonaProvider {
 
     async fn pause(&self, sandbox: &str, _command_key: &str) -> Result<(), ProviderError> {
         check_id(sandbox)?;
-        self.expect_ok(http::Method::POST, format!("/sandbox/{sandbox}/stop"), false).await
+        let since = tokio::time::Instant::now();
+        self.expect_ok(http::Method::POST, format!("/sandbox/{sandbox}/stop"), false).await?;
+        self.wait_for(sandbox, &["stopped", "archived"], since).await
     }
 
     async fn resume(&self, sandbox: &str, _command_key: &str) -> Result<(), ProviderError> {
         check_id(sandbox)?;
-        self.expect_ok(http::Method::POST, format!("/sandbox/{sandbox}/start"), false).await
+        let since = tokio::time::Instant::now();
+        self.expect_ok(http::Method::POST, format!("/sandbox/{sandbox}/start"), false).await?;
+        self.wait_for(sandbox, &["started"], since).await
     }
 
     async fn delete(&self, sandbox: &str, _command_key: &str) -> Result<(), ProviderError> {
@@ -253,6 +324,11 @@ impl Provider for DaytonaProvider {
         }
         // Too many sandboxes to list in one pass: none is reported vanished.
         Ok(None)
+    }
+
+    fn paused_state(&self, state: &str) -> bool {
+        // Stopped by its runner (or archived after): a start brings it back.
+        matches!(state, "stopped" | "archived")
     }
 
     async fn inspect(&self, computer_id: &str) -> Result<Option<SandboxInfo>, ProviderError> {
@@ -314,6 +390,15 @@ mod tests {
         assert!(cfg(json!({"serverUrl": "https://x", "endpoint": "http://app.daytona.io/api"})).is_err());
         assert!(cfg(json!({"serverUrl": "https://x", "snapshot": ""})).is_err());
         assert!(cfg(json!({"serverUrl": "https://x", "autoStop": 5})).is_err());
+    }
+
+    /// Issue 37, item 14: the call deadline is above Daytona's own 30 s wait on create and start.
+    #[test]
+    fn i37_14_the_deadline_is_above_the_servers_own_wait() {
+        let err = cfg(json!({"serverUrl": "https://x", "timeoutMs": 30000})).expect_err("30 s is the server's own wait");
+        assert!(err.contains("timeoutMs must be 35000"), "{err}");
+        assert!(cfg(json!({"serverUrl": "https://x", "timeoutMs": 35000})).is_ok());
+        assert!(DEFAULT_TIMEOUT > SERVER_WAIT && MIN_TIMEOUT_MS > SERVER_WAIT.as_millis() as u64);
     }
 
     #[test]

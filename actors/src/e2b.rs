@@ -292,6 +292,11 @@ impl Provider for E2bProvider {
         Ok(None)
     }
 
+    fn paused_state(&self, state: &str) -> bool {
+        // `autoPause: true`: a sandbox whose timeout passed (a keep-alive failed) is paused.
+        state == "paused"
+    }
+
     fn keep_alive_every(&self) -> Option<Duration> {
         // A third of the timeout: two refreshes may fail before the sandbox would pause.
         Some(Duration::from_secs(u64::from(self.config.sandbox_timeout()) / 3))

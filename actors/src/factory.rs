@@ -35,7 +35,11 @@ impl ProviderFactory {
             .get("timeoutMs")
             .and_then(|v| v.as_u64())
             .map(Duration::from_millis)
-            .unwrap_or(DEFAULT_CALL_TIMEOUT);
+            .unwrap_or(match p.kind {
+                // Above Daytona's own 30 s wait on create and start.
+                ProviderKind::Daytona => crate::daytona::DEFAULT_TIMEOUT,
+                _ => DEFAULT_CALL_TIMEOUT,
+            });
         let adapter: Arc<dyn Provider> = match (p.kind, &self.fake_dir) {
             (ProviderKind::Fake, Some(dir)) => {
                 let cfg: serde_json::Map<String, serde_json::Value> = p.config.clone().into_iter().collect();

@@ -160,6 +160,12 @@ pub trait Provider: Send + Sync {
     async fn list(&self) -> Result<Option<std::collections::HashMap<String, SandboxInfo>>, ProviderError> {
         Ok(None)
     }
+    /// Whether a listed sandbox in provider state `state` is paused or stopped, with its files
+    /// kept (what a resume brings back): the sandbox watch then reports a running Computer
+    /// paused behind the cluster's back.
+    fn paused_state(&self, _state: &str) -> bool {
+        false
+    }
 }
 
 /// The adapter of a provider kind that this build cannot drive yet: every call fails before

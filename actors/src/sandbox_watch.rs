@@ -2,8 +2,11 @@
 //! sandboxes which ones it holds, and reports a Computer whose sandbox vanished (deleted behind
 //! the cluster's back, or lost by the provider) instead of hiding it: `SandboxVanished` marks it
 //! `failed` and closes its run span. One list call per provider per pass, whatever the number of
-//! Computers. Computers with an execution under way are skipped (a create or delete in flight is
-//! not a disappearance); the store checks that again when it applies the report.
+//! Computers. It also reports a running Computer whose sandbox the provider paused or stopped on
+//! its own (E2B's auto-pause, a Daytona runner's stop): `SandboxPausedByProvider` makes it
+//! `paused` and ends its usage span, as a pause we asked for does. Computers with an execution
+//! under way are skipped (a create, pause or delete in flight is neither); the store checks that
+//! again when it applies the report.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -32,11 +35,12 @@ pub async fn run_sandbox_watch(
     }
 }
 
-/// One pass over every provider; answers how many vanished sandboxes were reported.
+/// One pass over every provider; answers how many vanished or paused sandboxes were reported.
 pub async fn pass(cluster: &Cluster, providers: &ProviderFactory) -> usize {
     // Per provider: its record and the Computers that should have a live sandbox there.
     let watched = cluster.state().read(|s| {
-        let mut by_provider: HashMap<String, (computerd_raft::sm::Provider, Vec<String>)> = HashMap::new();
+        type Watched = (computerd_raft::sm::Provider, Vec<(String, ComputerState)>);
+        let mut by_provider: HashMap<String, Watched> = HashMap::new();
         for c in s.computers.values() {
             let Source::Provider { provider, .. } = &c.source else { continue };
             let live = matches!(c.state, ComputerState::Running | ComputerState::Paused | ComputerState::Starting);
@@ -44,7 +48,8 @@ pub async fn pass(cluster: &Cluster, providers: &ProviderFactory) -> usize {
                 continue;
             }
             if let Some(p) = s.providers.get(provider) {
-                by_provider.entry(provider.clone()).or_insert_with(|| (p.clone(), Vec::new())).1.push(c.id.clone());
+                let e = by_provider.entry(provider.clone()).or_insert_with(|| (p.clone(), Vec::new()));
+                e.1.push((c.id.clone(), c.state));
             }
         }
         by_provider
@@ -61,9 +66,18 @@ pub async fn pass(cluster: &Cluster, providers: &ProviderFactory) -> usize {
             }
             Err(_) => continue,
         };
-        for id in computers.into_iter().filter(|id| !held.contains_key(id)) {
-            tracing::warn!(computer_id = %id, provider = %record.id, "the computer's sandbox vanished");
-            let cmd = Command::SandboxVanished { computer_id: id, at_ms: now_ms() };
+        for (id, state) in computers {
+            let cmd = match held.get(&id) {
+                None => {
+                    tracing::warn!(computer_id = %id, provider = %record.id, "the computer's sandbox vanished");
+                    Command::SandboxVanished { computer_id: id, at_ms: now_ms() }
+                }
+                Some(info) if state == ComputerState::Running && adapter.paused_state(&info.state) => {
+                    tracing::warn!(computer_id = %id, provider = %record.id, state = %info.state, "the provider paused the computer's sandbox on its own");
+                    Command::SandboxPausedByProvider { computer_id: id, provider_state: info.state.clone(), at_ms: now_ms() }
+                }
+                Some(_) => continue,
+            };
             if cluster.propose(Request::new(cmd)).await.is_ok() {
                 reported += 1;
             }

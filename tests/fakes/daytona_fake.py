@@ -14,8 +14,11 @@ answers both `/sandbox/...` and `/api/sandbox/...`), authenticated with `Authori
   POST   /sandbox                                  200 Sandbox, state "started" (docker run -d ...)
   GET    /sandbox                                  200 ListSandboxesResponse {items, nextCursor}
   GET    /sandbox/{idOrName}                       200 Sandbox | 404
-  POST   /sandbox/{idOrName}/stop[?force=true]     200 Sandbox, state "stopped" (docker stop / kill)
-  POST   /sandbox/{idOrName}/start                 200 Sandbox, state "started" (docker start)
+  POST   /sandbox/{idOrName}/stop[?force=true]     200 Sandbox, state "stopping" (docker stop / kill runs
+                                                   after the answer; the state becomes "stopped" then)
+  POST   /sandbox/{idOrName}/start                 200 Sandbox, state "started" (docker start), or
+                                                   "starting" when the runner took longer than the
+                                                   server's own 30 s wait
   DELETE /sandbox/{idOrName}                       200 Sandbox, state "destroyed" (docker rm -f); then 404
   POST   /sandbox/{idOrName}/autostop/{minutes}    201 Sandbox (NestJS answers 201 for a @Post
   POST   /sandbox/{idOrName}/autoarchive/{minutes} 201 Sandbox  without @HttpCode(200), which these
@@ -33,12 +36,16 @@ Left out: every other published Daytona route (pause, recover, resize, labels, s
 toolbox, preview URLs, socket.io events, /config, ...: the /sandbox ones answer 501, the others 404),
 declarative builds (buildInfo), volumes, secrets, linked sandboxes; `user`, `public` and the network
 settings are recorded and answered but not applied (containers run with --network host as the image's
-default user). The real API accepts unknown JSON fields; this fake refuses them on purpose. Docker
-operations are synchronous (the real API answers "stopping"/"starting" and converges later); stop is
-SIGTERM with a 10 s grace period, as the Daytona runner does (apps/runner/pkg/docker/stop.go). The fake
+default user). The real API accepts unknown JSON fields; this fake refuses them on purpose. Stop and
+start are asynchronous, as in the real API: stop answers "stopping" before the runner has stopped the
+sandbox (a start sent meanwhile answers 409 "Sandbox state change in progress"), and start waits up to
+30 s (the real server's wait) for the runner before it answers. A fault {"fault": "lag", "delayMs"}
+on a stop or start route makes the runner take that much longer. Create and delete are synchronous.
+Stop is SIGTERM with a 10 s grace period, as the Daytona runner does (apps/runner/pkg/docker/stop.go). The fake
 does not watch its containers: a container whose entrypoint exits still reads "started".
 toolboxProxyUrl points at <fake>/toolbox, which answers 404. The harness routes under /_fake/ (journal,
-faults) are not journaled themselves.
+faults, and seed {"count"}: that many started sandboxes that are records only, to page a list) are not
+journaled themselves.
 """
 
 import argparse
@@ -71,6 +78,7 @@ HTTP_REASONS = {
 }
 FAULT_MESSAGES = {429: "ThrottlerException: Too Many Requests", 500: "An unexpected error occurred."}
 MAX_AUTO_ARCHIVE_INTERVAL = 43200  # apps/api/src/config/configuration.ts default
+SERVER_WAIT = 30.0  # seconds the real API server waits for the runner on a create or start
 DEFAULT_CPU, DEFAULT_MEMORY, DEFAULT_DISK = 1, 1, 3
 
 
@@ -331,8 +339,8 @@ class Fake:
         method, path, kind = body.get("method"), body.get("path"), body.get("fault")
         if not isinstance(method, str) or not isinstance(path, str) or not path.startswith("/"):
             raise ApiError(400, "method and path (starting with /) are required")
-        if kind not in ("lose_answer", "slow", "status"):
-            raise ApiError(400, "fault must be lose_answer, slow or status")
+        if kind not in ("lose_answer", "slow", "status", "lag"):
+            raise ApiError(400, "fault must be lose_answer, slow, status or lag")
         status = body.get("status")
         if kind == "status" and (not isinstance(status, int) or not 400 <= status <= 599):
             raise ApiError(400, "a status fault needs status (400..599)")
@@ -492,7 +500,9 @@ class Fake:
             raise ApiError(400, "Auto-archive interval must be non-negative")
         return MAX_AUTO_ARCHIVE_INTERVAL if minutes == 0 else min(minutes, MAX_AUTO_ARCHIVE_INTERVAL)
 
-    def stop(self, rec, force=False, reason="stop"):
+    def stop(self, rec, force=False, reason="stop", lag=0.0, wait=False):
+        """Answers once the stop is under way ("stopping"), as the real API does; the runner's
+        work (and `lag` more seconds) runs after, unless `wait`."""
         with self.lock:
             if rec["pending"]:
                 raise ApiError(409, "Sandbox state change in progress")
@@ -500,24 +510,34 @@ class Fake:
                 raise ApiError(400, "Sandbox is not in a stoppable state")
             ephemeral = rec["autoDeleteInterval"] == 0
             self.begin(rec, "destroying" if ephemeral else "stopping", "destroyed" if ephemeral else "stopped")
-        try:
+
+        def runner():
+            try:
+                if ephemeral:
+                    self.docker("rm", "-f", self.container_name(rec["id"]))
+                elif force:
+                    self.docker("kill", self.container_name(rec["id"]))
+                else:
+                    self.docker("stop", "-t", "10", self.container_name(rec["id"]))
+            except Exception as err:  # noqa: BLE001
+                log(f"{reason} {rec['id']}: {err}")
+                self.fail(rec)
+                return
+            time.sleep(lag)
             if ephemeral:
-                self.docker("rm", "-f", self.container_name(rec["id"]))
-            elif force:
-                self.docker("kill", self.container_name(rec["id"]))
+                self.end(rec, "destroyed", "destroyed")
             else:
-                self.docker("stop", "-t", "10", self.container_name(rec["id"]))
-        except Exception as err:  # noqa: BLE001
-            log(f"{reason} {rec['id']}: {err}")
-            self.fail(rec)
-            raise ApiError(500, "An unexpected error occurred.")
-        if ephemeral:
-            self.end(rec, "destroyed", "destroyed")
+                self.end(rec, "stopped", "stopped")
+
+        if wait:
+            runner()
         else:
-            self.end(rec, "stopped", "stopped")
+            threading.Thread(target=runner, daemon=True).start()
         return rec
 
-    def start(self, rec):
+    def start(self, rec, lag=0.0):
+        """Starts the sandbox and waits up to SERVER_WAIT for the runner, as the real server
+        does; answers (the record, whether anything changed)."""
         with self.lock:
             if rec["state"] == "started" and rec["desiredState"] == "started" and not rec["pending"]:
                 return rec, False
@@ -526,13 +546,22 @@ class Fake:
             if rec["state"] not in ("stopped", "archived"):
                 raise ApiError(400, "Sandbox is not in valid state")
             self.begin(rec, "starting", "started")
-        try:
-            self.docker("start", self.container_name(rec["id"]))
-        except Exception as err:  # noqa: BLE001
-            log(f"start {rec['id']}: {err}")
-            self.fail(rec)
-            raise ApiError(500, "An unexpected error occurred.")
-        self.end(rec, "started", "started")
+        done = threading.Event()
+
+        def runner():
+            try:
+                self.docker("start", self.container_name(rec["id"]))
+            except Exception as err:  # noqa: BLE001
+                log(f"start {rec['id']}: {err}")
+                self.fail(rec)
+                done.set()
+                return
+            time.sleep(lag)
+            self.end(rec, "started", "started")
+            done.set()
+
+        threading.Thread(target=runner, daemon=True).start()
+        done.wait(SERVER_WAIT)
         return rec, True
 
     def delete(self, rec):
@@ -648,7 +677,7 @@ class Fake:
                     if (not rec["pending"] and rec["state"] == "started" and rec["autoStopInterval"] > 0
                             and now - rec["activity"] > rec["autoStopInterval"] * 60):
                         log(f"auto-stop {rec['id']} after {rec['autoStopInterval']} min")
-                        self.stop(rec, reason="auto-stop")
+                        self.stop(rec, reason="auto-stop", wait=True)
                     elif (not rec["pending"] and rec["state"] == "stopped" and rec["autoDeleteInterval"] > 0
                           and rec["stoppedAt"] and now - rec["stoppedAt"] > rec["autoDeleteInterval"] * 60):
                         log(f"auto-delete {rec['id']} after {rec['autoDeleteInterval']} min")
@@ -712,9 +741,12 @@ class Handler(BaseHTTPRequestHandler):
                  "sandboxId": None, "labels": None, "keyOk": key_ok, "fault": None, "invalid": None}
 
         fault = fake.take_fault(method, {path, route})
+        self.lag = 0.0
         if fault is not None:
             entry["fault"] = fault["fault"]
-            if fault["fault"] == "slow":
+            if fault["fault"] == "lag":
+                self.lag = fault["delayMs"] / 1000.0
+            elif fault["fault"] == "slow":
                 time.sleep(fault["delayMs"] / 1000.0)
             elif fault["fault"] == "status":
                 status = fault["status"]
@@ -819,10 +851,10 @@ class Handler(BaseHTTPRequestHandler):
             rec = fake.find(segs[1])
             entry.update(sandboxId=rec["id"], labels=dict(rec["labels"]))
             if segs[2] == "stop":
-                fake.stop(rec, force=bool(q.get("force")))
+                fake.stop(rec, force=bool(q.get("force")), lag=self.lag)
                 entry["effect"] = "stop"
             else:
-                _, changed = fake.start(rec)
+                _, changed = fake.start(rec, lag=self.lag)
                 entry["effect"] = "start" if changed else None
             return 200, self.checked(SandboxModel, fake.dto(rec))
         if len(segs) == 4 and method == "POST" and segs[2] in ("autostop", "autoarchive", "autodelete"):
@@ -865,6 +897,27 @@ class Handler(BaseHTTPRequestHandler):
                 return self.send_json(400, {"message": "body is not JSON"})
             except ApiError as err:
                 return self.send_json(400, {"message": err.message})
+            return self.send_json(204, None)
+        if path == "/_fake/seed" and method == "POST":
+            # Sandboxes that are records only (no container): enough of them to page a list.
+            try:
+                count = json.loads(raw_body or b"null")["count"]
+                assert isinstance(count, int) and 0 < count <= 20000
+            except Exception:  # noqa: BLE001
+                return self.send_json(400, {"message": "seed wants {\"count\": 1..20000}"})
+            with fake.lock:
+                for _ in range(count):
+                    sid = str(uuid.uuid4())
+                    now = iso_now()
+                    fake.sandboxes[sid] = {
+                        "id": sid, "name": sid, "snapshot": "phantom", "user": "daytona", "env": {},
+                        "labels": {"computerd.computer": f"cmp_phantom_{sid}"}, "public": False,
+                        "networkBlockAll": False, "kvm": False, "networkAllowList": None, "domainAllowList": None,
+                        "target": "us", "autoStopInterval": 0, "autoArchiveInterval": 7 * 24 * 60,
+                        "autoDeleteInterval": -1, "state": "started", "desiredState": "started", "pending": False,
+                        "before": "started", "createdAt": now, "updatedAt": now, "lastActivityAt": now,
+                        "activity": time.time(), "stoppedAt": None,
+                    }
             return self.send_json(204, None)
         if path == "/_fake/faults" and method == "GET":
             with fake.lock:

@@ -35,7 +35,8 @@ Left out: templates, snapshots, fork, metrics, logs, network updates, volumes, s
 tokens; envd (the in-sandbox daemon: the SDK's files/commands API cannot work against a fake sandbox);
 traffic-triggered auto-resume (``autoResume`` is stored and reported in ``lifecycle`` only); network/mcp/
 iam/volumeMounts are validated but have no effect; no per-team timeout ceiling.
-Fake-only routes: ``GET /_fake/journal`` and ``POST /_fake/faults`` (see tests/fakes contract). A
+Fake-only routes: ``GET /_fake/journal``, ``POST /_fake/faults`` (see tests/fakes contract) and
+``POST /_fake/seed {"count"}`` (that many running sandboxes that are records only, to page a list). A
 ``status`` fault may carry the ``message`` of its answer, so a test gets E2B's other 409 of a pause
 (``Sandbox '<id>' cannot be paused while in '<state>' state``), which this fake has no state for.
 
@@ -600,6 +601,20 @@ class Handler(BaseHTTPRequestHandler):
                 fake.arm_fault(json.loads(raw_body or b"null"))
             except (ApiError, ValueError) as e:
                 return self.send(400, {"code": 400, "message": str(e)})
+            return self.send(204)
+        if method == "POST" and path == "/_fake/seed":
+            # Sandboxes that are records only (no container): enough of them to page a list.
+            try:
+                count = json.loads(raw_body or b"null")["count"]
+                assert isinstance(count, int) and 0 < count <= 20000
+            except Exception:  # noqa: BLE001
+                return self.send(400, {"code": 400, "message": "seed wants {\"count\": 1..20000}"})
+            with fake.lock:
+                for i in range(count):
+                    sid = "phantom" + secrets.token_hex(8)
+                    sb = Sandbox(sid, "phantom", "none", {"computerd.computer": f"cmp_phantom_{sid}"}, {},
+                                 10 ** 9, False, False, False, True)
+                    fake.sandboxes[sid] = sb
             return self.send(204)
         return self.send(404, {"code": 404, "message": "unknown fake route"})
 

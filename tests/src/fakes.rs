@@ -99,6 +99,43 @@ impl FakeService {
         assert_eq!(r.status(), 204, "arming {spec}");
     }
 
+    /// Adds `count` running sandboxes that are records only (no container), each labelled with a
+    /// Computer of its own: enough of them make a list span pages.
+    pub async fn seed(&self, count: usize) {
+        let r = reqwest::Client::new()
+            .post(format!("{}/_fake/seed", self.url))
+            .json(&serde_json::json!({"count": count}))
+            .send()
+            .await
+            .expect("seed");
+        assert_eq!(r.status(), 204, "seeding {count}");
+    }
+
+    /// The list requests it answered, each as the offset its page started at (0 for the first
+    /// page; decoded from E2B's `nextToken` or Daytona's `cursor`).
+    pub async fn list_pages(&self) -> Vec<usize> {
+        use base64::Engine;
+        let list = if self.kind == "e2b" { "/v2/sandboxes" } else { "/sandbox" };
+        let token = if self.kind == "e2b" { "nextToken=" } else { "cursor=" };
+        self.journal()
+            .await
+            .iter()
+            .filter(|e| e["method"] == "GET" && e["path"].as_str().is_some_and(|p| p.ends_with(list)))
+            .filter(|e| !e["query"].as_str().unwrap_or_default().contains("labels="))
+            .map(|e| {
+                let q = e["query"].as_str().unwrap_or_default();
+                q.split('&')
+                    .find_map(|kv| kv.strip_prefix(token))
+                    .map(|t| {
+                        let t = t.replace("%3D", "=");
+                        let raw = base64::engine::general_purpose::URL_SAFE.decode(t.as_bytes()).expect("a token");
+                        String::from_utf8_lossy(&raw).parse::<usize>().expect("an offset")
+                    })
+                    .unwrap_or(0)
+            })
+            .collect()
+    }
+
     /// Drives the fake with the service's official Python SDK (`tests/fakes/<kind>_sdk_check.py`);
     /// answers its exit status and output.
     pub fn sdk_check(&self, api_key: &str) -> (bool, String) {

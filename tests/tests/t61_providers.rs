@@ -28,7 +28,8 @@ async fn provider(c: &TestCluster, fake: &FakeService, extra: Value) -> String {
 }
 
 async fn provider_with_key(c: &TestCluster, fake: &FakeService, key: &str, extra: Value) -> String {
-    let mut config = json!({"serverUrl": c.url(1, ""), "endpoint": fake.url, "apiKey": key, "timeoutMs": 30000});
+    let timeout = if fake.kind == "daytona" { 60000 } else { 30000 };
+    let mut config = json!({"serverUrl": c.url(1, ""), "endpoint": fake.url, "apiKey": key, "timeoutMs": timeout});
     if let (Some(base), Some(more)) = (config.as_object_mut(), extra.as_object()) {
         base.extend(more.clone());
     }
@@ -381,5 +382,123 @@ async fn t35_a_sandbox_deleted_at_the_provider_is_reported() {
         let vanished =
             ev["events"].as_array().into_iter().flatten().any(|e| e["type"] == "SandboxVanished" && e["computerId"] == id.as_str());
         assert!(vanished, "{kind}: {ev}");
+    }
+}
+
+/// Pauses (E2B) or stops (Daytona) a sandbox at the provider itself, behind the cluster's back.
+async fn pause_at_the_provider(fake: &FakeService, sandbox: &str) {
+    let (url, auth) = if fake.kind == "e2b" {
+        (format!("{}/sandboxes/{sandbox}/pause", fake.url), ("X-API-Key", KEY.to_string()))
+    } else {
+        (format!("{}/sandbox/{sandbox}/stop", fake.url), ("Authorization", format!("Bearer {KEY}")))
+    };
+    let r = reqwest::Client::new().post(url).header(auth.0, auth.1).send().await.expect("pause at the provider");
+    assert!(r.status().is_success(), "{}", r.status());
+}
+
+/// Issue 37, item 12: a sandbox the provider paused (E2B) or stopped (Daytona) on its own is
+/// reported by the sandbox watch: the Computer becomes `paused`, with a `SandboxPausedByProvider`
+/// event and its usage span ended as for a pause we asked for; a resume brings it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i37_12_a_sandbox_paused_behind_the_clusters_back_is_reported_paused() {
+    let c = TestCluster::start_with(1, &["--sandbox-watch-secs", "0.5"]).await;
+    for kind in ["e2b", "daytona"] {
+        let fake = FakeService::start(kind, KEY);
+        let p = provider(&c, &fake, json!({"timeoutMs": 60000})).await;
+        let (id, _) = create(&c, 1, &p, &format!("behind-{kind}")).await;
+        let v = wait_state(&c, &id, "running").await;
+        let sandbox = s(&v, "sandboxId");
+        pause_at_the_provider(&fake, &sandbox).await;
+        wait_state(&c, &id, "paused").await;
+        let (_, ev) = c.call(Method::GET, 1, "/v1/events?limit=1000", &c.token, None).await;
+        let seen = ev["events"].as_array().into_iter().flatten().any(|e| {
+            e["type"] == "SandboxPausedByProvider" && e["computerId"] == id.as_str()
+        });
+        assert!(seen, "{kind}: {ev}");
+        let (_, u) = c.call(Method::GET, 1, &format!("/v1/computers/{id}/usage"), &c.token, None).await;
+        let spans = u["spans"].as_array().expect("spans");
+        assert_eq!(spans.iter().map(|s| s["endedBy"].as_str()).collect::<Vec<_>>(), [Some("pause")], "{kind}: {u}");
+        let exe = lifecycle(&c, 1, &id, "/resume", &format!("resume-{kind}")).await;
+        assert_eq!(c.settle(1, &exe, &c.token).await["state"], "succeeded", "{kind}");
+        wait_state(&c, &id, "running").await;
+        let exe = lifecycle(&c, 1, &id, "", &format!("delete-{kind}")).await;
+        assert_eq!(c.settle(1, &exe, &c.token).await["state"], "succeeded", "{kind}");
+    }
+}
+
+/// Issue 37, item 14: Daytona's stop answers while the runner is still stopping the sandbox (the
+/// fake's runner lags 3 s here). The pause is done only once Daytona reports `stopped`, so a
+/// resume sent at once works, where it used to meet "Sandbox state change in progress".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i37_14_a_daytona_stop_is_done_only_once_the_sandbox_is_stopped() {
+    let c = TestCluster::start(1).await;
+    let fake = FakeService::start("daytona", KEY);
+    let p = provider(&c, &fake, json!({"timeoutMs": 60000})).await;
+    let (id, _) = create(&c, 1, &p, "async-stop").await;
+    let v = wait_state(&c, &id, "running").await;
+    let sandbox = s(&v, "sandboxId");
+    fake.fault(json!({"method": "POST", "path": "/sandbox/*/stop", "fault": "lag", "delayMs": 3000})).await;
+    fake.fault(json!({"method": "POST", "path": "/sandbox/*/start", "fault": "lag", "delayMs": 3000})).await;
+    let exe = lifecycle(&c, 1, &id, "/pause", "pause-1").await;
+    assert_eq!(c.settle(1, &exe, &c.token).await["state"], "succeeded");
+    let r = reqwest::Client::new()
+        .get(format!("{}/sandbox/{sandbox}", fake.url))
+        .header("Authorization", format!("Bearer {KEY}"))
+        .send()
+        .await
+        .expect("get");
+    let now: Value = r.json().await.expect("json");
+    assert_eq!(now["state"], "stopped", "the pause ended before the runner had stopped it: {now}");
+    let exe = lifecycle(&c, 1, &id, "/resume", "resume-1").await;
+    assert_eq!(c.settle(1, &exe, &c.token).await["state"], "succeeded");
+    wait_state(&c, &id, "running").await;
+    let polled = fake.journal().await.iter().filter(|e| e["method"] == "GET" && e["sandboxId"] == sandbox.as_str()).count();
+    assert!(polled >= 2, "the adapter polled the sandbox's state: {polled}");
+    all_valid(&fake).await;
+}
+
+/// Issue 37, item 15: the sandbox watch pages through each provider's whole list (the Computer's
+/// sandbox is on the third page of 100, behind 250 others) and reports nothing vanished; past its
+/// cap of 50 pages it reports nothing at all, not even a sandbox that did vanish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i37_15_the_sandbox_watch_pages_through_every_list_up_to_its_cap() {
+    let c = TestCluster::start_with(1, &["--sandbox-watch-secs", "0.5"]).await;
+    for kind in ["e2b", "daytona"] {
+        let fake = FakeService::start(kind, KEY);
+        let p = provider(&c, &fake, json!({"timeoutMs": 60000})).await;
+        let (id, _) = create(&c, 1, &p, &format!("pages-{kind}")).await;
+        let v = wait_state(&c, &id, "running").await;
+        let sandbox = s(&v, "sandboxId");
+        // Newer than the Computer's sandbox: listed before it (newest first).
+        fake.seed(250).await;
+        let passes = |at: usize| {
+            let fake = &fake;
+            async move { fake.list_pages().await.iter().filter(|o| **o == at).count() }
+        };
+        let before = passes(200).await;
+        wait_for("two passes over three pages", Duration::from_secs(60), || async {
+            (passes(200).await >= before + 2).then_some(())
+        })
+        .await;
+        let (_, v) = c.call(Method::GET, 1, &format!("/v1/computers/{id}"), &c.token, None).await;
+        assert_eq!(v["state"], "running", "{kind}: its sandbox is on the third page: {v}");
+
+        // 5,251 sandboxes: 53 pages, past the cap of 50. A sandbox deleted now is not reported.
+        fake.seed(5000).await;
+        let (url, auth) = if kind == "e2b" {
+            (format!("{}/sandboxes/{sandbox}", fake.url), ("X-API-Key", KEY.to_string()))
+        } else {
+            (format!("{}/sandbox/{sandbox}", fake.url), ("Authorization", format!("Bearer {KEY}")))
+        };
+        let r = reqwest::Client::new().delete(url).header(auth.0, auth.1).send().await.expect("delete");
+        assert!(r.status().is_success(), "{}", r.status());
+        let before = passes(4900).await;
+        wait_for("two passes up to the cap", Duration::from_secs(120), || async {
+            (passes(4900).await >= before + 2).then_some(())
+        })
+        .await;
+        assert_eq!(passes(5000).await, 0, "{kind}: no page past the cap is asked for");
+        let (_, v) = c.call(Method::GET, 1, &format!("/v1/computers/{id}"), &c.token, None).await;
+        assert_eq!(v["state"], "running", "{kind}: a capped list reports nothing: {v}");
     }
 }

@@ -660,6 +660,16 @@ pub enum Command {
         /// Unix ms.
         at_ms: u64,
     },
+    /// The provider paused (or stopped) a running Computer's sandbox on its own: it becomes
+    /// `paused`, with an event and its usage span ended, as for a pause we asked for.
+    SandboxPausedByProvider {
+        /// The Computer.
+        computer_id: String,
+        /// The provider's name of the sandbox's state (`paused`, `stopped`, ...).
+        provider_state: String,
+        /// Unix ms.
+        at_ms: u64,
+    },
     /// Records an MCP binding being installed (admission: installing). Answers its id.
     BindingReserve {
         /// The caller's token id.
@@ -823,6 +833,7 @@ impl Command {
             Command::RedeemJoinToken { .. } => "redeem_join_token",
             Command::RevokeNode { .. } => "revoke_node",
             Command::SandboxVanished { .. } => "sandbox_vanished",
+            Command::SandboxPausedByProvider { .. } => "sandbox_paused_by_provider",
             Command::BindingReserve { .. } => "binding_reserve",
             Command::BindingSettle { .. } => "binding_settle",
             Command::BindingRevoke { .. } => "binding_revoke",

@@ -540,6 +540,34 @@ impl State {
         Ok(())
     }
 
+    /// The provider paused (or stopped) a running Computer's sandbox on its own (E2B's auto-pause
+    /// after a keep-alive failed; a Daytona sandbox stopped by its runner): the Computer follows,
+    /// `paused`, with a `SandboxPausedByProvider` event and its usage span ended as for a pause we
+    /// asked for. Only a running provider Computer with no execution under way (a pause of ours
+    /// in flight is not one behind our back).
+    pub(crate) fn sandbox_paused_by_provider(
+        &mut self,
+        computer_id: &str,
+        provider_state: &str,
+        at: u64,
+    ) -> Result<(), Reject> {
+        let c = self.computers.get(computer_id).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such computer"))?;
+        if c.state != ComputerState::Running || c.active_execution.is_some() || c.source == Source::Paired {
+            return Err(Reject::new(RejectKind::Conflict, "the computer is not running with no execution under way"));
+        }
+        let sandbox = c.sandbox.clone();
+        self.close_span(computer_id, at, SpanEnd::Pause);
+        self.push_event(
+            at,
+            "SandboxPausedByProvider",
+            computer_id,
+            None,
+            serde_json::json!({"sandbox": sandbox, "providerState": provider_state}),
+        );
+        self.set_computer_state(computer_id, ComputerState::Paused, at);
+        Ok(())
+    }
+
     /// Stop on an unknown-outcome pause: the Computer becomes `failed` (the sandbox may still run).
     pub(crate) fn stop(&mut self, by: &str, computer_id: &str, at: u64) -> Result<(), Reject> {
         let caller = self.caller_by_token_id(by)?;

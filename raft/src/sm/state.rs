@@ -277,6 +277,9 @@ impl State {
         match cmd {
             Command::LinkDown { computer_id, generation, at_ms } => self.link_down(computer_id, *generation, *at_ms),
             Command::SandboxVanished { computer_id, at_ms } => self.sandbox_vanished(computer_id, *at_ms),
+            Command::SandboxPausedByProvider { computer_id, provider_state, at_ms } => {
+                self.sandbox_paused_by_provider(computer_id, provider_state, *at_ms)
+            }
             Command::BindingSettle { binding_id, ready, tools, error, shared_uid } => {
                 self.binding_settle(binding_id, *ready, tools, error.as_ref(), *shared_uid)
             }
