@@ -40,6 +40,8 @@ pub struct Endpoint {
     tls: Option<Arc<rustls::ClientConfig>>,
     /// `host[:port]` for the Host header.
     authority: String,
+    /// The largest answer read.
+    max_answer: usize,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -158,7 +160,14 @@ impl Endpoint {
             base: path.trim_end_matches('/').to_string(),
             tls,
             authority: authority.to_string(),
+            max_answer: MAX_ANSWER,
         })
+    }
+
+    /// Reads answers of up to `bytes` (instead of 4 MiB).
+    pub fn with_max_answer(mut self, bytes: usize) -> Self {
+        self.max_answer = bytes;
+        self
     }
 
     /// Sends one request (`path` after the base, with its query) and reads the answer, within
@@ -212,7 +221,7 @@ impl Endpoint {
                 .and_then(|v| v.to_str().ok())
                 .filter(|v| !v.is_empty())
                 .map(str::to_string);
-            let body = Limited::new(resp.into_body(), MAX_ANSWER)
+            let body = Limited::new(resp.into_body(), self.max_answer)
                 .collect()
                 .await
                 .map_err(|e| format!("reading the answer: {e}"))?

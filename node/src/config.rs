@@ -35,6 +35,40 @@ pub enum Command {
     /// Make (or keep) a local CA in a directory and a server certificate for the HTTP edge (a
     /// load balancer's, at set-up): DIR/ca.crt, edge.crt, edge.key, and edge.pem for HAProxy.
     EdgeCert(EdgeCertConfig),
+    /// Write a backup of a running cluster's store (every record, and the blobs' list) to a
+    /// file, with an owner's token.
+    Backup(BackupConfig),
+    /// Start the first node of a new cluster from a backup, in an empty data dir (then run it
+    /// with `serve`, and join more nodes as usual). The flags are `serve`'s.
+    Restore(RestoreConfig),
+}
+
+/// `computerd backup`.
+#[derive(Debug, Clone, Args)]
+pub struct BackupConfig {
+    /// A node's (or the load balancer's) base URL.
+    #[arg(long, env = "COMPUTERD_URL")]
+    pub url: String,
+    /// A file holding an owner's token (never the token itself on the command line).
+    #[arg(long, env = "COMPUTERD_TOKEN_FILE")]
+    pub token_file: PathBuf,
+    /// The file to write (0600; replaced atomically).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// A CA certificate (PEM) to trust for an `https://` URL.
+    #[arg(long)]
+    pub ca_cert: Option<PathBuf>,
+}
+
+/// `computerd restore`.
+#[derive(Debug, Clone, Args)]
+pub struct RestoreConfig {
+    /// The backup file (`computerd backup`).
+    #[arg(long)]
+    pub from: PathBuf,
+    /// The node's settings, as for `serve`.
+    #[command(flatten)]
+    pub serve: ServeConfig,
 }
 
 /// `computerd edge-cert`.
@@ -114,6 +148,7 @@ impl DevConfig {
             reinstall_snapshot: false,
             blob_store: "local".into(),
             metrics_token_file: None,
+            restore_from: None,
         }
     }
 }
@@ -121,6 +156,9 @@ impl DevConfig {
 /// `computerd serve`.
 #[derive(Debug, Clone, Args)]
 pub struct ServeConfig {
+    /// Set by `computerd restore`: the backup a fresh store starts from.
+    #[arg(skip)]
+    pub restore_from: Option<PathBuf>,
     /// This node's id in the cluster, stable across restarts.
     #[arg(long, env = "COMPUTERD_NODE_ID")]
     pub node_id: u64,

@@ -4,6 +4,7 @@
 
 #![warn(missing_docs)]
 
+pub mod backup;
 pub mod blobs;
 pub mod blobs_s3;
 pub mod bot_tools;

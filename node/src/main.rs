@@ -27,6 +27,25 @@ async fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Serve(cfg) => computerd_node::serve(cfg, computerd_node::shutdown_signal()).await,
         Command::Dev(cfg) => computerd_node::dev(cfg, computerd_node::shutdown_signal()).await,
+        Command::Backup(cfg) => match computerd_node::backup::run(&cfg).await {
+            Ok(w) => {
+                let (computers, bots, tokens, blobs) = w.counts;
+                println!(
+                    "backup of cluster {} at index {} written to {} ({} bytes): {computers} computers, {bots} bots, {tokens} tokens, {blobs} blobs (their bytes are not in the file)",
+                    w.cluster_id,
+                    w.applied_index,
+                    cfg.out.display(),
+                    w.bytes
+                );
+                Ok(())
+            }
+            Err(e) => Err(e),
+        },
+        Command::Restore(cfg) => {
+            let mut serve = cfg.serve;
+            serve.restore_from = Some(cfg.from);
+            computerd_node::serve(serve, computerd_node::shutdown_signal()).await
+        }
         Command::EdgeCert(cfg) => {
             let validity = std::time::Duration::from_secs(cfg.days.max(1) * 86_400);
             match computerd_node::edge_ca::ensure(&cfg.dir, &cfg.names, validity) {

@@ -363,6 +363,19 @@ async fn membership(
     pki: &Pki,
 ) -> Result<(), NodeError> {
     let initialized = cluster.is_initialized().await?;
+    // `computerd restore`: the backup is read and checked before anything is written.
+    let restoring = match &cfg.restore_from {
+        Some(_) if cfg.join.is_some() => {
+            return Err(NodeError::Config("restore starts a new cluster: it takes no --join".into()));
+        }
+        Some(_) if let Some(ours) = &dir.node.cluster_id => {
+            return Err(NodeError::Config(format!(
+                "the data dir already holds cluster {ours}: restore needs an empty one (start this one with serve)"
+            )));
+        }
+        Some(path) => Some(read_backup(path)?),
+        None => None,
+    };
     match (&cfg.join, initialized) {
         (None, false) => {
             if dir.node.cluster_id.is_some() {
@@ -371,12 +384,18 @@ async fn membership(
                 ));
             }
             cluster.initialize(addr.clone()).await?;
-            bootstrap(dir, cluster, pki, cfg.join_token_out.as_deref()).await
+            match restoring {
+                Some(backup) => restore(dir, cluster, pki, cfg.join_token_out.as_deref(), backup).await,
+                None => bootstrap(dir, cluster, pki, cfg.join_token_out.as_deref()).await,
+            }
         }
         (None, true) => {
             // Resume. A crash between initialize and bootstrap leaves an unbootstrapped store.
             if dir.node.cluster_id.is_none() && cluster.view().members.len() == 1 {
-                return bootstrap(dir, cluster, pki, cfg.join_token_out.as_deref()).await;
+                return match restoring {
+                    Some(backup) => restore(dir, cluster, pki, cfg.join_token_out.as_deref(), backup).await,
+                    None => bootstrap(dir, cluster, pki, cfg.join_token_out.as_deref()).await,
+                };
             }
             check_recovered_cluster(dir, cluster).await?;
             refresh_own_address(cluster, addr);
@@ -456,6 +475,53 @@ async fn check_recovered_cluster(dir: &mut DataDir, cluster: &Cluster) -> Result
         (Some(s), None) => Ok(dir.set_cluster_id(&s)?),
         _ => Ok(()),
     }
+}
+
+/// Reads and checks a backup file (`computerd restore --from`).
+fn read_backup(path: &std::path::Path) -> Result<computerd_raft::sm::backup::Backup, NodeError> {
+    let bytes = std::fs::read(path).map_err(|e| NodeError::Config(format!("--from {}: {e}", path.display())))?;
+    computerd_raft::sm::backup::decode(&bytes).map_err(|e| NodeError::Config(format!("--from {}: {e}", path.display())))
+}
+
+/// Starts a new cluster from a backup: its records as they were (the same organization, members,
+/// bots and tokens: the owner token of the old cluster works here), a new cluster id and CA, and
+/// a new join secret (written as for a bootstrap). No new owner token is made.
+async fn restore(
+    dir: &mut DataDir,
+    cluster: &Cluster,
+    pki: &Pki,
+    join_out: Option<&std::path::Path>,
+    backup: computerd_raft::sm::backup::Backup,
+) -> Result<(), NodeError> {
+    let cluster_id = pki.cluster_id().to_string();
+    let join = JoinSecret::new(&pki.ca_hash());
+    dir.write_join_token(&join.encode())?;
+    if let Some(out) = join_out {
+        crate::datadir::write_secret_file(out, &join.encode())?;
+    }
+    let state_json = serde_json::to_string(&backup.state)
+        .map_err(|e| NodeError::Bootstrap(format!("the backup's records: {e}")))?;
+    let cmd = Command::Restore { cluster_id: cluster_id.clone(), state_json, join_secret_hash: hash_secret(&join.secret) };
+    match cluster.propose(Request::new(cmd)).await? {
+        Response::Ok | Response::Id(_) => {}
+        Response::Rejected(r) => return Err(NodeError::Bootstrap(r.message)),
+    }
+    dir.set_cluster_id(&cluster_id)?;
+    // The entry that carried the records is folded into a snapshot, which is what nodes that
+    // join later receive.
+    if let Err(e) = cluster.raft().trigger().snapshot().await {
+        tracing::warn!(error = %e, "no snapshot after the restore");
+    }
+    tracing::info!(
+        cluster_id = %cluster_id,
+        from_cluster = %backup.cluster_id.unwrap_or_default(),
+        from_index = backup.applied_index,
+        computers = backup.state.computers.len(),
+        blobs = backup.blobs.len(),
+        join = %dir.join_token_path().display(),
+        "cluster restored from a backup; its tokens work here, and the join secret is new"
+    );
+    Ok(())
 }
 
 /// Creates the organization, the first owner and the owner token (written to `admin.token`).

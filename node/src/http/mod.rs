@@ -2,6 +2,7 @@
 
 mod agent;
 mod approvals;
+mod backup;
 mod auth;
 mod blobs;
 mod bot_tools;
@@ -99,6 +100,7 @@ fn groups(seen: &mut dyn FnMut(&[RoutePair])) -> Groups {
         delete "/v1/tokens/{id}" => identity::revoke_token,
         delete "/v1/cluster/nodes/{id}" => health::remove_node,
         post "/v1/cluster/join-tokens" => health::join_token,
+        get "/v1/admin/backup" => backup::backup,
         post "/v1/computer-providers" => providers::create,
         get "/v1/computer-providers" => providers::list,
         post "/v1/computers" => computers::create,

@@ -10,6 +10,7 @@ use utoipa::openapi::security::SecurityScheme;
 
 use super::agent;
 use super::approvals;
+use super::backup;
 use super::blobs;
 use super::bot_tools;
 use super::browser;
@@ -55,7 +56,7 @@ impl Modify for BearerAuth {
 #[openapi(
     info(title = "computerd", description = "The control plane for AI bots' computers."),
     paths(
-        health::health, health::remove_node, health::join_token, metrics::scrape,
+        health::health, health::remove_node, health::join_token, backup::backup, metrics::scrape,
         identity::create_member, identity::list_members, identity::create_bot, identity::list_bots,
         identity::archive_bot, identity::create_token, identity::list_tokens, identity::revoke_token,
         providers::create, providers::list,

@@ -660,6 +660,16 @@ pub enum Command {
         /// Unix ms.
         at_ms: u64,
     },
+    /// A new cluster takes the records of a backup (only a store never bootstrapped; see
+    /// `sm::backup`).
+    Restore {
+        /// The new cluster's id.
+        cluster_id: String,
+        /// The backup's records (the JSON of its state).
+        state_json: String,
+        /// SHA-256 of the new cluster's reusable join secret.
+        join_secret_hash: String,
+    },
     /// The provider paused (or stopped) a running Computer's sandbox on its own: it becomes
     /// `paused`, with an event and its usage span ended, as for a pause we asked for.
     SandboxPausedByProvider {
@@ -834,6 +844,7 @@ impl Command {
             Command::RevokeNode { .. } => "revoke_node",
             Command::SandboxVanished { .. } => "sandbox_vanished",
             Command::SandboxPausedByProvider { .. } => "sandbox_paused_by_provider",
+            Command::Restore { .. } => "restore",
             Command::BindingReserve { .. } => "binding_reserve",
             Command::BindingSettle { .. } => "binding_settle",
             Command::BindingRevoke { .. } => "binding_revoke",

@@ -7,6 +7,7 @@
 
 mod access;
 mod actions;
+pub mod backup;
 mod blobs;
 #[cfg(test)]
 mod bounds_tests;

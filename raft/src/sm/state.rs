@@ -277,6 +277,9 @@ impl State {
         match cmd {
             Command::LinkDown { computer_id, generation, at_ms } => self.link_down(computer_id, *generation, *at_ms),
             Command::SandboxVanished { computer_id, at_ms } => self.sandbox_vanished(computer_id, *at_ms),
+            Command::Restore { cluster_id, state_json, join_secret_hash } => {
+                self.restore(cluster_id, state_json, join_secret_hash)
+            }
             Command::SandboxPausedByProvider { computer_id, provider_state, at_ms } => {
                 self.sandbox_paused_by_provider(computer_id, provider_state, *at_ms)
             }

@@ -83,6 +83,13 @@ impl StateReader {
         f(&guard.state)
     }
 
+    /// Runs `f` on the state as applied now and the index of the last entry applied to it (0
+    /// before any).
+    pub fn read_at<T>(&self, f: impl FnOnce(&State, u64) -> T) -> T {
+        let guard = self.shared.applied.read().unwrap_or_else(|p| p.into_inner());
+        f(&guard.state, guard.last_applied.map_or(0, |l| l.index))
+    }
+
     /// A receiver that changes whenever the state machine applies something.
     pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
         self.shared.applied_tx.subscribe()
@@ -166,10 +173,7 @@ fn check_received_file(want: Option<LogId>, snapshot: Vec<u8>) -> io::Result<(Ve
 fn decode_payload(bytes: &[u8]) -> io::Result<SnapshotFile> {
     let mut file: SnapshotFile = serde_json::from_slice(bytes).map_err(invalid_data)?;
     // (Derived indexes are rebuilt from the records: a snapshot may predate one.)
-    file.applied.state.reindex_tools();
-    file.applied.state.reindex_executions();
-    file.applied.state.reindex_computers();
-    file.applied.state.ports.reindex();
+    file.applied.state.reindex_all();
     if file.format != SNAPSHOT_FORMAT {
         return Err(io::Error::new(io::ErrorKind::InvalidData, format!("unknown snapshot format {}", file.format)));
     }
