@@ -122,6 +122,10 @@ async fn t10_a_bot_uploads_a_report_through_the_browser() {
     let sid = opened["session"].as_str().expect("session").to_string();
     assert_eq!(opened["tabs"][0]["title"], "Sign in", "{opened}");
     let snap = api.tool(b, "snapshot", json!({"session": sid, "format": "json"})).await;
+    // Issue 38, item 2: in automation mode too, a click on a text field lands on it.
+    let clicked = api.tool(b, "click", json!({"session": sid, "ref": find(&snap, "textbox", "Username")})).await;
+    assert_eq!(clicked["outcome"]["state"], "done", "{clicked}");
+    let snap = api.tool(b, "snapshot", json!({"session": sid, "format": "json"})).await;
     api.tool(b, "type", json!({"session": sid, "ref": find(&snap, "textbox", "Username"), "text": "alice"})).await;
     api.tool(
         b,
@@ -351,6 +355,20 @@ async fn t10_a_bot_uploads_a_report_through_the_browser() {
     })
     .await;
     assert_eq!(clicked["outcome"]["state"], "done", "{clicked}");
+    // Issue 38, item 2: a click on a plain text field (in its label, and alone with an
+    // aria-label) lands on it: nothing covers it, whatever the hit test finds inside the field.
+    let mut latest = snap;
+    for (name, id) in [("Note", "note"), ("Search", "search")] {
+        let field = find(&latest, "textbox", name);
+        let (s, v) = api.post(b, "browser/click", json!({"session": sid, "ref": field})).await;
+        assert_eq!(s, 200, "a click on the {name} field: {v}");
+        let now = api.tool(b, "snapshot", json!({"session": sid, "format": "json"})).await;
+        let text = now["text"].as_str().unwrap_or_default();
+        let focused = text.lines().any(|l| l.contains(&format!("textbox \"{name}\"")) && l.contains("[focused]"));
+        assert!(focused, "the {name} field has the focus:\n{text}");
+        assert!(text.contains(&format!("text \"{id}\"")), "the page saw its focus event:\n{text}");
+        latest = now;
+    }
     if let Ok(dir) = std::env::var("COMPUTERD_DOCS_SHOT") {
         let shot = api.post(&c.token, "desktop/screenshot", json!({"format": "png"})).await.1;
         let png = STANDARD.decode(shot["data"].as_str().unwrap_or_default()).expect("base64");

@@ -280,7 +280,11 @@ const FILE_INPUT: &str = "function() { return (this.tagName === 'INPUT' && this.
 const WATCH_FILES: &str = "function() { this.__computerdFiles = undefined; this.addEventListener('change', () => { this.__computerdFiles = Array.from(this.files || []).map(f => ({name: f.name, size: f.size})); }, {capture: true, once: true}); }";
 /// The files [`WATCH_FILES`] noted, else those the input holds now.
 const FILES: &str = "function() { const seen = this.__computerdFiles; delete this.__computerdFiles; return seen !== undefined ? seen : Array.from(this.files || []).map(f => ({name: f.name, size: f.size})); }";
-const COVERS: &str = "function(h) { return this === h || this.contains(h) || !!(this.labels && Array.from(this.labels).some(l => l === h || l.contains(h))); }";
+/// Whether the hit-test node `h` is the element, inside it (through shadow roots too: a text
+/// field's own inner editor is in its user-agent shadow root) or inside one of its labels.
+const COVERS: &str = "function(h) { const labels = this.labels ? Array.from(this.labels) : []; for (let n = h; n; n = n.parentNode || n.host || null) { if (n === this || labels.includes(n)) return true; } return false; }";
+/// What a hit-test node is, for a person: its element's role (or tag) and name.
+const DESCRIBE: &str = "function() { let e = this.nodeType === 1 ? this : this.parentElement; while (e && e.nodeType !== 1) e = e.parentNode || e.host; if (!e) return 'nothing'; const role = e.getAttribute('role') || e.tagName.toLowerCase(); const name = (e.getAttribute('aria-label') || e.innerText || e.getAttribute('alt') || e.id || '').trim().replace(/\\s+/g, ' ').slice(0, 60); return name ? role + ' \"' + name + '\"' : role; }";
 const LABEL: &str = "function() { const l = this.labels && this.labels[0]; return ((l && l.innerText) || this.getAttribute('aria-label') || this.name || '').trim(); }";
 
 /// Checks a ref against the live page; answers what it names and the element's object id.
@@ -359,7 +363,9 @@ async fn point_of(cdp: &Cdp, tab: &Tab, info: &RefInfo, obj: &str) -> Result<(f6
     };
     let Some(hit_obj) = hit_obj else { return Err(BrowserError::invalid("nothing is at the element's centre")) };
     if function(cdp, s, obj, COVERS, json!([{"objectId": hit_obj}])).await? != Value::Bool(true) {
-        return Err(BrowserError::invalid(format!("another element covers the element at ({x}, {y})")));
+        let cover = function(cdp, s, &hit_obj, DESCRIBE, json!([])).await?;
+        let cover = cover.as_str().unwrap_or("another element");
+        return Err(BrowserError::invalid(format!("{cover} covers the element at ({x}, {y})")));
     }
     Ok((x, y))
 }
