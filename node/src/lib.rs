@@ -8,6 +8,7 @@ pub mod backup;
 pub mod blobs;
 pub mod blobs_s3;
 pub mod bot_tools;
+pub mod cli;
 pub mod config;
 pub mod datadir;
 pub mod desktop_streams;

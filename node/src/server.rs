@@ -160,6 +160,7 @@ pub async fn run(
         return Err(e);
     }
     tracing::info!(node_id = cfg.node_id, %addr, "node serving");
+    announce_store_version(&cluster);
 
     // 5. The execution driver (drives the Computers placed on this node), the leader's record of
     //    the live nodes they are placed over, and HTTP. A member silent for three minimum
@@ -427,6 +428,35 @@ async fn membership(
             Ok(())
         }
     }
+}
+
+/// Records the store version this build speaks (`sm::versions`), in the background (the cluster
+/// may need this very node for its quorum), when the store does not say it already.
+fn announce_store_version(cluster: &Cluster) {
+    let (id, version) = (cluster.id(), computerd_raft::sm::STORE_VERSION);
+    let cluster = cluster.clone();
+    tokio::spawn(async move {
+        let deadline = tokio::time::Instant::now() + JOIN_PATIENCE;
+        loop {
+            if cluster.read_barrier().await.is_ok() && cluster.state().read(|s| s.speaks(id)) == version {
+                return;
+            }
+            match cluster.propose(Request::new(Command::NodeSpeaks { node_id: id, version })).await {
+                Ok(_) => {
+                    tracing::info!(version, "store version recorded");
+                    return;
+                }
+                Err(e) if tokio::time::Instant::now() < deadline => {
+                    tracing::info!(error = %e, "store version not recorded yet; retrying");
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "the store version was not recorded: commands of this version wait");
+                    return;
+                }
+            }
+        }
+    });
 }
 
 /// Retries a call to another member while it is not reachable yet (it may be starting too).

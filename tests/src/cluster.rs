@@ -40,10 +40,21 @@ pub fn computerd_bin() -> PathBuf {
 /// Builds `bin` of the workspace's `package` (debug; a no-op when it is up to date) and answers
 /// its path.
 pub fn build_bin(package: &str, bin: &str) -> PathBuf {
+    build_bin_with(package, bin, &[])
+}
+
+/// [`build_bin`] with cargo `features` of the package (only `bin` is linked: the package's
+/// other binaries stay as they are).
+pub fn build_bin_with(package: &str, bin: &str, features: &[&str]) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut args = vec!["build", "-q", "-p", package, "--bin", bin];
+    let features = features.join(",");
+    if !features.is_empty() {
+        args.extend(["--features", features.as_str()]);
+    }
     let status = Command::new(cargo)
-        .args(["build", "-q", "-p", package, "--bin", bin])
+        .args(&args)
         .current_dir(&root)
         .status()
         .expect("run cargo build");
@@ -120,6 +131,8 @@ pub struct Node {
     pub log: PathBuf,
     /// The member it joins through (None for the bootstrap node).
     pub join: Option<String>,
+    /// The binary it runs, when not [`computerd_bin`] (a newer build, in an upgrade).
+    pub bin: Option<PathBuf>,
 }
 
 /// A cluster of real node processes in a temporary directory.
@@ -249,6 +262,7 @@ impl TestCluster {
             child: None,
             log,
             join,
+            bin: None,
         };
         self.nodes.insert(id, node);
     }
@@ -272,7 +286,7 @@ impl TestCluster {
         let node = self.nodes.get_mut(&id).expect("known node");
         assert!(node.child.is_none(), "node {id} already runs");
         let log = fs::OpenOptions::new().create(true).append(true).open(&node.log).expect("log file");
-        let mut cmd = Command::new(computerd_bin());
+        let mut cmd = Command::new(node.bin.clone().unwrap_or_else(computerd_bin));
         cmd.arg("serve")
             .args(["--node-id", &id.to_string()])
             .arg("--data")

@@ -3,6 +3,8 @@
 mod agent;
 mod approvals;
 mod backup;
+#[cfg(feature = "upgrade-probe")]
+mod upgrade_probe;
 mod auth;
 mod blobs;
 mod bot_tools;
@@ -260,6 +262,8 @@ pub fn router(state: AppState) -> Router {
     use axum::middleware::from_fn_with_state;
     let bounded = |l: limits::RouteLimits| from_fn_with_state(l, limits::bounded);
     let g = groups(&mut |_| {});
+    #[cfg(feature = "upgrade-probe")]
+    let g = Groups { control: g.control.route("/v1/admin/upgrade-probe", upgrade_probe::routes()), ..g };
     let control = g.control.layer(bounded(limits::CONTROL));
     let tools = g.tools.layer(bounded(limits::TOOL));
     // Calls on a Computer's agent run on the node holding its link.

@@ -148,6 +148,10 @@ impl Cluster {
 
     /// Proposes a command and waits until it is applied; any node may call it.
     pub async fn propose(&self, req: Request) -> Result<Response, ClusterError> {
+        // Checked here first too: a leader of an older build could not even read the command.
+        if let Some(refused) = self.version_gate(&req) {
+            return Ok(refused);
+        }
         let deadline = Instant::now() + WRITE_TIMEOUT;
         let payload = encode(&req).map_err(|e| ClusterError::Invalid(e.to_string()))?;
         let (req, payload) = (&req, &payload);
@@ -196,10 +200,32 @@ impl Cluster {
         next_stamp(&self.inner.last_stamp, wall_ms, self.state().read(|s| s.clock))
     }
 
+    /// The version gate (`sm::versions`): a command of a later store version waits until every
+    /// member speaks it, as this node knows the membership and the members' versions. Answers
+    /// the refusal (nothing is appended), or `None` to go on.
+    fn version_gate(&self, req: &Request) -> Option<Response> {
+        let since = req.command().since();
+        if since <= 1 {
+            return None;
+        }
+        let members: Vec<u64> = self.view().members.iter().map(|m| m.id).collect();
+        let behind = self.state().read(|s| s.behind(members, since));
+        if behind.is_empty() {
+            return None;
+        }
+        let why = format!(
+            "store version {since} is not spoken by every node yet (nodes {behind:?} run an older build): finish the upgrade first"
+        );
+        Some(Response::Rejected(crate::sm::Reject::new(crate::sm::RejectKind::Conflict, why)))
+    }
+
     /// Proposes on this node only; answers [`ProposeReply::NotLeader`] when it does not lead.
     /// The entry carries this node's stamp ([`Cluster::stamp`]), whatever stamp it came with: the
     /// state machine reads time from the leader's stamps only.
     pub async fn propose_local(&self, req: Request) -> Result<ProposeReply, ClusterError> {
+        if let Some(refused) = self.version_gate(&req) {
+            return Ok(ProposeReply::Applied(refused, 0));
+        }
         let req = req.stamped(self.stamp(wall_ms()));
         match self.raft().client_write(req).await {
             Ok(resp) => Ok(ProposeReply::Applied(resp.data, resp.log_id.index())),

@@ -660,6 +660,21 @@ pub enum Command {
         /// Unix ms.
         at_ms: u64,
     },
+    /// Node `node_id` speaks store commands up to `version` (it says so at each start): the
+    /// version gate (`sm::versions`) reads it.
+    NodeSpeaks {
+        /// The node.
+        node_id: u64,
+        /// Its build's store version.
+        version: u32,
+    },
+    /// A command only a node of the `upgrade-probe` build speaks (store version 2), for the
+    /// rolling-upgrade test: it records an event.
+    #[cfg(feature = "upgrade-probe")]
+    UpgradeProbe {
+        /// What the event says.
+        note: String,
+    },
     /// A new cluster takes the records of a backup (only a store never bootstrapped; see
     /// `sm::backup`).
     Restore {
@@ -845,6 +860,9 @@ impl Command {
             Command::SandboxVanished { .. } => "sandbox_vanished",
             Command::SandboxPausedByProvider { .. } => "sandbox_paused_by_provider",
             Command::Restore { .. } => "restore",
+            Command::NodeSpeaks { .. } => "node_speaks",
+            #[cfg(feature = "upgrade-probe")]
+            Command::UpgradeProbe { .. } => "upgrade_probe",
             Command::BindingReserve { .. } => "binding_reserve",
             Command::BindingSettle { .. } => "binding_settle",
             Command::BindingRevoke { .. } => "binding_revoke",

@@ -169,6 +169,7 @@ impl State {
         }
         let before = self.join.revoked.entry(node_id).or_insert(0);
         *before = (*before).max(before_secs);
+        self.node_versions.remove(&node_id);
         Ok(())
     }
 }

@@ -35,6 +35,7 @@ mod state;
 mod testing;
 mod tools;
 mod uids;
+mod versions;
 mod usage;
 
 pub use access::Decided;
@@ -107,6 +108,7 @@ pub use tools::MAX_REVOKED;
 pub use tools::Operation;
 pub use tools::OperationState;
 pub use tools::Switch;
+pub use versions::STORE_VERSION;
 pub use tools::SwitchState;
 pub use tools::ToolBinding;
 pub use tools::operation_key;

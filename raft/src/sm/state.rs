@@ -149,6 +149,10 @@ pub struct State {
     /// Turns' runs and their events (`runs`).
     #[serde(default)]
     pub runs: super::run_model::RunBook,
+    /// The store version each node said it speaks (`versions`), when above 1; at most one per
+    /// node id, and a removed node's goes with it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_versions: BTreeMap<u64, u32>,
 }
 
 /// An authenticated caller: a live token and what it speaks for.
@@ -277,6 +281,16 @@ impl State {
         match cmd {
             Command::LinkDown { computer_id, generation, at_ms } => self.link_down(computer_id, *generation, *at_ms),
             Command::SandboxVanished { computer_id, at_ms } => self.sandbox_vanished(computer_id, *at_ms),
+            Command::NodeSpeaks { node_id, version } => {
+                self.node_speaks(*node_id, *version);
+                Ok(())
+            }
+            #[cfg(feature = "upgrade-probe")]
+            Command::UpgradeProbe { note } => {
+                let at = self.clock;
+                self.push_event(at, "UpgradeProbe", "", None, serde_json::json!({"note": note}));
+                Ok(())
+            }
             Command::Restore { cluster_id, state_json, join_secret_hash } => {
                 self.restore(cluster_id, state_json, join_secret_hash)
             }
