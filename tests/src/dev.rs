@@ -22,6 +22,8 @@ pub struct Dev {
     pub token: String,
     /// The line it printed about Docker sandboxes.
     pub docker_line: String,
+    /// The line of the create `curl` it printed after it (empty when sandboxes are off).
+    pub create_line: String,
     http: reqwest::Client,
 }
 
@@ -66,6 +68,7 @@ impl Dev {
             base: format!("http://127.0.0.1:{port}"),
             token: String::new(),
             docker_line: String::new(),
+            create_line: String::new(),
             http: reqwest::Client::new(),
         };
         let mut printed = Vec::new();
@@ -82,6 +85,20 @@ impl Dev {
         .ok()
         .flatten()
         .unwrap_or_else(|| panic!("dev printed no Docker line: {printed:#?}"));
+        if !docker_line.contains("off") {
+            dev.create_line = tokio::time::timeout(Duration::from_secs(10), async {
+                while let Some(l) = lines.recv().await {
+                    if l.contains("commandKey") {
+                        return Some(l);
+                    }
+                }
+                None
+            })
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        }
         dev.docker_line = docker_line;
         dev.token = std::fs::read_to_string(data.join("node/admin.token")).expect("token").trim().to_string();
         dev

@@ -78,7 +78,13 @@ async fn t10_create_run_pause_autoresume_delete() {
     let mut cleanup = Containers::default();
     let id = create(&c, &provider, "d1", Value::Null).await;
     cleanup.track(&id);
-    wait_state(&c, &id, "running").await;
+    let v = wait_state(&c, &id, "running").await;
+    // Issue 39: a sandbox is no paired machine, though its agent has a credential.
+    assert_eq!(v["paired"], false, "{v}");
+    // A lifecycle call without its body says what it needs.
+    let (s, e) = c.call(Method::DELETE, 1, &format!("/v1/computers/{id}"), &c.token, None).await;
+    assert_eq!(s, 400, "{e}");
+    assert!(e["error"]["message"].as_str().unwrap_or_default().contains("commandKey"), "{e}");
     let containers = containers_of(&id);
     assert_eq!(containers.len(), 1, "exactly one container");
     let container = &containers[0];

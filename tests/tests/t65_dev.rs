@@ -32,6 +32,9 @@ async fn t10_dev_serves_docker_sandboxes_over_wss_with_its_ca() {
     let ca = std::fs::read_to_string(data.join("node/edge-tls/ca.crt")).expect("the local CA");
     assert_eq!(p["config"]["caCert"], ca.as_str(), "the provider hands the agents dev's CA");
     let provider = p["id"].as_str().expect("id").to_string();
+    // Issue 39: the create it prints carries a key of its own each time (the same key again
+    // would answer the first receipt and make nothing).
+    assert!(dev.create_line.contains("\"commandKey\":\"create_"), "{}", dev.create_line);
 
     let body = json!({"commandKey": "dev-box", "name": "box", "source": {"_tag": "Provider", "provider": provider}});
     let (s, v) = call(reqwest::Method::POST, "/v1/computers".into(), Some(body)).await;

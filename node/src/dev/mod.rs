@@ -174,10 +174,14 @@ pub async fn dev(cfg: DevConfig, shutdown: impl Future<Output = ()> + Send + 'st
                     s.server_url,
                     s.ca_file.display()
                 );
+                // A fresh key each time: the same key again answers the first receipt and makes
+                // nothing (a new Computer needs a new key).
+                let key = crate::ids::new_id("create");
                 println!(
                     "  (once: deploy/build-sandbox-image.sh; the sandboxes run this build's computer-agent)\n  \
                      curl -s -H 'Authorization: Bearer {token}' -H 'content-type: application/json' \\\n        \
-                     {base}/v1/computers -d '{{\"commandKey\":\"first\",\"name\":\"box\",\"source\":{{\"_tag\":\"Provider\",\"provider\":\"{id}\"}}}}'"
+                     {base}/v1/computers -d '{{\"commandKey\":\"{key}\",\"name\":\"box\",\"source\":{{\"_tag\":\"Provider\",\"provider\":\"{id}\"}}}}'\n  \
+                     (each new Computer needs a commandKey of its own: the same key again answers the same receipt)"
                 );
             }
             Err(why) => println!("Docker sandboxes: off ({why})"),

@@ -61,7 +61,9 @@ pub fn computer_view(s: &computerd_raft::sm::State, c: &Computer) -> Value {
         "owner": c.owner,
         "sandboxId": c.sandbox,
         "activeExecution": c.active_execution,
-        "paired": c.agent_credential.is_some(),
+        // An own machine that redeemed its pairing code (a sandbox's agent has a credential too,
+        // but it is no paired machine).
+        "paired": c.source == Source::Paired && c.agent_credential.is_some(),
         "linkGeneration": c.link_generation,
         "linkNode": c.link_node,
         "driverNode": s.placement(&c.id),
@@ -132,6 +134,17 @@ pub fn receipt(s: &computerd_raft::sm::State, e: &Execution, caller: &Caller, no
         v["pairingExpiresAt"] = exp.into();
     }
     v
+}
+
+/// A lifecycle call's body that is missing or unreadable: the error names what it must carry.
+fn key_body(r: axum::extract::rejection::JsonRejection) -> ApiError {
+    use axum::extract::rejection::JsonRejection;
+    match r {
+        JsonRejection::MissingJsonContentType(_) | JsonRejection::JsonSyntaxError(_) => ApiError::invalid(
+            "this call takes a JSON body {\"commandKey\": \"...\"}: a key of your own, 1 to 200 printable characters; the same key again answers the same receipt and does nothing twice",
+        ),
+        other => other.into(),
+    }
 }
 
 fn check_key(key: &str) -> Result<(), ApiError> {
@@ -297,7 +310,7 @@ async fn lifecycle(
     body: Body<KeyOnly>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let caller = auth.for_write(&state).await?;
-    let Json(b) = body?;
+    let Json(b) = body.map_err(key_body)?;
     check_key(&b.command_key)?;
     check_id(&id, "cmp", "computer id").map_err(|_| ApiError::not_found("no such computer"))?;
     let normalized = json!({"kind": kind, "computer": id});
