@@ -200,7 +200,7 @@ async fn main() -> std::process::ExitCode {
                 Err(why) => Err(why),
             };
             match started {
-                Ok(display) => Some(Desktop::new(display, Scope::Full)),
+                Ok(display) => Some(Desktop::new(display, Scope::Full).with_size(geometry.width, geometry.height)),
                 Err(why) => {
                     eprintln!("computer-agent: cannot start the desktop: {why}");
                     return std::process::ExitCode::from(2);

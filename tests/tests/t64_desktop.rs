@@ -94,6 +94,12 @@ async fn t10_a_window_typing_clicks_and_the_lease_through_the_api() {
     let plain = create(&c, &provider, "plain", false).await;
     cleanup.track(&plain);
     wait_state(&c, &id, "running").await;
+    // Issues 38 and 39: the record shows the desktop's size from the start, before any use.
+    wait_for("the desktop's size in the record before any use", Duration::from_secs(20), || async {
+        let (_, v) = c.call(Method::GET, 1, &format!("/v1/computers/{id}"), &c.token, None).await;
+        (v["desktop"]["width"] == 1280 && v["desktop"]["height"] == 800).then_some(())
+    })
+    .await;
 
     // No desktop: refused by the node, before any agent is asked.
     let (s, v) =

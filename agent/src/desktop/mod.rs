@@ -133,6 +133,13 @@ impl Desktop {
         }
     }
 
+    /// The screen's size as started (the agent's own display): reported from the start, before
+    /// the first screenshot or action connects to the screen.
+    pub fn with_size(self, width: u16, height: u16) -> Desktop {
+        *self.inner.size.lock().unwrap_or_else(|p| p.into_inner()) = Some((u64::from(width), u64::from(height)));
+        self
+    }
+
     /// What this desktop takes.
     pub fn scope(&self) -> Scope {
         self.inner.scope
