@@ -120,11 +120,21 @@ async fn up(client: &Client, src: &Path, computer: &str, path: &str, user: Optio
     let blob: Value = Client::check(resp).await?.json().await?;
     progress.finish_and_clear();
     let blob_id = blob["blobId"].as_str().context("the blob store answered no blobId")?;
-    let mut req = json!({"blobId": blob_id, "path": path});
-    if let Some(u) = user {
-        req["user"] = u.into();
-    }
-    let placed = client.request(Method::POST, &format!("/v1/computers/{computer}/copy-to-box"), Some(&req)).await?;
+    // A directory as the target takes the file's name, as `cp` does: one that ends in `/`
+    // at once; another once the Computer says it is one (nothing was written then).
+    let into = |dir: &str| format!("{}/{name}", dir.trim_end_matches('/'));
+    let path = if path.ends_with('/') { into(path) } else { path.to_string() };
+    let place = |path: String| {
+        let mut req = json!({"blobId": blob_id, "path": path});
+        if let Some(u) = user {
+            req["user"] = u.into();
+        }
+        async move { client.request(Method::POST, &format!("/v1/computers/{computer}/copy-to-box"), Some(&req)).await }
+    };
+    let placed = match place(path.clone()).await {
+        Err(e) if format!("{e:#}").contains("is a directory") => place(into(&path)).await?,
+        other => other?,
+    };
     if placed["sha256"].as_str() != Some(sha.as_str()) || placed["size"].as_u64() != Some(len) {
         bail!("the Computer reports {} ({} bytes), not this file's {sha} ({len} bytes)", placed["sha256"], placed["size"]);
     }

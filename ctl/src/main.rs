@@ -54,6 +54,8 @@ enum Cmd {
     /// Computers: list, read, create, pause, resume, delete.
     #[command(subcommand)]
     Computers(Computers),
+    /// The providers Computers can be created at (their ids for `computers create --provider`).
+    Providers,
     /// Run a command in a Computer (`bash -lc`), streaming its output; exits with its status.
     Exec {
         /// Forward stdin to the command.
@@ -142,7 +144,7 @@ enum Computers {
         /// Owned by the organization.
         #[arg(long)]
         shared: bool,
-        /// Wait until the execution ends.
+        /// Wait until the execution ends, and a sandbox until it runs (its agent linked).
         #[arg(long)]
         wait: bool,
     },
@@ -158,7 +160,7 @@ enum Computers {
     Resume {
         /// `cmp_…`
         computer: String,
-        /// Wait until the execution ends.
+        /// Wait until the execution ends, and the Computer until it runs again.
         #[arg(long)]
         wait: bool,
     },
@@ -332,6 +334,20 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Cmd::Tools(cmd) => tools(&c, cmd, json).await,
+        Cmd::Providers => {
+            let v = get(&c, "/v1/computer-providers").await?;
+            show(json, &v, |v| {
+                rows(&v["providers"], |p| {
+                    format!(
+                        "{}\t{}\t{}",
+                        p["id"].as_str().unwrap_or(""),
+                        p["kind"].as_str().unwrap_or(""),
+                        p["name"].as_str().unwrap_or("")
+                    )
+                })
+            });
+            Ok(0)
+        }
         Cmd::Ports(cmd) => ports(&c, cmd, json).await,
         Cmd::Desktop(Desktop::Screenshot { computer, output, format }) => {
             let resp = c
@@ -436,7 +452,24 @@ fn computer_row(c: &Value) -> String {
     )
 }
 
+/// Waits until the Computer runs (a sandbox is `starting` until its agent links); answers its
+/// state, or fails when it failed or the time is up.
+async fn wait_running(c: &Client, id: &str, until: std::time::Instant) -> anyhow::Result<String> {
+    loop {
+        let v = get(c, &format!("/v1/computers/{id}")).await?;
+        match v["state"].as_str().unwrap_or("") {
+            "running" => return Ok("running".into()),
+            "failed" | "deleted" => anyhow::bail!("the computer {id} is {} (see its executions)", v["state"]),
+            s if std::time::Instant::now() >= until => anyhow::bail!("the computer {id} is still {s}"),
+            _ => tokio::time::sleep(Duration::from_millis(250)).await,
+        }
+    }
+}
+
 async fn computers(c: &Client, cmd: Computers, json: bool) -> anyhow::Result<i32> {
+    // Whether `--wait` also waits for the Computer to run (a sandbox's agent links after the
+    // execution succeeded).
+    let mut runs_after = false;
     let (prepared, wait) = match cmd {
         Computers::Ls => {
             let mut all = Vec::new();
@@ -466,6 +499,7 @@ async fn computers(c: &Client, cmd: Computers, json: bool) -> anyhow::Result<i32
                 Some(p) if !paired => Source::Provider { provider: p, template },
                 _ => Source::Paired,
             };
+            runs_after = matches!(source, Source::Provider { .. });
             let mut new = NewComputer::new(source);
             new.name = name;
             new.desktop = desktop;
@@ -474,7 +508,10 @@ async fn computers(c: &Client, cmd: Computers, json: bool) -> anyhow::Result<i32
             (c.computers().create(new), wait)
         }
         Computers::Pause { computer, wait } => (c.computers().pause(&computer), wait),
-        Computers::Resume { computer, wait } => (c.computers().resume(&computer), wait),
+        Computers::Resume { computer, wait } => {
+            runs_after = true;
+            (c.computers().resume(&computer), wait)
+        }
         Computers::Rm { computer, wait } => (c.computers().delete(&computer), wait),
     };
     let kept = pending::Pending::keep(c, prepared)?;
@@ -485,10 +522,16 @@ async fn computers(c: &Client, cmd: Computers, json: bool) -> anyhow::Result<i32
         );
     }
     let mut receipt = kept.send().await?;
+    let mut computer_state = None;
     if wait {
+        let until = std::time::Instant::now() + Duration::from_secs(600);
         receipt = c.wait_execution(&receipt.execution_id, Duration::from_secs(600)).await?;
+        if runs_after && receipt.state == "succeeded" {
+            computer_state = Some(wait_running(c, &receipt.resource.id, until).await?);
+        }
     }
     let v = json!({
+        "computerState": computer_state,
         "executionId": receipt.execution_id,
         "commandKey": receipt.command_key,
         "kind": receipt.kind,

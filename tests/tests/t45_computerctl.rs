@@ -19,6 +19,7 @@ use computerd_tests::ctl::Pty;
 use computerd_tests::ctl::ctl_bin;
 use reqwest::Method;
 use serde_json::Value;
+use serde_json::json;
 use tokio::io::AsyncReadExt;
 use tokio::io::AsyncWriteExt;
 
@@ -127,9 +128,28 @@ async fn t10_login_exec_it_cp_and_a_lost_create_answer() {
     let mut t = Pty::spawn(ctl(&home, &["cp", &remote, back.to_str().expect("utf8")]));
     assert_eq!(t.wait(T), 0, "{}", t.screen());
     assert_eq!(std::fs::read(&back).expect("copied down"), data, "down: byte equality");
+    // Issue 39: into a directory, as `cp` does (with and without the trailing slash).
+    for target in [format!("{id}:{}/", remote_dir.display()), format!("{id}:{}", remote_dir.display())] {
+        std::fs::remove_file(remote_dir.join("up.bin")).ok();
+        let out = ctl(&home, &["cp", local.to_str().expect("utf8"), &target]).output().expect("run");
+        assert!(out.status.success(), "{target}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(std::fs::read(remote_dir.join("up.bin")).expect("copied into the directory"), data, "{target}");
+    }
     let out = ctl(&home, &["cp", &format!("{id}:{}/missing", remote_dir.display()), "x"]).output().expect("run");
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("404"), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // Issue 39: the providers are listed (their ids are what `computers create --provider` takes).
+    let body = json!({"kind": "e2b", "name": "elsewhere", "config": {"serverUrl": url, "endpoint": "http://127.0.0.1:9", "apiKey": "k"}});
+    let (s, p) = c.call(Method::POST, 1, "/v1/computer-providers", &c.token, Some(body)).await;
+    assert_eq!(s, 201, "{p}");
+    let out = ctl(&home, &["--json", "providers"]).output().expect("run");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert!(v["providers"].as_array().expect("providers").iter().any(|x| x["id"] == p["id"]), "{v}");
+    let out = ctl(&home, &["providers"]).output().expect("run");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(p["id"].as_str().expect("id")) && text.contains("elsewhere"), "{text}");
 
     // The session list shows what exec ran.
     let out = ctl(&home, &["--json", "sessions", "ls", &id]).output().expect("run");
