@@ -294,6 +294,8 @@ async fn relay(socket: String) -> Result<String> {
     tokio::spawn(async move {
         let Ok((tcp, _)) = listener.accept().await else { return };
         let _ = tcp.set_nodelay(true);
+        // (The callback's error type is tungstenite's, large as it is.)
+        #[allow(clippy::result_large_err)]
         let pick = |req: &tokio_tungstenite::tungstenite::handshake::server::Request,
                     mut resp: tokio_tungstenite::tungstenite::handshake::server::Response| {
             if req.headers().contains_key("sec-websocket-protocol") {

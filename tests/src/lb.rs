@@ -85,6 +85,13 @@ fn steer() -> String {
     format!("{rules}  http-after-response set-header {SERVED_BY} %s\n")
 }
 
+impl Drop for Haproxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -92,12 +99,5 @@ mod tests {
         let rules = super::steer();
         assert_eq!(rules.lines().count(), 6, "{rules}");
         assert!(rules.starts_with("  stick-table ") && rules.contains("del-header x-computerd-link-node"), "{rules}");
-    }
-}
-
-impl Drop for Haproxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }

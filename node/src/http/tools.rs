@@ -172,7 +172,7 @@ async fn agent_mcp_reply(
         state.cluster.state().read(|s| s.check_tool_request(Some(caller), computer, &request))?;
         agent_for(state, caller, computer, true).await
     };
-    Ok(state.owners.mcp(computer, &request, &caller.token.id, local).await?)
+    state.owners.mcp(computer, &request, &caller.token.id, local).await
 }
 
 /// True for an error that says the request was refused before it reached the agent (rights,

@@ -347,7 +347,9 @@ fn i37_5_a_pending_answer_keeps_the_switch_reserved_and_a_stale_links_answer_set
         (BindingState::Switching, "1.0.0")
     );
     // The agent relinked (generation 2): the old link's answer is not believed.
-    s.computers.get_mut("cmp_1").map(|c| c.link_generation = 2);
+    if let Some(c) = s.computers.get_mut("cmp_1") {
+        c.link_generation = 2;
+    }
     let receipt = serde_json::json!({"version": "1.1.0", "sha256": "cd".repeat(32), "tools": []});
     let stale = Command::SwitchSettle { key: key.clone(), receipt: receipt.clone(), ok: true, generation: Some(1) };
     assert_eq!(rejected(s.apply(&stale)).kind, RejectKind::Conflict);
