@@ -243,10 +243,11 @@ impl DaytonaProvider {
     /// The body of a create.
     fn create_body(&self, spec: &CreateSpec) -> Value {
         let snapshot = spec.template.clone().or_else(|| self.config.snapshot.clone());
-        let env: serde_json::Map<String, Value> = agent_env(spec, &self.config.server_url, self.config.ca_cert.as_deref())
-            .into_iter()
-            .map(|(k, v)| (k, Value::String(v)))
-            .collect();
+        let env: serde_json::Map<String, Value> =
+            agent_env(spec, &self.config.server_url, self.config.ca_cert.as_deref())
+                .into_iter()
+                .map(|(k, v)| (k, Value::String(v)))
+                .collect();
         let mut b = json!({
             "snapshot": snapshot.unwrap_or_else(|| DEFAULT_SNAPSHOT.into()),
             "env": env,
@@ -395,7 +396,8 @@ mod tests {
     /// Issue 37, item 14: the call deadline is above Daytona's own 30 s wait on create and start.
     #[test]
     fn i37_14_the_deadline_is_above_the_servers_own_wait() {
-        let err = cfg(json!({"serverUrl": "https://x", "timeoutMs": 30000})).expect_err("30 s is the server's own wait");
+        let err =
+            cfg(json!({"serverUrl": "https://x", "timeoutMs": 30000})).expect_err("30 s is the server's own wait");
         assert!(err.contains("timeoutMs must be 35000"), "{err}");
         assert!(cfg(json!({"serverUrl": "https://x", "timeoutMs": 35000})).is_ok());
         assert!(DEFAULT_TIMEOUT > SERVER_WAIT && MIN_TIMEOUT_MS > SERVER_WAIT.as_millis() as u64);

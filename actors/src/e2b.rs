@@ -89,8 +89,8 @@ pub struct E2bConfig {
 impl E2bConfig {
     /// Parses and checks a provider record's config (user input: every problem is named).
     pub fn parse(config: &serde_json::Map<String, Value>) -> Result<E2bConfig, String> {
-        let c: E2bConfig = serde_json::from_value(Value::Object(config.clone()))
-            .map_err(|e| format!("e2b provider config: {e}"))?;
+        let c: E2bConfig =
+            serde_json::from_value(Value::Object(config.clone())).map_err(|e| format!("e2b provider config: {e}"))?;
         check_server_url("e2b", &c.server_url, c.ca_cert.as_deref())?;
         Endpoint::parse(c.endpoint.as_deref().unwrap_or(DEFAULT_ENDPOINT), None)
             .map_err(|e| format!("e2b provider config: {e}"))?;
@@ -180,10 +180,11 @@ impl E2bProvider {
     /// The body of a create.
     fn new_sandbox(&self, spec: &CreateSpec) -> Value {
         let template = spec.template.clone().or_else(|| self.config.template.clone());
-        let env: serde_json::Map<String, Value> = agent_env(spec, &self.config.server_url, self.config.ca_cert.as_deref())
-            .into_iter()
-            .map(|(k, v)| (k, Value::String(v)))
-            .collect();
+        let env: serde_json::Map<String, Value> =
+            agent_env(spec, &self.config.server_url, self.config.ca_cert.as_deref())
+                .into_iter()
+                .map(|(k, v)| (k, Value::String(v)))
+                .collect();
         json!({
             "templateID": template.unwrap_or_else(|| DEFAULT_TEMPLATE.into()),
             "timeout": self.config.sandbox_timeout(),
@@ -242,7 +243,8 @@ impl Provider for E2bProvider {
 
     async fn inspect(&self, computer_id: &str) -> Result<Option<SandboxInfo>, ProviderError> {
         let query = encode(&format!("{META_COMPUTER}={computer_id}"));
-        let a = self.call(http::Method::GET, &format!("/v2/sandboxes?metadata={query}&state=running,paused"), None).await?;
+        let a =
+            self.call(http::Method::GET, &format!("/v2/sandboxes?metadata={query}&state=running,paused"), None).await?;
         if a.status != 200 {
             return Err(refusal(&a, false));
         }
@@ -250,15 +252,12 @@ impl Provider for E2bProvider {
         let Some(list) = v.as_array() else {
             return Err(ProviderError::Lost("E2B's list answer is not an array".into()));
         };
-        Ok(list
-            .iter()
-            .filter(|s| s["metadata"][META_COMPUTER] == computer_id)
-            .find_map(|s| {
-                Some(SandboxInfo {
-                    sandbox: s["sandboxID"].as_str()?.to_string(),
-                    state: s["state"].as_str().unwrap_or("unknown").to_string(),
-                })
-            }))
+        Ok(list.iter().filter(|s| s["metadata"][META_COMPUTER] == computer_id).find_map(|s| {
+            Some(SandboxInfo {
+                sandbox: s["sandboxID"].as_str()?.to_string(),
+                state: s["state"].as_str().unwrap_or("unknown").to_string(),
+            })
+        }))
     }
 
     async fn list(&self) -> Result<Option<HashMap<String, SandboxInfo>>, ProviderError> {

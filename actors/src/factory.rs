@@ -30,12 +30,8 @@ pub struct ProviderFactory {
 impl ProviderFactory {
     /// The adapter and the call deadline for a provider record.
     pub fn build(&self, p: &ProviderRecord) -> (Arc<dyn Provider>, Duration) {
-        let timeout = p
-            .config
-            .get("timeoutMs")
-            .and_then(|v| v.as_u64())
-            .map(Duration::from_millis)
-            .unwrap_or(match p.kind {
+        let timeout =
+            p.config.get("timeoutMs").and_then(|v| v.as_u64()).map(Duration::from_millis).unwrap_or(match p.kind {
                 // Above Daytona's own 30 s wait on create and start.
                 ProviderKind::Daytona => crate::daytona::DEFAULT_TIMEOUT,
                 _ => DEFAULT_CALL_TIMEOUT,

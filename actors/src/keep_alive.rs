@@ -73,7 +73,9 @@ pub async fn pass(cluster: &Cluster, providers: &ProviderFactory, last: &mut Has
                 last.insert(id, Instant::now());
                 refreshed += 1;
             }
-            Ok(Err(e)) => tracing::warn!(computer_id = %id, error = %e, "the sandbox's expiry could not be pushed ahead"),
+            Ok(Err(e)) => {
+                tracing::warn!(computer_id = %id, error = %e, "the sandbox's expiry could not be pushed ahead")
+            }
             Err(_) => tracing::warn!(computer_id = %id, "the sandbox's expiry refresh had no answer in time"),
         }
     }

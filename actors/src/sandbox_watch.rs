@@ -74,7 +74,11 @@ pub async fn pass(cluster: &Cluster, providers: &ProviderFactory) -> usize {
                 }
                 Some(info) if state == ComputerState::Running && adapter.paused_state(&info.state) => {
                     tracing::warn!(computer_id = %id, provider = %record.id, state = %info.state, "the provider paused the computer's sandbox on its own");
-                    Command::SandboxPausedByProvider { computer_id: id, provider_state: info.state.clone(), at_ms: now_ms() }
+                    Command::SandboxPausedByProvider {
+                        computer_id: id,
+                        provider_state: info.state.clone(),
+                        at_ms: now_ms(),
+                    }
                 }
                 Some(_) => continue,
             };

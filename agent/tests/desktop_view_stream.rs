@@ -98,7 +98,8 @@ async fn until_update<R: AsyncRead + Unpin>(r: &mut R, minor: u8) {
                 let rects = read(r, 3).await;
                 for _ in 0..u16::from_be_bytes([rects[1], rects[2]]) {
                     let h = read(r, 12).await;
-                    let (w, hh) = (u16::from_be_bytes([h[4], h[5]]) as usize, u16::from_be_bytes([h[6], h[7]]) as usize);
+                    let (w, hh) =
+                        (u16::from_be_bytes([h[4], h[5]]) as usize, u16::from_be_bytes([h[6], h[7]]) as usize);
                     assert_eq!(&h[8..12], &[0, 0, 0, 0], "raw encoding");
                     read(r, w * hh * bytes_per_pixel).await;
                 }
@@ -129,8 +130,9 @@ async fn attack(desktop: &Desktop, minor: u8) -> Outcome {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<bytes::Bytes>();
     let (to_viewer, mut from_server) = tokio::io::duplex(1 << 20);
     let d = desktop.clone();
-    let pump =
-        tokio::spawn(async move { d.pump(open, sock, tokio_stream::wrappers::UnboundedReceiverStream::new(rx), to_viewer).await });
+    let pump = tokio::spawn(async move {
+        d.pump(open, sock, tokio_stream::wrappers::UnboundedReceiverStream::new(rx), to_viewer).await
+    });
     let mut bytes = format!("RFB 003.00{minor}\n").into_bytes();
     bytes.push(1); // 3.7 and 3.8: security None; 3.3 (and below 3.7 for libvncserver): ClientInit
     bytes.extend(crafted());

@@ -84,7 +84,10 @@ pub fn load() -> anyhow::Result<Login> {
         Ok(Some((path, bytes))) => {
             let v: Value = serde_json::from_slice(&bytes)
                 .with_context(|| format!("{} is not JSON: run `computerctl login` again", path.display()))?;
-            Some((v["url"].as_str().unwrap_or_default().to_string(), v["token"].as_str().unwrap_or_default().to_string()))
+            Some((
+                v["url"].as_str().unwrap_or_default().to_string(),
+                v["token"].as_str().unwrap_or_default().to_string(),
+            ))
         }
         _ => None,
     };

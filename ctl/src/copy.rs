@@ -52,9 +52,9 @@ impl End {
 
 fn bar(len: u64, what: &str) -> indicatif::ProgressBar {
     let bar = indicatif::ProgressBar::with_draw_target(Some(len), indicatif::ProgressDrawTarget::stderr());
-    if let Ok(style) = indicatif::ProgressStyle::with_template(
-        "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {eta}",
-    ) {
+    if let Ok(style) =
+        indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {eta}")
+    {
         bar.set_style(style.progress_chars("=> "));
     }
     bar.set_message(what.to_string());
@@ -136,7 +136,11 @@ async fn up(client: &Client, src: &Path, computer: &str, path: &str, user: Optio
         other => other?,
     };
     if placed["sha256"].as_str() != Some(sha.as_str()) || placed["size"].as_u64() != Some(len) {
-        bail!("the Computer reports {} ({} bytes), not this file's {sha} ({len} bytes)", placed["sha256"], placed["size"]);
+        bail!(
+            "the Computer reports {} ({} bytes), not this file's {sha} ({len} bytes)",
+            placed["sha256"],
+            placed["size"]
+        );
     }
     Ok(placed)
 }
@@ -205,7 +209,9 @@ async fn down(client: &Client, computer: &str, path: &str, dst: &Path, user: Opt
     }
     if sha != want || got != len {
         let _ = tokio::fs::remove_file(&tmp).await;
-        bail!("what arrived ({sha}, {got} bytes) is not the Computer's file ({want}, {len} bytes); nothing was written");
+        bail!(
+            "what arrived ({sha}, {got} bytes) is not the Computer's file ({want}, {len} bytes); nothing was written"
+        );
     }
     tokio::fs::rename(&tmp, &dst).await.with_context(|| format!("cannot write {}", dst.display()))?;
     Ok(json!({"path": dst.display().to_string(), "size": got, "sha256": sha}))
@@ -217,7 +223,10 @@ mod tests {
 
     #[test]
     fn ends_are_local_unless_they_name_a_computer() {
-        assert_eq!(End::parse("cmp_ab:/workspace/x"), End::Remote { computer: "cmp_ab".into(), path: "/workspace/x".into() });
+        assert_eq!(
+            End::parse("cmp_ab:/workspace/x"),
+            End::Remote { computer: "cmp_ab".into(), path: "/workspace/x".into() }
+        );
         assert_eq!(End::parse("cmp_ab:rel"), End::Remote { computer: "cmp_ab".into(), path: "rel".into() });
         assert_eq!(End::parse("./cmp_ab:x"), End::Local("./cmp_ab:x".into()));
         assert_eq!(End::parse("c:/x"), End::Local("c:/x".into()));

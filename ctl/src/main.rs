@@ -314,7 +314,12 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             let v = get(&c, &format!("/v1/computers/{computer}/directory?path={}", esc(&path))).await?;
             show(json, &v, |v| {
                 rows(&v["entries"], |e| {
-                    format!("{:<5} {:>10}  {}", e["type"].as_str().unwrap_or("?"), e["size"], e["name"].as_str().unwrap_or(""))
+                    format!(
+                        "{:<5} {:>10}  {}",
+                        e["type"].as_str().unwrap_or("?"),
+                        e["size"],
+                        e["name"].as_str().unwrap_or("")
+                    )
                 })
             });
             Ok(0)
@@ -326,9 +331,17 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                     let state = if s["running"] == true {
                         "running".to_string()
                     } else {
-                        format!("exit {}", s["exitCode"].as_i64().map(|c| c.to_string()).unwrap_or_else(|| s["signal"].to_string()))
+                        format!(
+                            "exit {}",
+                            s["exitCode"].as_i64().map(|c| c.to_string()).unwrap_or_else(|| s["signal"].to_string())
+                        )
                     };
-                    format!("{}  {:<10} {}", s["session"].as_str().unwrap_or(""), state, s["command"].as_str().unwrap_or(""))
+                    format!(
+                        "{}  {:<10} {}",
+                        s["session"].as_str().unwrap_or(""),
+                        state,
+                        s["command"].as_str().unwrap_or("")
+                    )
                 })
             });
             Ok(0)
@@ -363,7 +376,15 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             let out = output.unwrap_or_else(|| PathBuf::from(format!("screenshot.{format}")));
             std::fs::write(&out, &bytes).with_context(|| format!("cannot write {}", out.display()))?;
             let v = json!({"path": out.display().to_string(), "width": w, "height": h, "size": bytes.len()});
-            show(json, &v, |v| format!("{} ({}x{}, {} bytes)", out.display(), v["width"].as_str().unwrap_or("?"), v["height"].as_str().unwrap_or("?"), v["size"]));
+            show(json, &v, |v| {
+                format!(
+                    "{} ({}x{}, {} bytes)",
+                    out.display(),
+                    v["width"].as_str().unwrap_or("?"),
+                    v["height"].as_str().unwrap_or("?"),
+                    v["size"]
+                )
+            });
             Ok(0)
         }
     }
@@ -372,7 +393,13 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
 /// Percent-escapes a query value.
 fn esc(s: &str) -> String {
     s.bytes()
-        .map(|b| if b.is_ascii_alphanumeric() || b"-_.~/".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") })
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.~/".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
         .collect()
 }
 
@@ -516,10 +543,7 @@ async fn computers(c: &Client, cmd: Computers, json: bool) -> anyhow::Result<i32
     };
     let kept = pending::Pending::keep(c, prepared)?;
     if kept.resent {
-        eprintln!(
-            "computerctl: sending again the command {} whose answer was lost",
-            kept.command.command_key()
-        );
+        eprintln!("computerctl: sending again the command {} whose answer was lost", kept.command.command_key());
     }
     let mut receipt = kept.send().await?;
     let mut computer_state = None;
@@ -617,7 +641,14 @@ async fn ports(c: &Client, cmd: Ports, json: bool) -> anyhow::Result<i32> {
         Ports::Ls { computer } => {
             let v = get(c, &format!("/v1/computers/{computer}/ports")).await?;
             show(json, &v, |v| {
-                rows(&v["ports"], |p| format!("{:<6} {:<5} {}", p["port"], p["protocol"].as_str().unwrap_or(""), p["state"].as_str().unwrap_or("")))
+                rows(&v["ports"], |p| {
+                    format!(
+                        "{:<6} {:<5} {}",
+                        p["port"],
+                        p["protocol"].as_str().unwrap_or(""),
+                        p["state"].as_str().unwrap_or("")
+                    )
+                })
             });
         }
         Ports::Open { computer, port } => {

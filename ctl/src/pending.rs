@@ -51,7 +51,8 @@ impl Pending {
         if let Ok(bytes) = std::fs::read(&file) {
             let v: Value = serde_json::from_slice(&bytes)
                 .with_context(|| format!("{} is damaged: remove it to send a new command", file.display()))?;
-            let method = v["method"].as_str().and_then(|m| m.parse().ok()).context("a pending command without method")?;
+            let method =
+                v["method"].as_str().and_then(|m| m.parse().ok()).context("a pending command without method")?;
             let path = v["path"].as_str().context("a pending command without path")?;
             let command = PreparedCommand::restore(client, method, path, v["body"].clone());
             return Ok(Pending { file, command, resent: true });

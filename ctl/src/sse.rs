@@ -49,7 +49,8 @@ fn take_event(buf: &mut Vec<u8>) -> Option<Event> {
     let mut ev = Event::default();
     let mut data: Vec<&str> = Vec::new();
     for line in text.lines() {
-        let (field, value) = line.split_once(':').map(|(f, v)| (f, v.strip_prefix(' ').unwrap_or(v))).unwrap_or((line, ""));
+        let (field, value) =
+            line.split_once(':').map(|(f, v)| (f, v.strip_prefix(' ').unwrap_or(v))).unwrap_or((line, ""));
         match field {
             "id" => ev.id = value.to_string(),
             "event" => ev.event = value.to_string(),

@@ -31,9 +31,9 @@ pub async fn run(cfg: &BackupConfig) -> Result<Written, NodeError> {
         .map_err(|e| NodeError::Config(format!("--token-file {}: {e}", cfg.token_file.display())))?;
     let token = token.trim();
     let ca = match &cfg.ca_cert {
-        Some(p) => Some(
-            std::fs::read_to_string(p).map_err(|e| NodeError::Config(format!("--ca-cert {}: {e}", p.display())))?,
-        ),
+        Some(p) => {
+            Some(std::fs::read_to_string(p).map_err(|e| NodeError::Config(format!("--ca-cert {}: {e}", p.display())))?)
+        }
         None => None,
     };
     // (`http://` only to a loopback address: the token must not cross a network in clear.)

@@ -529,9 +529,10 @@ async fn restore(
     if let Some(out) = join_out {
         crate::datadir::write_secret_file(out, &join.encode())?;
     }
-    let state_json = serde_json::to_string(&backup.state)
-        .map_err(|e| NodeError::Bootstrap(format!("the backup's records: {e}")))?;
-    let cmd = Command::Restore { cluster_id: cluster_id.clone(), state_json, join_secret_hash: hash_secret(&join.secret) };
+    let state_json =
+        serde_json::to_string(&backup.state).map_err(|e| NodeError::Bootstrap(format!("the backup's records: {e}")))?;
+    let cmd =
+        Command::Restore { cluster_id: cluster_id.clone(), state_json, join_secret_hash: hash_secret(&join.secret) };
     match cluster.propose(Request::new(cmd)).await? {
         Response::Ok | Response::Id(_) => {}
         Response::Rejected(r) => return Err(NodeError::Bootstrap(r.message)),

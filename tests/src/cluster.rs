@@ -53,11 +53,7 @@ pub fn build_bin_with(package: &str, bin: &str, features: &[&str]) -> PathBuf {
     if !features.is_empty() {
         args.extend(["--features", features.as_str()]);
     }
-    let status = Command::new(cargo)
-        .args(&args)
-        .current_dir(&root)
-        .status()
-        .expect("run cargo build");
+    let status = Command::new(cargo).args(&args).current_dir(&root).status().expect("run cargo build");
     assert!(status.success(), "building {bin} failed");
     let target = std::env::var("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|_| root.join("target"));
     target.join("debug").join(bin)

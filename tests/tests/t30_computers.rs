@@ -558,7 +558,8 @@ async fn t95_event_stream() {
     assert!(seqs.len() >= 2, "{all}");
     let r = c.req(Method::GET, 1, "/v1/events?after=0", &c.token).header("last-event-id", seqs[0].to_string());
     let resumed: Value = r.send().await.expect("get").json().await.expect("json");
-    let after: Vec<u64> = resumed["events"].as_array().expect("events").iter().filter_map(|e| e["seq"].as_u64()).collect();
+    let after: Vec<u64> =
+        resumed["events"].as_array().expect("events").iter().filter_map(|e| e["seq"].as_u64()).collect();
     assert_eq!(after, seqs[1..], "{resumed}");
     assert!(resumed.get("gap").is_none(), "nothing was dropped: {resumed}");
     let mut resp = c

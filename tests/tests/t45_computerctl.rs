@@ -154,7 +154,8 @@ async fn t10_login_exec_it_cp_and_a_lost_create_answer() {
     // The session list shows what exec ran.
     let out = ctl(&home, &["--json", "sessions", "ls", &id]).output().expect("run");
     let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
-    let commands: Vec<&str> = v["sessions"].as_array().expect("sessions").iter().filter_map(|s| s["command"].as_str()).collect();
+    let commands: Vec<&str> =
+        v["sessions"].as_array().expect("sessions").iter().filter_map(|s| s["command"].as_str()).collect();
     assert!(commands.contains(&"python3"), "{v}");
 
     // A create whose answer is lost: exit 75, the key kept; the same command again sends the
@@ -168,9 +169,8 @@ async fn t10_login_exec_it_cp_and_a_lost_create_answer() {
     assert!(!lose.load(Ordering::SeqCst), "the proxy dropped an answer");
     let key = err.split("same key (").nth(1).and_then(|s| s.split(')').next()).expect("the key is named").to_string();
     assert!(key.starts_with("ck_"), "{err}");
-    let named = |v: &Value| {
-        v["computers"].as_array().expect("list").iter().filter(|c| c["name"] == "lost-answer").count()
-    };
+    let named =
+        |v: &Value| v["computers"].as_array().expect("list").iter().filter(|c| c["name"] == "lost-answer").count();
     let (_, v) = c.call(Method::GET, 1, "/v1/computers", &c.token, None).await;
     assert_eq!(named(&v), 1, "the lost answer's command was taken: {v}");
     let out = ctl(&home, &create).env("COMPUTERD_URL", &via).output().expect("run");

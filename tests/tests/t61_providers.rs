@@ -146,12 +146,9 @@ async fn flow(kind: &'static str, keeps_processes: bool) {
     })
     .await;
 
-    let (pause, resume, delete) =
-        if kind == "e2b" { ("pause", "resume", "kill") } else { ("stop", "start", "delete") };
-    let want: Vec<(String, String)> = ["create", pause, resume, delete]
-        .iter()
-        .map(|e| (e.to_string(), sandbox.clone()))
-        .collect();
+    let (pause, resume, delete) = if kind == "e2b" { ("pause", "resume", "kill") } else { ("stop", "start", "delete") };
+    let want: Vec<(String, String)> =
+        ["create", pause, resume, delete].iter().map(|e| (e.to_string(), sandbox.clone())).collect();
     assert_eq!(lifecycle_effects(&fake).await, want, "exactly one effect per command");
     all_valid(&fake).await;
     let exe = lifecycle(&c, 2, &other_id, "", "delete-elsewhere").await;
@@ -201,7 +198,10 @@ async fn lost_and_limited(kind: &'static str) {
     fake.fault(json!({"method": "POST", "path": create_path, "fault": "status", "status": 429, "times": 1})).await;
     let (_, exe) = create(&c, 3, &p, "limited-1").await;
     let done = c.settle(3, &exe, &c.token).await;
-    assert_eq!((done["state"].as_str(), done["error"]["kind"].as_str()), (Some("failed"), Some("provider_rate_limited")));
+    assert_eq!(
+        (done["state"].as_str(), done["error"]["kind"].as_str()),
+        (Some("failed"), Some("provider_rate_limited"))
+    );
     let after: Vec<Value> = fake.journal().await.into_iter().skip(before).filter(|e| e["method"] != "TIMER").collect();
     let creates: Vec<&Value> = after.iter().filter(|e| e["method"] == "POST" && e["path"] == create_path).collect();
     assert_eq!(creates.len(), 1, "nothing was re-sent: {after:?}");
@@ -250,9 +250,21 @@ async fn t30_refusals_and_e2b_keep_alive() {
             .then_some(())
     })
     .await;
-    let (st, v) = c.call(Method::POST, 1, "/v1/computer-providers", &c.token, Some(json!({"kind": "e2b", "name": "x",
-        "config": {"serverUrl": c.url(1, ""), "endpoint": "http://api.e2b.app", "apiKey": KEY}}))).await;
-    assert_eq!((st, v["error"]["kind"].as_str()), (400, Some("invalid_request")), "clear-text endpoints are refused: {v}");
+    let (st, v) = c
+        .call(
+            Method::POST,
+            1,
+            "/v1/computer-providers",
+            &c.token,
+            Some(json!({"kind": "e2b", "name": "x",
+        "config": {"serverUrl": c.url(1, ""), "endpoint": "http://api.e2b.app", "apiKey": KEY}})),
+        )
+        .await;
+    assert_eq!(
+        (st, v["error"]["kind"].as_str()),
+        (400, Some("invalid_request")),
+        "clear-text endpoints are refused: {v}"
+    );
 }
 
 /// Issue 37, item 13: E2B answers 409 both for a sandbox already paused and for one that cannot
@@ -315,7 +327,9 @@ fn t50_the_e2b_template_builds_and_its_start_command_reads_envd() {
 
     // envd's stand-in: GET /envs answers the create's envVars (and one more that is not ours).
     let envd = Command::new("python3")
-        .args(["-c", r#"
+        .args([
+            "-c",
+            r#"
 import http.server, json, sys
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
@@ -330,7 +344,8 @@ class H(http.server.BaseHTTPRequestHandler):
 s = http.server.HTTPServer(("127.0.0.1", 0), H)
 print(s.server_address[1], flush=True)
 s.serve_forever()
-"#])
+"#,
+        ])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("envd stand-in");
@@ -379,8 +394,11 @@ async fn t35_a_sandbox_deleted_at_the_provider_is_reported() {
         assert!(r.status().is_success(), "{}", r.status());
         wait_state(&c, &id, "failed").await;
         let (_, ev) = c.call(Method::GET, 1, "/v1/events?limit=1000", &c.token, None).await;
-        let vanished =
-            ev["events"].as_array().into_iter().flatten().any(|e| e["type"] == "SandboxVanished" && e["computerId"] == id.as_str());
+        let vanished = ev["events"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|e| e["type"] == "SandboxVanished" && e["computerId"] == id.as_str());
         assert!(vanished, "{kind}: {ev}");
     }
 }
@@ -411,9 +429,11 @@ async fn i37_12_a_sandbox_paused_behind_the_clusters_back_is_reported_paused() {
         pause_at_the_provider(&fake, &sandbox).await;
         wait_state(&c, &id, "paused").await;
         let (_, ev) = c.call(Method::GET, 1, "/v1/events?limit=1000", &c.token, None).await;
-        let seen = ev["events"].as_array().into_iter().flatten().any(|e| {
-            e["type"] == "SandboxPausedByProvider" && e["computerId"] == id.as_str()
-        });
+        let seen = ev["events"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|e| e["type"] == "SandboxPausedByProvider" && e["computerId"] == id.as_str());
         assert!(seen, "{kind}: {ev}");
         let (_, u) = c.call(Method::GET, 1, &format!("/v1/computers/{id}/usage"), &c.token, None).await;
         let spans = u["spans"].as_array().expect("spans");
@@ -452,7 +472,8 @@ async fn i37_14_a_daytona_stop_is_done_only_once_the_sandbox_is_stopped() {
     let exe = lifecycle(&c, 1, &id, "/resume", "resume-1").await;
     assert_eq!(c.settle(1, &exe, &c.token).await["state"], "succeeded");
     wait_state(&c, &id, "running").await;
-    let polled = fake.journal().await.iter().filter(|e| e["method"] == "GET" && e["sandboxId"] == sandbox.as_str()).count();
+    let polled =
+        fake.journal().await.iter().filter(|e| e["method"] == "GET" && e["sandboxId"] == sandbox.as_str()).count();
     assert!(polled >= 2, "the adapter polled the sandbox's state: {polled}");
     all_valid(&fake).await;
 }

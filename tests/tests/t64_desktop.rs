@@ -368,8 +368,14 @@ async fn t10_a_window_typing_clicks_and_the_lease_through_the_api() {
     let ask = |mode: &'static str| {
         let (c, id, bot_token) = (&c, id.clone(), bot_token.clone());
         async move {
-            c.call(Method::POST, 1, &format!("/v1/computers/{id}/desktop/stream"), &bot_token, Some(json!({"mode": mode})))
-                .await
+            c.call(
+                Method::POST,
+                1,
+                &format!("/v1/computers/{id}/desktop/stream"),
+                &bot_token,
+                Some(json!({"mode": mode})),
+            )
+            .await
         }
     };
     let (s, v) = ask("control").await;
@@ -378,13 +384,20 @@ async fn t10_a_window_typing_clicks_and_the_lease_through_the_api() {
     let (s, v) = ask("view").await;
     assert_eq!(s, 200, "{v}");
     let (s, v) = c
-        .call(Method::PUT, 1, &format!("/v1/computers/{id}/bots/{bot}"), &c.token, Some(json!({"desktopControl": true})))
+        .call(
+            Method::PUT,
+            1,
+            &format!("/v1/computers/{id}/bots/{bot}"),
+            &c.token,
+            Some(json!({"desktopControl": true})),
+        )
         .await;
     assert_eq!((s, v["desktopControl"].as_bool()), (200, Some(true)), "{v}");
     let (s, v) = ask("control").await;
     assert_eq!(s, 200, "{v}");
     // No lease is taken by the URL alone: the bot still acts.
-    let (s, v) = actions(&c, &id, &bot_token, json!({"actions": [{"type": "move", "x": 8, "y": 8}], "screenshot": false})).await;
+    let (s, v) =
+        actions(&c, &id, &bot_token, json!({"actions": [{"type": "move", "x": 8, "y": 8}], "screenshot": false})).await;
     assert_eq!(s, 200, "{v}");
     c.call(Method::POST, 1, &format!("/v1/computers/{id}/desktop/release"), &bot_token, None).await;
     let url = v_url(&v_stream(&c, &id, &bot_token, "control").await);
@@ -401,7 +414,13 @@ async fn t10_a_window_typing_clicks_and_the_lease_through_the_api() {
     person.close().await;
     // Revoked, the right ends: a new control URL is refused.
     let (s, v) = c
-        .call(Method::PUT, 1, &format!("/v1/computers/{id}/bots/{bot}"), &c.token, Some(json!({"desktopControl": false})))
+        .call(
+            Method::PUT,
+            1,
+            &format!("/v1/computers/{id}/bots/{bot}"),
+            &c.token,
+            Some(json!({"desktopControl": false})),
+        )
         .await;
     assert_eq!(s, 200, "{v}");
     let (s, v) = ask("control").await;
@@ -409,8 +428,9 @@ async fn t10_a_window_typing_clicks_and_the_lease_through_the_api() {
 }
 
 async fn v_stream(c: &TestCluster, id: &str, token: &str, mode: &str) -> Value {
-    let (s, v) =
-        c.call(Method::POST, 1, &format!("/v1/computers/{id}/desktop/stream"), token, Some(json!({"mode": mode}))).await;
+    let (s, v) = c
+        .call(Method::POST, 1, &format!("/v1/computers/{id}/desktop/stream"), token, Some(json!({"mode": mode})))
+        .await;
     assert_eq!(s, 200, "{v}");
     v
 }

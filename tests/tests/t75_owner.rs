@@ -12,11 +12,11 @@ use std::time::Duration;
 use std::time::Instant;
 
 use computerd_tests::TestCluster;
-use computerd_tests::uids::UidRange;
 use computerd_tests::agent::AgentProc;
 use computerd_tests::agent::paired_computer;
 use computerd_tests::netfault::NetFault;
 use computerd_tests::tools;
+use computerd_tests::uids::UidRange;
 use computerd_tests::wait_for;
 use nix::sys::signal::Signal;
 use reqwest::Method;
@@ -53,12 +53,8 @@ async fn world(nodes: u64) -> World {
     std::fs::write(workspace.join("hello.txt"), "hello from the owner\n").expect("file");
     let state = c.dir.path().join("agent");
     let log = c.dir.path().join("agent.log");
-    let flags = vec![
-        "--workdir".to_string(),
-        workspace.to_string_lossy().into_owned(),
-        "--mcp-first-uid".into(),
-        uids.arg(),
-    ];
+    let flags =
+        vec!["--workdir".to_string(), workspace.to_string_lossy().into_owned(), "--mcp-first-uid".into(), uids.arg()];
     let args: Vec<&str> = flags.iter().map(String::as_str).collect();
     let agent = AgentProc::spawn_with(&c.url(owner, ""), &state, Some(&code), &log, &args);
     linked_to(&c, leader, &id, owner).await;

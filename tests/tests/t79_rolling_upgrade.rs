@@ -52,9 +52,11 @@ async fn i37_18_a_rolling_upgrade_loses_nothing_and_a_newer_command_waits_for_ev
         })
     };
     let acked_now = |acked: &Arc<Mutex<Vec<String>>>| acked.lock().expect("acked").len();
-    wait_for("the workload to write", Duration::from_secs(30), || async { (acked_now(&acked) >= 5).then_some(()) }).await;
+    wait_for("the workload to write", Duration::from_secs(30), || async { (acked_now(&acked) >= 5).then_some(()) })
+        .await;
 
-    let probe_urls: Vec<String> = (0..=3).map(|id| if id == 0 { String::new() } else { c.url(id, "/v1/admin/upgrade-probe") }).collect();
+    let probe_urls: Vec<String> =
+        (0..=3).map(|id| if id == 0 { String::new() } else { c.url(id, "/v1/admin/upgrade-probe") }).collect();
     let owner = c.token.clone();
     let probe = |node: u64, note: &str| {
         let (url, token, body) = (probe_urls[node as usize].clone(), owner.clone(), json!({"note": note}));
@@ -93,7 +95,12 @@ async fn i37_18_a_rolling_upgrade_loses_nothing_and_a_newer_command_waits_for_ev
     stop.store(true, Ordering::Relaxed);
     workload.await.expect("workload");
     let acked = acked.lock().expect("acked").clone();
-    assert!(acked.len() >= 20, "the workload ran through the upgrade: {} of {}", acked.len(), attempts.load(Ordering::Relaxed));
+    assert!(
+        acked.len() >= 20,
+        "the workload ran through the upgrade: {} of {}",
+        acked.len(),
+        attempts.load(Ordering::Relaxed)
+    );
     for id in 1..=3 {
         let notes = wait_for("the command on every node", Duration::from_secs(30), || async {
             let (st, v) = c.call(Method::GET, id, "/v1/admin/upgrade-probe", &c.token, None).await;

@@ -8,11 +8,11 @@
 //! refuses tool installs unless its owner chose shared-UID bindings, which every listing marks.
 
 use computerd_tests::TestCluster;
-use computerd_tests::uids::UidRange;
 use computerd_tests::agent::AgentProc;
 use computerd_tests::agent::paired_computer;
 use computerd_tests::agent::wait_state;
 use computerd_tests::tools;
+use computerd_tests::uids::UidRange;
 use reqwest::Method;
 use serde_json::Value;
 use serde_json::json;
@@ -81,7 +81,11 @@ async fn flow(nodes: u64, agent_node: u64, api: u64) {
     assert!(names.contains(&"echo"), "{names:?}");
     // Issue 37, item 7: the same package again answers the same binding (no second one).
     let (s, again) = install(manifest(&digest)).await;
-    assert_eq!((s, again["bindingId"].as_str(), again["replayed"].as_bool()), (200, Some(binding.as_str()), Some(true)), "{again}");
+    assert_eq!(
+        (s, again["bindingId"].as_str(), again["replayed"].as_bool()),
+        (200, Some(binding.as_str()), Some(true)),
+        "{again}"
+    );
     let (s, listed) = c.call(Method::GET, api, &format!("/api/bots/{bot}/tools"), &c.token, None).await;
     assert_eq!((s, listed["bindings"].as_array().map(Vec::len)), (200, Some(1)), "one binding: {listed}");
 
@@ -498,12 +502,21 @@ async fn i37_7_an_install_under_an_operation_id_is_made_once() {
     assert_eq!(s, 201, "{first}");
     let binding = first["bindingId"].as_str().expect("binding").to_string();
     let (s, again) = install(&pkg.artifact).await;
-    assert_eq!((s, again["bindingId"].as_str(), again["replayed"].as_bool()), (200, Some(binding.as_str()), Some(true)), "{again}");
+    assert_eq!(
+        (s, again["bindingId"].as_str(), again["replayed"].as_bool()),
+        (200, Some(binding.as_str()), Some(true)),
+        "{again}"
+    );
     assert_eq!(again["tools"], first["tools"]);
     let (s, v) = install("uploads/another.tar.gz").await;
     assert_eq!((s, v["error"]["kind"].as_str()), (422, Some("IdempotencyKeyReused")), "{v}");
     let (s, listed) = c.call(Method::GET, 1, &format!("/api/bots/{bot}/tools"), &c.token, None).await;
-    let ids: Vec<&str> = listed["bindings"].as_array().expect("bindings").iter().filter_map(|b| b["bindingId"].as_str().or(b["id"].as_str())).collect();
+    let ids: Vec<&str> = listed["bindings"]
+        .as_array()
+        .expect("bindings")
+        .iter()
+        .filter_map(|b| b["bindingId"].as_str().or(b["id"].as_str()))
+        .collect();
     assert_eq!((s, ids), (200, vec![binding.as_str()]), "one binding: {listed}");
 }
 
@@ -679,11 +692,11 @@ async fn i37_5_6_a_switch_the_agent_did_is_never_undone_in_the_store_and_a_cance
     let flags = tempfile::tempdir().expect("flags");
     std::fs::set_permissions(flags.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
     let flag = flags.path().join("v2-may-start");
-    let source = std::fs::read_to_string(tools::fixture()).expect("fixture").replace(
-        "return args.get(\"text\", \"\"), False",
-        "return \"v2:\" + args.get(\"text\", \"\"), False",
-    );
-    let source = format!("import os, sys\nif not os.path.exists({:?}):\n    sys.exit(3)\n{source}", flag.display().to_string());
+    let source = std::fs::read_to_string(tools::fixture())
+        .expect("fixture")
+        .replace("return args.get(\"text\", \"\"), False", "return \"v2:\" + args.get(\"text\", \"\"), False");
+    let source =
+        format!("import os, sys\nif not os.path.exists({:?}):\n    sys.exit(3)\n{source}", flag.display().to_string());
     let v2 = tools::pack(&c.dir.path().join("pkg2"), &workspace, "server-1.1.tar.gz", Some(&source)).digest;
 
     let state = c.dir.path().join("agent");

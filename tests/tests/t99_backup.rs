@@ -77,7 +77,8 @@ async fn i37_19_a_backup_restores_into_a_new_cluster_with_every_record() {
     let bot = s(&bot, "id");
     let (st, v) = c.call(Method::PUT, 3, &format!("/v1/computers/{}/bots/{bot}", computers[0]), &c.token, None).await;
     assert_eq!(st, 200, "{v}");
-    let (st, v) = c.call(Method::POST, 1, "/v1/tokens", &c.token, Some(json!({"name": "bot token", "botId": bot}))).await;
+    let (st, v) =
+        c.call(Method::POST, 1, "/v1/tokens", &c.token, Some(json!({"name": "bot token", "botId": bot}))).await;
     assert_eq!(st, 201, "{v}");
     let bot_token = s(&v, "secret");
     let report = b"%PDF-1.4 the report".to_vec();
@@ -146,7 +147,8 @@ async fn i37_19_a_backup_restores_into_a_new_cluster_with_every_record() {
         get("/v1/computers", &c.token).await.filter(|(st, _)| *st == 200)
     })
     .await;
-    let ids: Vec<&str> = listed.1["computers"].as_array().expect("computers").iter().filter_map(|x| x["id"].as_str()).collect();
+    let ids: Vec<&str> =
+        listed.1["computers"].as_array().expect("computers").iter().filter_map(|x| x["id"].as_str()).collect();
     for id in &computers {
         assert!(ids.contains(&id.as_str()), "{id} in {listed:?}");
     }

@@ -110,7 +110,10 @@ impl ClientStream {
                 let version = &b[..12];
                 if !VERSIONS.contains(&version) {
                     return Err(if version.starts_with(b"RFB ") {
-                        format!("RFB version {:?} is not accepted (only 003.003, 003.007 and 003.008)", String::from_utf8_lossy(&version[4..11]))
+                        format!(
+                            "RFB version {:?} is not accepted (only 003.003, 003.007 and 003.008)",
+                            String::from_utf8_lossy(&version[4..11])
+                        )
                     } else {
                         "not an RFB client".into()
                     });

@@ -539,9 +539,7 @@ impl Tools {
     /// (the version the binding is at now). The store reopens the binding at the source only on
     /// `switched: false` at the source version; anything else keeps the switch pending.
     async fn switch(&self, id: &str, op: &str, from: &str, to: &str) -> McpReply {
-        let not_switched = |at: Option<&str>, reason: &str, message: String| {
-            switch_refusal(false, at, reason, message)
-        };
+        let not_switched = |at: Option<&str>, reason: &str, message: String| switch_refusal(false, at, reason, message);
         if !check_id(op) {
             return not_switched(None, "bad_operation_id", "an operation id is letters, digits, _ and -".into());
         }
@@ -680,7 +678,9 @@ impl Tools {
     async fn discovered(&self, b: &Binding, id: &str, to: &str, sha256: &str, replayed: bool) -> McpReply {
         let (tools, _) = runner::discover(&self.spec(b, id)).await;
         match tools {
-            Ok(t) => McpReply::ok(serde_json::json!({"tools": t, "version": to, "sha256": sha256, "replayed": replayed})),
+            Ok(t) => {
+                McpReply::ok(serde_json::json!({"tools": t, "version": to, "sha256": sha256, "replayed": replayed}))
+            }
             Err(e) => switch_refusal(true, Some(to), run_reason(&e), format!("switched, but discovery failed: {e}")),
         }
     }
@@ -906,7 +906,8 @@ fn verified_target(
                 .into(),
         ));
     }
-    let Some(target) = reg.installed.iter().find(|p| p.bot == b.bot && p.id == b.package_id && p.version == to).cloned()
+    let Some(target) =
+        reg.installed.iter().find(|p| p.bot == b.bot && p.id == b.package_id && p.version == to).cloned()
     else {
         return Err((
             "version_not_installed",

@@ -101,7 +101,11 @@ async fn send(
 }
 
 /// Sends `op` to an agent the node's checks already let the caller reach.
-async fn send_to(mut agent: computerd_actors::link::Agent, caller: &Caller, op: &BrowserOp) -> Result<(Value, Vec<u8>), ApiError> {
+async fn send_to(
+    mut agent: computerd_actors::link::Agent,
+    caller: &Caller,
+    op: &BrowserOp,
+) -> Result<(Value, Vec<u8>), ApiError> {
     let json = serde_json::to_string(op).map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?;
     let reply = agent
         .browser(DesktopCall { json, caller: actor_of(caller) })
@@ -274,10 +278,15 @@ async fn tool(state: &AppState, auth: Auth, id: &str, op: BrowserOp) -> Result<(
     let agent = match agent_for(state, &caller, id, write).await {
         Ok(agent) => agent,
         Err(mut e) => {
-            let refuse =
-                Command::ActionRefuse { key: key.clone(), claim: claim.clone(), error: e.message.clone(), at_ms: now_ms() };
+            let refuse = Command::ActionRefuse {
+                key: key.clone(),
+                claim: claim.clone(),
+                error: e.message.clone(),
+                at_ms: now_ms(),
+            };
             let _ = propose(state, refuse).await;
-            e.message = format!("{} (the action {} is failed, not sent)", e.message, meta.action_id.unwrap_or_default());
+            e.message =
+                format!("{} (the action {} is failed, not sent)", e.message, meta.action_id.unwrap_or_default());
             return Err(e);
         }
     };
@@ -377,7 +386,8 @@ async fn record_artifacts(
     }
     let Some(files) = json.get_mut("files").and_then(Value::as_array_mut) else { return Ok(()) };
     for f in files.iter_mut() {
-        let (Some(path), Some(size), Some(sha256)) = (f["path"].as_str(), f["size"].as_u64(), f["sha256"].as_str()) else {
+        let (Some(path), Some(size), Some(sha256)) = (f["path"].as_str(), f["size"].as_u64(), f["sha256"].as_str())
+        else {
             continue;
         };
         let artifact = computerd_raft::sm::Artifact {

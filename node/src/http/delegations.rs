@@ -17,9 +17,9 @@ use serde_json::json;
 use super::ApiError;
 use super::AppState;
 use super::Auth;
-use super::util::Body;
 #[allow(unused_imports)]
 use super::schemas::ErrorBody;
+use super::util::Body;
 use super::util::check_id;
 use super::util::propose;
 use crate::ids::new_id;

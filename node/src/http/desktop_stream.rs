@@ -88,12 +88,8 @@ pub async fn stream(
     }
     // On the link's node (resumed first if paused), where the stream will be opened.
     agent_for(&state, &caller, &id, b.mode == Mode::Control).await?;
-    let grant = Grant {
-        computer: id.clone(),
-        mode: b.mode,
-        token_id: caller.token.id.clone(),
-        holder: holder_of(&caller),
-    };
+    let grant =
+        Grant { computer: id.clone(), mode: b.mode, token_id: caller.token.id.clone(), holder: holder_of(&caller) };
     let ticket = state
         .streams
         .mint(grant)

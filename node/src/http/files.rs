@@ -171,8 +171,10 @@ pub async fn write(
             return Err(ApiError::new(ErrorKind::TooLarge, "a file is at most 16 MiB"));
         }
         let mut agent = agent_for(&state, &caller, &id, true).await?;
-        let mut chunks: Vec<FileChunk> =
-            bytes.chunks(CHUNK).map(|c| FileChunk { data: bytes::Bytes::copy_from_slice(c), ..Default::default() }).collect();
+        let mut chunks: Vec<FileChunk> = bytes
+            .chunks(CHUNK)
+            .map(|c| FileChunk { data: bytes::Bytes::copy_from_slice(c), ..Default::default() })
+            .collect();
         if chunks.is_empty() {
             chunks.push(FileChunk::default());
         }

@@ -2,10 +2,8 @@
 
 mod agent;
 mod approvals;
-mod backup;
-#[cfg(feature = "upgrade-probe")]
-mod upgrade_probe;
 mod auth;
+mod backup;
 mod blobs;
 mod bot_tools;
 mod browser;
@@ -37,6 +35,8 @@ mod schemas;
 mod sessions;
 mod tool_drain;
 mod tools;
+#[cfg(feature = "upgrade-probe")]
+mod upgrade_probe;
 mod util;
 
 pub use auth::Auth;

@@ -153,7 +153,8 @@ async fn session_of(state: &AppState, caller: &Caller, computer: &str, sid: &str
 /// Whether a Computer's provider offers no terminals (Daytona, SPEC §2), so `tty` fails.
 fn without_terminals(state: &AppState, computer_id: &str) -> bool {
     state.cluster.state().read(|s| {
-        let Some(computerd_raft::sm::Source::Provider { provider, .. }) = s.computers.get(computer_id).map(|c| &c.source)
+        let Some(computerd_raft::sm::Source::Provider { provider, .. }) =
+            s.computers.get(computer_id).map(|c| &c.source)
         else {
             return false;
         };

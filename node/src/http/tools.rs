@@ -643,7 +643,8 @@ pub async fn switch(
     let reply = agent_mcp_reply(&state, &caller, &computer, request).await?;
     match switch_outcome(reply, &stored.from_version) {
         SwitchOutcome::Switched(receipt) => {
-            let settle = Command::SwitchSettle { key, receipt: receipt.clone(), ok: true, generation: Some(generation) };
+            let settle =
+                Command::SwitchSettle { key, receipt: receipt.clone(), ok: true, generation: Some(generation) };
             propose(&state, settle).await?;
             let mut target_drained = None;
             if let Some(target) = &stored.target_binding {
@@ -672,7 +673,11 @@ pub async fn switch(
             let at = note["version"].as_str().unwrap_or("no version");
             let mut e = ApiError::new(
                 ErrorKind::Conflict,
-                format!("the switch is pending: the binding is at {at} ({}: {}); {then}", note["reason"].as_str().unwrap_or(""), note["message"].as_str().unwrap_or("")),
+                format!(
+                    "the switch is pending: the binding is at {at} ({}: {}); {then}",
+                    note["reason"].as_str().unwrap_or(""),
+                    note["message"].as_str().unwrap_or("")
+                ),
             );
             e.reason = Some("switch_pending".into());
             Err(e)

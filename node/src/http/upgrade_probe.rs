@@ -28,8 +28,9 @@ async fn probe(State(state): State<AppState>, auth: Auth, Json(body): Json<Value
 
 async fn notes(State(state): State<AppState>, auth: Auth) -> Result<Json<Value>, ApiError> {
     auth.current(&state).await?.check_admin_read()?;
-    let notes: Vec<Value> = state.cluster.state().read(|s| {
-        s.events.iter().filter(|e| e.kind == "UpgradeProbe").map(|e| e.data["note"].clone()).collect()
-    });
+    let notes: Vec<Value> = state
+        .cluster
+        .state()
+        .read(|s| s.events.iter().filter(|e| e.kind == "UpgradeProbe").map(|e| e.data["note"].clone()).collect());
     Ok(Json(json!({"notes": notes, "storeVersion": computerd_raft::sm::STORE_VERSION})))
 }

@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use computerd_proto::cluster::JoinRequest;
 use openraft::ChangeMembers;
-use openraft::type_config::async_runtime::WatchReceiver;
 use openraft::errors::ClientWriteError;
 use openraft::errors::RaftError;
+use openraft::type_config::async_runtime::WatchReceiver;
 use tokio::time::Instant;
 
 use super::Cluster;

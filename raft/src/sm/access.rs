@@ -94,7 +94,6 @@ impl Caller {
     }
 }
 
-
 /// What a `PutGrant` sets besides the grant itself (`None`: left as it is).
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct GrantChange<'a> {
@@ -241,7 +240,9 @@ impl State {
         self.check_operate(caller, computer_id)?;
         match &caller.bot {
             None => Ok(()),
-            Some(b) if self.grants.get(computer_id).and_then(|g| g.get(&b.id)).is_some_and(|g| g.desktop_control) => Ok(()),
+            Some(b) if self.grants.get(computer_id).and_then(|g| g.get(&b.id)).is_some_and(|g| g.desktop_control) => {
+                Ok(())
+            }
             Some(_) => Err(Reject::new(
                 RejectKind::Forbidden,
                 "a bot's control stream needs its grant to allow it: its member sets \"desktopControl\": true with PUT /v1/computers/{id}/bots/{bot}",

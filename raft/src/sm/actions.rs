@@ -129,7 +129,13 @@ impl State {
     /// Marks a `prepared` record `dispatching` for the attempt holding `claim`; it may lapse to
     /// `unknown` once `deadline_ms` (the call's) and the margin have passed by the cluster's
     /// clock. An action of a run needs its claim to hold the run's lease still.
-    pub(crate) fn action_dispatch(&mut self, key: &str, claim: &str, at_ms: u64, deadline_ms: u64) -> Result<(), Reject> {
+    pub(crate) fn action_dispatch(
+        &mut self,
+        key: &str,
+        claim: &str,
+        at_ms: u64,
+        deadline_ms: u64,
+    ) -> Result<(), Reject> {
         let a = self.browser_actions.get(key).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such action"))?;
         if a.state != ActionState::Prepared || a.claim != claim {
             return Err(Reject::new(RejectKind::Conflict, "another attempt holds this action, or it was sent already"));
@@ -375,7 +381,10 @@ mod tests {
             s.apply(&Command::ActionDispatch { key: key.clone(), claim: "k1".into(), at_ms: 20, deadline_ms: 1_000 }),
             Response::Rejected(_)
         ));
-        assert_eq!(s.apply(&Command::ActionDispatch { key: key.clone(), claim: "k2".into(), at_ms: 20, deadline_ms: 1_000 }), Response::Ok);
+        assert_eq!(
+            s.apply(&Command::ActionDispatch { key: key.clone(), claim: "k2".into(), at_ms: 20, deadline_ms: 1_000 }),
+            Response::Ok
+        );
         // Once sent, a retry answers the record and sends nothing.
         let mut retry = a.clone();
         retry.claim = "k3".into();
@@ -447,7 +456,10 @@ mod tests {
         let (mut s, c) = with_computer();
         let a = action(&c, "k1");
         let key = a.key();
-        assert_eq!(stamped(&mut s, 1_000, Command::ActionPrepare { by: OWNER.into(), action: a }), Response::Id("new".into()));
+        assert_eq!(
+            stamped(&mut s, 1_000, Command::ActionPrepare { by: OWNER.into(), action: a }),
+            Response::Id("new".into())
+        );
         let dispatch = Command::ActionDispatch { key: key.clone(), claim: "k1".into(), at_ms: 1, deadline_ms: 10_000 };
         assert_eq!(stamped(&mut s, 1_000, dispatch), Response::Ok);
         let lapses_at = 1_000 + 10_000 + DISPATCH_MARGIN_MS;
@@ -490,7 +502,11 @@ mod tests {
         let a = action(&c, "k1");
         let key = a.key();
         stamped(&mut s, 1_000, Command::ActionPrepare { by: OWNER.into(), action: a });
-        stamped(&mut s, 1_000, Command::ActionDispatch { key: key.clone(), claim: "k1".into(), at_ms: 1, deadline_ms: 1 });
+        stamped(
+            &mut s,
+            1_000,
+            Command::ActionDispatch { key: key.clone(), claim: "k1".into(), at_ms: 1, deadline_ms: 1 },
+        );
         let decide = Command::ActionDecide { by: OWNER.into(), key: key.clone(), done: false, at_ms: 5 };
         assert_eq!(stamped(&mut s, 1_001 + DISPATCH_MARGIN_MS, decide), Response::Ok);
         assert_eq!(s.browser_actions[&key].state, ActionState::Failed);
@@ -503,7 +519,10 @@ mod tests {
         let (mut s, c) = with_computer();
         let a = action(&c, "k1");
         let key = a.key();
-        assert_eq!(s.apply(&Command::ActionPrepare { by: OWNER.into(), action: a.clone() }), Response::Id("new".into()));
+        assert_eq!(
+            s.apply(&Command::ActionPrepare { by: OWNER.into(), action: a.clone() }),
+            Response::Id("new".into())
+        );
         let refuse = |claim: &str| Command::ActionRefuse {
             key: key.clone(),
             claim: claim.into(),

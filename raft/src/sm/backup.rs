@@ -73,8 +73,8 @@ pub fn encode(state: &State, applied_index: u64) -> Result<Vec<u8>, String> {
         state: state.clone(),
     };
     let payload = serde_json::to_vec(&backup).map_err(|e| e.to_string())?;
-    let mut out = format!("{MAGIC} sha256={} len={}\n", hex::encode(sha2::Sha256::digest(&payload)), payload.len())
-        .into_bytes();
+    let mut out =
+        format!("{MAGIC} sha256={} len={}\n", hex::encode(sha2::Sha256::digest(&payload)), payload.len()).into_bytes();
     out.extend_from_slice(&payload);
     Ok(out)
 }
@@ -130,7 +130,8 @@ impl State {
             return Err(Reject::new(RejectKind::Invalid, "the backup holds no organization"));
         }
         restored.cluster_id = Some(cluster_id.to_string());
-        restored.join = super::join::JoinState { secret_hash: Some(join_secret_hash.to_string()), ..Default::default() };
+        restored.join =
+            super::join::JoinState { secret_hash: Some(join_secret_hash.to_string()), ..Default::default() };
         restored.live_nodes.clear();
         for c in restored.computers.values_mut() {
             // No agent is linked to this cluster yet; each links again with its credential.

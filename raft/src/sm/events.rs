@@ -4,8 +4,8 @@
 use serde::Deserialize;
 use serde::Serialize;
 
-use super::state::State;
 use super::state::Caller;
+use super::state::State;
 
 /// How many events the log keeps.
 pub const EVENT_LOG_LEN: usize = 10_000;

@@ -235,10 +235,8 @@ fn finished_runs_and_their_turn_ids_go_after_the_retention() {
 #[test]
 fn i37_1_a_runs_action_needs_its_claim_to_hold_the_lease() {
     let mut s = started();
-    s.computers.insert(
-        "cmp_1".into(),
-        super::super::testing::computer("cmp_1", "mem_o", super::super::model::Source::Paired),
-    );
+    s.computers
+        .insert("cmp_1".into(), super::super::testing::computer("cmp_1", "mem_o", super::super::model::Source::Paired));
     claim(&mut s, 2_000, "c1", 5_000);
     let act = |id: &str, run_claim: &str, attempt: &str| BrowserAction {
         action_id: id.into(),

@@ -353,7 +353,8 @@ fn i37_5_a_pending_answer_keeps_the_switch_reserved_and_a_stale_links_answer_set
     let receipt = serde_json::json!({"version": "1.1.0", "sha256": "cd".repeat(32), "tools": []});
     let stale = Command::SwitchSettle { key: key.clone(), receipt: receipt.clone(), ok: true, generation: Some(1) };
     assert_eq!(rejected(s.apply(&stale)).kind, RejectKind::Conflict);
-    let stale_fail = Command::SwitchSettle { key: key.clone(), receipt: receipt.clone(), ok: false, generation: Some(1) };
+    let stale_fail =
+        Command::SwitchSettle { key: key.clone(), receipt: receipt.clone(), ok: false, generation: Some(1) };
     assert_eq!(rejected(s.apply(&stale_fail)).kind, RejectKind::Conflict);
     assert_eq!(s.switches[&key].state, SwitchState::Reserved);
     ok(s.apply(&Command::SwitchSettle { key: key.clone(), receipt, ok: true, generation: Some(2) }));
@@ -499,4 +500,3 @@ fn i37_7_an_install_is_idempotent_on_its_key() {
     assert_eq!(s.binding_index.installs, before);
     assert_eq!(reserve(&mut s, keyed("mcb_6", "op:a", "h1")), Response::Id("mcb_6".into()));
 }
-
