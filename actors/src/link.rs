@@ -237,6 +237,10 @@ pub struct LinkRegistry {
     inner: Mutex<HashMap<String, Link>>,
     added: tokio::sync::Notify,
     linger: Duration,
+    /// Links ending (between leaving the map and their end committed), and a wake-up each
+    /// time one is done.
+    ending: std::sync::atomic::AtomicUsize,
+    ended: tokio::sync::Notify,
 }
 
 impl Default for LinkRegistry {
@@ -248,7 +252,13 @@ impl Default for LinkRegistry {
 impl LinkRegistry {
     /// A registry whose links keep an HTTP/2 connection `linger` after its last call.
     pub fn with_linger(linger: Duration) -> Self {
-        Self { inner: Mutex::default(), added: tokio::sync::Notify::new(), linger }
+        Self {
+            inner: Mutex::default(),
+            added: tokio::sync::Notify::new(),
+            linger,
+            ending: std::sync::atomic::AtomicUsize::new(0),
+            ended: tokio::sync::Notify::new(),
+        }
     }
 
     /// How many of the links hold an HTTP/2 connection (the others are idle), as of their
@@ -306,6 +316,23 @@ impl LinkRegistry {
             link.shared.replaced.notify_one();
         }
         map.len()
+    }
+
+    /// Ends every link (as [`LinkRegistry::shed_all`]) and waits, up to `within`, until each has
+    /// recorded its end in the store: a node that stops does so before its Raft stops.
+    pub async fn shed_and_settle(&self, within: Duration) {
+        let deadline = tokio::time::Instant::now() + within;
+        self.shed_all();
+        loop {
+            let ended = self.ended.notified();
+            if self.is_empty() && self.ending.load(std::sync::atomic::Ordering::Acquire) == 0 {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, ended).await.is_err() {
+                tracing::info!(links = self.len(), "links still ending at the stop");
+                return;
+            }
+        }
     }
 
     /// How many links this node holds.
@@ -405,9 +432,12 @@ pub async fn run<T: Transport>(args: LinkArgs, mut mux: Mux<T>) -> LinkEnd {
         _ => tracing::info!(computer_id = %a.computer_id, generation = a.generation, "agent link lost"),
     }
     a.activity.set_busy(&a.computer_id, false);
+    a.links.ending.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
     a.links.remove_if(&a.computer_id, a.generation);
     shared.close();
     link_down(a).await;
+    a.links.ending.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    a.links.ended.notify_waiters();
     if end == LinkEnd::Replaced {
         drain(&mut mux, &shared).await;
     }
@@ -503,6 +533,11 @@ pub async fn run_shedder(
 async fn link_down(a: &LinkArgs) {
     let cmd = Command::LinkDown { computer_id: a.computer_id.clone(), generation: a.generation, at_ms: now_ms() };
     if let Err(e) = Box::pin(a.cluster.propose(Request::new(cmd))).await {
+        if a.cluster.is_stopping() {
+            // The next link's generation supersedes this one; nothing is lost.
+            tracing::info!(computer_id = %a.computer_id, "the node stops: the link's end is not recorded");
+            return;
+        }
         tracing::warn!(computer_id = %a.computer_id, error = %e, "could not record the link's end");
     }
 }

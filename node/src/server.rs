@@ -193,6 +193,7 @@ pub async fn run(
         stop_rx.clone(),
     ));
     let links = std::sync::Arc::new(computerd_actors::link::LinkRegistry::with_linger(linger));
+    let links_at_stop = links.clone();
     let owners = crate::owner::Owners::new(cluster.clone(), links.clone());
     // Certificates while running: revocations from the store, the CA's key for a new voter,
     // renewal at half-life.
@@ -337,6 +338,8 @@ pub async fn run(
     let _ = keep_alive.await;
     let _ = revocations.await;
     let _ = upkeep.await;
+    // The agents' links end, and record their ends, while the store still runs.
+    links_at_stop.shed_and_settle(Duration::from_secs(3)).await;
     cluster.shutdown().await;
     let grpc_result = grpc.await;
     tracing::info!(node_id = cfg.node_id, "node stopped");

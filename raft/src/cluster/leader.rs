@@ -148,6 +148,9 @@ impl Cluster {
 
     /// Proposes a command and waits until it is applied; any node may call it.
     pub async fn propose(&self, req: Request) -> Result<Response, ClusterError> {
+        if self.is_stopping() {
+            return Err(ClusterError::Unavailable("the node is stopping".into()));
+        }
         // Checked here first too: a leader of an older build could not even read the command.
         if let Some(refused) = self.version_gate(&req) {
             return Ok(refused);

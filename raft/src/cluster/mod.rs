@@ -140,6 +140,8 @@ struct Inner {
     forwarded_reads: Arc<coalesce::Coalescer<NodeId, Result<ReadIndexReply, tonic::Status>>>,
     /// The last stamp this node gave an entry while leading (`leader::Cluster::stamp`).
     last_stamp: std::sync::atomic::AtomicU64,
+    /// Set when the node stops: writes are refused from then on, before they reach Raft.
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 /// A node's handle on the replicated store. Cheap to clone.
@@ -205,6 +207,7 @@ impl Cluster {
             leader_reads: Arc::default(),
             forwarded_reads: Arc::default(),
             last_stamp,
+            stopping: std::sync::atomic::AtomicBool::new(false),
         };
         Ok(Cluster { inner: Arc::new(inner) })
     }
@@ -276,8 +279,16 @@ impl Cluster {
         }
     }
 
-    /// Stops the Raft node.
+    /// Whether the node is stopping (its writes are refused).
+    pub fn is_stopping(&self) -> bool {
+        self.inner.stopping.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Stops the Raft node. Writes asked for from here on are refused as `Unavailable` (a task
+    /// that outlives the servers, such as a link recording its end, does not reach a stopped
+    /// Raft).
     pub async fn shutdown(&self) {
+        self.inner.stopping.store(true, std::sync::atomic::Ordering::Release);
         if let Err(e) = self.raft().shutdown().await {
             tracing::warn!(error = %e, "raft shutdown");
         }
