@@ -29,6 +29,9 @@ pub struct Dev {
 
 impl Drop for Dev {
     fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(Some(_))) {
+            return;
+        }
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
         let _ = self.child.wait();
@@ -51,8 +54,9 @@ impl Dev {
             .args(["dev", "--http", &format!("127.0.0.1:{port}"), "--data"])
             .arg(&data)
             .env("COMPUTERD_LOG", "warn")
+            .env("NO_COLOR", "1")
             .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("dev.log")).expect("dev.log"))
             .spawn()
             .expect("computerd dev");
         let stdout = child.stdout.take().expect("stdout");
@@ -102,6 +106,15 @@ impl Dev {
         dev.docker_line = docker_line;
         dev.token = std::fs::read_to_string(data.join("node/admin.token")).expect("token").trim().to_string();
         dev
+    }
+
+    /// Stops it as Ctrl-C does (SIGINT), waits for it, and answers what it logged (warnings
+    /// and errors).
+    pub fn interrupt(&mut self) -> String {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
+        let _ = self.child.wait();
+        std::fs::read_to_string(self.dir.path().join("dev.log")).unwrap_or_default()
     }
 
     /// Its data dir.

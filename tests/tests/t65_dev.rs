@@ -84,4 +84,9 @@ async fn t10_dev_serves_docker_sandboxes_over_wss_with_its_ca() {
         std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(p).expect("meta").permissions()) & 0o7777
     };
     assert_eq!((mode(&data), mode(&data.join("node"))), (0o711, 0o700));
+
+    // Issue 39: Ctrl-C stops dev cleanly, with no error logged.
+    let mut dev = dev;
+    let log = dev.interrupt();
+    assert!(!log.contains("ERROR"), "a clean stop logs no error:\n{log}");
 }
