@@ -123,6 +123,16 @@ impl Bed {
         ok(&self.tools.handle(McpRequest::Revoke { binding_id: binding.into() }).await).clone()
     }
 
+    /// Bot A's `mcb_a` at 1.0.0 and `mcb_b` at 1.1.0 (whose echo answers "v2:" + text); answers
+    /// the two archives' digests.
+    async fn two_versions(&self) -> (String, String) {
+        let v1 = self.pack("v1.tar.gz", "");
+        let v2 = self.pack("v2.tar.gz", "v2:");
+        self.bind("mcb_a", "bot_a", "v1.tar.gz", "1.0.0", &v1).await;
+        self.bind("mcb_b", "bot_a", "v2.tar.gz", "1.1.0", &v2).await;
+        (v1, v2)
+    }
+
     /// The published directory of `version` of the package (there is one per version).
     fn package_dir(&self, version: &str) -> PathBuf {
         let home = self.runtime().join("packages").join(PACKAGE);
@@ -477,10 +487,7 @@ async fn a_switch_to_a_version_another_bot_installed_is_refused() {
 #[tokio::test]
 async fn a_switch_to_changed_bytes_is_refused() {
     let bed = Bed::new(62_600);
-    let v1 = bed.pack("v1.tar.gz", "");
-    let v2 = bed.pack("v2.tar.gz", "v2:");
-    bed.bind("mcb_a", "bot_a", "v1.tar.gz", "1.0.0", &v1).await;
-    bed.bind("mcb_b", "bot_a", "v2.tar.gz", "1.1.0", &v2).await;
+    bed.two_versions().await;
     let target = bed.package_dir("1.1.0");
     let server = target.join("server.py");
     let original = std::fs::read(&server).expect("read");
@@ -502,10 +509,7 @@ async fn a_switch_to_changed_bytes_is_refused() {
 #[tokio::test]
 async fn a_switch_to_a_rewritten_record_is_refused() {
     let bed = Bed::new(62_700);
-    let v1 = bed.pack("v1.tar.gz", "");
-    let v2 = bed.pack("v2.tar.gz", "v2:");
-    bed.bind("mcb_a", "bot_a", "v1.tar.gz", "1.0.0", &v1).await;
-    bed.bind("mcb_b", "bot_a", "v2.tar.gz", "1.1.0", &v2).await;
+    let (v1, v2) = bed.two_versions().await;
     let target = bed.package_dir("1.1.0");
     let mut record_path = target.as_os_str().to_owned();
     record_path.push(".json");
@@ -662,10 +666,7 @@ async fn i37_5_a_switch_whose_discovery_fails_says_it_switched_and_its_retry_fin
 #[tokio::test]
 async fn i37_5_a_switch_without_its_receipt_is_undone_and_says_so() {
     let bed = Bed::new(63_100);
-    let v1 = bed.pack("v1.tar.gz", "");
-    let v2 = bed.pack("v2.tar.gz", "v2:");
-    bed.bind("mcb_a", "bot_a", "v1.tar.gz", "1.0.0", &v1).await;
-    bed.bind("mcb_b", "bot_a", "v2.tar.gz", "1.1.0", &v2).await;
+    bed.two_versions().await;
     // The receipt's temporary file is a directory: writing it fails after the registry moved.
     let blocker = bed.runtime().join("receipts/mcb_a/.sw-1.tmp");
     std::fs::create_dir_all(&blocker).expect("blocker");
@@ -687,10 +688,7 @@ async fn i37_5_a_switch_without_its_receipt_is_undone_and_says_so() {
 #[tokio::test]
 async fn i37_8_a_switchs_replay_checks_the_bytes_again() {
     let bed = Bed::new(63_200);
-    let v1 = bed.pack("v1.tar.gz", "");
-    let v2 = bed.pack("v2.tar.gz", "v2:");
-    bed.bind("mcb_a", "bot_a", "v1.tar.gz", "1.0.0", &v1).await;
-    bed.bind("mcb_b", "bot_a", "v2.tar.gz", "1.1.0", &v2).await;
+    bed.two_versions().await;
     let r = bed.switch("mcb_a", "sw-1", "1.0.0", "1.1.0").await;
     assert_eq!(ok(&r)["replayed"], false, "{r:?}");
     let r = bed.switch("mcb_a", "sw-1", "1.0.0", "1.1.0").await;

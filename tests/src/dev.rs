@@ -76,32 +76,14 @@ impl Dev {
             http: reqwest::Client::new(),
         };
         let mut printed = Vec::new();
-        let docker_line = tokio::time::timeout(Duration::from_secs(120), async {
-            while let Some(l) = lines.recv().await {
-                printed.push(l.clone());
-                if l.starts_with("Docker sandboxes:") {
-                    return Some(l);
-                }
-            }
-            None
-        })
-        .await
-        .ok()
-        .flatten()
-        .unwrap_or_else(|| panic!("dev printed no Docker line: {printed:#?}"));
+        let docker_line =
+            next_line(&mut lines, &mut printed, Duration::from_secs(120), |l| l.starts_with("Docker sandboxes:"))
+                .await
+                .unwrap_or_else(|| panic!("dev printed no Docker line: {printed:#?}"));
         if !docker_line.contains("off") {
-            dev.create_line = tokio::time::timeout(Duration::from_secs(10), async {
-                while let Some(l) = lines.recv().await {
-                    if l.contains("commandKey") {
-                        return Some(l);
-                    }
-                }
-                None
-            })
-            .await
-            .ok()
-            .flatten()
-            .unwrap_or_default();
+            let create =
+                next_line(&mut lines, &mut printed, Duration::from_secs(10), |l| l.contains("commandKey")).await;
+            dev.create_line = create.unwrap_or_default();
         }
         dev.docker_line = docker_line;
         dev.token = std::fs::read_to_string(data.join("node/admin.token")).expect("token").trim().to_string();
@@ -140,4 +122,24 @@ impl Dev {
         let providers = list["providers"].as_array().cloned().unwrap_or_default();
         providers.into_iter().find(|p| p["kind"] == "docker").unwrap_or_else(|| panic!("no docker provider: {list}"))
     }
+}
+
+/// The next line `dev` printed that `wanted` takes, within `within` (each line read is kept in
+/// `printed`).
+async fn next_line(
+    lines: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+    printed: &mut Vec<String>,
+    within: Duration,
+    wanted: impl Fn(&str) -> bool,
+) -> Option<String> {
+    let found = tokio::time::timeout(within, async {
+        while let Some(l) = lines.recv().await {
+            printed.push(l.clone());
+            if wanted(&l) {
+                return Some(l);
+            }
+        }
+        None
+    });
+    found.await.ok().flatten()
 }

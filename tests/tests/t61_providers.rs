@@ -385,13 +385,7 @@ async fn t35_a_sandbox_deleted_at_the_provider_is_reported() {
         let (id, _) = create(&c, 1, &p, &format!("vanish-{kind}")).await;
         let v = wait_state(&c, &id, "running").await;
         let sandbox = s(&v, "sandboxId");
-        let (url, auth) = if kind == "e2b" {
-            (format!("{}/sandboxes/{sandbox}", fake.url), ("X-API-Key", KEY.to_string()))
-        } else {
-            (format!("{}/sandbox/{sandbox}", fake.url), ("Authorization", format!("Bearer {KEY}")))
-        };
-        let r = reqwest::Client::new().delete(url).header(auth.0, auth.1).send().await.expect("delete at the provider");
-        assert!(r.status().is_success(), "{}", r.status());
+        at_the_provider(&fake, &sandbox, Behind::Delete).await;
         wait_state(&c, &id, "failed").await;
         let (_, ev) = c.call(Method::GET, 1, "/v1/events?limit=1000", &c.token, None).await;
         let vanished = ev["events"]
@@ -403,15 +397,31 @@ async fn t35_a_sandbox_deleted_at_the_provider_is_reported() {
     }
 }
 
-/// Pauses (E2B) or stops (Daytona) a sandbox at the provider itself, behind the cluster's back.
-async fn pause_at_the_provider(fake: &FakeService, sandbox: &str) {
-    let (url, auth) = if fake.kind == "e2b" {
-        (format!("{}/sandboxes/{sandbox}/pause", fake.url), ("X-API-Key", KEY.to_string()))
-    } else {
-        (format!("{}/sandbox/{sandbox}/stop", fake.url), ("Authorization", format!("Bearer {KEY}")))
+/// What a fake is asked for at the provider itself, behind the cluster's back.
+enum Behind {
+    /// Delete the sandbox.
+    Delete,
+    /// Pause it (E2B) or stop it (Daytona).
+    Pause,
+}
+
+/// Does `what` to `sandbox` at the provider itself, with the service's own route and key.
+async fn at_the_provider(fake: &FakeService, sandbox: &str, what: Behind) {
+    let e2b = fake.kind == "e2b";
+    let (method, path) = match (what, e2b) {
+        (Behind::Delete, true) => (reqwest::Method::DELETE, format!("/sandboxes/{sandbox}")),
+        (Behind::Delete, false) => (reqwest::Method::DELETE, format!("/sandbox/{sandbox}")),
+        (Behind::Pause, true) => (reqwest::Method::POST, format!("/sandboxes/{sandbox}/pause")),
+        (Behind::Pause, false) => (reqwest::Method::POST, format!("/sandbox/{sandbox}/stop")),
     };
-    let r = reqwest::Client::new().post(url).header(auth.0, auth.1).send().await.expect("pause at the provider");
-    assert!(r.status().is_success(), "{}", r.status());
+    let (header, value) = if e2b { ("X-API-Key", KEY.to_string()) } else { ("Authorization", format!("Bearer {KEY}")) };
+    let r = reqwest::Client::new()
+        .request(method, format!("{}{path}", fake.url))
+        .header(header, value)
+        .send()
+        .await
+        .expect("a call at the provider");
+    assert!(r.status().is_success(), "{path}: {}", r.status());
 }
 
 /// Issue 37, item 12: a sandbox the provider paused (E2B) or stopped (Daytona) on its own is
@@ -426,7 +436,7 @@ async fn i37_12_a_sandbox_paused_behind_the_clusters_back_is_reported_paused() {
         let (id, _) = create(&c, 1, &p, &format!("behind-{kind}")).await;
         let v = wait_state(&c, &id, "running").await;
         let sandbox = s(&v, "sandboxId");
-        pause_at_the_provider(&fake, &sandbox).await;
+        at_the_provider(&fake, &sandbox, Behind::Pause).await;
         wait_state(&c, &id, "paused").await;
         let (_, ev) = c.call(Method::GET, 1, "/v1/events?limit=1000", &c.token, None).await;
         let seen = ev["events"]
@@ -506,13 +516,7 @@ async fn i37_15_the_sandbox_watch_pages_through_every_list_up_to_its_cap() {
 
         // 5,251 sandboxes: 53 pages, past the cap of 50. A sandbox deleted now is not reported.
         fake.seed(5000).await;
-        let (url, auth) = if kind == "e2b" {
-            (format!("{}/sandboxes/{sandbox}", fake.url), ("X-API-Key", KEY.to_string()))
-        } else {
-            (format!("{}/sandbox/{sandbox}", fake.url), ("Authorization", format!("Bearer {KEY}")))
-        };
-        let r = reqwest::Client::new().delete(url).header(auth.0, auth.1).send().await.expect("delete");
-        assert!(r.status().is_success(), "{}", r.status());
+        at_the_provider(&fake, &sandbox, Behind::Delete).await;
         let before = passes(4900).await;
         wait_for("two passes up to the cap", Duration::from_secs(120), || async {
             (passes(4900).await >= before + 2).then_some(())

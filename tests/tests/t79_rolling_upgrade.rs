@@ -55,11 +55,12 @@ async fn i37_18_a_rolling_upgrade_loses_nothing_and_a_newer_command_waits_for_ev
     wait_for("the workload to write", Duration::from_secs(30), || async { (acked_now(&acked) >= 5).then_some(()) })
         .await;
 
-    let probe_urls: Vec<String> =
-        (0..=3).map(|id| if id == 0 { String::new() } else { c.url(id, "/v1/admin/upgrade-probe") }).collect();
+    // (Each node's address, taken now: the cluster is changed below while the closure lives.)
+    let probe_urls: std::collections::BTreeMap<u64, String> =
+        (1..=3).map(|id| (id, c.url(id, "/v1/admin/upgrade-probe"))).collect();
     let owner = c.token.clone();
     let probe = |node: u64, note: &str| {
-        let (url, token, body) = (probe_urls[node as usize].clone(), owner.clone(), json!({"note": note}));
+        let (url, token, body) = (probe_urls[&node].clone(), owner.clone(), json!({"note": note}));
         async move {
             let r = reqwest::Client::new().post(url).bearer_auth(token).json(&body).send().await.expect("probe");
             let st = r.status().as_u16();

@@ -57,6 +57,18 @@ pub struct Backup {
     pub state: State,
 }
 
+/// [`Backup`] as written: the same fields, borrowing the state.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct BackupOf<'a> {
+    format: u32,
+    cluster_id: Option<&'a str>,
+    applied_index: u64,
+    taken_at: u64,
+    blobs: Vec<BlobRow>,
+    state: &'a State,
+}
+
 /// The backup file of `state` as applied at `applied_index`.
 pub fn encode(state: &State, applied_index: u64) -> Result<Vec<u8>, String> {
     let blobs = state
@@ -64,13 +76,14 @@ pub fn encode(state: &State, applied_index: u64) -> Result<Vec<u8>, String> {
         .values()
         .map(|b| BlobRow { id: b.id.clone(), size: b.size, sha256: b.sha256.clone(), nodes: b.nodes.clone() })
         .collect();
-    let backup = Backup {
+    // The records are written as they are (no copy of the whole state under the read lock).
+    let backup = BackupOf {
         format: FORMAT,
-        cluster_id: state.cluster_id.clone(),
+        cluster_id: state.cluster_id.as_deref(),
         applied_index,
         taken_at: state.clock,
         blobs,
-        state: state.clone(),
+        state,
     };
     let payload = serde_json::to_vec(&backup).map_err(|e| e.to_string())?;
     let mut out =

@@ -256,35 +256,7 @@ fn a_failed_install_leaves_no_binding() {
 #[test]
 fn a_switch_is_found_by_index_and_revoking_a_participant_cancels_it() {
     let mut s = world();
-    ok(install(&mut s, BOT, "mcb_a", "cmp_1"));
-    let mut b = binding("mcb_b", "cmp_1", "pkg");
-    b.version = "1.1.0".into();
-    ok(s.apply(&Command::BindingReserve { by: BOT.into(), binding: b }));
-    ok(s.apply(&Command::BindingSettle {
-        binding_id: "mcb_b".into(),
-        ready: true,
-        tools: Value::Null,
-        error: None,
-        shared_uid: false,
-    }));
-    let sw = Switch {
-        operation_id: "sw-1".into(),
-        bot_id: "bot_1".into(),
-        binding_id: "mcb_a".into(),
-        from_version: String::new(),
-        to_version: "1.1.0".into(),
-        target_binding: None,
-        state: SwitchState::Reserved,
-        receipt: None,
-        reserved_at: 1,
-        generation: 0,
-        drained: Vec::new(),
-        note: None,
-    };
-    assert_eq!(
-        ok(s.apply(&Command::SwitchReserve { by: BOT.into(), switch: sw.clone() })).as_deref(),
-        Some("reserved")
-    );
+    reserved_with_target(&mut s);
     let key = operation_key("bot_1", "sw-1");
     assert_eq!(s.switches[&key].target_binding.as_deref(), Some("mcb_b"));
     assert_eq!(s.binding_index.pending_switch.get("mcb_b"), Some(&key));
@@ -432,21 +404,7 @@ fn a_held_answer_journals_its_digest_only_and_records_expire_with_the_retention(
 fn settled_switches_expire_with_the_retention_and_a_reserved_one_waits() {
     let mut s = world();
     ok(install(&mut s, BOT, "mcb_a", "cmp_1"));
-    let sw = |op: &str| Switch {
-        operation_id: op.into(),
-        bot_id: "bot_1".into(),
-        binding_id: "mcb_a".into(),
-        from_version: String::new(),
-        to_version: "1.1.0".into(),
-        target_binding: None,
-        state: SwitchState::Reserved,
-        receipt: None,
-        reserved_at: 5,
-        generation: 0,
-        drained: Vec::new(),
-        note: None,
-    };
-    ok(s.apply(&Command::SwitchReserve { by: BOT.into(), switch: sw("sw-1") }));
+    ok(s.apply(&Command::SwitchReserve { by: BOT.into(), switch: switch("sw-1", 5) }));
     let key = operation_key("bot_1", "sw-1");
     let tick = |s: &mut State, at: u64| {
         s.apply_request(&crate::sm::Request::new(Command::SetRetention { by: "nobody".into(), ms: 0 }).stamped(at))
