@@ -13,8 +13,13 @@
 //! before the heal (it cannot reach a quorum), and whatever it acknowledges must survive.
 //! The lifecycle workload records a history (submissions of create, pause and delete, by one or
 //! two concurrent clients per key, retried after lost answers; reads of their executions) that
-//! must be linearizable (`computerd_tests::linearizability`). Partition faults need iptables as
-//! root; the test fails without them.
+//! must be linearizable (`computerd_tests::linearizability`). Runtimes race for runs (issue 37,
+//! item 1): one claims with the shortest lease, never renews, and keeps acting under its claim;
+//! another claims the run when it is queued again. No browser action of a run may reach the
+//! agent once its claim cannot hold the lease (sent after the lease's end, or after the other
+//! claim was answered; the agents have no browser, so an action that reached one is refused
+//! "no browser", and a lost answer is settled by the action's record). Partition faults need
+//! iptables as root; the test fails without them.
 //!
 //! Failover is bounded generously, to catch regressions without flaking on 2 shared cores:
 //! writes through the balancer back within [`WRITES_BACK`], links within [`LINKS_BACK`] of each
@@ -513,6 +518,109 @@ async fn input_runner(api: Api, computer: String, k: usize, stop: Arc<AtomicBool
     (checked, violations)
 }
 
+/// Unix ms by this machine's clock: the nodes' leader stamps come from the same clock.
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis() as u64
+}
+
+/// One browser action of a run, as a runtime sent it.
+struct Acted {
+    action_id: String,
+    /// Sent at (unix ms), and the time after which its claim cannot hold the run's lease (unix
+    /// ms; `u64::MAX`: it may hold).
+    sent: u64,
+    lost_by: u64,
+    /// What the answer says: `Some(true)` the agent got the call (a paired agent without a
+    /// browser refuses it: "no browser"), `Some(false)` it did not, `None` the answer says
+    /// neither (lost, or an error after the dispatch mark): the record tells.
+    reached: Option<bool>,
+}
+
+/// Whether an answer to a browser action says the agent got the call.
+fn reached_agent(answer: &Option<(u16, Value)>) -> Option<bool> {
+    match answer {
+        Some((_, v)) if v["error"]["kind"] == "ComputerUnsupported" => {
+            Some(v["error"]["message"].as_str().unwrap_or_default().contains("no browser"))
+        }
+        Some((409, v)) if v["error"]["kind"] == "LeaseLost" => Some(false),
+        _ => None,
+    }
+}
+
+/// Runs raced for by two runtimes of one bot (issue 37, item 1): runtime A claims a run with
+/// the shortest lease, never renews, and keeps sending browser actions under its claim past the
+/// lease's end; runtime B claims the run once it is queued again and acts under its own claim;
+/// A acts once more after B's claim was answered. The paired agent has no browser, so a call
+/// that reaches it is refused "no browser": that answer (or, when the answer is lost, the
+/// action's record) shows the call got past the cluster. Answers every action sent.
+async fn run_racer(
+    member: Api,
+    runtime: Api,
+    computer: String,
+    bot: String,
+    k: usize,
+    stop: Arc<AtomicBool>,
+) -> Vec<Acted> {
+    const LEASE_MS: u64 = 2_000;
+    let mut acted = Vec::new();
+    let mut n = 0;
+    let click = |id: String, run: &str, claim: &str| json!({"session": "race", "ref": "e1", "actionId": id, "runId": run, "runClaim": claim});
+    let path = format!("/v1/computers/{computer}/browser/click");
+    while !stop.load(Ordering::SeqCst) {
+        n += 1;
+        let turn = json!({"text": "race", "clientTurnId": format!("race-{k}-{n}"), "botId": bot});
+        let _ = member.call(Method::POST, "/api/turn", Some(turn)).await;
+        let claim = json!({"leaseMs": LEASE_MS, "waitMs": 1000});
+        let Some((200, a)) = runtime.call(Method::POST, "/api/runs/claim", Some(claim)).await else { continue };
+        let lapsed_at = unix_ms() + LEASE_MS;
+        let (Some(run), Some(claim_a)) = (a["run"]["runId"].as_str(), a["claim"].as_str()) else { continue };
+        let (run, claim_a) = (run.to_string(), claim_a.to_string());
+        // A acts through its lease and a second past it, never renewing.
+        let mut i = 0;
+        while unix_ms() < lapsed_at + 1_000 && !stop.load(Ordering::SeqCst) {
+            i += 1;
+            let id = format!("race-{k}-{n}-a{i}");
+            let sent = unix_ms();
+            let answer = runtime.call(Method::POST, &path, Some(click(id.clone(), &run, &claim_a))).await;
+            acted.push(Acted { action_id: id, sent, lost_by: lapsed_at, reached: reached_agent(&answer) });
+            // Pacing between actions, not synchronisation.
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
+        // B claims the run once the store has put it back in the queue, and acts.
+        let claim = json!({"leaseMs": 10_000, "waitMs": 3000});
+        let Some((200, b)) = runtime.call(Method::POST, "/api/runs/claim", Some(claim)).await else { continue };
+        let claimed_b = unix_ms();
+        let (Some(run_b), Some(claim_b)) = (b["run"]["runId"].as_str(), b["claim"].as_str()) else { continue };
+        let id = format!("race-{k}-{n}-b");
+        let sent = unix_ms();
+        let answer = runtime.call(Method::POST, &path, Some(click(id.clone(), run_b, claim_b))).await;
+        acted.push(Acted { action_id: id, sent, lost_by: u64::MAX, reached: reached_agent(&answer) });
+        // A, late, once more.
+        let id = format!("race-{k}-{n}-a-late");
+        let sent = unix_ms();
+        let answer = runtime.call(Method::POST, &path, Some(click(id.clone(), &run, &claim_a))).await;
+        acted.push(Acted { action_id: id, sent, lost_by: claimed_b.min(lapsed_at), reached: reached_agent(&answer) });
+        let finish = json!({"claim": claim_b, "outcome": "succeeded", "result": {"text": "raced"}});
+        let _ = runtime.call(Method::POST, &format!("/api/runs/{run_b}/finish"), Some(finish)).await;
+    }
+    acted
+}
+
+/// Whether the action's record shows it got past the dispatch mark (read after the faults,
+/// for an action whose answer said neither).
+async fn record_reached(runtime: &Api, computer: &str, action_id: &str) -> Option<bool> {
+    let path = format!("/v1/computers/{computer}/browser/actions/{action_id}");
+    match runtime.call(Method::GET, &path, None).await? {
+        (404, _) => Some(false),
+        (200, a) => Some(match a["state"].as_str().unwrap_or_default() {
+            "prepared" => a["error"].as_str().is_some_and(|e| e.contains("no browser")),
+            "failed" => !a["dispatchedAt"].is_null(),
+            _ => true,
+        }),
+        _ => None,
+    }
+}
+
 async fn runs_commands(api: &Api, computer: &str) -> bool {
     let body = json!({"command": "echo back", "yieldTimeMs": 5000});
     let path = format!("/v1/computers/{computer}/sessions");
@@ -601,6 +709,21 @@ async fn t10_chaos() {
             tokio::spawn(file_writer(api.clone(), id.clone(), dir.display().to_string(), stop.clone()))
         })
         .collect();
+
+    // Runtimes racing for runs (issue 37, item 1): a bot per Computer, granted on it.
+    let mut racers = Vec::new();
+    for (k, id) in computers.iter().enumerate() {
+        let (s, bot) =
+            api.call(Method::POST, "/v1/bots", Some(json!({"name": format!("racer-{k}")}))).await.expect("bot");
+        assert_eq!(s, 201, "{bot}");
+        let bot = bot["id"].as_str().expect("bot id").to_string();
+        let (s, v) =
+            api.call(Method::PUT, &format!("/v1/computers/{id}/bots/{bot}"), Some(json!({}))).await.expect("grant");
+        assert_eq!(s, 200, "{v}");
+        let runtime = Api { token: c.mint(json!({"botId": bot})).await, ..api.clone() };
+        let task = tokio::spawn(run_racer(api.clone(), runtime.clone(), id.clone(), bot, k, stop.clone()));
+        racers.push((runtime, id.clone(), task));
+    }
 
     let mut write_back = Vec::new();
     let mut write_back_by_kind: std::collections::BTreeMap<&'static str, Vec<Duration>> = Default::default();
@@ -818,6 +941,33 @@ async fn t10_chaos() {
         input_sessions += checked;
         violations.extend(v);
     }
+    // 7. No action of a run reached the agent once its claim could no longer hold the run's
+    // lease (sent after the lease's end, or after another runtime's claim was answered).
+    let (mut reached_held, mut refused_lost) = (0, 0);
+    for (runtime, computer, task) in racers {
+        for a in task.await.expect("racer") {
+            let reached = match a.reached {
+                Some(r) => Some(r),
+                None => record_reached(&runtime, &computer, &a.action_id).await,
+            };
+            let lost = a.sent > a.lost_by;
+            match (reached, lost) {
+                (Some(true), true) => violations.push(format!(
+                    "the run action {} reached the agent {} ms after its claim lost the lease",
+                    a.action_id,
+                    a.sent - a.lost_by
+                )),
+                (Some(true), false) => reached_held += 1,
+                (Some(false), true) => refused_lost += 1,
+                _ => {}
+            }
+        }
+    }
+    if reached_held == 0 || refused_lost == 0 {
+        violations.push(format!(
+            "the run fencing checked nothing: {reached_held} actions reached the agent under a held lease, {refused_lost} were refused after it was lost"
+        ));
+    }
     // Every acknowledged file write reads back byte-exact through the balancer.
     let mut files_acked = 0;
     for (k, f) in files.into_iter().enumerate() {
@@ -932,6 +1082,9 @@ async fn t10_chaos() {
         whole_sessions,
         input_sessions,
         files_acked
+    );
+    println!(
+        "  run actions: {reached_held} reached the agent under a held lease, {refused_lost} sent after the lease was lost and refused"
     );
     println!("  faults injected: {injected:?}");
     if net.is_some() {
