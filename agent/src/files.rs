@@ -123,9 +123,22 @@ fn special(ft: std::fs::FileType) -> Result<(), FileError> {
 /// limit. It is opened without blocking and checked again through the descriptor, so a FIFO put
 /// in its place meanwhile is refused too, never waited on.
 pub fn open_read(path: &Path) -> Result<std::fs::File, FileError> {
+    open_checked(path, true).map(|(f, _)| f)
+}
+
+/// Opens a regular file of any size for a ranged read, positioned at `offset`; answers it and
+/// the file's size. An offset past the end reads nothing.
+pub fn open_range(path: &Path, offset: u64) -> Result<(std::fs::File, u64), FileError> {
+    use std::io::Seek;
+    let (mut f, size) = open_checked(path, false)?;
+    f.seek(io::SeekFrom::Start(offset.min(size)))?;
+    Ok((f, size))
+}
+
+fn open_checked(path: &Path, limited: bool) -> Result<(std::fs::File, u64), FileError> {
     let meta = std::fs::metadata(path)?;
     special(meta.file_type())?;
-    if meta.len() > MAX_FILE {
+    if limited && meta.len() > MAX_FILE {
         return Err(FileError::TooLarge);
     }
     let f = std::fs::OpenOptions::new()
@@ -137,7 +150,7 @@ pub fn open_read(path: &Path) -> Result<std::fs::File, FileError> {
     if (now.dev(), now.ino()) != (meta.dev(), meta.ino()) {
         return Err(FileError::Io("the file changed while it was opened".into()));
     }
-    Ok(f)
+    Ok((f, now.len()))
 }
 
 /// Whether an opened file's real path (as the kernel has it: symlinks resolved, at the moment it
@@ -296,6 +309,91 @@ pub fn stat(path: &Path) -> Result<Entry, FileError> {
     })
 }
 
+/// Why an edit was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum EditError {
+    /// The file could not be read or written.
+    #[error(transparent)]
+    File(#[from] FileError),
+    /// `old` is not in the file.
+    #[error("`old` does not occur in the file")]
+    Missing,
+    /// `old` occurs more than once.
+    #[error("`old` occurs {0} times in the file: give more of the text around it, so that it occurs once")]
+    NotUnique(usize),
+    /// The file changed between its read and its replacement.
+    #[error("the file changed while it was being edited: read it again and retry")]
+    Changed,
+    /// The new file could not keep the old one's owner.
+    #[error("the edited file cannot keep its owner ({0})")]
+    Owner(String),
+}
+
+/// Replaces the one occurrence of `old` in the regular file `path` with `new`: the file is read
+/// whole (at most [`MAX_FILE`]), written beside it and renamed into place, keeping its mode and
+/// owner, so a reader sees the old file or the new one, never a mix. Refused, changing nothing,
+/// when `old` is empty, missing or not unique, when `path` is a symlink, or when the file changed
+/// meanwhile.
+pub fn edit(path: &Path, old: &[u8], new: &[u8]) -> Result<Entry, EditError> {
+    use std::io::Read;
+    use std::io::Write;
+    if old.is_empty() {
+        return Err(FileError::InvalidPath("`old` is empty: an edit replaces some text".into()).into());
+    }
+    let before = std::fs::symlink_metadata(path).map_err(FileError::from)?;
+    if before.file_type().is_symlink() {
+        return Err(FileError::NotRegular("a symlink (edit the file it points to)").into());
+    }
+    let mut f = open_read(path)?;
+    let opened = f.metadata().map_err(FileError::from)?;
+    if (opened.dev(), opened.ino()) != (before.dev(), before.ino()) {
+        return Err(EditError::Changed);
+    }
+    let mut text = Vec::with_capacity(opened.len() as usize);
+    f.read_to_end(&mut text).map_err(FileError::from)?;
+    let mut found = memchr::memmem::find_iter(&text, old);
+    let at = found.next().ok_or(EditError::Missing)?;
+    if found.next().is_some() {
+        return Err(EditError::NotUnique(2 + found.count()));
+    }
+    let size = text.len() - old.len() + new.len();
+    if size as u64 > MAX_FILE {
+        return Err(FileError::TooLarge.into());
+    }
+    let begun = begin_write(path)?;
+    let written = (|| {
+        let mut out = &begun.file;
+        out.write_all(&text[..at])?;
+        out.write_all(new)?;
+        out.write_all(&text[at + old.len()..])?;
+        Ok::<_, io::Error>(())
+    })()
+    .map_err(|e| EditError::File(e.into()))
+    .and_then(|()| {
+        let mine = begun.file.metadata().map_err(FileError::from)?;
+        if (mine.uid(), mine.gid()) != (before.uid(), before.gid()) {
+            std::os::unix::fs::fchown(&begun.file, Some(before.uid()), Some(before.gid()))
+                .map_err(|e| EditError::Owner(e.to_string()))?;
+        }
+        // The file is the one read, unchanged: the same inode, size and modification time.
+        let now = std::fs::symlink_metadata(path).map_err(FileError::from)?;
+        let same = (now.ino(), now.len(), now.mtime(), now.mtime_nsec())
+            == (before.ino(), before.len(), before.mtime(), before.mtime_nsec());
+        if same { Ok(()) } else { Err(EditError::Changed) }
+    });
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&begun.temp);
+        return Err(e);
+    }
+    match finish_write(&begun.file, begun.mode, &begun.temp, path) {
+        (true, entry) => Ok(entry?),
+        (false, entry) => {
+            let _ = std::fs::remove_file(&begun.temp);
+            Err(entry.err().unwrap_or(FileError::Io("the edited file was not put in place".into())).into())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -328,5 +426,47 @@ mod tests {
         let b = begin_write(&path).expect("begin");
         let (_, e) = finish_write(&b.file, b.mode, &b.temp, &path);
         assert_eq!(e.expect("entry").mode, 0o751, "an overwrite keeps the mode");
+    }
+
+    #[test]
+    fn an_edit_replaces_one_occurrence_and_keeps_the_mode() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("main.py");
+        std::fs::write(&path, "x = 1\ny = 1\nprint(x)\n").expect("write");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o750)).expect("chmod");
+        assert!(matches!(edit(&path, b"= 1", b"= 2"), Err(EditError::NotUnique(2))));
+        assert!(matches!(edit(&path, b"z = 1", b"z = 2"), Err(EditError::Missing)));
+        assert!(matches!(edit(&path, b"", b"a"), Err(EditError::File(FileError::InvalidPath(_)))));
+        assert_eq!(
+            std::fs::read_to_string(&path).expect("read"),
+            "x = 1\ny = 1\nprint(x)\n",
+            "refusals change nothing"
+        );
+        let e = edit(&path, b"y = 1", b"y = 20").expect("edit");
+        assert_eq!((e.mode, e.size), (0o750, 22));
+        assert_eq!(std::fs::read_to_string(&path).expect("read"), "x = 1\ny = 20\nprint(x)\n");
+        let link = dir.path().join("link.py");
+        std::os::unix::fs::symlink(&path, &link).expect("symlink");
+        assert!(matches!(edit(&link, b"x", b"z"), Err(EditError::File(FileError::NotRegular(_)))));
+        let names: Vec<_> = list(dir.path()).expect("list").into_iter().map(|e| e.name).collect();
+        assert_eq!(names, ["link.py", "main.py"], "no temporary file is left");
+    }
+
+    #[test]
+    fn a_ranged_read_reads_past_the_whole_file_limit() {
+        use std::io::Read;
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("big.log");
+        let f = std::fs::File::create(&path).expect("create");
+        f.set_len(MAX_FILE + 10).expect("grow");
+        drop(f);
+        assert!(matches!(open_read(&path), Err(FileError::TooLarge)));
+        let (mut f, size) = open_range(&path, MAX_FILE + 4).expect("range");
+        assert_eq!(size, MAX_FILE + 10);
+        let mut rest = Vec::new();
+        f.read_to_end(&mut rest).expect("read");
+        assert_eq!(rest.len(), 6);
+        let (mut f, _) = open_range(&path, MAX_FILE + 100).expect("past the end");
+        assert_eq!(f.read_to_end(&mut rest).expect("read"), 0);
     }
 }

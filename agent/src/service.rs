@@ -12,6 +12,7 @@ use computerd_proto::ErrorKind;
 use computerd_proto::LINK_GENERATION;
 use computerd_proto::agent::DirListing;
 use computerd_proto::agent::FileChunk;
+use computerd_proto::agent::FileEdit;
 use computerd_proto::agent::FileInfo;
 use computerd_proto::agent::FilePath;
 use computerd_proto::agent::Nothing;
@@ -90,6 +91,17 @@ fn file_status(e: FileError) -> Status {
         FileError::TooLarge => ErrorKind::TooLarge.status(format!("larger than {} bytes", files::MAX_FILE)),
         e @ FileError::NotRegular(_) => ErrorKind::InvalidRequest.status(e.to_string()),
         FileError::Io(m) => ErrorKind::Internal.status(m),
+    }
+}
+
+fn edit_status(e: files::EditError) -> Status {
+    match e {
+        files::EditError::File(e) => file_status(e),
+        e @ (files::EditError::Missing | files::EditError::NotUnique(_)) => {
+            ErrorKind::InvalidRequest.status(e.to_string())
+        }
+        e @ files::EditError::Changed => ErrorKind::Conflict.status(e.to_string()),
+        e @ files::EditError::Owner(_) => ErrorKind::Forbidden.status(e.to_string()),
     }
 }
 
@@ -233,12 +245,37 @@ impl Agent for AgentService {
         check(&self.generation, &req)?;
         let r = req.into_inner();
         let (account, path) = self.file_call(&r.user, r.root_allowed, &r.path)?;
-        let f = users::run_as(&account, move || files::open_read(&path)).await.map_err(thread_status)?;
-        let f = f.map_err(file_status)?;
+        if r.length.is_some_and(|n| n > files::MAX_FILE) {
+            return Err(file_status(FileError::TooLarge));
+        }
+        let range = r.offset.or(r.length.map(|_| 0));
+        let (f, total) = match range {
+            Some(offset) => {
+                let (f, size) = users::run_as(&account, move || files::open_range(&path, offset))
+                    .await
+                    .map_err(thread_status)?
+                    .map_err(file_status)?;
+                (f, Some(size))
+            }
+            None => {
+                let f = users::run_as(&account, move || files::open_read(&path)).await.map_err(thread_status)?;
+                (f.map_err(file_status)?, None)
+            }
+        };
         if !r.within.is_empty() && !files::opened_within(&f, &r.within) {
             return Err(ErrorKind::Forbidden.status("the file is outside the paths this bot's grant names"));
         }
-        Ok(Response::new(stream_file(tokio::fs::File::from_std(f))))
+        let limit = r.length.unwrap_or(files::MAX_FILE);
+        Ok(Response::new(stream_file(tokio::fs::File::from_std(f), limit, total)))
+    }
+
+    async fn edit_file(&self, req: Request<FileEdit>) -> Result<Response<FileInfo>, Status> {
+        check(&self.generation, &req)?;
+        let r = req.into_inner();
+        let (account, path) = self.file_call(&r.user, r.root_allowed, &r.path)?;
+        let (old, new) = (r.old.into_bytes(), r.new.into_bytes());
+        let entry = users::run_as(&account, move || files::edit(&path, &old, &new)).await.map_err(thread_status)?;
+        Ok(Response::new(info(entry.map_err(edit_status)?)))
     }
 
     async fn write_file(&self, req: Request<Streaming<FileChunk>>) -> Result<Response<FileInfo>, Status> {
@@ -499,21 +536,37 @@ impl AgentService {
 
 /// A stream of the chunks of a file, read until EOF, at most [`files::MAX_FILE`] bytes: a file
 /// that grows past the limit while it is read ends the stream with `too_large`.
-fn stream_file(mut f: tokio::fs::File) -> ChunkStream {
+/// Streams a file from where it stands. A whole read (`size` `None`) is refused past 16 MiB; a
+/// ranged one stops after `limit` bytes, and its first chunk (sent even when nothing is read)
+/// carries the file's size.
+fn stream_file(mut f: tokio::fs::File, limit: u64, size: Option<u64>) -> ChunkStream {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<FileChunk, Status>>(4);
     tokio::spawn(async move {
         let mut buf = vec![0u8; 256 * 1024];
         let mut total = 0u64;
+        let ranged = size.is_some();
+        let mut size = size;
         loop {
-            match f.read(&mut buf).await {
-                Ok(0) => break,
+            let want = if ranged { (limit - total).min(buf.len() as u64) as usize } else { buf.len() };
+            let read = if want == 0 { Ok(0) } else { f.read(&mut buf[..want]).await };
+            match read {
+                Ok(0) => {
+                    if let Some(total_size) = size.take() {
+                        let _ = tx.send(Ok(FileChunk { total_size: Some(total_size), ..Default::default() })).await;
+                    }
+                    break;
+                }
                 Ok(n) => {
                     total += n as u64;
-                    if total > files::MAX_FILE {
+                    if !ranged && total > limit {
                         let _ = tx.send(Err(file_status(FileError::TooLarge))).await;
                         break;
                     }
-                    let chunk = FileChunk { data: bytes::Bytes::copy_from_slice(&buf[..n]), ..Default::default() };
+                    let chunk = FileChunk {
+                        data: bytes::Bytes::copy_from_slice(&buf[..n]),
+                        total_size: size.take(),
+                        ..Default::default()
+                    };
                     if tx.send(Ok(chunk)).await.is_err() {
                         break;
                     }

@@ -187,6 +187,31 @@ fn browser_call(
     Ok(ApiCall { method: "POST", path: format!("/v1/computers/{id}/browser/{route}"), body: Some(a.pick(&pairs)) })
 }
 
+const PATH: &str = "The file's path (relative: from /workspace).";
+
+const USER: &str = "Act as `user` (the default) or as `root` (if this bot's grant allows root).";
+
+/// `path=` (and `user=`) of a file route, encoded: any path reaches the query as itself.
+fn file_query(a: &Args) -> Result<form_urlencoded::Serializer<'static, String>, BadArguments> {
+    let mut q = form_urlencoded::Serializer::new(String::new());
+    q.append_pair("path", a.required("path")?);
+    if let Some(u) = a.str("user") {
+        if !matches!(u, "user" | "root") {
+            return Err(BadArguments("`user` is user or root".into()));
+        }
+        q.append_pair("user", u);
+    }
+    Ok(q)
+}
+
+/// A port from 1 to 65535.
+fn port(a: &Args) -> Result<u16, BadArguments> {
+    a.uint("port")?
+        .and_then(|p| u16::try_from(p).ok())
+        .filter(|p| *p > 0)
+        .ok_or_else(|| BadArguments("`port` is required: a number from 1 to 65535".into()))
+}
+
 const WAIT: &str = "How long to wait for a page load it starts, in ms (default 15000).";
 
 /// Every bot tool, in the order they are listed.
@@ -199,7 +224,7 @@ pub fn find(name: &str) -> Option<&'static BotTool> {
     TOOLS.iter().find(|t| t.name == name)
 }
 
-static TOOLS: [BotTool; 24] = [
+static TOOLS: [BotTool; 36] = [
     BotTool {
         name: "openbot_computers_list",
         description: "Lists the Computers this bot may use, with their state.",
@@ -373,6 +398,25 @@ static TOOLS: [BotTool; 24] = [
         },
     },
     BotTool {
+        name: "openbot_computer_session_kill",
+        description: "Stops one of your running sessions on a Computer (its process group gets SIGKILL) and answers \
+                      its last state: for a command that runs too long or hangs.",
+        parameters: || {
+            object(
+                json!({
+                    "computerId": {"type": "string", "description": COMPUTER},
+                    "sessionId": {"type": "string", "description": "The session id (cse_…)."}
+                }),
+                &["computerId", "sessionId"],
+            )
+        },
+        request: |a, _| {
+            let id = a.id("computerId", "cmp")?;
+            let session = a.id("sessionId", "cse")?;
+            Ok(ApiCall { method: "DELETE", path: format!("/v1/computers/{id}/sessions/{session}"), body: None })
+        },
+    },
+    BotTool {
         name: "openbot_computer_screenshot",
         description: "Takes a screenshot of a Computer's desktop (one created with a desktop). Answers the image \
                       (base64 `data`, `mimeType`) with its width and height.",
@@ -413,6 +457,254 @@ static TOOLS: [BotTool; 24] = [
             let id = a.id("computerId", "cmp")?;
             let body = a.pick(&[("actions", "actions"), ("screenshot", "screenshot")]);
             Ok(ApiCall { method: "POST", path: format!("/v1/computers/{id}/desktop/actions"), body: Some(body) })
+        },
+    },
+    BotTool {
+        name: "openbot_computer_file_read",
+        description: "Reads a file on a Computer: UTF-8 text, or base64 for bytes (encoding). A whole read is at most \
+                      16 MiB; a larger file is read by ranges (offset, length: the answer gives totalSize, and a text \
+                      range starts and ends on whole characters).",
+        parameters: || {
+            object(
+                json!({
+                    "computerId": {"type": "string", "description": COMPUTER},
+                    "path": {"type": "string", "description": PATH},
+                    "encoding": {"type": "string", "enum": ["utf8", "base64"]},
+                    "offset": {"type": "integer", "minimum": 0, "description": "Read from this byte (a ranged read)."},
+                    "length": {"type": "integer", "minimum": 0, "maximum": 16777216, "description": "Read at most this many bytes (a ranged read)."},
+                    "user": {"type": "string", "enum": ["user", "root"], "description": USER}
+                }),
+                &["computerId", "path"],
+            )
+        },
+        request: |a, _| {
+            let id = a.id("computerId", "cmp")?;
+            let mut q = file_query(a)?;
+            if let Some(e) = a.str("encoding") {
+                if !matches!(e, "utf8" | "base64") {
+                    return Err(BadArguments("`encoding` is utf8 or base64".into()));
+                }
+                q.append_pair("encoding", e);
+            }
+            for key in ["offset", "length"] {
+                if let Some(n) = a.uint(key)? {
+                    q.append_pair(key, &n.to_string());
+                }
+            }
+            Ok(ApiCall { method: "GET", path: format!("/v1/computers/{id}/files?{}", q.finish()), body: None })
+        },
+    },
+    BotTool {
+        name: "openbot_computer_file_write",
+        description: "Writes a whole file on a Computer (made with its missing parent directories; an existing file \
+                      keeps its mode). The file is replaced at once: readers see the old file or the new one.",
+        parameters: || {
+            object(
+                json!({
+                    "computerId": {"type": "string", "description": COMPUTER},
+                    "path": {"type": "string", "description": PATH},
+                    "content": {"type": "string"},
+                    "encoding": {"type": "string", "enum": ["utf8", "base64"], "description": "How content is given (default utf8)."},
+                    "user": {"type": "string", "enum": ["user", "root"], "description": USER}
+                }),
+                &["computerId", "path", "content"],
+            )
+        },
+        request: |a, _| {
+            let id = a.id("computerId", "cmp")?;
+            a.string("content")?;
+            let q = file_query(a)?.finish();
+            let body = a.pick(&[("content", "content"), ("encoding", "encoding")]);
+            Ok(ApiCall { method: "PUT", path: format!("/v1/computers/{id}/files?{q}"), body: Some(body) })
+        },
+    },
+    BotTool {
+        name: "openbot_computer_file_edit",
+        description: "Edits a text file on a Computer: replaces the exact text `old`, which must occur exactly once \
+                      (include enough of the surrounding lines), with `new`. Fails, changing nothing, when `old` is \
+                      missing or occurs more than once. The file keeps its mode and owner.",
+        parameters: || {
+            object(
+                json!({
+                    "computerId": {"type": "string", "description": COMPUTER},
+                    "path": {"type": "string", "description": PATH},
+                    "old": {"type": "string", "minLength": 1, "description": "The exact text to replace (whitespace included)."},
+                    "new": {"type": "string", "description": "The text that replaces it (may be empty)."},
+                    "user": {"type": "string", "enum": ["user", "root"], "description": USER}
+                }),
+                &["computerId", "path", "old", "new"],
+            )
+        },
+        request: |a, _| {
+            let id = a.id("computerId", "cmp")?;
+            a.required("path")?;
+            a.required("old")?;
+            a.string("new")?;
+            let body = a.pick(&[("path", "path"), ("old", "old"), ("new", "new"), ("user", "user")]);
+            Ok(ApiCall { method: "POST", path: format!("/v1/computers/{id}/files/edit"), body: Some(body) })
+        },
+    },
+    BotTool {
+        name: "openbot_computer_file_list",
+        description: "Lists a directory on a Computer: each entry's name, type (file, dir, symlink, other), size, \
+                      mode and modification time.",
+        parameters: || {
+            object(
+                json!({
+                    "computerId": {"type": "string", "description": COMPUTER},
+                    "path": {"type": "string", "description": "The directory (default: the workspace)."},
+                    "user": {"type": "string", "enum": ["user", "root"], "description": USER}
+                }),
+                &["computerId"],
+            )
+        },
+        request: |a, _| {
+            let id = a.id("computerId", "cmp")?;
+            let mut q = form_urlencoded::Serializer::new(String::new());
+            q.append_pair("path", a.str("path").filter(|p| !p.is_empty()).unwrap_or("."));
+            if let Some(u) = a.str("user") {
+                q.append_pair("user", u);
+            }
+            Ok(ApiCall { method: "GET", path: format!("/v1/computers/{id}/directory?{}", q.finish()), body: None })
+        },
+    },
+    BotTool {
+        name: "openbot_computer_file_delete",
+        description: "Deletes a file on a Computer (not a directory: use openbot_computer_exec for that).",
+        parameters: || {
+            object(
+                json!({
+                    "computerId": {"type": "string", "description": COMPUTER},
+                    "path": {"type": "string", "description": PATH},
+                    "user": {"type": "string", "enum": ["user", "root"], "description": USER}
+                }),
+                &["computerId", "path"],
+            )
+        },
+        request: |a, _| {
+            let id = a.id("computerId", "cmp")?;
+            let q = file_query(a)?.finish();
+            Ok(ApiCall { method: "DELETE", path: format!("/v1/computers/{id}/files?{q}"), body: None })
+        },
+    },
+    BotTool {
+        name: "openbot_computer_copy_to_box",
+        description: "Copies a blob (a file a person attached, by its blobId) to a path on a Computer, checked \
+                      byte for byte by its SHA-256; answers the artifact (path, size, sha256).",
+        parameters: || {
+            object(
+                json!({
+                    "computerId": {"type": "string", "description": COMPUTER},
+                    "blobId": {"type": "string", "description": "The blob's id (blob_…)."},
+                    "path": {"type": "string", "description": PATH},
+                    "user": {"type": "string", "enum": ["user", "root"], "description": USER}
+                }),
+                &["computerId", "blobId", "path"],
+            )
+        },
+        request: |a, _| {
+            let id = a.id("computerId", "cmp")?;
+            a.required("blobId")?;
+            a.required("path")?;
+            let body = a.pick(&[("blobId", "blobId"), ("path", "path"), ("user", "user")]);
+            Ok(ApiCall { method: "POST", path: format!("/v1/computers/{id}/copy-to-box"), body: Some(body) })
+        },
+    },
+    BotTool {
+        name: "openbot_computer_copy_from_box",
+        description: "Copies a file from a Computer into a blob, to hand it to a person: answers the blobId (they \
+                      download it from /api/blobs/{blobId}), its size and SHA-256.",
+        parameters: || {
+            object(
+                json!({
+                    "computerId": {"type": "string", "description": COMPUTER},
+                    "path": {"type": "string", "description": PATH},
+                    "mimeType": {"type": "string", "description": "The file's media type (default application/octet-stream)."},
+                    "user": {"type": "string", "enum": ["user", "root"], "description": USER}
+                }),
+                &["computerId", "path"],
+            )
+        },
+        request: |a, _| {
+            let id = a.id("computerId", "cmp")?;
+            a.required("path")?;
+            let body = a.pick(&[("path", "path"), ("mimeType", "mimeType"), ("user", "user")]);
+            Ok(ApiCall { method: "POST", path: format!("/v1/computers/{id}/copy-from-box"), body: Some(body) })
+        },
+    },
+    BotTool {
+        name: "openbot_computer_port_expose",
+        description: "Gives a port of a sandbox Computer (a server listening on 127.0.0.1:port or 0.0.0.0:port) a \
+                      public HTTPS address, and answers it (`url`, shown this once). When a person must approve \
+                      (state awaiting_approval), the address answers only once they have: tell them.",
+        parameters: || {
+            object(
+                json!({
+                    "computerId": {"type": "string", "description": COMPUTER},
+                    "port": {"type": "integer", "minimum": 1, "maximum": 65535}
+                }),
+                &["computerId", "port"],
+            )
+        },
+        request: |a, _| {
+            let id = a.id("computerId", "cmp")?;
+            let port = port(a)?;
+            Ok(ApiCall { method: "PUT", path: format!("/v1/computers/{id}/ports/{port}"), body: Some(json!({})) })
+        },
+    },
+    BotTool {
+        name: "openbot_computer_port_list",
+        description: "Lists a Computer's exposed ports: each one's state (open, awaiting_approval) and who exposed \
+                      it (never its address).",
+        parameters: || object(json!({"computerId": {"type": "string", "description": COMPUTER}}), &["computerId"]),
+        request: |a, _| {
+            let id = a.id("computerId", "cmp")?;
+            Ok(ApiCall { method: "GET", path: format!("/v1/computers/{id}/ports"), body: None })
+        },
+    },
+    BotTool {
+        name: "openbot_computer_port_close",
+        description: "Ends a port's public address: every node refuses it from then on.",
+        parameters: || {
+            object(
+                json!({
+                    "computerId": {"type": "string", "description": COMPUTER},
+                    "port": {"type": "integer", "minimum": 1, "maximum": 65535}
+                }),
+                &["computerId", "port"],
+            )
+        },
+        request: |a, _| {
+            let id = a.id("computerId", "cmp")?;
+            let port = port(a)?;
+            Ok(ApiCall { method: "DELETE", path: format!("/v1/computers/{id}/ports/{port}"), body: None })
+        },
+    },
+    BotTool {
+        name: "openbot_computer_desktop_stream",
+        description: "Makes a link for a person to watch (mode view) or use (mode control, if this bot's grant \
+                      allows it) a Computer's desktop in their browser: show it to them, e.g. \"take over here\". \
+                      The link works once and expires soon.",
+        parameters: || {
+            object(
+                json!({
+                    "computerId": {"type": "string", "description": COMPUTER},
+                    "mode": {"type": "string", "enum": ["view", "control"]}
+                }),
+                &["computerId", "mode"],
+            )
+        },
+        request: |a, _| {
+            let id = a.id("computerId", "cmp")?;
+            let mode = a.required("mode")?;
+            if !matches!(mode, "view" | "control") {
+                return Err(BadArguments("`mode` is view or control".into()));
+            }
+            Ok(ApiCall {
+                method: "POST",
+                path: format!("/v1/computers/{id}/desktop/stream"),
+                body: Some(json!({"mode": mode})),
+            })
         },
     },
     BotTool {
@@ -745,6 +1037,163 @@ mod tests {
         let anthropic = listed("anthropic").expect("anthropic");
         assert!(anthropic.iter().all(|t| t["input_schema"]["type"] == "object"));
         assert!(listed("other").is_none());
+    }
+
+    /// Routes on a Computer that no tool stands for, and why.
+    const NOT_TOOLS: &[(&str, &str, &str)] = &[
+        ("get", "/v1/computers/{id}", "openbot_computers_list answers every Computer with its state"),
+        (
+            "delete",
+            "/v1/computers/{id}",
+            "openbot_computers_release with destroy deletes it, as a capability a person may have to approve",
+        ),
+        (
+            "post",
+            "/v1/computers/{id}/pause",
+            "a lifecycle command of people and of the idle timer (pauseAfter at create)",
+        ),
+        ("post", "/v1/computers/{id}/resume", "a paused Computer resumes by itself on a bot's next call"),
+        ("post", "/v1/computers/{id}/stop", "a lifecycle command of people"),
+        ("get", "/v1/computers/{id}/usage", "an operator's view of use and cost"),
+        ("get", "/v1/computers/{id}/sandbox", "an operator's view of the provider's sandbox"),
+        ("get", "/v1/computers/{id}/bots", "grants are given by members: a bot never grants itself"),
+        ("put", "/v1/computers/{id}/bots/{bot}", "grants are given by members: a bot never grants itself"),
+        ("get", "/v1/computers/{id}/bots/{bot}", "grants are given by members: a bot never grants itself"),
+        ("delete", "/v1/computers/{id}/bots/{bot}", "grants are given by members: a bot never grants itself"),
+        (
+            "post",
+            "/v1/computers/{id}/browser/actions/{action}/decision",
+            "a person decides an unknown action, never the bot that acted",
+        ),
+        ("post", "/v1/computers/{id}/sessions/{sid}/resize", "a person's terminal size (tty sessions in a console)"),
+        (
+            "get",
+            "/v1/computers/{id}/sessions/{sid}/output",
+            "an SSE stream for people's terminals: a bot reads with openbot_computer_session_read",
+        ),
+        ("get", "/v1/computers/{id}/desktop", "the desktop's state: openbot_computer_screenshot shows it"),
+        ("post", "/v1/computers/{id}/desktop/release", "ends a person's takeover of the input: a person's act"),
+        (
+            "get",
+            "/v1/computers/{id}/browser/sessions",
+            "openbot_browser_open answers its session; a snapshot names its tabs",
+        ),
+        ("post", "/v1/computers/{id}/browser/evidence", "the evidence of an action, for the people who decide it"),
+        (
+            "get",
+            "/v1/computers/{id}/desktop/view",
+            "a person's browser, with a single-use ticket (openbot_computer_desktop_stream makes one)",
+        ),
+        ("get", "/v1/computers/{id}/desktop/view/{*file}", "noVNC's files, for a person's browser"),
+        ("get", "/v1/computers/{id}/desktop/websockify", "a person's desktop stream, behind its ticket's cookie"),
+        ("get", "/v1/computers/{id}/ports/{port}", "openbot_computer_port_list answers every port"),
+    ];
+
+    /// Arguments that make a request, from a tool's schema.
+    fn sample(t: &BotTool) -> Value {
+        let p = (t.parameters)();
+        let mut args = serde_json::Map::new();
+        for (k, s) in p["properties"].as_object().into_iter().flatten() {
+            let v = match k.as_str() {
+                "computerId" => json!("cmp_1"),
+                "session" if t.name.starts_with("openbot_browser") => json!("b-1"),
+                "sessionId" | "session" => json!("cse_1"),
+                "provider" => json!("cpp_1"),
+                "bindingId" => json!("tb_1"),
+                "port" => json!(8080),
+                "mode" => s["enum"][0].clone(),
+                "action" => s["enum"].get(0).cloned().unwrap_or(json!("a-1")),
+                "actionId" => json!("a-1"),
+                _ => match s["type"].as_str() {
+                    Some("integer") => json!(1),
+                    Some("boolean") => json!(true),
+                    Some("array") => json!(["x"]),
+                    Some("object") => json!({}),
+                    _ => s["enum"].get(0).cloned().unwrap_or(json!("x")),
+                },
+            };
+            args.insert(k.clone(), v);
+        }
+        Value::Object(args)
+    }
+
+    fn matches(pattern: &str, path: &str) -> bool {
+        let (p, q): (Vec<_>, Vec<_>) = (pattern.split('/').collect(), path.split('/').collect());
+        p.len() == q.len() && p.iter().zip(&q).all(|(a, b)| a.starts_with('{') || a == b)
+    }
+
+    /// Every route a bot may call on a Computer has a tool, or is in [`NOT_TOOLS`] with the
+    /// reason; every tool's request is a route the router serves.
+    #[test]
+    fn every_route_on_a_computer_has_a_tool_or_a_reason() {
+        let routes = crate::http::routes();
+        let mut covered = std::collections::BTreeSet::new();
+        for t in registry() {
+            let args = sample(t);
+            let call =
+                (t.request)(&Args(&args), Some("bot_1")).unwrap_or_else(|e| panic!("{}: {args}: {}", t.name, e.0));
+            let path = call.path.split('?').next().unwrap_or_default();
+            let route = routes
+                .iter()
+                .find(|(m, p)| m.eq_ignore_ascii_case(call.method) && matches(p, path))
+                .unwrap_or_else(|| panic!("{} makes {} {path}, which no route serves", t.name, call.method));
+            covered.insert(*route);
+        }
+        let excused: std::collections::BTreeSet<(&str, &str)> = NOT_TOOLS.iter().map(|(m, p, _)| (*m, *p)).collect();
+        for (m, p) in routes.iter().filter(|(_, p)| p.starts_with("/v1/computers/{id}")) {
+            assert!(
+                covered.contains(&(*m, *p)) || excused.contains(&(*m, *p)),
+                "{m} {p}: no bot tool stands for it; add one, or list it in NOT_TOOLS with the reason"
+            );
+            assert!(
+                !(covered.contains(&(*m, *p)) && excused.contains(&(*m, *p))),
+                "{m} {p} has a tool: not in NOT_TOOLS"
+            );
+        }
+        for (m, p, _) in NOT_TOOLS {
+            assert!(routes.contains(&(*m, *p)), "NOT_TOOLS names {m} {p}, which the router does not serve");
+        }
+    }
+
+    #[test]
+    fn file_and_port_tools_encode_their_paths_and_refuse_bad_arguments() {
+        let call = |name: &str, args: Value| (find(name).expect(name).request)(&Args(&args), None);
+        let read = call(
+            "openbot_computer_file_read",
+            json!({"computerId": "cmp_1", "path": "a b/c&d=e?.txt", "offset": 5, "length": 10}),
+        );
+        assert_eq!(
+            read.expect("read").path,
+            "/v1/computers/cmp_1/files?path=a+b%2Fc%26d%3De%3F.txt&offset=5&length=10"
+        );
+        let write = call(
+            "openbot_computer_file_write",
+            json!({"computerId": "cmp_1", "path": "x", "content": "", "user": "root"}),
+        );
+        assert_eq!(write.expect("write").body, Some(json!({"content": ""})));
+        assert!(
+            call(
+                "openbot_computer_file_write",
+                json!({"computerId": "cmp_1", "path": "x", "content": "", "user": "admin"})
+            )
+            .is_err()
+        );
+        assert!(call("openbot_computer_file_read", json!({"computerId": "cmp_1", "path": "x", "offset": -1})).is_err());
+        assert!(
+            call("openbot_computer_file_edit", json!({"computerId": "cmp_1", "path": "x", "old": "", "new": "y"}))
+                .is_err()
+        );
+        let list = call("openbot_computer_file_list", json!({"computerId": "cmp_1"})).expect("list");
+        assert_eq!(list.path, "/v1/computers/cmp_1/directory?path=.");
+        for bad in [json!(0), json!(65536), json!("80/../x"), json!(null)] {
+            assert!(
+                call("openbot_computer_port_expose", json!({"computerId": "cmp_1", "port": bad})).is_err(),
+                "{bad}"
+            );
+        }
+        let close = call("openbot_computer_port_close", json!({"computerId": "cmp_1", "port": 3000})).expect("close");
+        assert_eq!((close.method, close.path.as_str()), ("DELETE", "/v1/computers/cmp_1/ports/3000"));
+        assert!(call("openbot_computer_desktop_stream", json!({"computerId": "cmp_1", "mode": "admin"})).is_err());
     }
 
     #[test]

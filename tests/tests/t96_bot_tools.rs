@@ -13,7 +13,7 @@ use reqwest::Method;
 use serde_json::Value;
 use serde_json::json;
 
-const TOOLS: [&str; 24] = [
+const TOOLS: [&str; 36] = [
     "openbot_computers_list",
     "openbot_computers_acquire",
     "openbot_computers_create",
@@ -22,8 +22,20 @@ const TOOLS: [&str; 24] = [
     "openbot_computer_write_stdin",
     "openbot_computer_sessions_list",
     "openbot_computer_session_read",
+    "openbot_computer_session_kill",
     "openbot_computer_screenshot",
     "openbot_computer_desktop_actions",
+    "openbot_computer_file_read",
+    "openbot_computer_file_write",
+    "openbot_computer_file_edit",
+    "openbot_computer_file_list",
+    "openbot_computer_file_delete",
+    "openbot_computer_copy_to_box",
+    "openbot_computer_copy_from_box",
+    "openbot_computer_port_expose",
+    "openbot_computer_port_list",
+    "openbot_computer_port_close",
+    "openbot_computer_desktop_stream",
     "openbot_browser_open",
     "openbot_browser_close",
     "openbot_browser_navigate",
@@ -50,7 +62,12 @@ async fn t10_listed_in_two_formats_and_run_with_the_apis_rules() {
     let (id, code) = paired_computer(&c, "bot-tools").await;
     let state = c.dir.path().join("agent");
     let log = c.dir.path().join("agent.log");
-    let _agent = AgentProc::spawn_with(&c.url(1, ""), &state, Some(&code), &log, &[]);
+    // Its own workspace, which the bot's grant names (a bot reads on a paired machine only
+    // where its grant says).
+    let workdir = c.dir.path().join("workspace");
+    std::fs::create_dir_all(&workdir).expect("workspace");
+    let workdir = workdir.display().to_string();
+    let _agent = AgentProc::spawn_with(&c.url(1, ""), &state, Some(&code), &log, &["--workdir", &workdir]);
     wait_state(&c, &id, "running").await;
     let (other, _) = paired_computer(&c, "no-grant").await;
     let (s, bot) = c.call(Method::POST, 1, "/v1/bots", &c.token, Some(json!({"name": "toolbot"}))).await;
@@ -58,7 +75,7 @@ async fn t10_listed_in_two_formats_and_run_with_the_apis_rules() {
     let bot = bot["id"].as_str().expect("bot").to_string();
     // The test agent runs as root, so its sessions do: the bot is allowed root there.
     let grant = format!("/v1/computers/{id}/bots/{bot}");
-    let (s, v) = c.call(Method::PUT, 1, &grant, &c.token, Some(json!({"allowRoot": true}))).await;
+    let (s, v) = c.call(Method::PUT, 1, &grant, &c.token, Some(json!({"allowRoot": true, "paths": [workdir]}))).await;
     assert_eq!(s, 200, "{v}");
     let bot_token = c.mint(json!({"botId": bot})).await;
 
@@ -194,4 +211,28 @@ async fn t10_listed_in_two_formats_and_run_with_the_apis_rules() {
     assert_eq!((s, v["error"]["kind"].as_str()), (400, Some("invalid_request")), "a bot's tool: {v}");
     let (s, v) = call(&c, &bot_token, "openbot_computers_list", json!([1])).await;
     assert_eq!((s, v["error"]["kind"].as_str()), (400, Some("invalid_request")), "{v}");
+
+    // A file over 16 MiB: a whole read says to read it by ranges, and a range reads its end.
+    let make = json!({"computerId": id, "command": "truncate -s 17M big.bin && printf 'the end' >> big.bin", "yieldTimeMs": 5000});
+    let (s, v) = call(&c, &bot_token, "openbot_computer_exec", make).await;
+    assert_eq!((s, v["result"]["exitCode"].clone()), (200, json!(0)), "{v}");
+    let (s, v) = call(&c, &bot_token, "openbot_computer_file_read", json!({"computerId": id, "path": "big.bin"})).await;
+    assert_eq!((s, v["error"]["kind"].as_str()), (413, Some("too_large")), "{v}");
+    assert!(v["error"]["message"].as_str().unwrap_or_default().contains("by ranges"), "{v}");
+    let big = 17u64 << 20;
+    let end = json!({"computerId": id, "path": "big.bin", "offset": big, "length": 100});
+    let (s, v) = call(&c, &bot_token, "openbot_computer_file_read", end).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!((v["result"]["content"].as_str(), v["result"]["totalSize"].as_u64()), (Some("the end"), Some(big + 7)));
+    let (s, v) =
+        call(&c, &bot_token, "openbot_computer_file_delete", json!({"computerId": id, "path": "big.bin"})).await;
+    assert_eq!((s, v["result"].clone()), (200, json!({"done": true})), "{v}");
+    // A command that hangs is killed.
+    let hang = json!({"computerId": id, "command": "sleep 600", "yieldTimeMs": 250});
+    let (s, v) = call(&c, &bot_token, "openbot_computer_exec", hang).await;
+    assert_eq!((s, v["result"]["running"].clone()), (200, json!(true)), "{v}");
+    let hung = v["result"]["session"].as_str().expect("a running session").to_string();
+    let (s, v) =
+        call(&c, &bot_token, "openbot_computer_session_kill", json!({"computerId": id, "sessionId": hung})).await;
+    assert_eq!((s, v["result"]["running"].clone()), (200, json!(false)), "{v}");
 }

@@ -4,7 +4,10 @@
 //! starts a 5 s command and receives its `computer_session` notice when it ends, types into a
 //! Python REPL in a terminal, and sees the API's refusals as tool errors with their kinds. With
 //! the real Docker engine, a bot creates its own sandbox with a desktop over MCP, runs a command
-//! in it, sees its screen as MCP image content, and destroys it.
+//! in it, sees its screen as MCP image content, writes, edits (a non-unique `old` is refused),
+//! reads by range, lists and deletes files, hands a file out as a blob and back, serves a port
+//! whose address a person approves (the test fetches it, then the bot closes it), asks for a
+//! desktop link that is content for the person, and destroys the sandbox.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -140,11 +143,14 @@ async fn t20_a_bot_creates_uses_and_destroys_a_desktop_sandbox_over_mcp() {
     assert_eq!(s, 200, "{v}");
     let bot_token = c.mint(json!({"botId": bot})).await;
 
+    // The port the bot serves in its sandbox (the test's sandboxes share the host's network).
+    let port = computerd_tests::free_port();
+    let mut fetched = None;
     let begun = std::time::Instant::now();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/mcp_client.py");
     let mut client = tokio::process::Command::new("python3")
         .arg(&script)
-        .args(["sandbox", &c.url(1, "/mcp"), &provider])
+        .args(["sandbox", &c.url(1, "/mcp"), &provider, &port.to_string()])
         .env("BOT_TOKEN", &bot_token)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -161,6 +167,30 @@ async fn t20_a_bot_creates_uses_and_destroys_a_desktop_sandbox_over_mcp() {
         loop {
             let line = lines.next_line().await.expect("the client's stdout").expect("the client's summary");
             let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+            if v.get("approval").is_some() {
+                // The bot's port waits for a person: the member approves it, and the address
+                // answers the bot's server.
+                let approval = v["approval"].as_str().unwrap_or_else(|| panic!("an approval id: {v}"));
+                let url = v["url"].as_str().unwrap_or_else(|| panic!("an address: {v}")).to_string();
+                let decide = json!({"decision": "approve"});
+                let (s, a) =
+                    c.call(Method::POST, 1, &format!("/v1/approvals/{approval}"), &c.token, Some(decide)).await;
+                assert_eq!(s, 200, "{a}");
+                let host = url.strip_prefix("http://").and_then(|r| r.split(['/', ':']).next()).expect("host");
+                let node = c.nodes[&1].http.clone();
+                let listing = wait_for("the bot's port to answer through its address", Duration::from_secs(30), || {
+                    let (c, host, node) = (&c, host.to_string(), node.clone());
+                    async move {
+                        let r = c.http.get(format!("http://{node}/")).header("host", host).send().await.ok()?;
+                        (r.status() == 200).then_some(r.text().await.ok()?)
+                    }
+                })
+                .await;
+                fetched = Some((url, listing));
+                stdin.write_all(b"go\n").await.expect("to the client's stdin");
+                stdin.flush().await.expect("flush");
+                continue;
+            }
             let Some(id) = v.get("running").and_then(Value::as_str) else { return v };
             // While the bot holds it: the sandbox is one running container of the desktop image.
             cleanup.track(id);
@@ -203,6 +233,91 @@ async fn t20_a_bot_creates_uses_and_destroys_a_desktop_sandbox_over_mcp() {
     assert_eq!(shot["png"], json!([display.0, display.1]), "a PNG of the display's size: {seen}");
     assert_eq!((shot["answer"]["width"].clone(), shot["answer"]["height"].clone()), display, "{seen}");
     assert!(shot["answer"].get("data").is_none(), "the image only once, as image content: {seen}");
+
+    // Files: written, edited (a non-unique and a missing `old` change nothing), read whole and
+    // by range, listed, out as a blob and back in, deleted.
+    let ok = |k: &str| {
+        assert_eq!(seen[k]["isError"], false, "{k}: {}", seen[k]);
+        seen[k]["answer"].clone()
+    };
+    let refused = |k: &str| {
+        assert_eq!(seen[k]["isError"], true, "{k}: {}", seen[k]);
+        seen[k]["answer"]["error"].clone()
+    };
+    ok("write");
+    let e = refused("editTwice");
+    assert!(
+        e["kind"] == "invalid_request" && e["message"].as_str().unwrap_or_default().contains("occurs 2 times"),
+        "{e}"
+    );
+    let e = refused("editMissing");
+    assert!(
+        e["kind"] == "invalid_request" && e["message"].as_str().unwrap_or_default().contains("does not occur"),
+        "{e}"
+    );
+    assert_eq!(ok("edit")["size"], 12);
+    assert_eq!(ok("read")["content"], "x = 1\ny = 2\n", "the edit changed only its own text");
+    let range = ok("readRange");
+    assert_eq!(
+        (range["content"].as_str(), range["offset"].as_u64(), range["totalSize"].as_u64()),
+        (Some("y ="), Some(6), Some(12))
+    );
+    let names: Vec<&str> = seen["list"]["answer"]["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    assert_eq!(names, ["todo.txt"], "{seen}");
+    let blob = ok("fromBox");
+    let sha = blob["sha256"].as_str().expect("sha256").to_string();
+    assert_eq!(ok("toBox")["sha256"].as_str(), Some(sha.as_str()));
+    assert_eq!(ok("readCopy")["content"], "x = 1\ny = 2\n");
+    // The person gets the file from the blob the bot made.
+    let (s, got) = c
+        .call(
+            Method::GET,
+            1,
+            &format!("/api/blobs/{}/info", blob["blobId"].as_str().unwrap_or_default()),
+            &c.token,
+            None,
+        )
+        .await;
+    assert_eq!((s, got["sha256"].as_str()), (200, Some(sha.as_str())), "{got}");
+    assert_eq!(ok("delete"), json!({"done": true}));
+    assert_eq!(refused("readDeleted")["kind"], "not_found");
+
+    // The port: awaiting a person's approval, then open; its address served the bot's server;
+    // closed, it answers no more.
+    assert_eq!(seen["expose"]["answer"]["state"], "awaiting_approval", "{seen}");
+    let (url, listing) = fetched.expect("the client asked for the port's approval");
+    assert!(listing.contains("Directory listing"), "the sandbox's http.server: {listing}");
+    assert_eq!(ok("ports")["ports"][0]["state"], "open", "{seen}");
+    assert_eq!(ok("close"), json!({"done": true}));
+    let host = url.strip_prefix("http://").and_then(|r| r.split(['/', ':']).next()).expect("host");
+    let r = c.http.get(c.url(1, "/")).header("host", host).send().await.expect("request");
+    assert_eq!(r.status().as_u16(), 404, "a closed address answers nothing");
+
+    // The desktop link is content for the person; the rest of the answer is the model's.
+    let blocks = seen["stream"]["blocks"].as_array().expect("blocks");
+    assert_eq!(seen["stream"]["isError"], false, "{seen}");
+    assert_eq!(
+        (blocks[0]["audience"].clone(), blocks[1]["audience"].clone()),
+        (json!(["user"]), json!(["assistant"])),
+        "{seen}"
+    );
+    let link = blocks[0]["text"].as_str().expect("the link");
+    assert!(link.starts_with(&c.url(1, &format!("/v1/computers/{id}/desktop/view?ticket="))), "{link}");
+    assert!(!blocks[1]["text"].as_str().unwrap_or_default().contains("ticket"), "the model's part has no ticket");
+    let r = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client")
+        .get(link)
+        .send()
+        .await
+        .expect("the link");
+    assert_eq!(r.status().as_u16(), 303, "the ticket opens the view once");
 
     let release = &seen["release"];
     assert_eq!(release["isError"], false, "{seen}");

@@ -101,6 +101,9 @@ pub async fn call(State(state): State<AppState>, auth: Auth, req: Request) -> Re
 pub(crate) struct Origin {
     authorization: Option<HeaderValue>,
     forwarded: Option<HeaderValue>,
+    /// `Host`, `X-Forwarded-Host` and `X-Forwarded-Proto`: where a link the answer carries (a
+    /// desktop stream's) points.
+    host: Vec<(&'static str, HeaderValue)>,
     peer: Option<ConnectInfo<std::net::SocketAddr>>,
 }
 
@@ -110,6 +113,10 @@ impl Origin {
         Self {
             authorization: headers.get(AUTHORIZATION).cloned(),
             forwarded: headers.get("x-forwarded-for").cloned(),
+            host: ["host", "x-forwarded-host", "x-forwarded-proto"]
+                .into_iter()
+                .filter_map(|h| headers.get(h).map(|v| (h, v.clone())))
+                .collect(),
             peer: extensions.get::<ConnectInfo<std::net::SocketAddr>>().cloned(),
         }
     }
@@ -146,6 +153,9 @@ pub(crate) async fn run(
     if let Some(f) = &origin.forwarded {
         headers.insert("x-forwarded-for", f.clone());
     }
+    for (h, v) in &origin.host {
+        headers.insert(*h, v.clone());
+    }
     if let Some(p) = &origin.peer {
         inner.extensions_mut().insert(*p);
     }
@@ -157,6 +167,11 @@ pub(crate) async fn run(
     let bytes = axum::body::to_bytes(answer.into_body(), MAX_ANSWER)
         .await
         .map_err(|_| ApiError::new(ErrorKind::TooLarge, "the tool's answer is over 4 MiB"))?;
-    let result: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    // An answer with no body (204: a file deleted, a port closed) says what happened.
+    let result: Value = if bytes.is_empty() && status.is_success() {
+        json!({"done": true})
+    } else {
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null)
+    };
     Ok((tool, status, result))
 }

@@ -192,7 +192,13 @@ pub async fn from_box(
     let mut agent = agent_for(&state, &caller, &id, false).await?;
     // A bot on a paired machine copies only from the paths its grant names.
     let within = super::calls::read_roots(&state, &caller, &id)?;
-    let path = FilePath { path: req.path.clone(), user: who.user.clone(), root_allowed: who.root_allowed, within };
+    let path = FilePath {
+        path: req.path.clone(),
+        user: who.user.clone(),
+        root_allowed: who.root_allowed,
+        within,
+        ..Default::default()
+    };
     let stream = agent.read_file(path).await.map_err(agent_error)?.into_inner();
     let blob_id = new_id("blb");
     let body = stream.map(|c| c.map(|c| c.data).map_err(|s| s.message().to_string()));

@@ -29,6 +29,7 @@ use computerd_proto::ErrorKind;
 use rmcp::ErrorData;
 use rmcp::RoleServer;
 use rmcp::ServerHandler;
+use rmcp::model::Annotations;
 use rmcp::model::CallToolRequestParams;
 use rmcp::model::CallToolResponse;
 use rmcp::model::CallToolResult;
@@ -38,8 +39,10 @@ use rmcp::model::ListToolsResult;
 use rmcp::model::LoggingLevel;
 use rmcp::model::LoggingMessageNotificationParam;
 use rmcp::model::PaginatedRequestParams;
+use rmcp::model::Role;
 use rmcp::model::ServerCapabilities;
 use rmcp::model::ServerConfig;
+use rmcp::model::TextContent;
 use rmcp::model::Tool;
 use rmcp::service::Peer;
 use rmcp::service::RequestContext;
@@ -191,8 +194,23 @@ impl ServerHandler for McpTools {
         {
             self.watch(context.peer.clone(), computer, session.to_string());
         }
+        if request.name == "openbot_computer_desktop_stream" {
+            return Ok(for_the_person(result).into());
+        }
         Ok(answered(result).into())
     }
+}
+
+/// A desktop stream's answer: its link is content for the person (`audience: ["user"]`, for a
+/// chat to show), the rest for the model.
+fn for_the_person(mut result: Value) -> CallToolResult {
+    let url = result.as_object_mut().and_then(|o| o.remove("url"));
+    let Some(url) = url.as_ref().and_then(Value::as_str) else { return answered(result) };
+    let audience = |role| Annotations::default().with_audience(vec![role]);
+    let link = TextContent::new(url).with_annotations(audience(Role::User));
+    result["note"] = json!("the link was given to the person (content for the user): ask them to open it");
+    let rest = TextContent::new(result.to_string()).with_annotations(audience(Role::Assistant));
+    CallToolResult::success(vec![ContentBlock::Text(link), ContentBlock::Text(rest)])
 }
 
 impl McpTools {

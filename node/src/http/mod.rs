@@ -174,6 +174,7 @@ fn groups(seen: &mut dyn FnMut(&[RoutePair])) -> Groups {
         get "/v1/computers/{id}/files" => files::read,
         put "/v1/computers/{id}/files" => files::write,
         delete "/v1/computers/{id}/files" => files::remove,
+        post "/v1/computers/{id}/files/edit" => files::edit,
         get "/v1/computers/{id}/directory" => files::directory,
         post "/v1/computers/{id}/copy-to-box" => copies::to_box,
         post "/v1/computers/{id}/copy-from-box" => copies::from_box,

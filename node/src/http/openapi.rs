@@ -72,7 +72,7 @@ impl Modify for BearerAuth {
         bot_tools::list, bot_tools::call,
         mcp::mcp_post, mcp::mcp_get, mcp::mcp_delete,
         sessions::start, sessions::list, sessions::get, sessions::output, sessions::input, sessions::resize, sessions::stop,
-        files::read, files::write, files::remove, files::directory,
+        files::read, files::write, files::remove, files::edit, files::directory,
         desktop::status, desktop::screenshot, desktop::actions, desktop::release,
         copies::to_box, copies::from_box,
         blobs::put, blobs::get, blobs::info, blobs::limits, blobs::set_limits,
