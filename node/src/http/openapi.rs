@@ -95,6 +95,152 @@ pub async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
     Json(ApiDoc::openapi())
 }
 
+/// The API reference as Markdown (`docs/api.md`), made from the OpenAPI document.
+#[cfg(test)]
+mod reference {
+    use std::fmt::Write;
+
+    use serde_json::Value;
+
+    /// A schema's type, in words: `string`, `integer`, `string | null`, a component's name, a
+    /// list of one.
+    fn type_of(s: &Value) -> String {
+        if let Some(r) = s["$ref"].as_str() {
+            return r.rsplit('/').next().unwrap_or(r).to_string();
+        }
+        if let Some(e) = s["enum"].as_array() {
+            let names: Vec<String> = e.iter().map(|v| format!("`{}`", v.as_str().unwrap_or_default())).collect();
+            return names.join(" \\| ");
+        }
+        for k in ["oneOf", "anyOf", "allOf"] {
+            if let Some(all) = s[k].as_array() {
+                let names: Vec<String> = all.iter().map(type_of).collect();
+                return names.join(" \\| ");
+            }
+        }
+        let base = match &s["type"] {
+            Value::String(t) => t.clone(),
+            Value::Array(ts) => ts.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(" \\| "),
+            _ => "any".into(),
+        };
+        if base == "array" { format!("list of {}", type_of(&s["items"])) } else { base }
+    }
+
+    /// One line of a table cell: newlines and pipes would break the table.
+    fn cell(s: &str) -> String {
+        s.split_whitespace().collect::<Vec<_>>().join(" ").replace('|', "\\|")
+    }
+
+    /// What an operation does: its doc comment without the route it repeats.
+    fn what(op: &Value) -> String {
+        let summary = op["summary"].as_str().unwrap_or_default();
+        let rest = match summary.strip_prefix('`').and_then(|s| s.split_once('`')) {
+            Some((_, after)) => after.trim_start_matches(':').trim().to_string(),
+            None => summary.to_string(),
+        };
+        let description = op["description"].as_str().unwrap_or_default();
+        let text = [rest.as_str(), description].iter().filter(|s| !s.is_empty()).copied().collect::<Vec<_>>().join(" ");
+        let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        let mut chars = text.chars();
+        chars.next().map(|c| c.to_uppercase().chain(chars).collect()).unwrap_or_default()
+    }
+
+    fn resolve<'a>(doc: &'a Value, s: &'a Value) -> &'a Value {
+        match s["$ref"].as_str().and_then(|r| r.strip_prefix("#/components/schemas/")) {
+            Some(name) => &doc["components"]["schemas"][name],
+            None => s,
+        }
+    }
+
+    /// The reference: an index, then each tag's operations with their parameters, body and
+    /// answers.
+    pub fn markdown(doc: &Value) -> String {
+        let mut by_tag: std::collections::BTreeMap<String, Vec<(String, String, &Value)>> = Default::default();
+        for (path, item) in doc["paths"].as_object().into_iter().flatten() {
+            for (method, op) in item.as_object().into_iter().flatten() {
+                let tag = op["tags"][0].as_str().unwrap_or("other").to_string();
+                by_tag.entry(tag).or_default().push((path.clone(), method.to_uppercase(), op));
+            }
+        }
+        let mut out = String::new();
+        out.push_str("# The API reference\n\n");
+        out.push_str(
+            "Made from the OpenAPI document that every node serves at `GET /v1/openapi.json` (a test keeps this \
+             file equal to it). Every route takes `Authorization: Bearer <token>` but those marked *open*. \
+             Errors are `{\"error\": {\"kind\", \"message\", \"errorId\"}}` with the status and kind each \
+             operation lists.\n\n",
+        );
+        for (tag, ops) in &by_tag {
+            let _ = writeln!(
+                out,
+                "- [{tag}](#{tag}): {}",
+                ops.iter().map(|(p, m, _)| format!("`{m} {p}`")).collect::<Vec<_>>().join(", ")
+            );
+        }
+        for (tag, ops) in &by_tag {
+            let _ = write!(out, "\n## {tag}\n");
+            for (path, method, op) in ops {
+                let open = op["security"].as_array().is_none_or(|s| s.iter().all(|r| r.get("bearer").is_none()));
+                let _ = write!(out, "\n### `{method} {path}`{}\n\n", if open { " (open)" } else { "" });
+                let what = what(op);
+                if !what.is_empty() {
+                    let _ = writeln!(out, "{what}\n");
+                }
+                let params: Vec<&Value> = op["parameters"].as_array().into_iter().flatten().collect();
+                if !params.is_empty() {
+                    out.push_str("| parameter | in | type | |\n|---|---|---|---|\n");
+                    for p in params {
+                        let _ = writeln!(
+                            out,
+                            "| `{}`{} | {} | {} | {} |",
+                            p["name"].as_str().unwrap_or_default(),
+                            if p["required"] == true { "" } else { "?" },
+                            p["in"].as_str().unwrap_or_default(),
+                            type_of(&p["schema"]),
+                            cell(p["description"].as_str().unwrap_or_default())
+                        );
+                    }
+                    out.push('\n');
+                }
+                if let Some((kind, content)) = op["requestBody"]["content"].as_object().and_then(|c| c.iter().next()) {
+                    let schema = resolve(doc, &content["schema"]);
+                    let required: Vec<&str> =
+                        schema["required"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+                    let body_what = cell(
+                        op["requestBody"]["description"]
+                            .as_str()
+                            .unwrap_or(schema["description"].as_str().unwrap_or_default()),
+                    );
+                    let _ = writeln!(
+                        out,
+                        "Body (`{kind}`){}\n",
+                        if body_what.is_empty() { String::new() } else { format!(": {body_what}") }
+                    );
+                    if let Some(props) = schema["properties"].as_object().filter(|p| !p.is_empty()) {
+                        out.push_str("| field | type | |\n|---|---|---|\n");
+                        for (name, p) in props {
+                            let opt = if required.contains(&name.as_str()) { "" } else { "?" };
+                            let p = resolve(doc, p);
+                            let _ = writeln!(
+                                out,
+                                "| `{name}`{opt} | {} | {} |",
+                                type_of(p),
+                                cell(p["description"].as_str().unwrap_or_default())
+                            );
+                        }
+                        out.push('\n');
+                    }
+                }
+                out.push_str("| answer | |\n|---|---|\n");
+                for (status, r) in op["responses"].as_object().into_iter().flatten() {
+                    let _ = writeln!(out, "| {status} | {} |", cell(r["description"].as_str().unwrap_or_default()));
+                }
+            }
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;
@@ -127,6 +273,25 @@ mod tests {
         let unique: BTreeSet<&String> = ids.iter().collect();
         assert_eq!(unique.len(), ids.len(), "operationIds repeat: {ids:?}");
         assert!(ids.iter().all(|id| !id.is_empty()), "an operation without an id: {ids:?}");
+    }
+
+    /// `docs/api.md`, the API reference, is made from this document, so it names exactly the
+    /// routes the router serves, each with its parameters, body and answers. After a change of
+    /// the API, `COMPUTERD_BLESS=1 cargo test -p computerd-node --lib api_reference` writes it
+    /// again.
+    #[test]
+    fn the_api_reference_in_docs_is_made_from_the_document() {
+        let doc = serde_json::to_value(ApiDoc::openapi()).expect("the document serializes");
+        let made = super::reference::markdown(&doc);
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/api.md");
+        if std::env::var_os("COMPUTERD_BLESS").is_some() {
+            std::fs::write(&path, &made).expect("write docs/api.md");
+        }
+        let kept = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            kept == made,
+            "docs/api.md is not the reference the document makes: run COMPUTERD_BLESS=1 cargo test -p computerd-node --lib api_reference"
+        );
     }
 
     /// Every route takes its caller's token, but the health check, pairing, the agent's link
