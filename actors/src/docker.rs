@@ -654,6 +654,32 @@ impl Provider for DockerProvider {
 }
 
 impl DockerProvider {
+    /// The sandboxes (containers labelled with a Computer id) whose agents pin `ca_pem`, the
+    /// private CA of the cluster that made them, as (Computer id, container). No label names the
+    /// cluster, but the CA `computerd dev` hands its agents is its data dir's own (made there),
+    /// so `computerd dev --down` finds its sandboxes this way, and no one else's.
+    pub async fn pinning(&self, ca_pem: &str) -> Result<Vec<(String, SandboxInfo)>, ProviderError> {
+        let docker = self.docker().await?;
+        let wanted = format!("COMPUTER_AGENT_CA_PEM={ca_pem}");
+        let mut found = Vec::new();
+        for c in self.labelled(LABEL_COMPUTER.to_string()).await? {
+            let (Some(id), Some(computer)) = (c.id.as_deref(), c.labels.as_ref().and_then(|l| l.get(LABEL_COMPUTER)))
+            else {
+                continue;
+            };
+            let env = match docker.inspect_container(id, None).await {
+                Ok(i) => i.config.and_then(|c| c.env).unwrap_or_default(),
+                // Removed meanwhile.
+                Err(DockerError::DockerResponseServerError { status_code: 404, .. }) => continue,
+                Err(e) => return Err(classify(e)),
+            };
+            if env.contains(&wanted) {
+                found.push((computer.clone(), info(&c)));
+            }
+        }
+        Ok(found)
+    }
+
     async fn labelled(&self, label: String) -> Result<Vec<bollard::models::ContainerSummary>, ProviderError> {
         let filters = HashMap::from([("label", vec![label])]);
         let opts = ListContainersOptionsBuilder::new().all(true).filters(&filters).build();

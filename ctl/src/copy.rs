@@ -29,9 +29,9 @@ use tokio::io::AsyncWriteExt;
 pub enum End {
     /// Here.
     Local(PathBuf),
-    /// In a Computer (`cmp_…`).
+    /// In a Computer.
     Remote {
-        /// The Computer.
+        /// The Computer: its id (`cmp_…`) or its name, as given.
         computer: String,
         /// The path there (relative paths start at the workspace).
         path: String,
@@ -39,10 +39,11 @@ pub enum End {
 }
 
 impl End {
-    /// `cmp_…:/path` is remote; anything else is a local path.
+    /// `COMPUTER:PATH` is remote (COMPUTER an id or a name), as with scp: a colon before any
+    /// slash, with something on both sides of it; anything else is a local path (`./a:b`).
     pub fn parse(s: &str) -> End {
         match s.split_once(':') {
-            Some((c, p)) if c.starts_with("cmp_") && !c.contains('/') && !p.is_empty() => {
+            Some((c, p)) if !c.is_empty() && !c.contains('/') && !p.is_empty() => {
                 End::Remote { computer: c.to_string(), path: p.to_string() }
             }
             _ => End::Local(PathBuf::from(s)),
@@ -94,7 +95,9 @@ pub async fn copy(client: &Client, from: End, to: End, user: Option<&str>) -> an
     match (from, to) {
         (End::Local(src), End::Remote { computer, path }) => up(client, &src, &computer, &path, user).await,
         (End::Remote { computer, path }, End::Local(dst)) => down(client, &computer, &path, &dst, user).await,
-        _ => bail!("one end must be COMPUTER:PATH (cmp_…:/path) and the other a local path"),
+        _ => bail!(
+            "one end must be COMPUTER:PATH (an id `cmp_…` or a name, then `:/path`) and the other a local path (`./a:b` for a local name with a colon)"
+        ),
     }
 }
 
@@ -229,8 +232,15 @@ mod tests {
         );
         assert_eq!(End::parse("cmp_ab:rel"), End::Remote { computer: "cmp_ab".into(), path: "rel".into() });
         assert_eq!(End::parse("./cmp_ab:x"), End::Local("./cmp_ab:x".into()));
-        assert_eq!(End::parse("c:/x"), End::Local("c:/x".into()));
+        assert_eq!(End::parse("/tmp/a:b"), End::Local("/tmp/a:b".into()));
         assert_eq!(End::parse("cmp_ab:"), End::Local("cmp_ab:".into()));
+        assert_eq!(End::parse(":x"), End::Local(":x".into()));
+        // A Computer's name, as scp takes a host's.
+        assert_eq!(
+            End::parse("my box:/workspace/"),
+            End::Remote { computer: "my box".into(), path: "/workspace/".into() }
+        );
+        assert_eq!(End::parse("c:/x"), End::Remote { computer: "c".into(), path: "/x".into() });
     }
 
     #[test]

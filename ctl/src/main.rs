@@ -29,6 +29,9 @@ use serde_json::Value;
 use serde_json::json;
 
 /// The computerd API from a terminal.
+///
+/// Wherever a Computer is asked for, its id (`cmp_…`) or its name will do; a name must belong to
+/// exactly one of the Computers you may see (else the command names their ids: use one).
 #[derive(Parser)]
 #[command(name = "computerctl", version, about)]
 struct Cli {
@@ -73,18 +76,20 @@ enum Cmd {
         /// `NAME=value`, repeatable.
         #[arg(short, long = "env")]
         env: Vec<String>,
-        /// The Computer.
+        /// The Computer: its id (`cmp_…`) or its name.
         computer: String,
         /// One argument: a command line; several: a command and its arguments. Without one,
         /// an interactive `bash`.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<String>,
     },
-    /// Copy a file to or from a Computer (`cmp_…:/path`), checked by SHA-256 both ways.
+    /// Copy a file to or from a Computer (`COMPUTER:PATH`, COMPUTER its id `cmp_…` or its name),
+    /// checked by SHA-256 both ways. As with scp, a colon before any slash names a Computer: a
+    /// local file with a colon in its name is `./a:b`.
     Cp {
-        /// `LOCAL` or `cmp_…:PATH`.
+        /// `LOCAL` or `COMPUTER:PATH`.
         from: String,
-        /// `cmp_…:PATH` or `LOCAL`.
+        /// `COMPUTER:PATH` or `LOCAL`.
         to: String,
         /// `root` to read or write as root (if allowed).
         #[arg(long)]
@@ -92,7 +97,7 @@ enum Cmd {
     },
     /// List a directory in a Computer.
     Files {
-        /// The Computer.
+        /// The Computer: its id (`cmp_…`) or its name.
         computer: String,
         /// The directory (relative paths start at the workspace).
         #[arg(default_value = ".")]
@@ -118,7 +123,7 @@ enum Computers {
     Ls,
     /// One Computer.
     Get {
-        /// `cmp_…`
+        /// The Computer: its id (`cmp_…`) or its name.
         computer: String,
     },
     /// Create a Computer: a provider's sandbox, or (`--paired`) your own machine.
@@ -150,7 +155,7 @@ enum Computers {
     },
     /// Pause a Computer.
     Pause {
-        /// `cmp_…`
+        /// The Computer: its id (`cmp_…`) or its name.
         computer: String,
         /// Wait until the execution ends.
         #[arg(long)]
@@ -158,7 +163,7 @@ enum Computers {
     },
     /// Resume a Computer.
     Resume {
-        /// `cmp_…`
+        /// The Computer: its id (`cmp_…`) or its name.
         computer: String,
         /// Wait until the execution ends, and the Computer until it runs again.
         #[arg(long)]
@@ -166,7 +171,7 @@ enum Computers {
     },
     /// Delete a Computer.
     Rm {
-        /// `cmp_…`
+        /// The Computer: its id (`cmp_…`) or its name.
         computer: String,
         /// Wait until the execution ends.
         #[arg(long)]
@@ -178,7 +183,7 @@ enum Computers {
 enum Sessions {
     /// Your sessions on a Computer: running ones, then those that ended in the last 10 minutes.
     Ls {
-        /// `cmp_…`
+        /// The Computer: its id (`cmp_…`) or its name.
         computer: String,
     },
 }
@@ -194,7 +199,7 @@ enum Tools {
     Install {
         /// `bot_…`
         bot: String,
-        /// The Computer holding the archive.
+        /// The Computer holding the archive: its id (`cmp_…`) or its name.
         #[arg(long)]
         computer: String,
         /// The archive's path in the Computer.
@@ -225,19 +230,19 @@ enum Tools {
 enum Ports {
     /// The Computer's open ports.
     Ls {
-        /// `cmp_…`
+        /// The Computer: its id (`cmp_…`) or its name.
         computer: String,
     },
     /// Give a port a public address (shown this once).
     Open {
-        /// `cmp_…`
+        /// The Computer: its id (`cmp_…`) or its name.
         computer: String,
         /// The port in the Computer.
         port: u16,
     },
     /// End a port's address.
     Close {
-        /// `cmp_…`
+        /// The Computer: its id (`cmp_…`) or its name.
         computer: String,
         /// The port.
         port: u16,
@@ -248,7 +253,7 @@ enum Ports {
 enum Desktop {
     /// Save a screenshot.
     Screenshot {
-        /// `cmp_…`
+        /// The Computer: its id (`cmp_…`) or its name.
         computer: String,
         /// Where (default `screenshot.<format>`).
         #[arg(short, long)]
@@ -303,14 +308,18 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 .collect::<Option<Vec<_>>>()
                 .context("--env takes NAME=value")?;
             let command = if command.is_empty() { "bash".to_string() } else { exec::command_line(&command) };
+            let computer = computer_id(&c, &computer).await?;
             exec::run(&c, exec::ExecArgs { computer, command, interactive, tty, user, cwd, env }).await
         }
         Cmd::Cp { from, to, user } => {
-            let done = copy::copy(&c, copy::End::parse(&from), copy::End::parse(&to), user.as_deref()).await?;
+            let from = resolve_end(&c, copy::End::parse(&from)).await?;
+            let to = resolve_end(&c, copy::End::parse(&to)).await?;
+            let done = copy::copy(&c, from, to, user.as_deref()).await?;
             show(json, &done, |v| format!("{} ({} bytes, sha256 {})", v["path"], v["size"], v["sha256"]));
             Ok(0)
         }
         Cmd::Files { computer, path } => {
+            let computer = computer_id(&c, &computer).await?;
             let v = get(&c, &format!("/v1/computers/{computer}/directory?path={}", esc(&path))).await?;
             show(json, &v, |v| {
                 rows(&v["entries"], |e| {
@@ -325,6 +334,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Cmd::Sessions(Sessions::Ls { computer }) => {
+            let computer = computer_id(&c, &computer).await?;
             let v = get(&c, &format!("/v1/computers/{computer}/sessions")).await?;
             show(json, &v, |v| {
                 rows(&v["sessions"], |s| {
@@ -363,6 +373,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Cmd::Ports(cmd) => ports(&c, cmd, json).await,
         Cmd::Desktop(Desktop::Screenshot { computer, output, format }) => {
+            let computer = computer_id(&c, &computer).await?;
             let resp = c
                 .raw(Method::POST, &format!("/v1/computers/{computer}/desktop/screenshot"))
                 .header("Accept", format!("image/{format}"))
@@ -405,6 +416,56 @@ fn esc(s: &str) -> String {
 
 async fn get(c: &Client, path: &str) -> anyhow::Result<Value> {
     Ok(c.request(Method::GET, path, None).await?)
+}
+
+/// Every Computer the caller may see, page after page (`nextAfter`).
+async fn list_computers(c: &Client) -> anyhow::Result<Vec<Value>> {
+    let mut all = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let path = match &after {
+            Some(a) => format!("/v1/computers?after={}", esc(a)),
+            None => "/v1/computers".to_string(),
+        };
+        let v = get(c, &path).await?;
+        all.extend(v["computers"].as_array().cloned().unwrap_or_default());
+        match v["nextAfter"].as_str() {
+            // A page that does not move on would loop for ever.
+            Some(n) if after.as_deref() != Some(n) => after = Some(n.to_string()),
+            _ => break,
+        }
+    }
+    Ok(all)
+}
+
+/// Whether `s` has the shape of a Computer id: `cmp_` then letters, digits, `-` or `_`.
+fn is_computer_id(s: &str) -> bool {
+    s.len() <= 100
+        && s.strip_prefix("cmp_")
+            .is_some_and(|r| !r.is_empty() && r.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+}
+
+/// The id of the Computer `arg` stands for: an id as it is, else the one Computer named `arg`
+/// among those the caller may see (none, or several, is an error naming them).
+async fn computer_id(c: &Client, arg: &str) -> anyhow::Result<String> {
+    if is_computer_id(arg) {
+        return Ok(arg.to_string());
+    }
+    let all = list_computers(c).await.with_context(|| format!("cannot look up the Computer named {arg:?}"))?;
+    let ids: Vec<&str> = all.iter().filter(|v| v["name"] == arg).filter_map(|v| v["id"].as_str()).collect();
+    match ids.as_slice() {
+        [] => bail!("no Computer named {arg:?} (`computerctl computers ls` lists them)"),
+        [one] => Ok(one.to_string()),
+        several => bail!("several Computers are named {arg:?}: {}; use an id", several.join(", ")),
+    }
+}
+
+/// A copy's end with its Computer (an id or a name) as an id.
+async fn resolve_end(c: &Client, end: copy::End) -> anyhow::Result<copy::End> {
+    Ok(match end {
+        copy::End::Remote { computer, path } => copy::End::Remote { computer: computer_id(c, &computer).await?, path },
+        local => local,
+    })
 }
 
 /// Prints `v` as JSON, or as `human` says.
@@ -499,24 +560,12 @@ async fn computers(c: &Client, cmd: Computers, json: bool) -> anyhow::Result<i32
     let mut runs_after = false;
     let (prepared, wait) = match cmd {
         Computers::Ls => {
-            let mut all = Vec::new();
-            let mut after: Option<String> = None;
-            loop {
-                let path = match &after {
-                    Some(a) => format!("/v1/computers?after={}", esc(a)),
-                    None => "/v1/computers".to_string(),
-                };
-                let v = get(c, &path).await?;
-                all.extend(v["computers"].as_array().cloned().unwrap_or_default());
-                match v["nextAfter"].as_str() {
-                    Some(n) => after = Some(n.to_string()),
-                    None => break,
-                }
-            }
+            let all = list_computers(c).await?;
             show(json, &json!({"computers": all}), |v| rows(&v["computers"], computer_row));
             return Ok(0);
         }
         Computers::Get { computer } => {
+            let computer = computer_id(c, &computer).await?;
             let v = get(c, &format!("/v1/computers/{computer}")).await?;
             show(json, &v, |v| format!("{v:#}"));
             return Ok(0);
@@ -534,12 +583,12 @@ async fn computers(c: &Client, cmd: Computers, json: bool) -> anyhow::Result<i32
             new.shared = shared;
             (c.computers().create(new), wait)
         }
-        Computers::Pause { computer, wait } => (c.computers().pause(&computer), wait),
+        Computers::Pause { computer, wait } => (c.computers().pause(&computer_id(c, &computer).await?), wait),
         Computers::Resume { computer, wait } => {
             runs_after = true;
-            (c.computers().resume(&computer), wait)
+            (c.computers().resume(&computer_id(c, &computer).await?), wait)
         }
-        Computers::Rm { computer, wait } => (c.computers().delete(&computer), wait),
+        Computers::Rm { computer, wait } => (c.computers().delete(&computer_id(c, &computer).await?), wait),
     };
     let kept = pending::Pending::keep(c, prepared)?;
     if kept.resent {
@@ -604,6 +653,7 @@ async fn tools(c: &Client, cmd: Tools, json: bool) -> anyhow::Result<i32> {
             });
         }
         Tools::Install { bot, computer, artifact, manifest } => {
+            let computer = computer_id(c, &computer).await?;
             let text = std::fs::read(&manifest).with_context(|| format!("cannot read {}", manifest.display()))?;
             let manifest: Value = serde_json::from_slice(&text).context("the manifest is not JSON")?;
             let bar = indicatif::ProgressBar::new_spinner();
@@ -639,6 +689,7 @@ fn rand_bytes() -> [u8; 16] {
 async fn ports(c: &Client, cmd: Ports, json: bool) -> anyhow::Result<i32> {
     match cmd {
         Ports::Ls { computer } => {
+            let computer = computer_id(c, &computer).await?;
             let v = get(c, &format!("/v1/computers/{computer}/ports")).await?;
             show(json, &v, |v| {
                 rows(&v["ports"], |p| {
@@ -652,6 +703,7 @@ async fn ports(c: &Client, cmd: Ports, json: bool) -> anyhow::Result<i32> {
             });
         }
         Ports::Open { computer, port } => {
+            let computer = computer_id(c, &computer).await?;
             let v = c.request(Method::PUT, &format!("/v1/computers/{computer}/ports/{port}"), Some(&json!({}))).await?;
             show(json, &v, |v| match v["url"].as_str() {
                 Some(u) => format!("{u}\n(shown this once: anyone with this address may use the port)"),
@@ -659,9 +711,25 @@ async fn ports(c: &Client, cmd: Ports, json: bool) -> anyhow::Result<i32> {
             });
         }
         Ports::Close { computer, port } => {
+            let computer = computer_id(c, &computer).await?;
             c.request(Method::DELETE, &format!("/v1/computers/{computer}/ports/{port}"), None).await?;
             show(json, &json!({"closed": port}), |_| format!("port {port} closed"));
         }
     }
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_taken_as_they_are_and_anything_else_is_a_name() {
+        assert!(is_computer_id("cmp_0123abcd"));
+        assert!(is_computer_id("cmp_a-b_c"));
+        assert!(!is_computer_id("cmp_"), "no id after the prefix");
+        assert!(!is_computer_id("cmp_my box"), "a name that starts like an id");
+        assert!(!is_computer_id("box"));
+        assert!(!is_computer_id(&format!("cmp_{}", "a".repeat(100))));
+    }
 }

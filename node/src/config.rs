@@ -109,6 +109,12 @@ pub struct DevConfig {
     /// Docker sandboxes.
     #[arg(long, env = "COMPUTERD_SANDBOX_HTTP")]
     pub sandbox_http: Option<String>,
+    /// Remove the Docker sandboxes that dev with this data dir made (they keep running when dev
+    /// stops, and the next dev finds them again), then exit without serving. They are the
+    /// containers whose agents pin this data dir's local CA (DATA/node/edge-tls/ca.crt); no
+    /// other container is touched. Their Computers turn `failed` at the next start.
+    #[arg(long)]
+    pub down: bool,
 }
 
 impl DevConfig {

@@ -3,6 +3,7 @@
 //! interactive terminal (type `1+1`, see `2`); `cp` up and down keeps every byte (checked here
 //! and by SHA-256 on both sides); a `computers create` whose answer is lost exits 75 and keeps
 //! its command key, and running it again sends the same key, so there is one Computer, not two.
+//! A Computer's name does where its id does; a name no Computer has, or two have, is an error.
 
 use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
@@ -114,6 +115,20 @@ async fn t10_login_exec_it_cp_and_a_lost_create_answer() {
     assert_eq!(out.status.code(), Some(3));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "out\nerr\n", "a session merges stdout and stderr");
 
+    // Issue 39: a Computer's name does where its id does (here the paired Computer `local`).
+    let out = ctl(&home, &["exec", "local", "echo by-name"]).output().expect("run");
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "by-name\n");
+    let out = ctl(&home, &["--json", "computers", "get", "local"]).output().expect("run");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["id"], id.as_str(), "{v}");
+    // A name no Computer has: a clear error, a non-zero exit, nothing run.
+    let out = ctl(&home, &["exec", "no-such-box", "echo ran"]).output().expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("no Computer named \"no-such-box\""), "{err}");
+    assert!(out.stdout.is_empty(), "{}", String::from_utf8_lossy(&out.stdout));
+
     // cp up and down, 3 MiB of random bytes, through a terminal (progress bars on it).
     let data: Vec<u8> = (0..3 << 20).map(|_| rand::random::<u8>()).collect();
     let local = c.dir.path().join("up.bin");
@@ -128,6 +143,12 @@ async fn t10_login_exec_it_cp_and_a_lost_create_answer() {
     let mut t = Pty::spawn(ctl(&home, &["cp", &remote, back.to_str().expect("utf8")]));
     assert_eq!(t.wait(T), 0, "{}", t.screen());
     assert_eq!(std::fs::read(&back).expect("copied down"), data, "down: byte equality");
+    // By name too (`NAME:PATH`, as scp names a host).
+    let by_name = c.dir.path().join("down-by-name.bin");
+    let from = format!("local:{}/copied.bin", remote_dir.display());
+    let out = ctl(&home, &["cp", &from, by_name.to_str().expect("utf8")]).output().expect("run");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read(&by_name).expect("copied down by name"), data, "down by name: byte equality");
     // Issue 39: into a directory, as `cp` does (with and without the trailing slash).
     for target in [format!("{id}:{}/", remote_dir.display()), format!("{id}:{}", remote_dir.display())] {
         std::fs::remove_file(remote_dir.join("up.bin")).ok();
@@ -185,4 +206,21 @@ async fn t10_login_exec_it_cp_and_a_lost_create_answer() {
     assert_ne!(again["commandKey"], key.as_str(), "an answered command is not kept");
     let (_, v) = c.call(Method::GET, 1, "/v1/computers", &c.token, None).await;
     assert_eq!(named(&v), 2, "a new command is a new Computer: {v}");
+
+    // Issue 39: a name two Computers share stands for neither: the error names both ids.
+    let twins: Vec<&str> = v["computers"]
+        .as_array()
+        .expect("list")
+        .iter()
+        .filter(|c| c["name"] == "lost-answer")
+        .filter_map(|c| c["id"].as_str())
+        .collect();
+    assert_eq!(twins.len(), 2, "{v}");
+    let out = ctl(&home, &["computers", "rm", "lost-answer"]).output().expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("several Computers are named \"lost-answer\"") && err.contains("use an id"), "{err}");
+    assert!(twins.iter().all(|t| err.contains(t)), "both ids are named: {err}");
+    let (_, v) = c.call(Method::GET, 1, "/v1/computers", &c.token, None).await;
+    assert_eq!(named(&v), 2, "nothing was deleted: {v}");
 }

@@ -3,10 +3,12 @@
 //! registers the `local docker` provider carrying that CA. A sandbox made through that provider
 //! links with the CA pinned (no `--insecure`), and a command runs in it. A tool package installs
 //! and runs on the paired machine (dev lays out its data dir so a binding's UID reaches the
-//! agent's runtime).
+//! agent's runtime). Stopped, dev leaves its sandboxes running; `computerd dev --down` removes
+//! them, and only them (not a container of another data dir, nor any other container).
 
 use std::time::Duration;
 
+use computerd_tests::computerd_bin;
 use computerd_tests::dev::Dev;
 use computerd_tests::docker::Containers;
 use computerd_tests::docker::containers_of;
@@ -89,4 +91,42 @@ async fn t10_dev_serves_docker_sandboxes_over_wss_with_its_ca() {
     let mut dev = dev;
     let log = dev.interrupt();
     assert!(!log.contains("ERROR"), "a clean stop logs no error:\n{log}");
+
+    // Issue 39: the sandbox outlives dev (by design: the next dev finds it again) ...
+    assert_eq!(containers_of(&id), vec![container.clone()], "stopping dev leaves its sandbox");
+    // ... and `computerd dev --down` removes it, and nothing else: not a container carrying the
+    // provider's label for another Computer, nor one whose agent pins another data dir's CA.
+    let other_ca = "-----BEGIN CERTIFICATE-----\nanother data dir's CA\n-----END CERTIFICATE-----\n";
+    let mut others = Vec::new();
+    for (n, env) in [("none", "X=1".to_string()), ("other-ca", format!("COMPUTER_AGENT_CA_PEM={other_ca}"))] {
+        let label = format!("cmp_t65-{n}-{}", std::process::id());
+        cleanup.track(&label);
+        let out = std::process::Command::new("docker")
+            .args(["run", "-d", "--label", &format!("computerd.computer={label}"), "-e", &env])
+            .args([computerd_tests::docker::IMAGE, "sleep", "600"])
+            .output()
+            .expect("docker run");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        others.push(label);
+    }
+    let down = |what: &str| {
+        let out = std::process::Command::new(computerd_bin())
+            .args(["dev", "--down", "--data"])
+            .arg(&data)
+            .env("COMPUTERD_LOG", "warn")
+            .output()
+            .expect("computerd dev --down");
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(out.status.success(), "{what}: {text}{}", String::from_utf8_lossy(&out.stderr));
+        text
+    };
+    let text = down("the first --down");
+    assert!(text.contains(&format!("removed the sandbox of {id}")), "{text}");
+    assert!(text.lines().last() == Some("removed 1 sandbox"), "one line each, then the count: {text}");
+    assert_eq!(containers_of(&id), Vec::<String>::new(), "the sandbox is gone");
+    for label in &others {
+        assert_eq!(containers_of(label).len(), 1, "{label} is not dev's: left alone");
+    }
+    let text = down("the second --down");
+    assert_eq!(text.trim(), "removed 0 sandboxes", "nothing left to remove");
 }

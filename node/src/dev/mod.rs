@@ -3,7 +3,8 @@
 //! packages can run ([`lay_out`]). Prints the URL, the owner
 //! token and a `curl` that runs `uname -a` on it. When a Docker engine is there, it also serves
 //! its sandboxes over WSS with a local CA and registers the `local docker` provider
-//! ([`sandboxes`]).
+//! ([`sandboxes`]). Stopping dev stops the node and the agent; the Docker sandboxes keep running
+//! (the next dev with the data dir finds them again), and `computerd dev --down` removes them.
 
 mod sandboxes;
 
@@ -94,6 +95,9 @@ fn lay_out(data: &std::path::Path) -> Result<(), NodeError> {
 
 /// Runs one node, pairs this machine, and prints how to call it.
 pub async fn dev(cfg: DevConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), NodeError> {
+    if cfg.down {
+        return sandboxes::down(&cfg.data).await.map_err(|e| NodeError::Config(format!("dev --down: {e}")));
+    }
     lay_out(&cfg.data)?;
     let serve = cfg.serve_config();
     let bind = |addr: String| async move {
@@ -166,6 +170,7 @@ pub async fn dev(cfg: DevConfig, shutdown: impl Future<Output = ()> + Send + 'st
         "or:   {ctl} login --url {base} --token-file {}\n      {ctl} exec -it {computer} bash",
         token_path.display()
     );
+    let computerd = std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_else(|_| "computerd".into());
     match docker {
         Ok(s) => match sandboxes::provider(&base, &token, &s, &agent_bin).await {
             Ok(id) => {
@@ -188,6 +193,11 @@ pub async fn dev(cfg: DevConfig, shutdown: impl Future<Output = ()> + Send + 'st
         },
         Err(why) => println!("Docker sandboxes: off ({why})"),
     }
+    println!(
+        "Ctrl-C stops the node and this machine's computer-agent; Docker sandboxes keep running (the next dev \
+         with this data dir finds them again): `{computerd} dev --down --data {}` removes them",
+        cfg.data.display()
+    );
     let result = node.await.map_err(|e| NodeError::Server(e.to_string()))?;
     let _ = agent.kill().await;
     result

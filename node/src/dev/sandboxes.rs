@@ -10,6 +10,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use computerd_actors::docker::DockerConfig;
+use computerd_actors::docker::DockerProvider;
+use computerd_actors::provider::Provider;
 use serde_json::json;
 use tokio::net::TcpListener;
 
@@ -110,4 +113,52 @@ pub async fn provider(base: &str, token: &str, s: &Sandboxes, agent: &Path) -> R
     });
     let r = call(&http, reqwest::Method::POST, url, token, Some(&body)).await?;
     r["id"].as_str().map(str::to_string).ok_or_else(|| format!("registering the provider was refused: {r}"))
+}
+
+/// `computerd dev --down`: removes the Docker sandboxes of the data dir `data` (dev's, holding
+/// `node/`), printing one line per sandbox and a count. They are found by the local CA their
+/// agents pin, which this data dir made (`DockerProvider::pinning`): another data dir's (or
+/// cluster's) sandboxes pin another CA, and containers of anything else pin none.
+pub async fn down(data: &Path) -> Result<(), String> {
+    if !data.join("node").is_dir() {
+        return Err(format!("{} is not a data dir of computerd dev (it has no node/)", data.display()));
+    }
+    let ca_file = data.join("node/edge-tls/ca.crt");
+    let ca_pem = match std::fs::read_to_string(&ca_file) {
+        Ok(pem) => pem,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            println!("{} is missing: dev never served Docker sandboxes from this data dir", ca_file.display());
+            println!("removed 0 sandboxes");
+            return Ok(());
+        }
+        Err(e) => return Err(format!("cannot read {}: {e}", ca_file.display())),
+    };
+    // The provider's own engine client (dev registers its provider with the default socket).
+    let config = serde_json::Map::from_iter([
+        ("serverUrl".to_string(), json!("https://computerd-dev.invalid")),
+        ("caCert".to_string(), json!(ca_pem)),
+    ]);
+    let config = DockerConfig::parse(&config)?;
+    let docker = DockerProvider::new(config, Duration::from_secs(60));
+    let mine = docker.pinning(&ca_pem).await.map_err(|e| format!("listing the sandboxes: {e}"))?;
+    let (mut removed, mut failed) = (0, 0);
+    for (computer, sandbox) in mine {
+        let short = sandbox.sandbox.get(..12).unwrap_or(&sandbox.sandbox);
+        match docker.delete(&sandbox.sandbox, "").await {
+            Ok(()) => {
+                removed += 1;
+                println!("removed the sandbox of {computer} (container {short}, was {})", sandbox.state);
+            }
+            Err(e) => {
+                failed += 1;
+                println!("could not remove the sandbox of {computer} (container {short}): {e}");
+            }
+        }
+    }
+    let s = if removed == 1 { "" } else { "es" };
+    println!("removed {removed} sandbox{s}");
+    if failed > 0 {
+        return Err(format!("{failed} sandbox(es) could not be removed"));
+    }
+    Ok(())
 }
