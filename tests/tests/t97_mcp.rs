@@ -112,6 +112,28 @@ async fn t10_an_mcp_client_lists_runs_and_hears_a_command_end() {
         .filter(|e| e["type"] == "computer_session" && e["data"]["sessionId"] == session)
         .count();
     assert_eq!(ends, 1, "{v}");
+
+    // Every Python program of README.md and docs/bots.md runs as written.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut programs = 0;
+    for doc in ["README.md", "docs/bots.md"] {
+        let text = std::fs::read_to_string(root.join(doc)).unwrap_or_else(|e| panic!("{doc}: {e}"));
+        for program in text.split("```python\n").skip(1).filter_map(|rest| rest.split("```").next()) {
+            programs += 1;
+            let out = tokio::process::Command::new("python3")
+                .args(["-c", program])
+                .env("COMPUTERD_URL", c.url(1, ""))
+                .env("BOT_TOKEN", &bot_token)
+                .env("COMPUTER_ID", &id)
+                .output()
+                .await
+                .expect("python3 runs");
+            let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            assert!(out.status.success(), "the program of {doc} failed:\n{program}\n{said}");
+            assert!(said.contains(r#""output":"42\n""#), "the program of {doc} ran print(42): {said}");
+        }
+    }
+    assert_eq!(programs, 2, "README.md and docs/bots.md each hold one program");
 }
 
 /// A bot, through the MCP Python SDK only, creates a sandbox with a desktop at the Docker provider
