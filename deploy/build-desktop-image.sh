@@ -3,10 +3,8 @@
 # (X server, VNC, window manager, Chromium, Tk), without any registry.
 #
 # Why: this machine cannot reach a registry, so `docker pull` and `FROM debian` are impossible.
-# build-sandbox-image.sh copies the host's own packages file by file; that does not scale to X
-# and Chromium (hundreds of libraries, fonts, data files and maintainer-script state), so this
-# one builds a real Debian bookworm rootfs with `debootstrap` from the Debian mirror the host's
-# apt already uses (found in /etc/apt/sources.list{,.d/*}; default http://deb.debian.org/debian):
+# Like build-sandbox-image.sh, it builds a real Debian bookworm rootfs with `debootstrap` from
+# the Debian mirror the host's apt already uses (found in /etc/apt/sources.list{,.d/*}; default http://deb.debian.org/debian):
 #
 #   1. `debootstrap --variant=minbase --merged-usr bookworm` into a temporary staging rootfs
 #      (dpkg with --force-unsafe-io while building: the build's time is mostly dpkg's);
@@ -53,6 +51,9 @@ shopt -s nullglob
 
 SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)"
 REPO_ROOT="$(cd -- "$SCRIPT_DIR/.." && pwd -P)"
+# The image's label computerd.build-script: which version of this script built it (the tests
+# rebuild an image whose label is not the current script's SHA-256).
+SCRIPT_SHA256="$(sha256sum -- "${BASH_SOURCE[0]}" | cut -d ' ' -f 1)"
 
 die() { echo "build-desktop-image: error: $*" >&2; exit 1; }
 warn() { echo "build-desktop-image: warning: $*" >&2; }
@@ -462,6 +463,7 @@ new_id="$(tar -C "$R" --numeric-owner -cf - . | docker import \
     --change 'ENV HOME=/root' \
     --change 'WORKDIR /root' \
     --change 'CMD ["/usr/local/bin/computer-agent"]' \
+    --change "LABEL computerd.build-script=$SCRIPT_SHA256" \
     --message "computerd desktop: debootstrap $SUITE ($MIRROR) + ${PACKAGES[*]} + $AGENT_DESC" \
     - "$TAG")"
 phase_done "import"

@@ -1,5 +1,5 @@
-//! Helpers for tests against the real Docker engine: the sandbox image (built from the host's
-//! files by `deploy/build-sandbox-image.sh` when missing), a docker provider wired to a test
+//! Helpers for tests against the real Docker engine: the sandbox image (built with debootstrap
+//! by `deploy/build-sandbox-image.sh` when missing or built by another version of the script), a docker provider wired to a test
 //! cluster, and clean-up of the containers a test made.
 
 use std::process::Command;
@@ -14,7 +14,8 @@ use crate::agent::agent_bin;
 /// The image the tests' sandboxes run.
 pub const IMAGE: &str = "computerd-sandbox:latest";
 
-/// Makes sure the sandbox image exists (builds it once, under a lock shared by test processes).
+/// Makes sure the sandbox image exists and is the current script's (builds it once, under a lock
+/// shared by test processes).
 pub fn ensure_sandbox_image() {
     ensure_image(IMAGE, "build-sandbox-image.sh");
 }
@@ -28,13 +29,23 @@ pub fn ensure_desktop_image() {
     ensure_image(DESKTOP_IMAGE, "build-desktop-image.sh");
 }
 
-/// Builds `tag` with `deploy/<script>` and the freshly built agent when no image has that tag.
+/// The label by which a build script marks the image it built with the SHA-256 of its own text.
+pub const BUILD_SCRIPT_LABEL: &str = "computerd.build-script";
+
+/// Builds `tag` with `deploy/<script>` and the freshly built agent when no image has that tag,
+/// or when the image's `computerd.build-script` label is not the script's current SHA-256 (it
+/// was built by another version of the script).
 fn ensure_image(tag: &str, script: &str) {
+    use sha2::Digest;
     let agent = agent_bin();
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root");
     let script = root.join("deploy").join(script);
+    let text = std::fs::read(&script).unwrap_or_else(|e| panic!("read {}: {e}", script.display()));
+    let sha = hex::encode(sha2::Sha256::digest(&text));
+    // Checked under the lock: another test process may be building it right now.
+    let label = format!(r#"{{{{index .Config.Labels "{BUILD_SCRIPT_LABEL}"}}}}"#);
     let cmd = format!(
-        "docker image inspect {tag} >/dev/null 2>&1 || {} --agent {} --tag {tag}",
+        r#"[ "$(docker image inspect -f '{label}' {tag} 2>/dev/null)" = {sha} ] || {} --agent {} --tag {tag}"#,
         script.display(),
         agent.display()
     );
