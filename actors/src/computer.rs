@@ -230,6 +230,9 @@ impl ComputerActorState {
                                 desktop,
                                 pairing_code: exe.pairing_code.clone(),
                                 first_uid,
+                                env: computer.env.clone(),
+                                resources: computer.resources,
+                                metadata: computer.metadata.clone(),
                             };
                             adapter.create(&spec).await.map(Some)
                         }

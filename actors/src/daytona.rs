@@ -51,8 +51,8 @@ use crate::provider::CreateSpec;
 use crate::provider::Provider;
 use crate::provider::ProviderError;
 use crate::provider::SandboxInfo;
-use crate::provider::agent_env;
 use crate::provider::check_server_url;
+use crate::provider::sandbox_env;
 
 /// Daytona's API.
 pub const DEFAULT_ENDPOINT: &str = "https://app.daytona.io/api";
@@ -244,14 +244,19 @@ impl DaytonaProvider {
     fn create_body(&self, spec: &CreateSpec) -> Value {
         let snapshot = spec.template.clone().or_else(|| self.config.snapshot.clone());
         let env: serde_json::Map<String, Value> =
-            agent_env(spec, &self.config.server_url, self.config.ca_cert.as_deref())
+            sandbox_env(spec, &self.config.server_url, self.config.ca_cert.as_deref())
                 .into_iter()
                 .map(|(k, v)| (k, Value::String(v)))
                 .collect();
+        // The creator's metadata as labels, then ours (the create route keeps `computerd.`).
+        let mut labels: serde_json::Map<String, Value> =
+            spec.metadata.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect();
+        labels.insert(LABEL_COMPUTER.into(), json!(spec.computer_id));
+        labels.insert(LABEL_KEY.into(), json!(spec.command_key));
         let mut b = json!({
             "snapshot": snapshot.unwrap_or_else(|| DEFAULT_SNAPSHOT.into()),
             "env": env,
-            "labels": {LABEL_COMPUTER: spec.computer_id, LABEL_KEY: spec.command_key},
+            "labels": labels,
             "autoStopInterval": 0,
             "autoArchiveInterval": 0,
             "autoDeleteInterval": -1,
@@ -275,6 +280,13 @@ impl DaytonaProvider {
 #[async_trait]
 impl Provider for DaytonaProvider {
     async fn create(&self, spec: &CreateSpec) -> Result<String, ProviderError> {
+        // (The create route refuses them first; this holds when its node did not know the
+        // provider yet.)
+        if spec.resources.is_some() {
+            return Err(ProviderError::NotSent(
+                "resources: a Daytona sandbox's CPUs and memory are fixed by its snapshot".into(),
+            ));
+        }
         let a = self.call(http::Method::POST, "/sandbox", Some(&self.create_body(spec))).await?;
         if !(200..=299).contains(&a.status) {
             return Err(refusal(&a, true));
@@ -414,6 +426,9 @@ mod tests {
             desktop: false,
             pairing_code: Some("code".into()),
             first_uid: None,
+            env: Default::default(),
+            resources: None,
+            metadata: Default::default(),
         };
         let b = p.create_body(&spec);
         assert_eq!(b["snapshot"], "snap");
@@ -421,6 +436,17 @@ mod tests {
         assert_eq!(b["labels"], json!({"computerd.computer": "cmp_1", "computerd.command-key": "k1"}));
         assert_eq!((b["env"]["COMPUTER_AGENT_PAIR"].clone(), b["target"].clone()), (json!("code"), json!("eu")));
         assert!(!format!("{p:?}").contains("Bearer"), "the key is never shown");
+        // Issue 39, item 5: the create's env and metadata (as labels) go along.
+        let mut spec = spec;
+        spec.env.insert("GREETING".into(), "hi".into());
+        spec.metadata.insert("team".into(), "a".into());
+        let b = p.create_body(&spec);
+        assert_eq!(
+            (b["env"]["GREETING"].clone(), b["env"]["COMPUTER_AGENT_PAIR"].clone()),
+            (json!("hi"), json!("code"))
+        );
+        assert_eq!(b["labels"], json!({"team": "a", "computerd.computer": "cmp_1", "computerd.command-key": "k1"}));
+        assert!(b.get("cpu").is_none() && b.get("memory").is_none(), "the snapshot fixes the size");
     }
 
     #[test]

@@ -75,6 +75,9 @@ use crate::provider::Provider;
 use crate::provider::ProviderError;
 use crate::provider::SandboxInfo;
 
+mod template_check;
+pub use template_check::TEMPLATE_INVALID;
+
 /// The image used when no template names one.
 pub const DEFAULT_IMAGE: &str = "computerd-sandbox:latest";
 /// The image used for a Computer created with a desktop when no template names one
@@ -154,6 +157,28 @@ impl Template {
             allow_private: Vec::new(),
         }
     }
+}
+
+/// The CPUs and memory (MiB) of a sandbox of template `t` whose create asked `r`: the
+/// template's where nothing is asked; more than the template's is refused, naming the ceiling.
+pub fn within(t: &Template, r: Option<&crate::provider::Resources>) -> Result<(f64, u64), String> {
+    let cpus = match r.and_then(|r| r.cpus) {
+        None => t.cpus,
+        Some(c) if !(c.is_finite() && c > 0.0) => return Err("resources.cpus must be a number above 0".into()),
+        Some(c) if c > t.cpus => {
+            return Err(format!("resources.cpus is {c}, above the template's ceiling of {} CPUs", t.cpus));
+        }
+        Some(c) => c,
+    };
+    let memory_mb = match r.and_then(|r| r.memory_mb) {
+        None => t.memory_mb,
+        Some(m) if m < 16 => return Err("resources.memoryMb must be at least 16".into()),
+        Some(m) if m > t.memory_mb => {
+            return Err(format!("resources.memoryMb is {m}, above the template's ceiling of {} MiB", t.memory_mb));
+        }
+        Some(m) => m,
+    };
+    Ok((cpus, memory_mb))
 }
 
 /// A docker provider's config.
@@ -253,7 +278,7 @@ impl DockerConfig {
 
     /// The named template; without a name, `desktop` (else the desktop image) for a Computer
     /// with a desktop, `default` (else the default image) for one without.
-    fn template(&self, name: Option<&str>, desktop: bool) -> Result<Template, ProviderError> {
+    pub fn template(&self, name: Option<&str>, desktop: bool) -> Result<Template, ProviderError> {
         match name {
             Some(n) => self
                 .templates
@@ -552,8 +577,15 @@ impl DockerProvider {
         })
     }
 
-    fn container_body(&self, spec: &CreateSpec, t: &Template, network: &str) -> ContainerCreateBody {
-        let env = crate::provider::agent_env(spec, &self.config.server_url, self.config.ca_cert.as_deref())
+    /// The container of a create. `cpus` and `memory_mb` are the sandbox's ([`within`]).
+    fn container_body(
+        &self,
+        spec: &CreateSpec,
+        t: &Template,
+        (cpus, memory_mb): (f64, u64),
+        network: &str,
+    ) -> ContainerCreateBody {
+        let env = crate::provider::sandbox_env(spec, &self.config.server_url, self.config.ca_cert.as_deref())
             .into_iter()
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
@@ -569,8 +601,8 @@ impl DockerProvider {
             labels: Some(labels),
             working_dir: Some("/root".into()),
             host_config: Some(HostConfig {
-                nano_cpus: Some((t.cpus * 1e9) as i64),
-                memory: Some((t.memory_mb as i64) << 20),
+                nano_cpus: Some((cpus * 1e9) as i64),
+                memory: Some((memory_mb as i64) << 20),
                 pids_limit: Some(t.pids as i64),
                 network_mode: Some(network.to_string()),
                 init: Some(true),
@@ -589,11 +621,15 @@ impl DockerProvider {
 impl Provider for DockerProvider {
     async fn create(&self, spec: &CreateSpec) -> Result<String, ProviderError> {
         let t = self.config.template(spec.template.as_deref(), spec.desktop)?;
+        let size = within(&t, spec.resources.as_ref()).map_err(ProviderError::NotSent)?;
+        // The template's image can be a sandbox (checked once per image id): a bad one is
+        // refused before any container of the Computer exists.
+        self.check_image(&t.image).await?;
         let docker = self.docker().await?;
         let network = self.network(docker, &t).await?;
         let name = container_name(&spec.computer_id);
         let opts = CreateContainerOptionsBuilder::new().name(&name).build();
-        let body = self.container_body(spec, &t, &network);
+        let body = self.container_body(spec, &t, size, &network);
         let created = docker.create_container(Some(opts), body).await.map_err(classify)?;
         match docker.start_container(&created.id, None).await {
             Ok(()) => Ok(created.id),
@@ -738,8 +774,11 @@ mod tests {
             desktop: false,
             pairing_code: Some("code".into()),
             first_uid: Some(265_536),
+            env: Default::default(),
+            resources: None,
+            metadata: Default::default(),
         };
-        let body = p.container_body(&spec, &Template::default_image(), SANDBOX_NETWORK);
+        let body = p.container_body(&spec, &Template::default_image(), (1.0, 1024), SANDBOX_NETWORK);
         let env = body.env.unwrap_or_default();
         assert!(env.contains(&format!("COMPUTER_AGENT_CA_PEM={pem}")), "{env:?}");
         assert!(!env.iter().any(|e| e.starts_with("COMPUTER_AGENT_INSECURE")), "{env:?}");
@@ -751,6 +790,56 @@ mod tests {
         assert!(!caps.iter().any(|c| c == "NET_RAW") && caps.len() == SANDBOX_CAPS.len(), "{caps:?}");
         assert_eq!(host.security_opt, Some(vec!["no-new-privileges".to_string()]));
         assert_eq!(host.network_mode.as_deref(), Some(SANDBOX_NETWORK));
+    }
+
+    /// Issue 39, item 5: a create's resources stay within the template's ceilings (which are
+    /// also the defaults), and its env is the container's, under the agent's own settings.
+    #[tokio::test]
+    async fn i39_5_resources_within_the_ceilings_and_env_in_the_container() {
+        let t = serde_json::json!({"serverUrl": "http://x", "templates": {"small": {"image": "i", "cpus": 2, "memoryMb": 2048}}});
+        let p = DockerProvider::new(cfg(t).expect("ok"), Duration::from_secs(1));
+        let small = p.config.template(Some("small"), false).expect("template");
+        let ask = |cpus: Option<f64>, memory_mb: Option<u64>| crate::provider::Resources { cpus, memory_mb };
+        assert_eq!(within(&small, None), Ok((2.0, 2048)), "the template's by default");
+        assert_eq!(within(&small, Some(&ask(Some(0.5), None))), Ok((0.5, 2048)));
+        assert_eq!(within(&small, Some(&ask(None, Some(512)))), Ok((2.0, 512)));
+        let over = within(&small, Some(&ask(Some(3.0), None))).expect_err("over");
+        assert!(over.contains("resources.cpus") && over.contains("ceiling of 2 CPUs"), "{over}");
+        let over = within(&small, Some(&ask(None, Some(4096)))).expect_err("over");
+        assert!(over.contains("resources.memoryMb") && over.contains("2048 MiB"), "{over}");
+        assert!(within(&small, Some(&ask(Some(0.0), None))).is_err());
+        assert!(within(&small, Some(&ask(Some(f64::NAN), None))).is_err());
+
+        let mut spec = CreateSpec {
+            computer_id: "cmp_1".into(),
+            command_key: "k".into(),
+            template: Some("small".into()),
+            desktop: false,
+            pairing_code: Some("code".into()),
+            first_uid: None,
+            env: Default::default(),
+            resources: Some(ask(Some(4.0), None)),
+            metadata: Default::default(),
+        };
+        // Refused before anything is sent: the engine is not asked.
+        let refused = p.create(&spec).await.expect_err("over the ceiling");
+        assert!(matches!(&refused, ProviderError::NotSent(m) if m.contains("ceiling")), "{refused:?}");
+
+        spec.resources = Some(ask(Some(0.5), Some(256)));
+        spec.env.insert("GREETING".into(), "hello world".into());
+        spec.env.insert("HOME".into(), "/elsewhere".into());
+        let size = within(&small, spec.resources.as_ref()).expect("within");
+        let body = p.container_body(&spec, &small, size, SANDBOX_NETWORK);
+        let env = body.env.unwrap_or_default();
+        assert!(env.contains(&"GREETING=hello world".to_string()), "{env:?}");
+        assert!(env.contains(&"COMPUTER_AGENT_PAIR=code".to_string()), "{env:?}");
+        assert_eq!(
+            env.iter().filter(|e| e.starts_with("HOME=")).collect::<Vec<_>>(),
+            ["HOME=/root"],
+            "the agent's own win"
+        );
+        let host = body.host_config.expect("host config");
+        assert_eq!((host.nano_cpus, host.memory), (Some(500_000_000), Some(256 << 20)));
     }
 
     #[test]

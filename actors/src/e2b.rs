@@ -49,8 +49,8 @@ use crate::provider::CreateSpec;
 use crate::provider::Provider;
 use crate::provider::ProviderError;
 use crate::provider::SandboxInfo;
-use crate::provider::agent_env;
 use crate::provider::check_server_url;
+use crate::provider::sandbox_env;
 
 /// E2B's API.
 pub const DEFAULT_ENDPOINT: &str = "https://api.e2b.app";
@@ -181,16 +181,21 @@ impl E2bProvider {
     fn new_sandbox(&self, spec: &CreateSpec) -> Value {
         let template = spec.template.clone().or_else(|| self.config.template.clone());
         let env: serde_json::Map<String, Value> =
-            agent_env(spec, &self.config.server_url, self.config.ca_cert.as_deref())
+            sandbox_env(spec, &self.config.server_url, self.config.ca_cert.as_deref())
                 .into_iter()
                 .map(|(k, v)| (k, Value::String(v)))
                 .collect();
+        // The creator's metadata, then ours (the create route keeps `computerd.` for us).
+        let mut metadata: serde_json::Map<String, Value> =
+            spec.metadata.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect();
+        metadata.insert(META_COMPUTER.into(), json!(spec.computer_id));
+        metadata.insert(META_KEY.into(), json!(spec.command_key));
         json!({
             "templateID": template.unwrap_or_else(|| DEFAULT_TEMPLATE.into()),
             "timeout": self.config.sandbox_timeout(),
             "autoPause": true,
             "autoResume": {"enabled": false},
-            "metadata": {META_COMPUTER: spec.computer_id, META_KEY: spec.command_key},
+            "metadata": metadata,
             "envVars": env,
         })
     }
@@ -204,6 +209,13 @@ fn check_id(sandbox: &str) -> Result<(), ProviderError> {
 #[async_trait]
 impl Provider for E2bProvider {
     async fn create(&self, spec: &CreateSpec) -> Result<String, ProviderError> {
+        // (The create route refuses them first; this holds when its node did not know the
+        // provider yet.)
+        if spec.resources.is_some() {
+            return Err(ProviderError::NotSent(
+                "resources: an E2B sandbox's CPUs and memory are fixed by its template".into(),
+            ));
+        }
         let a = self.call(http::Method::POST, "/sandboxes", Some(&self.new_sandbox(spec))).await?;
         if a.status != 201 && a.status != 200 {
             return Err(refusal(&a, true));
@@ -341,6 +353,9 @@ mod tests {
             desktop: false,
             pairing_code: Some("code".into()),
             first_uid: None,
+            env: Default::default(),
+            resources: None,
+            metadata: Default::default(),
         };
         let b = p.new_sandbox(&spec);
         assert_eq!(b["templateID"], "tpl");
@@ -349,6 +364,16 @@ mod tests {
         assert_eq!(b["envVars"]["COMPUTER_AGENT_PAIR"], "code");
         assert_eq!(b["envVars"]["COMPUTER_AGENT_SERVER"], "https://cd.example.com");
         assert!(!format!("{p:?}").contains("key\""), "the key is never shown");
+        // Issue 39, item 5: the create's env and metadata go along, ours win on a shared name.
+        let mut spec = spec;
+        spec.env.insert("GREETING".into(), "hi".into());
+        spec.metadata.insert("team".into(), "a".into());
+        let b = p.new_sandbox(&spec);
+        assert_eq!(
+            (b["envVars"]["GREETING"].clone(), b["envVars"]["COMPUTER_AGENT_PAIR"].clone()),
+            (json!("hi"), json!("code"))
+        );
+        assert_eq!(b["metadata"], json!({"team": "a", "computerd.computer": "cmp_1", "computerd.command-key": "k1"}));
     }
 
     #[test]

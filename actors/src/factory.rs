@@ -72,3 +72,32 @@ impl ProviderFactory {
 fn secret(p: &ProviderRecord, key: &str) -> String {
     p.secrets.get(key).and_then(|v| v.as_str()).unwrap_or_default().to_string()
 }
+
+/// Checks a create's `resources` against provider record `p` before anything is stored (issue
+/// 39, item 5): a docker template's `cpus` and `memoryMb` are the ceilings (and the defaults);
+/// E2B's template and Daytona's snapshot fix a sandbox's CPUs and memory, so both refuse them;
+/// the fake kind takes them. The error names the field, and the ceiling.
+pub fn check_resources(
+    p: &ProviderRecord,
+    template: Option<&str>,
+    desktop: bool,
+    r: &crate::provider::Resources,
+) -> Result<(), String> {
+    let cfg: serde_json::Map<String, serde_json::Value> = p.config.clone().into_iter().collect();
+    match p.kind {
+        ProviderKind::Docker => {
+            let c = DockerConfig::parse(&cfg)?;
+            let t = c.template(template, desktop).map_err(|e| format!("resources: {e}"))?;
+            crate::docker::within(&t, Some(r)).map(|_| ())
+        }
+        ProviderKind::E2b => Err(
+            "resources: an E2B sandbox's CPUs and memory are fixed by its template (build a template with the size wanted, and name it in source.template)"
+                .into(),
+        ),
+        ProviderKind::Daytona => Err(
+            "resources: a Daytona sandbox's CPUs and memory are fixed by its snapshot (make a snapshot with the size wanted, and name it in source.template)"
+                .into(),
+        ),
+        ProviderKind::Fake => Ok(()),
+    }
+}

@@ -206,6 +206,9 @@ mod tests {
             desktop: false,
             pairing_code: None,
             first_uid: None,
+            env: Default::default(),
+            resources: None,
+            metadata: Default::default(),
         };
         let p = fake(&dir, json!({"create": "lost", "pause": "not_sent", "resume": "reject"}));
         assert!(matches!(p.create(&spec).await, Err(ProviderError::Lost(_))));

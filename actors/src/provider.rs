@@ -7,9 +7,11 @@
 //! the last leaves the outcome unknown. Calls may be cancelled by the caller's deadline, which
 //! the caller then treats as [`ProviderError::Lost`].
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
+pub use computerd_raft::sm::Resources;
 
 /// What a create needs to know.
 #[derive(Debug, Clone)]
@@ -27,6 +29,27 @@ pub struct CreateSpec {
     /// The first UID of the Computer's own binding-UID range (allocated in the store for
     /// providers whose sandboxes share a kernel), handed to its agent.
     pub first_uid: Option<u32>,
+    /// The create's environment for every session (checked by the create route: no
+    /// `COMPUTER_AGENT_*` name). The agent's own settings are added after it.
+    pub env: BTreeMap<String, String>,
+    /// The CPUs and memory asked for (`None`: the template's).
+    pub resources: Option<Resources>,
+    /// The creator's labels, passed on where the provider has a place for them.
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// The environment of a new sandbox that runs our agent: the create's own (`spec.env`), then
+/// the agent's settings ([`agent_env`]), which win on a shared name.
+pub fn sandbox_env(spec: &CreateSpec, server_url: &str, ca_cert: Option<&str>) -> Vec<(String, String)> {
+    let agent = agent_env(spec, server_url, ca_cert);
+    let mut env: Vec<(String, String)> = spec
+        .env
+        .iter()
+        .filter(|(k, _)| !agent.iter().any(|(a, _)| a == *k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    env.extend(agent);
+    env
 }
 
 /// Where the agent keeps its credential inside a sandbox.

@@ -265,6 +265,9 @@ static TOOLS: [BotTool; 36] = [
                     "template": {"type": "string", "description": "The provider's template, if not its default."},
                     "desktop": {"type": "boolean"},
                     "pauseAfter": {"type": ["integer", "null"], "description": "Seconds idle before it pauses (default 600; null: never)."},
+                    "env": {"type": "object", "additionalProperties": {"type": "string"}, "description": "Environment variables for every session (names [A-Za-z_][A-Za-z0-9_]*, not COMPUTER_AGENT_*; at most 64)."},
+                    "resources": {"type": "object", "properties": {"cpus": {"type": "number"}, "memoryMb": {"type": "integer"}}, "additionalProperties": false, "description": "CPUs and memory within the template's ceilings (docker providers only)."},
+                    "metadata": {"type": "object", "additionalProperties": {"type": "string"}, "description": "At most 32 string labels, a filter of the Computers' list (metadata.<key>=<value>)."},
                     "reason": {"type": "string", "description": "Why (shown to a person if one must approve)."}
                 }),
                 &["commandKey", "provider"],
@@ -277,6 +280,9 @@ static TOOLS: [BotTool; 36] = [
                 ("name", "name"),
                 ("desktop", "desktop"),
                 ("pauseAfter", "pauseAfter"),
+                ("env", "env"),
+                ("resources", "resources"),
+                ("metadata", "metadata"),
                 ("reason", "reason"),
             ]);
             a.required("commandKey")?;

@@ -56,6 +56,9 @@ pub enum ErrorKind {
     /// A run's action names a claim that no longer holds the run's lease (it lapsed, and
     /// another attempt may have claimed the run): nothing was sent.
     LeaseLost,
+    /// A provider template's image cannot be a sandbox (missing, or without the agent, the
+    /// `user` account or `/workspace`): nothing was created.
+    TemplateInvalid,
 }
 
 impl ErrorKind {
@@ -85,6 +88,7 @@ impl ErrorKind {
             Self::StaleRef => "StaleRef",
             Self::DigestMismatch => "DigestMismatch",
             Self::LeaseLost => "LeaseLost",
+            Self::TemplateInvalid => "template_invalid",
         }
     }
 
@@ -114,6 +118,7 @@ impl ErrorKind {
             "StaleRef" => Self::StaleRef,
             "DigestMismatch" => Self::DigestMismatch,
             "LeaseLost" => Self::LeaseLost,
+            "template_invalid" => Self::TemplateInvalid,
             _ => return None,
         })
     }
@@ -144,6 +149,7 @@ impl ErrorKind {
             Self::StaleRef => 409,
             Self::DigestMismatch => 422,
             Self::LeaseLost => 409,
+            Self::TemplateInvalid => 400,
         }
     }
 
@@ -173,6 +179,7 @@ impl ErrorKind {
             Self::StaleRef => tonic::Code::FailedPrecondition,
             Self::DigestMismatch => tonic::Code::DataLoss,
             Self::LeaseLost => tonic::Code::FailedPrecondition,
+            Self::TemplateInvalid => tonic::Code::InvalidArgument,
         }
     }
 
@@ -230,6 +237,7 @@ mod tests {
             ErrorKind::StaleRef,
             ErrorKind::DigestMismatch,
             ErrorKind::LeaseLost,
+            ErrorKind::TemplateInvalid,
         ];
         for k in all {
             assert_eq!(ErrorKind::parse(k.as_str()), Some(k));

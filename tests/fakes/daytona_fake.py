@@ -45,7 +45,7 @@ Stop is SIGTERM with a 10 s grace period, as the Daytona runner does (apps/runne
 does not watch its containers: a container whose entrypoint exits still reads "started".
 toolboxProxyUrl points at <fake>/toolbox, which answers 404. The harness routes under /_fake/ (journal,
 faults, and seed {"count"}: that many started sandboxes that are records only, to page a list) are not
-journaled themselves.
+journaled themselves. A create's journal line carries the `labels` and `env` it got.
 """
 
 import argparse
@@ -821,7 +821,7 @@ class Handler(BaseHTTPRequestHandler):
             if isinstance(body, dict) and isinstance(body.get("labels"), dict):
                 entry["labels"] = body["labels"]
             rec = fake.create(body)
-            entry.update(effect="create", sandboxId=rec["id"], labels=dict(rec["labels"]))
+            entry.update(effect="create", sandboxId=rec["id"], labels=dict(rec["labels"]), env=dict(rec["env"]))
             return 200, self.checked(SandboxModel, fake.dto(rec))
         if route == "/sandbox" and method == "GET":
             q = validate_query(fake.q_list, pairs)

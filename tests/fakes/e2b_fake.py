@@ -37,6 +37,7 @@ traffic-triggered auto-resume (``autoResume`` is stored and reported in ``lifecy
 iam/volumeMounts are validated but have no effect; no per-team timeout ceiling.
 Fake-only routes: ``GET /_fake/journal``, ``POST /_fake/faults`` (see tests/fakes contract) and
 ``POST /_fake/seed {"count"}`` (that many running sandboxes that are records only, to page a list). A
+create's journal line carries the ``metadata`` and ``envVars`` it got. A
 ``status`` fault may carry the ``message`` of its answer, so a test gets E2B's other 409 of a pause
 (``Sandbox '<id>' cannot be paused while in '<state>' state``), which this fake has no state for.
 
@@ -450,13 +451,14 @@ class Fake:
 # --------------------------------------------------------------------------------------------------
 
 class Result:
-    def __init__(self, status, body=None, effect=None, sandbox=None, metadata=None, headers=None):
+    def __init__(self, status, body=None, effect=None, sandbox=None, metadata=None, headers=None, env_vars=None):
         self.status = status
         self.body = body
         self.effect = effect
         self.sandbox = sandbox
         self.metadata = metadata
         self.headers = headers or {}
+        self.env_vars = env_vars
 
 
 SB = r"([A-Za-z0-9_.-]+)"
@@ -577,6 +579,8 @@ class Handler(BaseHTTPRequestHandler):
             entry["sandboxId"] = res.sandbox
         if res.metadata is not None:
             entry["metadata"] = res.metadata
+        if res.env_vars is not None:
+            entry["envVars"] = res.env_vars  # a create's, as it got them
 
         if fault and fault["fault"] == "lose_answer":
             entry["fault"] = "lose_answer"
@@ -696,7 +700,8 @@ class Handler(BaseHTTPRequestHandler):
             if idem_key is not None:
                 fake.idempotency[idem_key] = sid
             log(f"created {sid} from {template} ({sb.image})")
-            return Result(201, sb.sandbox_json(), effect="create", sandbox=sid, metadata=dict(sb.metadata))
+            return Result(201, sb.sandbox_json(), effect="create", sandbox=sid, metadata=dict(sb.metadata),
+                          env_vars=dict(sb.env_vars))
 
     def list_common(self, params, states, v2):
         fake = self.fake

@@ -658,6 +658,8 @@ mod i36_4b {
     /// operator may say they enforce egress themselves, or name a network of theirs.
     #[tokio::test]
     async fn i36_4b_a_node_that_cannot_install_the_rules_refuses_the_provider() {
+        // The registrations that pass check their template's image: the default one is there.
+        computerd_tests::docker::ensure_sandbox_image();
         let mut c = computerd_tests::TestCluster::start(1).await;
         let empty = c.dir.path().join("no-tools");
         std::fs::create_dir_all(&empty).expect("dir");

@@ -209,6 +209,9 @@ impl World {
             link_generation: 0,
             link_node: None,
             desktop_view: None,
+            env: Default::default(),
+            resources: None,
+            metadata: Default::default(),
         });
         Command::SubmitExecution(Box::new(Submit {
             by: self.owner.clone(),

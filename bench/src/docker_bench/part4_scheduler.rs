@@ -98,6 +98,9 @@ fn planned_state(n: usize, base: u64) -> State {
             link_generation: 1,
             link_node: Some(1),
             desktop_view: None,
+            env: Default::default(),
+            resources: None,
+            metadata: Default::default(),
         };
         let last_work = deadline - PAUSE_AFTER_SECS * 1000;
         s.computers.insert(id.clone(), c);

@@ -1,6 +1,8 @@
 //! Computers and their lifecycle: create, list, read, pause, resume, delete, stop, usage,
 //! acquire and release. Lifecycle commands answer 202 with an execution receipt.
 
+use std::collections::BTreeMap;
+
 use axum::Json;
 use axum::extract::Path;
 use axum::extract::Query;
@@ -13,6 +15,7 @@ use computerd_raft::sm::ComputerState;
 use computerd_raft::sm::Execution;
 use computerd_raft::sm::ExecutionKind;
 use computerd_raft::sm::ExecutionState;
+use computerd_raft::sm::Resources;
 use computerd_raft::sm::Source;
 use computerd_raft::sm::Submit;
 use serde::Deserialize;
@@ -75,6 +78,11 @@ pub fn computer_view(s: &computerd_raft::sm::State, c: &Computer) -> Value {
             Source::Paired => None,
         },
         "createdAt": c.created_at,
+        // What its create asked for: env for every session, resources (null: the template's)
+        // and metadata.
+        "env": c.env,
+        "resources": c.resources,
+        "metadata": c.metadata,
     });
     if c.state == ComputerState::Starting {
         v["starting"] = starting(s, c);
@@ -187,6 +195,128 @@ pub struct NewComputer {
     shared: bool,
     /// Why (bots).
     reason: Option<String>,
+    /// Environment variables for every session of a provider sandbox: names
+    /// `[A-Za-z_][A-Za-z0-9_]*` (not `COMPUTER_AGENT_*`, the agent's own), at most 64, each
+    /// value at most 4 KiB, 32 KiB in all. A paired Computer refuses it.
+    #[serde(default)]
+    env: Option<BTreeMap<String, String>>,
+    /// CPUs and memory of a provider sandbox, within the template's ceilings (docker: the
+    /// template's `cpus` and `memoryMb`, also the defaults). E2B and Daytona refuse it: their
+    /// template or snapshot fixes the size.
+    #[serde(default)]
+    resources: Option<ResourcesIn>,
+    /// String labels, at most 32: keys `[A-Za-z0-9_.-]{1,64}` (not `computerd.…`), values at
+    /// most 256 characters. Kept in the store, a filter of the list
+    /// (`GET /v1/computers?metadata.k=v`), and passed to E2B (`metadata`) and Daytona (`labels`).
+    #[serde(default)]
+    metadata: Option<BTreeMap<String, String>>,
+}
+
+/// `resources` of a create.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ResourcesIn {
+    /// CPUs (fractions allowed), above 0.
+    cpus: Option<f64>,
+    /// Memory in MiB, at least 16.
+    memory_mb: Option<u64>,
+}
+
+/// The most `env` entries of a create.
+pub const MAX_ENV: usize = 64;
+/// The longest `env` value, in bytes.
+pub const MAX_ENV_VALUE: usize = 4 << 10;
+/// The most bytes of `env`, names and values.
+pub const MAX_ENV_TOTAL: usize = 32 << 10;
+/// The most `metadata` entries.
+pub const MAX_METADATA: usize = 32;
+/// The longest `metadata` value, in characters.
+pub const MAX_METADATA_VALUE: usize = 256;
+/// The most records one list filtered by metadata examines: past it the page ends early, with
+/// its `nextAfter`.
+pub const MAX_FILTER_EXAMINED: usize = 10_000;
+
+/// Checks a create's `env` (user input: each problem is named).
+fn check_env(env: &BTreeMap<String, String>) -> Result<(), ApiError> {
+    if env.len() > MAX_ENV {
+        return Err(ApiError::invalid(format!("env has {} entries: at most {MAX_ENV}", env.len())));
+    }
+    let mut total = 0;
+    for (k, v) in env {
+        let mut chars = k.chars();
+        let named = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && k.len() <= 256;
+        if !named {
+            return Err(ApiError::invalid(format!(
+                "env: {:?} is not a variable name ([A-Za-z_][A-Za-z0-9_]*, at most 256 bytes)",
+                k.chars().take(64).collect::<String>()
+            )));
+        }
+        if k.starts_with("COMPUTER_AGENT_") {
+            return Err(ApiError::invalid(format!(
+                "env: {k} is refused: COMPUTER_AGENT_* are the sandbox agent's own settings"
+            )));
+        }
+        if v.len() > MAX_ENV_VALUE {
+            return Err(ApiError::invalid(format!(
+                "env: the value of {k} is {} bytes: at most {MAX_ENV_VALUE}",
+                v.len()
+            )));
+        }
+        if v.contains('\0') {
+            return Err(ApiError::invalid(format!("env: the value of {k} holds a NUL byte")));
+        }
+        total += k.len() + v.len();
+    }
+    if total > MAX_ENV_TOTAL {
+        return Err(ApiError::invalid(format!("env is {total} bytes (names and values): at most {MAX_ENV_TOTAL}")));
+    }
+    Ok(())
+}
+
+/// Whether `k` is a metadata key: `[A-Za-z0-9_.-]{1,64}`.
+fn metadata_key(k: &str) -> bool {
+    (1..=64).contains(&k.len()) && k.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+}
+
+/// Checks a create's `metadata` (user input: each problem is named).
+fn check_metadata(m: &BTreeMap<String, String>) -> Result<(), ApiError> {
+    if m.len() > MAX_METADATA {
+        return Err(ApiError::invalid(format!("metadata has {} keys: at most {MAX_METADATA}", m.len())));
+    }
+    for (k, v) in m {
+        if !metadata_key(k) {
+            return Err(ApiError::invalid(format!(
+                "metadata: {:?} is not a key ([A-Za-z0-9_.-], 1 to 64 characters)",
+                k.chars().take(80).collect::<String>()
+            )));
+        }
+        if k.starts_with("computerd.") {
+            return Err(ApiError::invalid(format!("metadata: {k} is refused: computerd.* keys are the cluster's own")));
+        }
+        if v.chars().count() > MAX_METADATA_VALUE || v.chars().any(char::is_control) {
+            return Err(ApiError::invalid(format!(
+                "metadata: the value of {k} must be at most {MAX_METADATA_VALUE} printable characters"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Checks a create's `resources` in itself (the provider's ceilings are checked after).
+fn check_resources(r: &ResourcesIn) -> Result<Option<Resources>, ApiError> {
+    if let Some(c) = r.cpus
+        && !(c.is_finite() && c > 0.0 && c <= 256.0)
+    {
+        return Err(ApiError::invalid("resources.cpus must be a number above 0 (at most 256)"));
+    }
+    if let Some(m) = r.memory_mb
+        && !(16..=1 << 20).contains(&m)
+    {
+        return Err(ApiError::invalid("resources.memoryMb must be 16 to 1048576 (MiB)"));
+    }
+    Ok((r.cpus.is_some() || r.memory_mb.is_some()).then_some(Resources { cpus: r.cpus, memory_mb: r.memory_mb }))
 }
 
 fn absent() -> Value {
@@ -239,6 +369,36 @@ pub async fn create(
         }
         SourceIn::Paired => Source::Paired,
     };
+    let env = b.env.unwrap_or_default();
+    check_env(&env)?;
+    let metadata = b.metadata.unwrap_or_default();
+    check_metadata(&metadata)?;
+    let resources = match &b.resources {
+        Some(r) => check_resources(r)?,
+        None => None,
+    };
+    match &source {
+        Source::Paired if !env.is_empty() => {
+            return Err(ApiError::invalid(
+                "env applies to provider sandboxes: an own machine keeps its own environment",
+            ));
+        }
+        Source::Paired if b.resources.is_some() => {
+            return Err(ApiError::invalid("resources apply to provider sandboxes: an own machine has its own"));
+        }
+        Source::Provider { provider, template } => {
+            if let Some(r) = &resources {
+                // The ceilings are the provider's (its record as this node has applied it; one
+                // not known here yet is refused by the store).
+                let record = state.cluster.state().read(|s| s.providers.get(provider).cloned());
+                if let Some(p) = record {
+                    computerd_actors::factory::check_resources(&p, template.as_deref(), b.desktop, r)
+                        .map_err(ApiError::invalid)?;
+                }
+            }
+        }
+        Source::Paired => {}
+    }
     let name = match &b.name {
         Some(n) => check_name(n)?,
         None => "computer".to_string(),
@@ -248,10 +408,20 @@ pub async fn create(
     {
         return Err(ApiError::invalid("reason must be at most 2000 bytes"));
     }
-    let normalized = json!({
+    let mut normalized = json!({
         "kind": "create", "name": name, "source": source, "desktop": b.desktop,
         "pauseAfter": pause_after, "shared": b.shared, "reason": b.reason,
     });
+    // (Only when given, so a create without them keeps the body hash it always had.)
+    if !env.is_empty() {
+        normalized["env"] = json!(env);
+    }
+    if let Some(r) = &resources {
+        normalized["resources"] = json!(r);
+    }
+    if !metadata.is_empty() {
+        normalized["metadata"] = json!(metadata);
+    }
     let now = now_ms();
     let computer = Computer {
         id: new_id("cmp"),
@@ -269,6 +439,9 @@ pub async fn create(
         link_generation: 0,
         link_node: None,
         desktop_view: None,
+        env,
+        resources,
+        metadata,
     };
     let mut exe = new_execution(&b.command_key, body_hash(&normalized), ExecutionKind::Create, &computer.id, now);
     // An own machine pairs with a code shown to its creator; a sandbox whose provider starts our
@@ -432,35 +605,83 @@ pub async fn delete(
 }
 
 /// `GET /v1/computers`: only rows the caller may see are read.
-#[utoipa::path(get, path = "/v1/computers", operation_id = "computers_list", tag = "computers", params(ListQuery), responses((status = 200, description = "`{\"computers\": [...], \"nextAfter\": id|null}`: only those the caller may see, a page at a time", body = Object), (status = 400, body = ErrorBody)), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/computers", operation_id = "computers_list", tag = "computers", params(ListQuery, ("metadata.{key}" = Option<String>, Query, description = "Only the Computers whose metadata has this key with this value; one or more (all must match). A filtered page examines at most 10,000 records: it may then be short, even empty, with a `nextAfter` to go on from")), responses((status = 200, description = "`{\"computers\": [...], \"nextAfter\": id|null}`: only those the caller may see, a page at a time (go on while `nextAfter` is not null)", body = Object), (status = 400, body = ErrorBody)), security(("bearer" = [])))]
 pub async fn list(
     State(state): State<AppState>,
     auth: Auth,
-    q: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+    q: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let caller = auth.current(&state).await?;
-    let Query(q) = q.map_err(|e| ApiError::invalid(e.body_text()))?;
+    let Query(pairs) = q.map_err(|e| ApiError::invalid(e.body_text()))?;
+    let q = ListFilter::parse(pairs)?;
     let limit = q.limit.unwrap_or(computerd_raft::sm::MAX_COMPUTER_LIST);
     if !(1..=computerd_raft::sm::MAX_COMPUTER_LIST).contains(&limit) {
         return Err(ApiError::invalid("limit must be 1..=1000"));
     }
     let (rows, next): (Vec<Value>, Option<String>) = state.cluster.state().read(|s| {
-        let (rows, next) = s.computers_visible_to(&caller, q.after.as_deref(), limit);
+        let (rows, next) = if q.metadata.is_empty() {
+            s.computers_visible_to(&caller, q.after.as_deref(), limit)
+        } else {
+            let keep = |c: &Computer| q.metadata.iter().all(|(k, v)| c.metadata.get(k) == Some(v));
+            s.computers_visible_where(&caller, q.after.as_deref(), limit, &keep, MAX_FILTER_EXAMINED)
+        };
         (rows.into_iter().map(|c| computer_view(s, c)).collect(), next)
     });
     Ok(Json(json!({ "computers": rows, "nextAfter": next })))
 }
 
 /// `GET /v1/computers` query: a page of at most `limit` (default and most: 1000) Computers in
-/// id order, after the id `after` (an earlier page's `nextAfter`).
-#[derive(Deserialize, utoipa::IntoParams)]
+/// id order, after the id `after` (an earlier page's `nextAfter`); with `metadata.<key>=<value>`
+/// (one or more), only the Computers whose metadata has all of them.
+/// (The document's parameters: [`ListFilter`] reads the query.)
+#[derive(utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
-#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
 pub struct ListQuery {
     /// The most rows (1 to 1000, default 1000).
     limit: Option<usize>,
     /// The page after this id: the previous page's `nextAfter`.
     after: Option<String>,
+}
+
+/// A list's query as read: `limit`, `after`, and the metadata filters.
+struct ListFilter {
+    limit: Option<usize>,
+    after: Option<String>,
+    metadata: Vec<(String, String)>,
+}
+
+impl ListFilter {
+    /// Reads the query's pairs (user input: each problem is named).
+    fn parse(pairs: Vec<(String, String)>) -> Result<ListFilter, ApiError> {
+        let mut q = ListFilter { limit: None, after: None, metadata: Vec::new() };
+        for (k, v) in pairs {
+            match k.as_str() {
+                "limit" => {
+                    q.limit = Some(v.parse().map_err(|_| ApiError::invalid("limit must be a number, 1..=1000"))?)
+                }
+                "after" => q.after = Some(v),
+                _ => match k.strip_prefix("metadata.") {
+                    Some(key) if metadata_key(key) => q.metadata.push((key.to_string(), v)),
+                    Some(_) => {
+                        return Err(ApiError::invalid(
+                            "metadata.<key>: the key must be [A-Za-z0-9_.-], 1 to 64 characters",
+                        ));
+                    }
+                    None => {
+                        return Err(ApiError::invalid(format!(
+                            "unknown query parameter {:?}: limit, after and metadata.<key> are taken",
+                            k.chars().take(64).collect::<String>()
+                        )));
+                    }
+                },
+            }
+        }
+        if q.metadata.len() > MAX_METADATA {
+            return Err(ApiError::invalid(format!("at most {MAX_METADATA} metadata.<key> filters")));
+        }
+        Ok(q)
+    }
 }
 
 /// `GET /v1/computers/:id`: 404 when the caller may not see it.

@@ -6,6 +6,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use computerd_actors::fake::FakeProvider;
+use computerd_proto::ErrorKind;
 use computerd_raft::sm::Command;
 use computerd_raft::sm::Provider;
 use computerd_raft::sm::ProviderKind;
@@ -60,7 +61,7 @@ pub struct NewProvider {
 }
 
 /// `POST /v1/computer-providers` (owner/admin).
-#[utoipa::path(post, path = "/v1/computer-providers", operation_id = "providers_create", tag = "providers", request_body = NewProvider, responses((status = 201, description = "The provider; credential fields are named in secretFields, never shown", body = Object)), security(("bearer" = [])))]
+#[utoipa::path(post, path = "/v1/computer-providers", operation_id = "providers_create", tag = "providers", request_body = NewProvider, responses((status = 201, description = "The provider; credential fields are named in secretFields, never shown", body = Object), (status = 400, description = "`invalid_request`: a bad config; `template_invalid`: a Docker template's image is missing, or lacks the agent, the `user` account or `/workspace` (the reason says which)", body = ErrorBody)), security(("bearer" = [])))]
 pub async fn create(
     State(state): State<AppState>,
     auth: Auth,
@@ -91,6 +92,18 @@ pub async fn create(
                 .await
                 .map_err(|e| ApiError::invalid(e.to_string()))?
                 .map_err(ApiError::invalid)?;
+        }
+        // Each template's image can be a sandbox (it is there, with the agent, `user` and
+        // /workspace). An engine out of reach now is no refusal: each create checks again.
+        let docker = computerd_actors::docker::DockerProvider::new(c, std::time::Duration::from_secs(30));
+        match docker.check_templates().await {
+            Ok(()) => {}
+            Err(computerd_actors::provider::ProviderError::Refused { kind, message })
+                if kind == computerd_actors::docker::TEMPLATE_INVALID =>
+            {
+                return Err(ApiError::new(ErrorKind::TemplateInvalid, message));
+            }
+            Err(e) => tracing::warn!(error = %e, "the provider's template images could not be checked now"),
         }
     }
     if matches!(b.kind, ProviderKind::E2b | ProviderKind::Daytona) {

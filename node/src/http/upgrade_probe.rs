@@ -1,4 +1,4 @@
-//! `/v1/admin/upgrade-probe`, only in the `upgrade-probe` build (store version 2): `POST
+//! `/v1/admin/upgrade-probe`, only in the `upgrade-probe` build (one store version ahead): `POST
 //! {"note"}` proposes the one command that build adds (refused by the version gate until every
 //! node speaks it); `GET` answers the notes this node applied. For the rolling-upgrade test.
 

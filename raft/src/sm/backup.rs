@@ -166,10 +166,24 @@ mod tests {
     fn a_backup_reads_back_and_a_damaged_one_is_named() {
         let mut s = State { cluster_id: Some("c1".into()), clock: 7, ..Default::default() };
         s.org = Some(super::super::identity::Organization { id: "org".into(), name: "o".into(), created_at: 1 });
+        // A Computer with a create's env, resources and metadata (issue 39, item 5), and one
+        // without.
+        let mut c = super::super::testing::computer(
+            "cmp_1",
+            "mem_o",
+            super::super::model::Source::Provider { provider: "cpp_1".into(), template: None },
+        );
+        c.env.insert("GREETING".into(), "hello".into());
+        c.resources = Some(super::super::model::Resources { cpus: Some(0.5), memory_mb: Some(512) });
+        c.metadata.insert("team".into(), "a".into());
+        s.insert_computer(c.clone());
+        s.insert_computer(super::super::testing::computer("cmp_2", "mem_o", super::super::model::Source::Paired));
         let bytes = encode(&s, 42).expect("encode");
         let b = decode(&bytes).expect("decode");
         assert_eq!((b.applied_index, b.taken_at, b.cluster_id.as_deref()), (42, 7, Some("c1")));
         assert_eq!(serde_json::to_value(&b.state).ok(), serde_json::to_value(&s).ok());
+        assert_eq!(b.state.computers.get("cmp_1"), Some(&c), "the create's options read back");
+        assert!(b.state.computers["cmp_2"].env.is_empty() && b.state.computers["cmp_2"].resources.is_none());
         let mut cut = bytes.clone();
         cut.pop();
         assert!(decode(&cut).expect_err("cut").contains("cut"));

@@ -668,7 +668,7 @@ pub enum Command {
         /// Its build's store version.
         version: u32,
     },
-    /// A command only a node of the `upgrade-probe` build speaks (store version 2), for the
+    /// A command only a node of the `upgrade-probe` build speaks (store version 3), for the
     /// rolling-upgrade test: it records an event.
     #[cfg(feature = "upgrade-probe")]
     UpgradeProbe {

@@ -159,6 +159,22 @@ impl State {
         after: Option<&str>,
         limit: usize,
     ) -> (Vec<&'a Computer>, Option<String>) {
+        self.computers_visible_where(caller, after, limit, &|_| true, usize::MAX)
+    }
+
+    /// [`State::computers_visible_to`], keeping only the Computers `keep` accepts, and examining
+    /// at most `budget` candidates (at least 1): when the budget runs out first, the page may
+    /// be short (even empty) and its cursor is the last candidate examined, so the client goes
+    /// on from there and no request walks every record.
+    pub fn computers_visible_where<'a>(
+        &'a self,
+        caller: &Caller,
+        after: Option<&str>,
+        limit: usize,
+        keep: &dyn Fn(&Computer) -> bool,
+        budget: usize,
+    ) -> (Vec<&'a Computer>, Option<String>) {
+        let budget = budget.max(1);
         let limit = limit.clamp(1, MAX_LIST);
         let after = after.unwrap_or_default().to_string();
         let past = |id: &&String| id.as_str() > after.as_str();
@@ -176,12 +192,19 @@ impl State {
             }
         };
         let mut rows: Vec<&Computer> = Vec::new();
+        let (mut examined, mut last) = (0usize, None::<&String>);
         for id in candidates {
+            if examined == budget {
+                return (rows, last.cloned());
+            }
+            examined += 1;
+            last = Some(id);
             let Some(c) = self.computers.get(id) else { continue };
-            if c.state == ComputerState::Deleted || !self.can_see(caller, c) {
+            if c.state == ComputerState::Deleted || !self.can_see(caller, c) || !keep(c) {
                 continue;
             }
             if rows.len() == limit {
+                // This one is for the next page.
                 let next = rows.last().map(|c| c.id.clone());
                 return (rows, next);
             }

@@ -132,6 +132,38 @@ pub struct Computer {
     /// its owner opted in).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub desktop_view: Option<DesktopView>,
+    /// Environment variables set for every session of the Computer (a provider sandbox's, at
+    /// create). Checked by the create route; absent from records that have none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// The CPUs and memory the create asked for, within the template's ceilings (a provider
+    /// sandbox's; `None`: the template's own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Resources>,
+    /// The creator's string labels (at most 32), a filter of the Computers' list; passed to the
+    /// provider where it has a place for them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl Computer {
+    /// Whether the create carries any of `env`, `resources` or `metadata` (store version 2:
+    /// an older build would drop them, see `sm::versions`).
+    pub fn has_create_options(&self) -> bool {
+        !self.env.is_empty() || self.resources.is_some() || !self.metadata.is_empty()
+    }
+}
+
+/// The CPUs and memory a create asks for (each absent: the template's).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Resources {
+    /// CPUs (fractions allowed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<f64>,
+    /// Memory in MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mb: Option<u64>,
 }
 
 /// A Computer's desktop as its agent reports it.

@@ -350,6 +350,9 @@ mod tests {
             link_generation: 0,
             link_node: None,
             desktop_view: None,
+            env: Default::default(),
+            resources: None,
+            metadata: Default::default(),
         }
     }
 

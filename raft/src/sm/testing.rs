@@ -93,5 +93,8 @@ pub fn computer(id: &str, owner: &str, source: super::model::Source) -> super::m
         link_generation: 0,
         link_node: None,
         desktop_view: None,
+        env: Default::default(),
+        resources: None,
+        metadata: Default::default(),
     }
 }

@@ -12,14 +12,20 @@ use super::State;
 
 /// The store version of this build. (The `upgrade-probe` feature builds a node one version
 /// ahead, with one more command, for the rolling-upgrade test.)
-pub const STORE_VERSION: u32 = if cfg!(feature = "upgrade-probe") { 2 } else { 1 };
+///
+/// Versions: 1, the first gated build; 2, a create's `env`, `resources` and `metadata` (a
+/// Computer record of version 1 has no such fields: an older node would decode the create
+/// and silently drop them, and its replica would differ).
+pub const STORE_VERSION: u32 = if cfg!(feature = "upgrade-probe") { 3 } else { 2 };
 
 impl Command {
-    /// The store version that introduced this command.
+    /// The store version that introduced this command (or, for a command whose newer form
+    /// carries fields an older build would drop, that form).
     pub fn since(&self) -> u32 {
         match self {
             #[cfg(feature = "upgrade-probe")]
-            Command::UpgradeProbe { .. } => 2,
+            Command::UpgradeProbe { .. } => 3,
+            Command::SubmitExecution(s) if s.computer.as_ref().is_some_and(|c| c.has_create_options()) => 2,
             _ => 1,
         }
     }
@@ -61,5 +67,50 @@ mod tests {
         s.apply(&Command::NodeSpeaks { node_id: 3, version: 1 });
         assert_eq!((s.behind([2, 3], 2), s.node_versions.len()), (vec![3], 1), "a downgrade says so too");
         assert_eq!(Command::NodeSpeaks { node_id: 1, version: 1 }.since(), 1);
+    }
+
+    /// Issue 39, item 5: a create is a version-2 command only when its Computer carries `env`,
+    /// `resources` or `metadata`; without them it is the version-1 command it always was.
+    #[test]
+    fn i39_5_a_create_with_options_needs_version_2() {
+        use crate::sm::Execution;
+        use crate::sm::ExecutionKind;
+        use crate::sm::Resources;
+        use crate::sm::Source;
+        use crate::sm::Submit;
+        let create = |edit: &dyn Fn(&mut crate::sm::Computer)| {
+            let mut c = crate::sm::testing::computer("cmp_1", "mem_o", Source::Paired);
+            edit(&mut c);
+            Command::SubmitExecution(Box::new(Submit {
+                by: "tok".into(),
+                execution: Execution::pending("exe_1", "k", "h", ExecutionKind::Create, "cmp_1", 1),
+                computer: Some(c),
+                approval_id: "apr_1".into(),
+                reason: None,
+                at_ms: 1,
+            }))
+        };
+        assert_eq!(create(&|_| {}).since(), 1, "a plain create");
+        let plain = serde_json::to_value(create(&|_| {})).expect("json");
+        assert!(!plain.to_string().contains("metadata"), "a plain record serializes as before: {plain}");
+        let env = create(&|c| {
+            c.env.insert("GREETING".into(), "hi".into());
+        });
+        assert_eq!(env.since(), 2);
+        assert_eq!(create(&|c| c.resources = Some(Resources { cpus: Some(0.5), memory_mb: None })).since(), 2);
+        let meta = create(&|c| {
+            c.metadata.insert("team".into(), "a".into());
+        });
+        assert_eq!(meta.since(), 2);
+        let mut pause = meta.clone();
+        if let Command::SubmitExecution(s) = &mut pause {
+            s.computer = None;
+            s.execution.kind = ExecutionKind::Pause;
+        }
+        assert_eq!(pause.since(), 1, "other lifecycle commands stay version 1");
+        const { assert!(STORE_VERSION >= 2, "this build speaks the options") };
+        let mut s = State::default();
+        s.apply(&Command::NodeSpeaks { node_id: 1, version: 2 });
+        assert_eq!((s.behind([1, 2], env.since()), s.behind([1], 1)), (vec![2], vec![]), "node 2 runs an older build");
     }
 }

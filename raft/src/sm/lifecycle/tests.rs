@@ -495,3 +495,41 @@ fn desktop_reports_of_the_current_link_are_kept_and_bad_ones_change_nothing() {
     let json = serde_json::to_string(&s.computers["cmp_1"]).expect("json");
     assert!(json.contains("\"desktop_view\"") || json.contains("\"desktopView\""), "{json}");
 }
+
+/// Issue 39, item 5: a create's options are kept in the record, and the list filtered by
+/// metadata examines a bounded number of records per page, answering a cursor to go on.
+#[test]
+fn i39_5_options_are_kept_and_a_filtered_list_is_bounded() {
+    let mut s = world();
+    for (i, team) in ["a", "b", "a", "b", "b", "a"].iter().enumerate() {
+        let id = format!("cmp_{i}");
+        let mut c = computer_record(&id, "mem_o", Source::Provider { provider: "cpp_1".into(), template: None });
+        c.metadata.insert("team".into(), team.to_string());
+        c.env.insert("GREETING".into(), "hi".into());
+        let exe = Execution::pending(&format!("exe_{i}"), &format!("k{i}"), "h", ExecutionKind::Create, &id, 1);
+        let cmd = Command::SubmitExecution(Box::new(Submit {
+            by: OWNER.into(),
+            execution: exe,
+            computer: Some(c),
+            approval_id: format!("apr_{i}"),
+            reason: None,
+            at_ms: 10,
+        }));
+        assert_eq!(cmd.since(), 2);
+        ok(s.apply(&cmd));
+    }
+    assert_eq!(s.computers["cmp_0"].env.get("GREETING").map(String::as_str), Some("hi"));
+    let caller = s.caller_by_token_id(OWNER).expect("caller");
+    let team_a = |c: &Computer| c.metadata.get("team").is_some_and(|t| t == "a");
+    let page = |after: Option<&str>, limit: usize, budget: usize| {
+        let (rows, next) = s.computers_visible_where(&caller, after, limit, &team_a, budget);
+        (rows.iter().map(|c| c.id.clone()).collect::<Vec<_>>(), next)
+    };
+    assert_eq!(page(None, 10, 100), (vec!["cmp_0".into(), "cmp_2".into(), "cmp_5".into()], None));
+    assert_eq!(page(None, 2, 100), (vec!["cmp_0".into(), "cmp_2".into()], Some("cmp_2".into())));
+    // Two records examined per request: the pages are short, and the cursors cover every record.
+    assert_eq!(page(None, 10, 2), (vec!["cmp_0".into()], Some("cmp_1".into())));
+    assert_eq!(page(Some("cmp_1"), 10, 2), (vec!["cmp_2".into()], Some("cmp_3".into())));
+    assert_eq!(page(Some("cmp_3"), 10, 2), (vec!["cmp_5".into()], None));
+    assert_eq!(page(Some("cmp_2"), 10, 1), (vec![], Some("cmp_3".into())), "a page may be empty, with a cursor");
+}

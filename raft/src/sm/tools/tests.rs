@@ -33,6 +33,9 @@ fn computer(id: &str) -> Computer {
         link_generation: 1,
         link_node: Some(1),
         desktop_view: None,
+        env: Default::default(),
+        resources: None,
+        metadata: Default::default(),
     }
 }
 
