@@ -86,6 +86,10 @@ async fn screenshots_typing_clicks_and_the_lease_on_a_real_display() {
     let desktop = Desktop::new(display.clone(), Scope::Full);
     let status = desktop.call(DesktopOp::Status, "bot:a".into()).await.expect("status");
     assert_eq!(status.json["state"], "running");
+    // A new desktop is not a black screen: its background is the wallpaper's colour.
+    let first = desktop.call(op(json!({"screenshot": {"format": "png"}})), "bot:a".into()).await.expect("screenshot");
+    let first = image::load_from_memory(&first.image).expect("a PNG").to_rgb8();
+    assert_eq!(first.get_pixel(3, 3).0, xserver::WALLPAPER, "the wallpaper, from the first screenshot");
     // The cookie is the desktop account's alone.
     let meta = std::fs::metadata(&display.authority).expect("authority");
     assert_eq!(std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777, 0o600);

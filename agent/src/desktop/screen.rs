@@ -152,6 +152,18 @@ impl Screen {
         Ok(s)
     }
 
+    /// Paints the root window one colour (`rgb`), as `xsetroot -solid` does: the background a
+    /// new desktop shows, and what a closed window leaves behind.
+    pub fn paint_background(&self, rgb: [u8; 3]) -> Result<(), String> {
+        let l = &self.layout;
+        let pixel =
+            u32::from(rgb[0]) << l.red_shift | u32::from(rgb[1]) << l.green_shift | u32::from(rgb[2]) << l.blue_shift;
+        let aux = xproto::ChangeWindowAttributesAux::new().background_pixel(pixel);
+        self.conn.change_window_attributes(self.root, &aux).map_err(x_err)?.check().map_err(x_err)?;
+        self.conn.clear_area(false, self.root, 0, 0, 0, 0).map_err(x_err)?.check().map_err(x_err)?;
+        Ok(())
+    }
+
     /// A segment for a whole screen, attached by the server.
     fn attach_segment(&self) -> Result<Segment, String> {
         if self.conn.extension_information(shm::X11_EXTENSION_NAME).map_err(x_err)?.is_none() {

@@ -252,16 +252,25 @@ fn command(program: &str, account: &Account, display: &Display) -> tokio::proces
     c
 }
 
-/// Waits until the display takes a connection with its cookie.
+/// The colour of a desktop's background (RGB): a screenshot of a new desktop shows it.
+pub const WALLPAPER: [u8; 3] = [0x2b, 0x4a, 0x6f];
+
+/// Waits until the display takes a connection with its cookie, and paints its background.
 async fn answers(display: &Display, within: Duration) -> Result<(), String> {
     let until = tokio::time::Instant::now() + within;
     let mut last = String::new();
     while tokio::time::Instant::now() < until {
         let d = display.clone();
-        match tokio::task::spawn_blocking(move || super::screen::Screen::connect(&d.socket(), &d.cookie, d.server_uid))
-            .await
-        {
-            Ok(Ok(_)) => return Ok(()),
+        let up = move || {
+            let screen = super::screen::Screen::connect(&d.socket(), &d.cookie, d.server_uid)?;
+            // A new desktop shows it is up: its wallpaper, not a black screen.
+            if let Err(why) = screen.paint_background(WALLPAPER) {
+                tracing::warn!(%why, "the desktop's background could not be painted");
+            }
+            Ok::<_, String>(())
+        };
+        match tokio::task::spawn_blocking(up).await {
+            Ok(Ok(())) => return Ok(()),
             Ok(Err(e)) => last = e,
             Err(e) => last = e.to_string(),
         }
