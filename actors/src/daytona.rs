@@ -53,6 +53,7 @@ use crate::provider::ProviderError;
 use crate::provider::SandboxInfo;
 use crate::provider::check_server_url;
 use crate::provider::sandbox_env;
+use crate::provider::string_object;
 
 /// Daytona's API.
 pub const DEFAULT_ENDPOINT: &str = "https://app.daytona.io/api";
@@ -243,14 +244,9 @@ impl DaytonaProvider {
     /// The body of a create.
     fn create_body(&self, spec: &CreateSpec) -> Value {
         let snapshot = spec.template.clone().or_else(|| self.config.snapshot.clone());
-        let env: serde_json::Map<String, Value> =
-            sandbox_env(spec, &self.config.server_url, self.config.ca_cert.as_deref())
-                .into_iter()
-                .map(|(k, v)| (k, Value::String(v)))
-                .collect();
+        let env = string_object(sandbox_env(spec, &self.config.server_url, self.config.ca_cert.as_deref()));
         // The creator's metadata as labels, then ours (the create route keeps `computerd.`).
-        let mut labels: serde_json::Map<String, Value> =
-            spec.metadata.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect();
+        let mut labels = string_object(&spec.metadata);
         labels.insert(LABEL_COMPUTER.into(), json!(spec.computer_id));
         labels.insert(LABEL_KEY.into(), json!(spec.command_key));
         let mut b = json!({

@@ -51,6 +51,7 @@ use crate::provider::ProviderError;
 use crate::provider::SandboxInfo;
 use crate::provider::check_server_url;
 use crate::provider::sandbox_env;
+use crate::provider::string_object;
 
 /// E2B's API.
 pub const DEFAULT_ENDPOINT: &str = "https://api.e2b.app";
@@ -180,14 +181,9 @@ impl E2bProvider {
     /// The body of a create.
     fn new_sandbox(&self, spec: &CreateSpec) -> Value {
         let template = spec.template.clone().or_else(|| self.config.template.clone());
-        let env: serde_json::Map<String, Value> =
-            sandbox_env(spec, &self.config.server_url, self.config.ca_cert.as_deref())
-                .into_iter()
-                .map(|(k, v)| (k, Value::String(v)))
-                .collect();
+        let env = string_object(sandbox_env(spec, &self.config.server_url, self.config.ca_cert.as_deref()));
         // The creator's metadata, then ours (the create route keeps `computerd.` for us).
-        let mut metadata: serde_json::Map<String, Value> =
-            spec.metadata.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect();
+        let mut metadata = string_object(&spec.metadata);
         metadata.insert(META_COMPUTER.into(), json!(spec.computer_id));
         metadata.insert(META_KEY.into(), json!(spec.command_key));
         json!({

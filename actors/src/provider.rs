@@ -38,6 +38,16 @@ pub struct CreateSpec {
     pub metadata: BTreeMap<String, String>,
 }
 
+/// Name/value pairs as a JSON object of strings: a remote provider's env, metadata or labels.
+pub fn string_object<K: AsRef<str>, V: AsRef<str>>(
+    pairs: impl IntoIterator<Item = (K, V)>,
+) -> serde_json::Map<String, serde_json::Value> {
+    pairs
+        .into_iter()
+        .map(|(k, v)| (k.as_ref().to_string(), serde_json::Value::String(v.as_ref().to_string())))
+        .collect()
+}
+
 /// The environment of a new sandbox that runs our agent: the create's own (`spec.env`), then
 /// the agent's settings ([`agent_env`]), which win on a shared name.
 pub fn sandbox_env(spec: &CreateSpec, server_url: &str, ca_cert: Option<&str>) -> Vec<(String, String)> {
