@@ -1,58 +1,53 @@
 #!/usr/bin/env bash
 # build-desktop-image.sh: build the local Docker image for computers with a graphical desktop
-# (X server, VNC, window manager, Chromium, Tk), without any registry.
+# (X server, VNC, window manager, Chromium, Tk) on top of the sandbox image, without any
+# registry.
 #
-# Why: this machine cannot reach a registry, so `docker pull` and `FROM debian` are impossible.
-# Like build-sandbox-image.sh, it builds a real Debian bookworm rootfs with `debootstrap` from
-# the Debian mirror the host's apt already uses (found in /etc/apt/sources.list{,.d/*}; default http://deb.debian.org/debian):
+# The desktop image is the sandbox image (deploy/build-sandbox-image.sh: Python, Node, git,
+# build tools, C.UTF-8, no setuid programs) plus one layer, so a desktop sandbox has every tool
+# a plain one has and the two images share their base layer on disk:
 #
-#   1. `debootstrap --variant=minbase --merged-usr bookworm` into a temporary staging rootfs
-#      (dpkg with --force-unsafe-io while building: the build's time is mostly dpkg's);
-#   2. inside a chroot (with /proc mounted), apt-get update, dist-upgrade (bookworm-updates and
-#      bookworm-security, when the host uses them) and install, without recommends: bash,
-#      coreutils, procps, python3, python3-tk, xvfb, xauth, x11-utils, x11-xkb-utils, x11vnc,
-#      openbox, xterm, fonts-dejavu-core, chromium, dbus-x11 (a session bus that does not pull
-#      in systemd the way dbus-user-session does), ca-certificates, tzdata. A dpkg filter
-#      (/etc/dpkg/dpkg.cfg.d/computerd-slim, kept in the image) leaves out docs (except copyright
-#      files), man/info pages and translations other than English;
-#   3. the same dead weight is deleted from the debootstrap'd base packages, plus apt lists and
-#      caches, logs and Chromium's non-English locale packs;
-#   4. the image layout of build-sandbox-image.sh: root, `user` (uid/gid 1000, /home/user, bash),
-#      `computerd-desktop` (uid/gid 990: the display, window manager and VNC server run as it),
-#      nobody (and Debian's own system accounts), /workspace (user's, 0755: sessions' working
-#      directory), the agent's root-only /var/lib/computer-agent, /tmp 1777 (with /tmp/.X11-unix
-#      1777 so a non-root X server can create its socket), empty /dev, /etc/resolv.conf and
-#      /etc/hosts (Docker provides them), and the agent as /usr/local/bin/computer-agent;
-#   5. a smoke test in the chroot (Xvfb, x11vnc, openbox, chromium, tkinter), then the tree is
-#      streamed into `docker import` with PATH/HOME/WORKDIR/CMD set.
+#   1. a container of the base image (computerd-sandbox:latest) runs, as root, with the host's
+#      .deb cache bind-mounted: apt-get update, dist-upgrade and install, without recommends:
+#      python3-tk, xvfb, xauth, x11-utils, x11-xkb-utils, x11vnc, openbox, xterm,
+#      fonts-dejavu-core, chromium, dbus-x11 (a session bus that does not pull in systemd the
+#      way dbus-user-session does). The base image's dpkg filter (no docs, man pages or
+#      non-English translations) applies, plus Chromium's non-English locale packs;
+#   2. the desktop's own account `computerd-desktop` (uid/gid 990: the agent runs the display,
+#      the window manager and the VNC server as it, never root or `user`), /tmp/.X11-unix 1777
+#      (a non-root X server creates its socket there), an empty Debian menu for openbox, and
+#      xterm drawn with DejaVu Sans Mono through Xft (the X server's built-in font has no `€`
+#      or `→`; the locale is the base's C.UTF-8);
+#   3. the base's hardening again: setuid/setgid bits that the new packages set are stripped;
+#   4. a smoke test (Xvfb, x11vnc, openbox, chromium, tkinter), then `docker commit` with
+#      CMD/ENV/WORKDIR and two labels: computerd.build-script (SHA-256 of this script) and
+#      computerd.base-image (the base image's id), by which tests/src/docker.rs rebuilds a
+#      desktop image built by another version of this script or on another base.
 #
-# Downloaded .debs (debootstrap's and apt's: one directory, same file names) and apt's lists are
-# kept between runs in /var/cache/computerd-desktop-debs (bind-mounted into the chroot; apt's
-# autoclean drops the versions the mirror no longer has), so a rebuild only downloads what
+# Downloaded .debs and apt's lists are kept between runs in /var/cache/computerd-desktop-debs
+# (bind-mounted into the build container, never committed), so a rebuild only downloads what
 # changed. Concurrent builds sharing the cache wait for each other (flock).
 #
-# Usage: deploy/build-desktop-image.sh [--agent PATH | --no-agent] [--tag TAG] [--mirror URL]
+# Usage: deploy/build-desktop-image.sh [--agent PATH | --no-agent] [--tag TAG] [--base IMAGE]
 #   --agent PATH  computer-agent binary (default: <repo>/target/release/computer-agent if it
 #                 exists, else <repo>/target/debug/computer-agent; it is never built here)
 #   --no-agent    install a placeholder /usr/local/bin/computer-agent that exits 1 instead (for
 #                 tests that bind-mount the real binary over it)
 #   --tag TAG     image tag (default: computerd-desktop:latest)
-#   --mirror URL  Debian mirror (default: the host apt's bookworm mirror)
+#   --base IMAGE  the image to build on (default: computerd-sandbox:latest; built with
+#                 deploy/build-sandbox-image.sh and the same agent when it is missing)
 #
-# Must run as root on a Debian host with Docker and debootstrap (apt-get install debootstrap).
-# Idempotent: re-running re-tags and drops the previous image if nothing else uses it. Takes
-# about 1.5 minutes; most of it is dpkg unpacking and configuring ~320 packages, which happens on
-# every run. The cache saves the ~330 MB of downloads, which matters with a slow mirror. The
-# image is ~900 MB (Chromium alone ~350 MB; Mesa/LLVM, which Xvfb's GLX needs, ~160 MB).
-# /etc/machine-id is left out (it must differ per container): run `dbus-uuidgen --ensure` at
-# start if something (dbus-launch) wants one.
+# Must run as root (or a member of the docker group) on a host with Docker; the build container
+# reaches the Debian mirror that the base image's apt sources name. Idempotent: re-running
+# re-tags and drops the previous image if nothing else uses it. Takes about a minute and a half
+# (most of it dpkg unpacking Chromium, Mesa and X), and adds ~500 MB to the base image (Chromium
+# alone ~350 MB; Mesa/LLVM, which Xvfb's GLX needs, ~160 MB).
 set -euo pipefail
 shopt -s nullglob
 
 SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)"
 REPO_ROOT="$(cd -- "$SCRIPT_DIR/.." && pwd -P)"
-# The image's label computerd.build-script: which version of this script built it (the tests
-# rebuild an image whose label is not the current script's SHA-256).
+# The image's label computerd.build-script: which version of this script built it.
 SCRIPT_SHA256="$(sha256sum -- "${BASH_SOURCE[0]}" | cut -d ' ' -f 1)"
 
 die() { echo "build-desktop-image: error: $*" >&2; exit 1; }
@@ -61,22 +56,19 @@ log() { echo "build-desktop-image: $*" >&2; }
 
 usage() { sed -n '/^# Usage:/,/^#$/{/^#$/d;s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}"; }
 
-SUITE=bookworm
 CACHE_DIR=/var/cache/computerd-desktop-debs
 PACKAGES=(
-    bash coreutils procps
-    python3 python3-tk
+    python3-tk
     xvfb xauth x11-utils x11-xkb-utils   # X server, xauth cookies, xdpyinfo/xwininfo, xkbcomp
     x11vnc openbox xterm fonts-dejavu-core
     chromium
     dbus-x11   # a session bus for GTK/dconf without dbus-user-session, which drags in systemd
-    ca-certificates tzdata
 )
 
 AGENT=""
 NO_AGENT=0
 TAG="computerd-desktop:latest"
-MIRROR=""
+BASE="computerd-sandbox:latest"
 while (($#)); do
     case "$1" in
         --agent) (($# >= 2)) || die "--agent needs a PATH"; AGENT="$2"; shift 2 ;;
@@ -84,29 +76,23 @@ while (($#)); do
         --no-agent) NO_AGENT=1; shift ;;
         --tag) (($# >= 2)) || die "--tag needs a TAG"; TAG="$2"; shift 2 ;;
         --tag=*) TAG="${1#--tag=}"; shift ;;
-        --mirror) (($# >= 2)) || die "--mirror needs a URL"; MIRROR="$2"; shift 2 ;;
-        --mirror=*) MIRROR="${1#--mirror=}"; shift ;;
+        --base) (($# >= 2)) || die "--base needs an IMAGE"; BASE="$2"; shift 2 ;;
+        --base=*) BASE="${1#--base=}"; shift ;;
         -h|--help) usage; exit 0 ;;
         *) usage >&2; die "unknown argument: $1" ;;
     esac
 done
 [[ -n "$TAG" ]] || die "--tag must not be empty"
+[[ -n "$BASE" ]] || die "--base must not be empty"
 ((NO_AGENT == 0)) || [[ -z "$AGENT" ]] || die "--agent and --no-agent exclude each other"
 
 # ---- preconditions -------------------------------------------------------------------------
 
-[[ $EUID -eq 0 ]] || die "must run as root (debootstrap, chroot and mounts need it)"
 command -v docker >/dev/null 2>&1 || die "docker is not installed (no 'docker' command on PATH)"
 docker info >/dev/null 2>&1 || die "cannot talk to the Docker daemon ('docker info' failed); is dockerd running?"
-command -v debootstrap >/dev/null 2>&1 ||
-    die "debootstrap is not installed; install it with: apt-get install debootstrap"
-[[ -e "/usr/share/debootstrap/scripts/$SUITE" ]] ||
-    die "this debootstrap does not know $SUITE (no /usr/share/debootstrap/scripts/$SUITE); upgrade it"
-for tool in chroot mount umount mountpoint findmnt flock dpkg tar numfmt; do
-    command -v "$tool" >/dev/null 2>&1 || die "'$tool' not found; this script needs a Debian host"
+for tool in flock numfmt sha256sum; do
+    command -v "$tool" >/dev/null 2>&1 || die "'$tool' not found"
 done
-ARCH="$(dpkg --print-architecture)"
-[[ "$ARCH" == amd64 ]] || warn "written for amd64, this host is $ARCH"
 
 if ((NO_AGENT)); then
     AGENT_DESC="placeholder agent"
@@ -127,68 +113,18 @@ else
     AGENT_DESC="$(basename -- "$AGENT")"
 fi
 
-# ---- mirrors ---------------------------------------------------------------------------------
-
-# Print "URI SUITE" for every enabled `deb` source of the host's apt, one-line (.list) and
-# deb822 (.sources) formats alike.
-host_sources() {
-    local lists=() deb822=()
-    [[ -f /etc/apt/sources.list ]] && lists+=(/etc/apt/sources.list)
-    lists+=(/etc/apt/sources.list.d/*.list)
-    deb822+=(/etc/apt/sources.list.d/*.sources)
-    if ((${#lists[@]})); then
-        awk '{ sub(/#.*/, "") }
-             $1 == "deb" {
-                 i = 2
-                 if ($i ~ /^\[/) { while (i <= NF && $i !~ /\]$/) i++; i++ }
-                 if (i + 1 <= NF) print $i, $(i + 1)
-             }' "${lists[@]}"
-    fi
-    if ((${#deb822[@]})); then
-        awk 'BEGIN { RS = ""; FS = "\n" }
-             {
-                 types = uris = suites = ""; enabled = "yes"
-                 for (l = 1; l <= NF; l++) {
-                     line = $l
-                     if (line ~ /^#/) continue
-                     if (sub(/^Types:[ \t]*/, "", line)) types = line
-                     else if (sub(/^URIs:[ \t]*/, "", line)) uris = line
-                     else if (sub(/^Suites:[ \t]*/, "", line)) suites = line
-                     else if (sub(/^Enabled:[ \t]*/, "", line)) enabled = tolower(line)
-                 }
-                 if (enabled == "no" || (" " types " ") !~ / deb /) next
-                 nu = split(uris, u, /[ \t]+/); ns = split(suites, s, /[ \t]+/)
-                 for (a = 1; a <= nu; a++) for (b = 1; b <= ns; b++)
-                     if (u[a] != "" && s[b] != "") print u[a], s[b]
-             }' "${deb822[@]}"
-    fi
-}
-
-SOURCES="$(host_sources 2>/dev/null || true)"
-pick_uri() {   # pick_uri SUITE -> first http(s) URI the host uses for SUITE
-    awk -v s="$1" '$2 == s && $1 ~ /^https?:\/\// { sub(/\/+$/, "", $1); print $1; exit }' <<<"$SOURCES"
-}
-if [[ -z "$MIRROR" ]]; then
-    MIRROR="$(pick_uri "$SUITE")"
-    if [[ -z "$MIRROR" ]]; then
-        MIRROR=http://deb.debian.org/debian
-        warn "no $SUITE source in the host's apt configuration, using $MIRROR"
-    fi
+if ! docker image inspect "$BASE" >/dev/null 2>&1; then
+    [[ "$BASE" == computerd-sandbox:latest ]] ||
+        die "the base image $BASE does not exist (build it first, or leave out --base)"
+    log "the base image $BASE is missing: building it with build-sandbox-image.sh"
+    agent_args=()
+    if ((NO_AGENT == 0)); then agent_args=(--agent "$AGENT"); fi
+    "$SCRIPT_DIR/build-sandbox-image.sh" "${agent_args[@]}" --tag "$BASE" >&2
 fi
-MIRROR="${MIRROR%/}"
-SECURITY_MIRROR="$(pick_uri "$SUITE-security")"
-UPDATES=0
-if [[ -z "$SOURCES" ]]; then
-    # No host apt sources at all: use Debian's standard layout.
-    SECURITY_MIRROR=http://deb.debian.org/debian-security
-    UPDATES=1
-elif [[ -n "$(awk -v s="$SUITE-updates" '$2 == s { print; exit }' <<<"$SOURCES")" ]]; then
-    UPDATES=1
-fi
-[[ -n "$SECURITY_MIRROR" ]] || warn "the host has no $SUITE-security source; building without security updates"
-log "mirror $MIRROR${SECURITY_MIRROR:+, security $SECURITY_MIRROR}"
+BASE_ID="$(docker image inspect -f '{{.Id}}' "$BASE")"
+log "building on $BASE ($BASE_ID)"
 
-# ---- cache, staging, cleanup -----------------------------------------------------------------
+# ---- cache, build container, cleanup ---------------------------------------------------------
 
 mkdir -p "$CACHE_DIR/archives/partial" "$CACHE_DIR/lists/partial"
 exec 9>"$CACHE_DIR/.lock"
@@ -197,283 +133,187 @@ if ! flock -n 9; then
     flock 9
 fi
 
-# Not /tmp: it may be a small tmpfs, and the rootfs is several hundred MB.
-STAGE="$(mktemp -d "${TMPDIR:-/var/tmp}/computerd-desktop.XXXXXX")"
-ROOTFS="$STAGE/rootfs"
-R="$ROOTFS"
-MOUNTS=()
-
-mount_tracked() {   # mount ARGS... TARGET; TARGET is unmounted again by unmount_all
-    mount "$@"
-    MOUNTS+=("${!#}")
-}
-
-unmount_all() {
-    local i m
-    for ((i = ${#MOUNTS[@]} - 1; i >= 0; i--)); do
-        m="${MOUNTS[i]}"
-        if mountpoint -q "$m"; then
-            umount "$m" 2>/dev/null || umount -l "$m" || warn "could not unmount $m"
-        fi
-    done
-    MOUNTS=()
-}
-
-# Anything still mounted below the staging dir (ours, or debootstrap's after a crash).
-stage_mounts() { findmnt -rn -o TARGET | awk -v p="$STAGE/" 'index($0, p) == 1' | sort -r; }
-
+BUILDER="computerd-desktop-build-$$-$RANDOM"
+STAGE="$(mktemp -d "${TMPDIR:-/tmp}/computerd-desktop.XXXXXX")"
 cleanup() {
-    local m left
-    unmount_all
-    while IFS= read -r m; do
-        if [[ -n "$m" ]]; then umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; fi
-    done < <(stage_mounts)
-    left="$(stage_mounts)"
-    if [[ -n "$left" ]]; then
-        # Never rm -rf through a live bind mount: it would empty the .deb cache (or worse).
-        warn "not removing $STAGE, still mounted below it: $(echo $left)"
-    else
-        rm -rf --one-file-system -- "$STAGE"
-    fi
+    docker rm -f -v "$BUILDER" >/dev/null 2>&1 || true
+    rm -rf -- "$STAGE"
 }
 trap cleanup EXIT
-set -E   # the ERR trap below also fires inside functions
+set -E
 trap 'warn "command failed (line $LINENO): $BASH_COMMAND"' ERR
 trap 'warn interrupted; exit 130' INT
 trap 'warn terminated; exit 143' TERM HUP
-
-# run_logged NAME CMD...: run CMD with its output in $STAGE/NAME.log; on failure show its tail.
-run_logged() {
-    local name="$1"; shift
-    if ! "$@" >"$STAGE/$name.log" 2>&1; then
-        tail -n 40 "$STAGE/$name.log" >&2
-        die "$name failed (last lines above)"
-    fi
-}
-
-# in_chroot CMD...: run CMD in the rootfs with a clean environment.
-in_chroot() {
-    chroot "$R" /usr/bin/env -i \
-        PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin HOME=/root LC_ALL=C.UTF-8 \
-        DEBIAN_FRONTEND=noninteractive DEBCONF_NONINTERACTIVE_SEEN=true "$@"
-}
-
-APT_OPTS=(
-    -q -y --no-install-recommends
-    -o APT::Sandbox::User=root            # the bind-mounted cache stays root's on the host
-    -o APT::Keep-Downloaded-Packages=true # the point of the cache
-    -o Acquire::Languages=none            # no Translation-* indexes
-    -o Acquire::Retries=3
-    -o Dpkg::Use-Pty=0
-    -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold
-)
 
 start_s=$SECONDS
 phase_s=$SECONDS
 phase_done() { log "$1 took $((SECONDS - phase_s))s"; phase_s=$SECONDS; }
 
-# ---- 1. debootstrap ----------------------------------------------------------------------------
+# The build container: root with Docker's default capabilities (apt and useradd need them; the
+# sandboxes that run the image have none), sleeping until the steps below are done in it.
+docker create --name "$BUILDER" \
+    -v "$CACHE_DIR/archives:/var/cache/apt/archives" \
+    -v "$CACHE_DIR/lists:/var/lib/apt/lists" \
+    "$BASE" /bin/sleep infinity >/dev/null
+docker start "$BUILDER" >/dev/null
 
-# apt's and debootstrap's .deb names agree (name_version_arch.deb, epoch ':' as %3a), so both
-# use the same directory; debootstrap copies the debs it uses into the target.
-INCLUDE=()
-if [[ "$MIRROR" == https://* ]]; then INCLUDE=(--include=ca-certificates); fi   # apt needs it for https
-log "debootstrap --variant=minbase $SUITE ($ARCH) from $MIRROR"
-# Two stages, so that dpkg can be told to skip its fsync()s (a throw-away tree: if the build
-# dies, it is deleted anyway) before the base packages are installed; most of the build's time
-# is dpkg's, not downloads. The setting is removed again before the import.
-run_logged debootstrap debootstrap --foreign --variant=minbase --merged-usr --arch="$ARCH" \
-    --components=main --cache-dir="$CACHE_DIR/archives" "${INCLUDE[@]}" "$SUITE" "$ROOTFS" "$MIRROR"
-mkdir -p "$R/etc/dpkg/dpkg.cfg.d"
-echo force-unsafe-io >"$R/etc/dpkg/dpkg.cfg.d/computerd-build-unsafe-io"
-run_logged debootstrap-second-stage in_chroot /debootstrap/debootstrap --second-stage
-phase_done "debootstrap"
+# in_builder NAME: run the bash script on stdin in the build container, its output in
+# $STAGE/NAME.log; on failure show the log's tail.
+in_builder() {
+    local name="$1"
+    if ! docker exec -i --user 0:0 \
+        -e DEBIAN_FRONTEND=noninteractive -e DEBCONF_NONINTERACTIVE_SEEN=true -e LC_ALL=C.UTF-8 \
+        "$BUILDER" bash -euo pipefail -s >"$STAGE/$name.log" 2>&1; then
+        tail -n 40 "$STAGE/$name.log" >&2
+        die "$name failed (last lines above)"
+    fi
+}
 
-# ---- 2. packages -------------------------------------------------------------------------------
+# ---- 1. packages -------------------------------------------------------------------------------
 
-{
-    echo "deb $MIRROR $SUITE main"
-    if ((UPDATES)); then echo "deb $MIRROR $SUITE-updates main"; fi
-    if [[ -n "$SECURITY_MIRROR" ]]; then echo "deb $SECURITY_MIRROR $SUITE-security main"; fi
-} >"$R/etc/apt/sources.list"
-chmod 0644 "$R/etc/apt/sources.list"
-
-# Kept in the image, so that packages installed later stay slim too (as in Debian's -slim images).
-mkdir -p "$R/etc/dpkg/dpkg.cfg.d"
-cat >"$R/etc/dpkg/dpkg.cfg.d/computerd-slim" <<'EOF'
-# computerd desktop image: no docs (but copyright files), man/info pages or non-English
-# translations. Remove this file before installing a package whose docs you want.
-path-exclude /usr/share/doc/*
-path-include /usr/share/doc/*/copyright
-path-exclude /usr/share/man/*
-path-exclude /usr/share/info/*
-path-exclude /usr/share/lintian/*
-path-exclude /usr/share/linda/*
-path-exclude /usr/share/locale/*
-path-include /usr/share/locale/locale.alias
-path-include /usr/share/locale/en*
+log "apt-get install ${PACKAGES[*]}"
+in_builder apt <<EOS
+# dpkg without fsync()s while building (removed again below), and no daemon may start.
+echo force-unsafe-io >/etc/dpkg/dpkg.cfg.d/computerd-build-unsafe-io
+printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+chmod 0755 /usr/sbin/policy-rc.d
+cat >/etc/dpkg/dpkg.cfg.d/computerd-slim-desktop <<'EOT'
+# computerd desktop image: Chromium's English locale packs only.
 path-exclude /usr/lib/chromium/locales/*
 path-include /usr/lib/chromium/locales/en-US.pak*
 path-include /usr/lib/chromium/locales/en-GB.pak*
-EOF
-# No daemon may start inside the chroot.
-printf '#!/bin/sh\nexit 101\n' >"$R/usr/sbin/policy-rc.d"
-chmod 0755 "$R/usr/sbin/policy-rc.d"
-cp -L /etc/resolv.conf "$R/etc/resolv.conf"   # for apt's downloads; emptied again below
-
-rm -rf "${R:?}/var/cache/apt/archives" "${R:?}/var/lib/apt/lists"   # debootstrap's copies
-mkdir -p "$R/var/cache/apt/archives" "$R/var/lib/apt/lists"
-mount_tracked -t proc proc "$R/proc"
-mount_tracked --bind "$CACHE_DIR/archives" "$R/var/cache/apt/archives"
-mount_tracked --bind "$CACHE_DIR/lists" "$R/var/lib/apt/lists"
-
-log "apt-get install ${PACKAGES[*]}"
-run_logged apt-update in_chroot apt-get "${APT_OPTS[@]}" update
-run_logged apt-upgrade in_chroot apt-get "${APT_OPTS[@]}" dist-upgrade
-run_logged apt-install in_chroot apt-get "${APT_OPTS[@]}" install "${PACKAGES[@]}"
-# Prune the host cache of versions the mirror no longer has (never `apt-get clean` here: the
+EOT
+APT=(apt-get -q -y --no-install-recommends
+     -o APT::Sandbox::User=root -o APT::Keep-Downloaded-Packages=true
+     -o Acquire::Languages=none -o Acquire::Retries=3 -o Dpkg::Use-Pty=0
+     -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold)
+"\${APT[@]}" update
+"\${APT[@]}" dist-upgrade
+"\${APT[@]}" install ${PACKAGES[*]}
+# Prune the host cache of versions the mirror no longer has (never apt-get clean: the
 # archives dir is the host cache).
-run_logged apt-autoclean in_chroot apt-get "${APT_OPTS[@]}" autoclean
-npkgs="$(in_chroot dpkg-query -W -f='${db:Status-Abbrev}\n' | grep -c '^ii')"
-fetched="$(cat "$STAGE"/apt-upgrade.log "$STAGE"/apt-install.log | grep -h '^Fetched ' | tr '\n' ' ' || true)"
-log "debootstrap downloaded $(grep -cE '^I: Retrieving [^ ]+ [^ ]+' "$STAGE/debootstrap.log" || true) .debs;" \
-    "apt: ${fetched:-nothing fetched (all cached)}"
-umount "$R/var/lib/apt/lists"
-umount "$R/var/cache/apt/archives"
-phase_done "apt ($npkgs packages installed)"
+"\${APT[@]}" autoclean
+echo "packages installed: \$(dpkg-query -W -f='\${db:Status-Abbrev}\n' | grep -c '^ii')"
+EOS
+grep -h '^Fetched \|^packages installed' "$STAGE/apt.log" | sed 's/^/build-desktop-image: /' >&2 || true
+phase_done "apt"
 
-# ---- 3. slimming -------------------------------------------------------------------------------
+# ---- 2. the desktop's account, X, xterm; 3. hardening -------------------------------------------
 
-rm -rf "${R:?}"/var/lib/apt/lists/* "${R:?}"/var/cache/apt/archives/* "${R:?}"/var/cache/apt/*.bin
-mkdir -p "$R/var/lib/apt/lists/partial" "$R/var/cache/apt/archives/partial"
-# What the dpkg filter did not catch (debootstrap installs before it exists).
-for d in "$R/usr/share/doc" "$R/usr/share/man" "$R/usr/share/info" "$R/usr/share/lintian" \
-         "$R/usr/share/linda"; do
-    [[ -d "$d" ]] || continue
-    find "$d" -mindepth 1 ! -type d ! -name copyright -delete
-    if [[ "$d" == */doc ]]; then
-        find "$d" -mindepth 1 -depth -type d -empty -delete
-    else
-        find "$d" -mindepth 1 ! -type d -delete
-        find "$d" -mindepth 2 -depth -type d -empty -delete   # keep e.g. /usr/share/man/man1
-    fi
-done
-if [[ -d "$R/usr/share/locale" ]]; then
-    find "$R/usr/share/locale" -mindepth 1 -maxdepth 1 ! -name 'en*' ! -name locale.alias \
-        -exec rm -rf -- {} +
+in_builder setup <<'EOS'
+groupadd -r -g 990 computerd-desktop
+useradd -r -u 990 -g 990 -M -d /run/computerd-desktop -s /usr/sbin/nologin -c "computerd desktop" computerd-desktop
+mkdir -p /tmp/.X11-unix
+chmod 1777 /tmp /tmp/.X11-unix
+# Openbox's rc.xml includes the menu that Debian's `menu` package (a recommendation, left out)
+# would generate; an empty one keeps openbox from complaining at every start.
+if [ -d /etc/xdg/openbox ] && [ ! -e /var/lib/openbox/debian-menu.xml ]; then
+    mkdir -p /var/lib/openbox
+    cat >/var/lib/openbox/debian-menu.xml <<'EOT'
+<?xml version="1.0" encoding="UTF-8"?>
+<openbox_menu xmlns="http://openbox.org/3.4/menu">
+  <menu id="/Debian" label="Debian" />
+</openbox_menu>
+EOT
 fi
-if [[ -d "$R/usr/lib/chromium/locales" ]]; then
-    find "$R/usr/lib/chromium/locales" -mindepth 1 ! -name 'en-US.pak*' ! -name 'en-GB.pak*' -delete
+# xterm through Xft with a font that has the glyphs (the X server's built-in "fixed" is Latin-1
+# only), in UTF-8 whatever the locale says.
+[ -f /etc/X11/app-defaults/XTerm ] || { echo "no /etc/X11/app-defaults/XTerm" >&2; exit 1; }
+cat >>/etc/X11/app-defaults/XTerm <<'EOT'
+
+! computerd desktop image: draw with DejaVu Sans Mono (Xft), in UTF-8.
+*faceName: DejaVu Sans Mono
+*faceSize: 11
+*utf8: 1
+*locale: UTF-8
+EOT
+rm -f /usr/sbin/policy-rc.d /etc/dpkg/dpkg.cfg.d/computerd-build-unsafe-io
+rm -rf /var/cache/apt/*.bin /var/log/apt/* /var/cache/debconf/*-old /var/lib/dpkg/*-old \
+       /var/cache/ldconfig/aux-cache /root/.cache
+rm -f /var/log/dpkg.log /var/log/alternatives.log
+find /tmp /var/tmp -mindepth 1 -maxdepth 1 ! -name .X11-unix -exec rm -rf -- {} +
+if [ -d /usr/share/locale ]; then
+    find /usr/share/locale -mindepth 1 -maxdepth 1 ! -name 'en*' ! -name locale.alias -exec rm -rf -- {} +
 fi
-rm -rf "${R:?}"/var/log/apt/* "${R:?}"/var/cache/debconf/*-old "${R:?}"/var/lib/dpkg/*-old \
-       "${R:?}"/var/cache/ldconfig/aux-cache "${R:?}"/tmp/* "${R:?}"/var/tmp/* "${R:?}"/root/.cache
-rm -f "$R/var/log/dpkg.log" "$R/var/log/alternatives.log" "$R/var/log/bootstrap.log"
-rm -f "$R/usr/sbin/policy-rc.d" "$R/etc/dpkg/dpkg.cfg.d/computerd-build-unsafe-io"
-# A fresh machine id per container (Docker images ship none); see machine-id(5).
-if [[ -e "$R/etc/machine-id" ]]; then : >"$R/etc/machine-id"; fi
-rm -f "$R/var/lib/dbus/machine-id"
-phase_done "slimming"
+if [ -e /etc/machine-id ]; then : >/etc/machine-id; fi
+rm -f /var/lib/dbus/machine-id
+# No setuid/setgid programs, as in the base image.
+suid="$(find / -xdev -perm /6000 -type f -printf '%p ' -exec chmod ug-s {} +)"
+echo "stripped setuid/setgid bits: ${suid:-none}"
+[ -z "$(find / -xdev -perm /6000 -type f -print -quit)" ]
+EOS
+grep -h '^stripped' "$STAGE/setup.log" | sed 's/^/build-desktop-image: /' >&2 || true
 
-# ---- 4. users, directories, agent --------------------------------------------------------------
-
-in_chroot sh -c 'command -v useradd >/dev/null' || die "useradd missing from the rootfs (passwd package)"
-in_chroot groupadd -g 1000 user
-in_chroot useradd -u 1000 -g 1000 -G users -m -d /home/user -s /bin/bash -c user user
-# The desktop's own account: the agent runs Xvfb, the window manager and x11vnc as it (never
-# root, never `user`), and only it and the agent can read the display's cookie.
-in_chroot groupadd -r -g 990 computerd-desktop
-in_chroot useradd -r -u 990 -g 990 -M -d /run/computerd-desktop -s /usr/sbin/nologin -c "computerd desktop" computerd-desktop
-mkdir -p "$R/workspace" "$R/var/lib/computer-agent" "$R/usr/local/bin" "$R/tmp/.X11-unix"
-chown 1000:1000 "$R/workspace"
-chown -R 1000:1000 "$R/home/user"
-chmod 0755 "$R/workspace" "$R/home/user" "$R/usr/local/bin"
-chmod 0700 "$R/root"
-# The agent's state (credential, tool runtime) is root's; the agent narrows it further at start.
-chown 0:0 "$R/var/lib/computer-agent"
-chmod 0700 "$R/var/lib/computer-agent"
-chmod 1777 "$R/tmp" "$R/var/tmp" "$R/tmp/.X11-unix"
 if ((NO_AGENT)); then
-    cat >"$R/usr/local/bin/computer-agent" <<'EOF'
+    cat >"$STAGE/computer-agent" <<'EOF'
 #!/bin/sh
 # Placeholder from build-desktop-image.sh --no-agent: bind-mount the real binary over this file.
 echo "computer-agent: placeholder (image built with --no-agent); mount the real binary at $0" >&2
 exit 1
 EOF
-    chmod 0755 "$R/usr/local/bin/computer-agent"
+    chmod 0755 "$STAGE/computer-agent"
 else
-    install -m 0755 "$AGENT" "$R/usr/local/bin/computer-agent"
+    install -m 0755 "$AGENT" "$STAGE/computer-agent"
 fi
-
-# Openbox's rc.xml includes the menu that Debian's `menu` package (a recommendation, left out)
-# would generate; an empty one keeps openbox from complaining at every start.
-if [[ -d "$R/etc/xdg/openbox" && ! -e "$R/var/lib/openbox/debian-menu.xml" ]]; then
-    mkdir -p "$R/var/lib/openbox"
-    cat >"$R/var/lib/openbox/debian-menu.xml" <<'EOF'
-<?xml version="1.0" encoding="UTF-8"?>
-<openbox_menu xmlns="http://openbox.org/3.4/menu">
-  <menu id="/Debian" label="Debian" />
-</openbox_menu>
-EOF
+# The same binary as the base's is not copied again (it would add its size to the layer).
+base_agent="$(docker exec "$BUILDER" sha256sum /usr/local/bin/computer-agent 2>/dev/null | cut -d ' ' -f 1 || true)"
+if [[ "$base_agent" != "$(sha256sum -- "$STAGE/computer-agent" | cut -d ' ' -f 1)" ]]; then
+    docker cp "$STAGE/computer-agent" "$BUILDER:/usr/local/bin/computer-agent"
+    in_builder agent <<'EOS'
+chown 0:0 /usr/local/bin/computer-agent
+chmod 0755 /usr/local/bin/computer-agent
+EOS
+    log "agent: $AGENT_DESC"
+else
+    log "agent: the base image's (the same binary)"
 fi
+phase_done "setup"
 
-# Docker bind-mounts its own /etc/hosts, /etc/hostname and /etc/resolv.conf over these;
-# debootstrap copied the host's resolv.conf and hostname, which must not leak into the image.
-cat >"$R/etc/hosts" <<'EOF'
-127.0.0.1	localhost
-::1	localhost ip6-localhost ip6-loopback
-EOF
-echo desktop >"$R/etc/hostname"
-if [[ ! -e "$R/etc/localtime" && -e "$R/usr/share/zoneinfo/Etc/UTC" ]]; then
-    ln -sfn /usr/share/zoneinfo/Etc/UTC "$R/etc/localtime"
-    echo Etc/UTC >"$R/etc/timezone"
-fi
-
-# ---- 5. smoke test in the chroot, before handing it to docker -------------------------------
+# ---- 4. smoke test, commit ---------------------------------------------------------------------
 
 smoke() {   # smoke PATTERN CMD...: CMD must succeed and print a line matching PATTERN (in REPLY)
     local pattern="$1" out
     shift
-    if ! out="$(in_chroot "$@" 2>&1)" || ! REPLY="$(grep -m 1 -E -- "$pattern" <<<"$out")"; then
+    if ! out="$(docker exec --user 0:0 -e LC_ALL=C.UTF-8 "$BUILDER" "$@" 2>&1)" ||
+        ! REPLY="$(grep -m 1 -E -- "$pattern" <<<"$out")"; then
         printf '%s\n' "$out" | tail -n 20 >&2
-        die "smoke test in the staged rootfs failed: $*"
+        die "smoke test in the build container failed: $*"
     fi
     log "smoke: $REPLY"
 }
 smoke '^use: X' Xvfb -help
 smoke '^x11vnc: [0-9]' x11vnc -version
 smoke '^Openbox [0-9]' openbox --version
-# (The wrapper's /etc/chromium.d/dev-shm complains here, as the chroot has no /dev/shm mount.)
 smoke '^Chromium [0-9]' chromium --version
 smoke '^tkinter [0-9]' python3 -c 'import tkinter; print("tkinter", tkinter.TkVersion)'
-smoke '^uid=1000\(user\)' sh -c 'command -v xdpyinfo xauth xkbcomp xterm >/dev/null && test -w /tmp && id user'
-unmount_all
-: >"$R/etc/resolv.conf"
-# Docker mounts its own /dev (and /proc, /sys); drop debootstrap's device nodes.
-rm -rf "${R:?}"/dev/* "${R:?}"/run/*
-mkdir -p "$R/run/lock"
-chmod 1777 "$R/run/lock"
-[[ -z "$(stage_mounts)" ]] || die "something is still mounted in $R"
-
-# ---- import ----------------------------------------------------------------------------------
+smoke '^DejaVuSansMono.ttf$' sh -c 'cd /usr/share/fonts/truetype/dejavu && ls DejaVuSansMono.ttf'
+smoke '^uid=990\(computerd-desktop\)' sh -c 'command -v xdpyinfo xauth xkbcomp xterm git node >/dev/null && id computerd-desktop'
+docker stop -t 1 "$BUILDER" >/dev/null
 
 old_id="$(docker image inspect -f '{{.Id}}' "$TAG" 2>/dev/null || true)"
-log "importing $(du -sh "$R" | cut -f1) rootfs as $TAG"
-new_id="$(tar -C "$R" --numeric-owner -cf - . | docker import \
+new_id="$(docker commit \
     --change 'ENV PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin' \
     --change 'ENV HOME=/root' \
+    --change 'ENV LANG=C.UTF-8' \
     --change 'WORKDIR /root' \
     --change 'CMD ["/usr/local/bin/computer-agent"]' \
     --change "LABEL computerd.build-script=$SCRIPT_SHA256" \
-    --message "computerd desktop: debootstrap $SUITE ($MIRROR) + ${PACKAGES[*]} + $AGENT_DESC" \
-    - "$TAG")"
-phase_done "import"
+    --change "LABEL computerd.base-image=$BASE_ID" \
+    --message "computerd desktop: $BASE + ${PACKAGES[*]} + $AGENT_DESC" \
+    "$BUILDER")"
+phase_done "commit"
+config="$(docker image inspect -f '{{json .Config.Entrypoint}} {{json .Config.Cmd}} {{json .Config.User}}' "$new_id")"
+[[ "$config" == 'null ["/usr/local/bin/computer-agent"] ""' ]] ||
+    die "the committed image does not start the agent as root (entrypoint, cmd, user: $config)"
+docker tag "$new_id" "$TAG"
 # Drop the image this tag used to point at, unless a container or another tag still uses it.
 if [[ -n "$old_id" && "$old_id" != "$new_id" ]]; then
     docker image rm "$old_id" >/dev/null 2>&1 || true
 fi
 size="$(docker image inspect -f '{{.Size}}' "$TAG")"
-human="$(numfmt --to=si --suffix=B "$size" 2>/dev/null || echo "${size} bytes")"
+base_size="$(docker image inspect -f '{{.Size}}' "$BASE")"
+human() { numfmt --to=si --suffix=B "$1" 2>/dev/null || echo "$1 bytes"; }
 log "done in $((SECONDS - start_s))s"
 echo "image: $TAG"
 echo "id:    $new_id"
-echo "size:  $human ($size bytes)"
+echo "size:  $(human "$size") ($size bytes; $(human $((size - base_size))) on top of $BASE)"

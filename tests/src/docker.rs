@@ -23,19 +23,36 @@ pub fn ensure_sandbox_image() {
 /// The image of the tests' sandboxes with a desktop.
 pub const DESKTOP_IMAGE: &str = "computerd-desktop:latest";
 
-/// Makes sure the desktop image exists: `deploy/build-desktop-image.sh` (debootstrap from the
-/// Debian mirror, a minute or two the first time), under the same kind of lock.
+/// Makes sure the desktop image exists: `deploy/build-desktop-image.sh` (one layer on top of
+/// the sandbox image, about a minute and a half the first time), under the same kind of lock. It
+/// is built again when the sandbox image it was built on is no longer the current one.
 pub fn ensure_desktop_image() {
-    ensure_image(DESKTOP_IMAGE, "build-desktop-image.sh");
+    ensure_sandbox_image();
+    let base = Command::new("docker")
+        .args(["image", "inspect", "-f", "{{.Id}}", IMAGE])
+        .output()
+        .expect("docker image inspect");
+    let base = String::from_utf8_lossy(&base.stdout).trim().to_string();
+    assert!(!base.is_empty(), "the sandbox image {IMAGE} exists after ensure_sandbox_image");
+    ensure_image_on(DESKTOP_IMAGE, "build-desktop-image.sh", Some(&base));
 }
 
 /// The label by which a build script marks the image it built with the SHA-256 of its own text.
 pub const BUILD_SCRIPT_LABEL: &str = "computerd.build-script";
 
+/// The label by which the desktop image names the id of the sandbox image it was built on.
+pub const BASE_IMAGE_LABEL: &str = "computerd.base-image";
+
 /// Builds `tag` with `deploy/<script>` and the freshly built agent when no image has that tag,
 /// or when the image's `computerd.build-script` label is not the script's current SHA-256 (it
 /// was built by another version of the script).
 fn ensure_image(tag: &str, script: &str) {
+    ensure_image_on(tag, script, None);
+}
+
+/// [`ensure_image`]; with `base`, the image must also carry the label `computerd.base-image`
+/// with that image id (the image it was built on).
+fn ensure_image_on(tag: &str, script: &str, base: Option<&str>) {
     use sha2::Digest;
     let agent = agent_bin();
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root");
@@ -43,9 +60,15 @@ fn ensure_image(tag: &str, script: &str) {
     let text = std::fs::read(&script).unwrap_or_else(|e| panic!("read {}: {e}", script.display()));
     let sha = hex::encode(sha2::Sha256::digest(&text));
     // Checked under the lock: another test process may be building it right now.
-    let label = format!(r#"{{{{index .Config.Labels "{BUILD_SCRIPT_LABEL}"}}}}"#);
+    let mut label = format!(r#"{{{{index .Config.Labels "{BUILD_SCRIPT_LABEL}"}}}}"#);
+    let mut want = sha;
+    if let Some(base) = base {
+        label.push_str(&format!(r#" {{{{index .Config.Labels "{BASE_IMAGE_LABEL}"}}}}"#));
+        want.push(' ');
+        want.push_str(base);
+    }
     let cmd = format!(
-        r#"[ "$(docker image inspect -f '{label}' {tag} 2>/dev/null)" = {sha} ] || {} --agent {} --tag {tag}"#,
+        r#"[ "$(docker image inspect -f '{label}' {tag} 2>/dev/null)" = '{want}' ] || {} --agent {} --tag {tag}"#,
         script.display(),
         agent.display()
     );

@@ -425,6 +425,79 @@ async fn t10_a_window_typing_clicks_and_the_lease_through_the_api() {
     assert_eq!(s, 200, "{v}");
     let (s, v) = ask("control").await;
     assert_eq!(s, 403, "{v}");
+
+    // Issue 39: the desktop image is the sandbox image plus the desktop, so the tools agents
+    // reach for are here too.
+    let v = session(
+        &c,
+        &id,
+        "git --version && node --version && python3 -m pip --version >/dev/null && echo tools-ok",
+        "user",
+        10_000,
+    )
+    .await;
+    assert!(v["output"].as_str().is_some_and(|o| o.contains("git version") && o.ends_with("tools-ok\n")), "{v}");
+
+    // Issue 39: xterm draws `€` and `→` (the image's xterm draws with an Xft font in UTF-8; the
+    // X server's built-in font has neither). Three rows of ten characters each: the rows of `€`
+    // and `→` are as wide on the screen as the row of `C`.
+    let env = format!("DISPLAY={display} XAUTHORITY=/run/computerd-desktop/Xauthority");
+    let xterm = format!(
+        "{env} exec xterm -T computerd-utf8 -geometry 30x4+40+40 -bg white -fg black -e sh -c 'printf \"€€€€€€€€€€\\n→→→→→→→→→→\\nCCCCCCCCCC\\n\"; exec sleep 600'"
+    );
+    let v = session(&c, &id, &xterm, "root", 500).await;
+    assert_eq!(v["running"], true, "xterm keeps running: {v}");
+    let geometry = wait_for("the xterm's window", Duration::from_secs(20), || async {
+        let v = session(&c, &id, &format!("{env} xwininfo -name computerd-utf8 2>/dev/null"), "root", 5000).await;
+        let o = v["output"].as_str().unwrap_or_default().to_string();
+        let field =
+            |name: &str| o.lines().find_map(|l| l.trim().strip_prefix(name).and_then(|v| v.trim().parse::<u32>().ok()));
+        let g =
+            (field("Absolute upper-left X:")?, field("Absolute upper-left Y:")?, field("Width:")?, field("Height:")?);
+        o.contains("IsViewable").then_some(g)
+    })
+    .await;
+    let (wx, wy, ww, wh) = geometry;
+    let (cw, ch) = ((ww - 4) / 30, (wh - 4) / 4);
+    // The horizontal extent, in cells, of the dark pixels of each text row.
+    let extents = |png: &[u8]| -> Vec<u32> {
+        let img = image::load_from_memory(png).expect("a PNG").to_rgb8();
+        (0..3)
+            .map(|row| {
+                let (y0, y1) = (wy + 2 + row * ch, wy + 2 + (row + 1) * ch);
+                let dark: Vec<u32> = (wx..wx + ww)
+                    .filter(|&x| {
+                        (y0..y1).any(|y| img.get_pixel(x, y).0.iter().map(|&c| c as u32).sum::<u32>() < 3 * 100)
+                    })
+                    .collect();
+                match (dark.first(), dark.last()) {
+                    (Some(a), Some(b)) => (b - a + cw / 2) / cw,
+                    _ => 0,
+                }
+            })
+            .collect()
+    };
+    let (last, png) = wait_for("xterm's three rows", Duration::from_secs(20), || async {
+        let shot = c
+            .req(Method::POST, 1, &format!("/v1/computers/{id}/desktop/screenshot"), &c.token)
+            .header("accept", "image/png")
+            .json(&json!({"format": "png"}))
+            .send()
+            .await
+            .ok()?;
+        let bytes = shot.bytes().await.ok()?.to_vec();
+        let e = extents(&bytes);
+        // Drawn once the row of `C` is; then all three are compared.
+        (e[2] >= 9).then_some((e, bytes))
+    })
+    .await;
+    if let Ok(dir) = std::env::var("COMPUTERD_DOCS_SHOT") {
+        std::fs::write(std::path::Path::new(&dir).join("desktop-xterm.png"), &png).expect("save");
+    }
+    assert!(
+        last[0].abs_diff(last[2]) <= 1 && last[1].abs_diff(last[2]) <= 1,
+        "the rows of € and → are as wide as the row of C (cells: {last:?}; a cell {cw}x{ch} px)"
+    );
 }
 
 async fn v_stream(c: &TestCluster, id: &str, token: &str, mode: &str) -> Value {

@@ -56,21 +56,22 @@ pub fn docker_blocking(args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-/// Makes sure the sandbox image exists: builds it with `deploy/build-sandbox-image.sh` and this
-/// agent when missing (under the lock the tests use). Answers the image id.
+/// Makes sure the sandbox image exists and is the current script's: builds it with
+/// `deploy/build-sandbox-image.sh` and this agent when it is missing or its
+/// `computerd.build-script` label is not the script's SHA-256 (under the lock the tests use).
+/// Answers the image id.
 pub async fn ensure_image(agent: &Path) -> Result<String> {
-    if let Ok(id) = docker(&["image", "inspect", "-f", "{{.Id}}", IMAGE]).await {
-        return Ok(id);
-    }
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().context("workspace root")?;
     let script = root.join("deploy/build-sandbox-image.sh");
-    eprintln!("building {IMAGE} with {}", script.display());
+    let lock = format!("/tmp/computerd-image-{}.lock", IMAGE.replace([':', '/'], "-"));
+    let check = r#"[ "$(docker image inspect -f '{{index .Config.Labels "computerd.build-script"}}' "$2" 2>/dev/null)" = "$(sha256sum -- "$1" | cut -d ' ' -f 1)" ] || { echo "building $2 with $1" >&2; "$1" --agent "$3" --tag "$2"; }"#;
     let out = tokio::process::Command::new("flock")
-        .arg("/tmp/computerd-sandbox-image.lock")
+        .arg(&lock)
+        .args(["bash", "-c", check, "ensure-image"])
         .arg(&script)
-        .arg("--agent")
+        .arg(IMAGE)
         .arg(agent)
-        .args(["--tag", IMAGE])
+        .stdin(std::process::Stdio::null())
         .output()
         .await
         .with_context(|| format!("run {}", script.display()))?;

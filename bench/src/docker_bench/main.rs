@@ -4,7 +4,7 @@
 //! One real `computerd` node (started by [`computerd_tests::TestCluster`]) with a `docker`
 //! provider whose sandboxes share the host network and run the release `computer-agent` mounted
 //! over the image's (`computerd-sandbox:latest`, built by `deploy/build-sandbox-image.sh` when
-//! missing). Parts 1 to 3 alternate one baseline operation and one computerd operation, `N`
+//! missing or built by another version of the script). Parts 1 to 3 alternate one baseline operation and one computerd operation, `N`
 //! samples each (`BENCH_SAMPLES`, default 20; 5 with `BENCH_QUICK=1`), after one warm-up round
 //! that is not counted; every "until the state is X" is a `GET /v1/computers/:id` every 5 ms:
 //!
