@@ -661,6 +661,12 @@ impl Provider for DockerProvider {
         self.docker().await?.pause_container(sandbox).await.map_err(classify)
     }
 
+    fn ended_state(&self, state: &str) -> bool {
+        // Resume unpauses; a container that exited (its agent died, or the engine restarted) is
+        // not brought back by it. No restart policy is set, so `exited` stays.
+        matches!(state, "exited" | "dead")
+    }
+
     async fn resume(&self, sandbox: &str, _command_key: &str) -> Result<(), ProviderError> {
         self.docker().await?.unpause_container(sandbox).await.map_err(classify)
     }

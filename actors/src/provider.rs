@@ -199,6 +199,14 @@ pub trait Provider: Send + Sync {
     fn paused_state(&self, _state: &str) -> bool {
         false
     }
+
+    /// Whether a listed sandbox in provider state `state` has ended for good: its processes are
+    /// gone and a resume cannot bring it back (a Docker container that exited: resume unpauses).
+    /// The sandbox watch then reports its Computer failed, with the state as the reason, rather
+    /// than leaving it `starting` or `running` with no agent.
+    fn ended_state(&self, _state: &str) -> bool {
+        false
+    }
 }
 
 /// The adapter of a provider kind that this build cannot drive yet: every call fails before

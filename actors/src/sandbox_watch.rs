@@ -1,7 +1,8 @@
 //! The sandbox watch: on the leader, every few seconds, asks each provider that can list its
 //! sandboxes which ones it holds, and reports a Computer whose sandbox vanished (deleted behind
-//! the cluster's back, or lost by the provider) instead of hiding it: `SandboxVanished` marks it
-//! `failed` and closes its run span. One list call per provider per pass, whatever the number of
+//! the cluster's back, or lost by the provider) or ended (a Docker container that exited: its
+//! agent died at start, or the engine restarted) instead of hiding it: `SandboxVanished` marks it
+//! `failed` and closes its run span, with the provider's state as the reason when it ended. One list call per provider per pass, whatever the number of
 //! Computers. It also reports a running Computer whose sandbox the provider paused or stopped on
 //! its own (E2B's auto-pause, a Daytona runner's stop): `SandboxPausedByProvider` makes it
 //! `paused` and ends its usage span, as a pause we asked for does. Computers with an execution
@@ -70,7 +71,12 @@ pub async fn pass(cluster: &Cluster, providers: &ProviderFactory) -> usize {
             let cmd = match held.get(&id) {
                 None => {
                     tracing::warn!(computer_id = %id, provider = %record.id, "the computer's sandbox vanished");
-                    Command::SandboxVanished { computer_id: id, at_ms: now_ms() }
+                    Command::SandboxVanished { computer_id: id, at_ms: now_ms(), reason: None }
+                }
+                Some(info) if adapter.ended_state(&info.state) => {
+                    tracing::warn!(computer_id = %id, provider = %record.id, state = %info.state, "the computer's sandbox ended on its own");
+                    let reason = format!("the sandbox ended on its own (provider state {:?})", info.state);
+                    Command::SandboxVanished { computer_id: id, at_ms: now_ms(), reason: Some(reason) }
                 }
                 Some(info) if state == ComputerState::Running && adapter.paused_state(&info.state) => {
                     tracing::warn!(computer_id = %id, provider = %record.id, state = %info.state, "the provider paused the computer's sandbox on its own");

@@ -380,7 +380,8 @@ async fn t30_node_killed_during_create() {
 
 /// A container removed behind the cluster's back is detected by the leader's sandbox watch and
 /// reported: the Computer is `failed`, a `SandboxVanished` event names it, and its run span is
-/// closed as a failure.
+/// closed as a failure. So is a container that exited (killed here; an agent that dies at start
+/// does the same), with the reason, instead of staying `running` (or `starting`) with no agent.
 #[tokio::test]
 async fn t40_a_vanished_container_is_reported() {
     let c = TestCluster::start_with(1, &["--sandbox-watch-secs", "0.5"]).await;
@@ -400,6 +401,21 @@ async fn t40_a_vanished_container_is_reported() {
     assert!(vanished.is_some(), "{v}");
     let (_, v) = c.call(Method::GET, 1, &format!("/v1/computers/{id}/usage"), &c.token, None).await;
     assert_eq!(v["spans"][0]["endedBy"], "failure", "{v}");
+
+    let id = create(&c, &provider, "ended", Value::Null).await;
+    cleanup.track(&id);
+    wait_state(&c, &id, "running").await;
+    let container = containers_of(&id).pop().expect("container");
+    let out = std::process::Command::new("docker").args(["kill", &container]).output().expect("docker kill");
+    assert!(out.status.success());
+    wait_state(&c, &id, "failed").await;
+    let (_, v) = c.call(Method::GET, 1, "/v1/events?limit=1000", &c.token, None).await;
+    let ended = v["events"]
+        .as_array()
+        .and_then(|e| e.iter().find(|e| e["type"] == "SandboxVanished" && e["computerId"] == id.as_str()).cloned());
+    let reason = ended.as_ref().and_then(|e| e["data"]["reason"].as_str()).unwrap_or_default();
+    assert!(reason.contains("\"exited\""), "the event says the sandbox exited: {ended:?}");
+    assert_eq!(containers_of(&id).len(), 1, "the exited container is kept for a look (until the Computer is deleted)");
 }
 
 // Issue 36, item 4b: a sandbox on the provider's own network reaches neither the host (but for

@@ -653,12 +653,17 @@ pub enum Command {
         /// The live nodes (at least the leader).
         nodes: Vec<u64>,
     },
-    /// The provider no longer holds the Computer's sandbox: it is marked failed, not hidden.
+    /// The provider no longer holds the Computer's sandbox, or holds it stopped for good (a
+    /// Docker container that exited): it is marked failed, not hidden.
     SandboxVanished {
         /// The Computer.
         computer_id: String,
         /// Unix ms.
         at_ms: u64,
+        /// Why, when the sandbox is still there but ended (absent: it is gone). Optional, so a
+        /// node of an older build applies the command as before.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
     },
     /// Node `node_id` speaks store commands up to `version` (it says so at each start): the
     /// version gate (`sm::versions`) reads it.
@@ -907,5 +912,19 @@ mod tests {
         let json = serde_json::to_string(&r).expect("encode");
         assert_eq!(json, r#"{"v":"2","cmd":{"leader_ms":9,"cmd":{"work_now":{"computer_id":"cmp_1"}}}}"#);
         assert_eq!(serde_json::from_str::<Request>(&json).expect("decode"), r);
+    }
+
+    #[test]
+    fn a_vanished_sandbox_without_a_reason_keeps_its_old_wire_form() {
+        let old = Command::SandboxVanished { computer_id: "cmp_1".into(), at_ms: 7, reason: None };
+        let json = serde_json::to_string(&old).expect("encode");
+        assert_eq!(
+            json, r#"{"sandbox_vanished":{"computer_id":"cmp_1","at_ms":7}}"#,
+            "what older nodes wrote and read"
+        );
+        assert_eq!(serde_json::from_str::<Command>(&json).expect("decode"), old);
+        let ended = Command::SandboxVanished { computer_id: "cmp_1".into(), at_ms: 7, reason: Some("exited".into()) };
+        let json = serde_json::to_string(&ended).expect("encode");
+        assert_eq!(serde_json::from_str::<Command>(&json).expect("decode"), ended);
     }
 }

@@ -525,9 +525,10 @@ impl State {
         Ok(())
     }
 
-    /// The provider no longer holds the sandbox of a live Computer with no execution under way:
-    /// the Computer is failed, its run span closed, and the event says why.
-    pub(crate) fn sandbox_vanished(&mut self, computer_id: &str, at: u64) -> Result<(), Reject> {
+    /// The provider no longer holds the sandbox of a live Computer with no execution under way,
+    /// or holds it ended (`reason`): the Computer is failed, its run span closed, and the event
+    /// says why.
+    pub(crate) fn sandbox_vanished(&mut self, computer_id: &str, reason: Option<&str>, at: u64) -> Result<(), Reject> {
         let c = self.computers.get(computer_id).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such computer"))?;
         let live = matches!(c.state, ComputerState::Running | ComputerState::Paused | ComputerState::Starting);
         if !live || c.active_execution.is_some() || c.source == Source::Paired {
@@ -535,7 +536,11 @@ impl State {
         }
         let sandbox = c.sandbox.clone();
         self.close_span(computer_id, at, SpanEnd::Failure);
-        self.push_event(at, "SandboxVanished", computer_id, None, serde_json::json!({"sandbox": sandbox}));
+        let mut data = serde_json::json!({"sandbox": sandbox});
+        if let Some(reason) = reason {
+            data["reason"] = serde_json::json!(reason);
+        }
+        self.push_event(at, "SandboxVanished", computer_id, None, data);
         self.set_computer_state(computer_id, ComputerState::Failed, at);
         Ok(())
     }

@@ -280,7 +280,9 @@ impl State {
     fn try_apply(&mut self, cmd: &Command) -> Result<(), Reject> {
         match cmd {
             Command::LinkDown { computer_id, generation, at_ms } => self.link_down(computer_id, *generation, *at_ms),
-            Command::SandboxVanished { computer_id, at_ms } => self.sandbox_vanished(computer_id, *at_ms),
+            Command::SandboxVanished { computer_id, at_ms, reason } => {
+                self.sandbox_vanished(computer_id, reason.as_deref(), *at_ms)
+            }
             Command::NodeSpeaks { node_id, version } => {
                 self.node_speaks(*node_id, *version);
                 Ok(())
