@@ -294,6 +294,45 @@ mod tests {
         );
     }
 
+    /// Every route that README.md and the docs name (`POST /v1/…`, `GET …/files`, and each
+    /// `curl` line's method and path) is one the router serves with that method, so the prose
+    /// cannot drift from the API (`docs/api.md` is made from the document and not read here).
+    #[test]
+    fn every_route_the_docs_name_is_served() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut files = vec![root.join("README.md")];
+        let mut docs: Vec<_> = std::fs::read_dir(root.join("docs"))
+            .expect("docs/")
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|e| e == "md") && !p.ends_with("api.md"))
+            .collect();
+        docs.sort();
+        files.extend(docs);
+        let served: Vec<(String, Vec<String>)> = super::super::routes()
+            .into_iter()
+            .map(|(m, p)| (m.to_string(), p.split('/').filter(|s| !s.is_empty()).map(String::from).collect()))
+            .collect();
+        let mut named = 0;
+        let mut stale = Vec::new();
+        for file in &files {
+            let text = std::fs::read_to_string(file).expect("a doc");
+            let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            for (line_no, methods, mention) in docs_routes::mentions(&text) {
+                for path in docs_routes::expand(&mention) {
+                    let Some(segments) = docs_routes::segments(&path) else { continue };
+                    named += 1;
+                    for m in &methods {
+                        if !served.iter().any(|(sm, sp)| sm == m && docs_routes::matches(&segments, sp)) {
+                            stale.push(format!("{name}:{line_no}: {} {path}", m.to_uppercase()));
+                        }
+                    }
+                }
+            }
+        }
+        assert!(named > 100, "the docs name routes ({named} found): the scan itself works");
+        assert!(stale.is_empty(), "routes the docs name that the router does not serve:\n{}", stale.join("\n"));
+    }
+
     /// Every route takes its caller's token, but the health check, pairing, the agent's link
     /// (which authenticate otherwise) and the document.
     #[test]
@@ -314,5 +353,150 @@ mod tests {
                 assert_eq!(bearer, !open.contains(&path.as_str()), "{method} {path}: {op}");
             }
         }
+    }
+}
+
+/// Finding the routes that prose names (for the docs test above).
+#[cfg(test)]
+mod docs_routes {
+    const METHODS: [&str; 5] = ["GET", "POST", "PUT", "PATCH", "DELETE"];
+
+    /// (line number, methods in lower case, path) of each `METHOD[/METHOD] /path` (or
+    /// `METHOD …/tail`) and each `curl` command (its lines joined) in `text`.
+    pub fn mentions(text: &str) -> Vec<(usize, Vec<String>, String)> {
+        let mut out = Vec::new();
+        let lines: Vec<&str> = text.lines().collect();
+        let mut i = 0;
+        while i < lines.len() {
+            let line = lines[i];
+            let start = i + 1;
+            let words: Vec<&str> =
+                line.split(|c: char| c.is_whitespace() || c == '`').filter(|w| !w.is_empty()).collect();
+            for pair in words.windows(2) {
+                let methods: Vec<&str> = pair[0].trim_start_matches(['(', '"']).split('/').collect();
+                if methods.iter().all(|m| METHODS.contains(m)) && (pair[1].starts_with('/') || pair[1].starts_with('…'))
+                {
+                    out.push((start, methods.iter().map(|m| m.to_lowercase()).collect(), pair[1].to_string()));
+                }
+            }
+            if line.trim_start().starts_with("curl ") {
+                let mut cmd = line.to_string();
+                while cmd.trim_end().ends_with('\\') && i + 1 < lines.len() {
+                    i += 1;
+                    cmd = format!("{} {}", cmd.trim_end().trim_end_matches('\\'), lines[i]);
+                }
+                if let Some(c) = curl(&cmd) {
+                    out.push((start, vec![c.0], c.1));
+                }
+            }
+            i += 1;
+        }
+        out
+    }
+
+    /// A curl command's method and the path of its URL on a node (`http(s)://host/…`, `$URL/…`).
+    fn curl(cmd: &str) -> Option<(String, String)> {
+        let words: Vec<&str> = cmd.split_whitespace().collect();
+        let mut method = None;
+        let mut body = false;
+        let mut path = None;
+        for (i, w) in words.iter().enumerate() {
+            match *w {
+                "-X" | "--request" => method = words.get(i + 1).map(|m| m.trim_matches(['\'', '"']).to_lowercase()),
+                "-d" | "--data" | "--data-binary" | "-F" | "-T" | "--upload-file" | "--json" => body = true,
+                _ => {}
+            }
+            let w = w.trim_matches(['\'', '"']);
+            let after_host = if let Some(rest) = w.strip_prefix("http://").or_else(|| w.strip_prefix("https://")) {
+                rest.find('/').map(|at| &rest[at..])
+            } else if w.starts_with('$') {
+                w.find('/').map(|at| &w[at..])
+            } else {
+                None
+            };
+            if let Some(p) = after_host.filter(|p| p.starts_with("/v1/") || p.starts_with("/api/") || *p == "/mcp") {
+                path = Some(p.to_string());
+            }
+        }
+        let method = method.unwrap_or_else(|| if body { "post".into() } else { "get".into() });
+        Some((method, path?))
+    }
+
+    /// The path's segments, without its query, fragment or trailing punctuation; `None` when it
+    /// is not a route of computerd's API (a sandbox's own page, a file path). A leading `…`
+    /// keeps a `…` segment: the path is then a tail of a route.
+    pub fn segments(path: &str) -> Option<Vec<String>> {
+        let path = path.split(['?', '#']).next().unwrap_or_default();
+        let path = path.trim_end_matches(['.', ',', ':', ';', ')', '"', '\'']);
+        let segs: Vec<String> = path.split('/').filter(|s| !s.is_empty()).map(String::from).collect();
+        let first = segs.first()?;
+        let api = ["v1", "api", "mcp", "metrics"].contains(&first.as_str()) || first == "…" || first == "...";
+        api.then_some(segs)
+    }
+
+    /// Whether a named path's segments fit a route's: literal segments equal, a route's
+    /// `{param}` taking any one segment (and `{*rest}` the rest); a leading `…` fits any head.
+    pub fn matches(named: &[String], route: &[String]) -> bool {
+        let (tail, named) = match named.first().map(String::as_str) {
+            Some("…" | "...") => (true, &named[1..]),
+            _ => (false, named),
+        };
+        let fits = |n: &[String], r: &[String]| {
+            let rest = r.last().is_some_and(|s| s.starts_with("{*"));
+            if rest && n.len() >= r.len() {
+                return n.iter().zip(&r[..r.len() - 1]).all(|(a, b)| seg(a, b));
+            }
+            n.len() == r.len() && n.iter().zip(r).all(|(a, b)| seg(a, b))
+        };
+        if tail { (0..route.len()).any(|skip| fits(named, &route[skip..])) } else { fits(named, route) }
+    }
+
+    /// A route's parameter takes any segment; a placeholder of the prose (`<tool>`, `:id`,
+    /// `{id}`, `$ID`, `cmp_…`) stands for any one segment.
+    fn seg(named: &str, route: &str) -> bool {
+        let placeholder = named.starts_with(['<', ':', '{', '$']) || named.contains('…');
+        route.starts_with('{') || placeholder || named == route
+    }
+
+    /// A path with one brace list (`…/browser/{click,type}`), as the paths it stands for.
+    pub fn expand(path: &str) -> Vec<String> {
+        if let (Some(open), Some(close)) = (path.find('{'), path.find('}'))
+            && open < close
+            && path[open..close].contains(',')
+        {
+            return path[open + 1..close]
+                .split(',')
+                .map(|alt| format!("{}{}{}", &path[..open], alt.trim(), &path[close + 1..]))
+                .collect();
+        }
+        vec![path.to_string()]
+    }
+
+    #[test]
+    fn mentions_and_matching() {
+        let text = "Send `POST /v1/approvals/:id` with `GET/POST …/files?path=x`.\n    curl -s -H 'a: b' \\\n        http://127.0.0.1:8080/v1/computers/$ID/sessions -d '{}'\n`GET /` of the site";
+        let m = mentions(text);
+        assert_eq!(m.len(), 4, "{m:?}");
+        assert_eq!(segments(&m[3].2), None, "`GET /` of a site is not the API");
+        assert_eq!((m[0].0, m[0].1.clone(), m[0].2.as_str()), (1, vec!["post".to_string()], "/v1/approvals/:id"));
+        assert_eq!(m[1].1, vec!["get".to_string(), "post".to_string()]);
+        assert_eq!(
+            (m[2].0, m[2].1.clone(), m[2].2.as_str()),
+            (2, vec!["post".to_string()], "/v1/computers/$ID/sessions")
+        );
+        let route = |p: &str| p.split('/').filter(|s| !s.is_empty()).map(String::from).collect::<Vec<_>>();
+        let named = |p: &str| segments(p).expect("an API path");
+        assert!(matches(&named("/v1/approvals/:id"), &route("/v1/approvals/{id}")));
+        assert!(!matches(&named("/v1/approvals"), &route("/v1/approvals/{id}")));
+        assert!(matches(&named("…/files?path=x"), &route("/v1/computers/{id}/files")));
+        assert!(!matches(&named("…/file"), &route("/v1/computers/{id}/files")));
+        assert!(matches(
+            &named("/v1/computers/{id}/desktop/view/core/rfb.js"),
+            &route("/v1/computers/{id}/desktop/view/{*file}")
+        ));
+        assert_eq!(segments("/note.txt"), None, "not the API");
+        assert!(matches(&named("…/browser/<tool>"), &route("/v1/computers/{id}/browser/click")), "a placeholder");
+        assert_eq!(expand("…/browser/{click,type}"), vec!["…/browser/click", "…/browser/type"]);
+        assert_eq!(expand("/v1/computers/{id}"), vec!["/v1/computers/{id}"]);
     }
 }
