@@ -17,10 +17,14 @@
 //!   a person controlling the desktop blocks them (`InputBusy`). A headless browser is not on the
 //!   display the lease guards, so its tools do not take it.
 //! - Calls on one session are served one at a time.
+//! - Its Chromium reaches the network through the session's wire guard ([`wire`]), a proxy that
+//!   never sends a request twice: a recorded action's answer lists the requests it sent
+//!   (`requests`), and one whose answer was lost makes its outcome `unknown`.
 
 pub mod cdp;
 pub mod page;
 pub mod upload;
+pub mod wire;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -47,6 +51,9 @@ pub const MAX_SESSIONS: usize = 4;
 pub const MAX_STAGED: u64 = 256 * 1024 * 1024;
 /// How long a CDP command may take (beyond a tool's own waits).
 pub const COMMAND: Duration = Duration::from_secs(10);
+/// After a recorded action's outcome is settled, how long the requests it sent may take to be
+/// answered before its answer lists them as `pending`.
+pub const REQUESTS_SETTLE: Duration = Duration::from_secs(1);
 
 /// A failed browser call.
 #[derive(Debug, Clone, PartialEq)]
@@ -111,6 +118,8 @@ pub struct Session {
     /// That directory, open (uploads are copied into it through this descriptor, never through a
     /// path the browser's account could redirect).
     pub stage_fd: std::os::fd::OwnedFd,
+    /// Its wire guard (None only when turned off for a test: [`Browser::set_wire_guard`]).
+    pub wire: Option<wire::Wire>,
 }
 
 /// The browser of this Computer; clones share it.
@@ -129,6 +138,9 @@ struct Inner {
     sessions: std::sync::Mutex<HashMap<String, Arc<Session>>>,
     /// Opening is one at a time (a profile is used by one session).
     opening: tokio::sync::Mutex<()>,
+    /// Whether new sessions go through a wire guard (always, but for a test that shows what
+    /// happens without one).
+    wire_guard: std::sync::atomic::AtomicBool,
 }
 
 impl Browser {
@@ -151,8 +163,15 @@ impl Browser {
                 desktop,
                 sessions: std::sync::Mutex::new(HashMap::new()),
                 opening: tokio::sync::Mutex::new(()),
+                wire_guard: std::sync::atomic::AtomicBool::new(true),
             }),
         }
+    }
+
+    /// A test and debugging switch: whether sessions opened from now on go through a wire guard
+    /// (on by default; off, Chromium connects by itself and may send a request twice).
+    pub fn set_wire_guard(&self, on: bool) {
+        self.inner.wire_guard.store(on, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Serves one call for `caller` (`bot:<id>` or `member:<id>`).
@@ -177,7 +196,17 @@ impl Browser {
                     }
                 }
                 let mut tabs = session.tabs.lock().await;
-                let answer = page::serve(&session, &mut tabs, op, self.owner(), &self.inner.uploads_from).await;
+                // A recorded action's window on the wire: the requests sent from here on.
+                let window = match (&session.wire, op.action().and_then(|a| a.action_id)) {
+                    (Some(w), Some(_)) => Some(w.log().mark()),
+                    _ => None,
+                };
+                let mut answer = page::serve(&session, &mut tabs, op, self.owner(), &self.inner.uploads_from).await;
+                if let (Ok(a), Some(mark), Some(w)) = (&mut answer, window, &session.wire) {
+                    let until = tokio::time::Instant::now() + REQUESTS_SETTLE;
+                    let (sent, dropped) = w.log().settled_since(mark, until).await;
+                    page::note_requests(&mut a.json, &sent, dropped);
+                }
                 if session.mode == Mode::Takeover
                     && let Some(d) = &self.inner.desktop
                 {
@@ -236,6 +265,9 @@ impl Browser {
         if tokio::time::timeout(Duration::from_secs(3), child.wait()).await.is_err() {
             let _ = child.kill().await;
         }
+        if let Some(w) = &session.wire {
+            w.stop();
+        }
         // Removed as the browser's account, whose tree it is: a symlink it planted on the way
         // leads nowhere it could not go itself.
         let (stage, account) = (session.stage_dir.clone(), Arc::new(self.inner.account.clone()));
@@ -269,7 +301,16 @@ impl Browser {
         }
         let id = format!("b-{}", hex::encode(rand::random::<[u8; 8]>()));
         let dirs = self.dirs(&profile, &id).map_err(|e| BrowserError::new(ErrorKind::ComputerExecutionFailed, e))?;
-        let (cdp, child) = self.launch(req.mode, &dirs).await?;
+        let wire = if self.inner.wire_guard.load(std::sync::atomic::Ordering::SeqCst) {
+            let uid = self.owner().map_or_else(|| nix::unistd::geteuid().as_raw(), |(uid, _)| uid);
+            let w = wire::Wire::start(uid).await.map_err(|e| {
+                BrowserError::new(ErrorKind::ComputerExecutionFailed, format!("cannot start the browser's proxy: {e}"))
+            })?;
+            Some(w)
+        } else {
+            None
+        };
+        let (cdp, child) = self.launch(req.mode, &dirs, wire.as_ref()).await?;
         let session = Arc::new(Session {
             id: id.clone(),
             mode: req.mode,
@@ -279,6 +320,7 @@ impl Browser {
             tabs: tokio::sync::Mutex::new(page::Tabs::default()),
             stage_dir: dirs.stage,
             stage_fd: dirs.stage_fd,
+            wire,
         });
         let first = {
             let mut tabs = session.tabs.lock().await;
@@ -306,7 +348,12 @@ impl Browser {
         make_dirs(&self.inner.root, profile, id, self.owner())
     }
 
-    async fn launch(&self, mode: Mode, dirs: &Dirs) -> Result<(Cdp, tokio::process::Child), BrowserError> {
+    async fn launch(
+        &self,
+        mode: Mode,
+        dirs: &Dirs,
+        wire: Option<&wire::Wire>,
+    ) -> Result<(Cdp, tokio::process::Child), BrowserError> {
         let fail = |m: String| BrowserError::new(ErrorKind::ComputerExecutionFailed, m);
         let pipes = cdp::pipes().map_err(|e| fail(format!("cannot make the browser's pipes: {e}")))?;
         let mut c = tokio::process::Command::new(&self.inner.chromium);
@@ -319,6 +366,7 @@ impl Browser {
             .env("LANG", "C.UTF-8")
             .current_dir(&dirs.home)
             .args(flags(mode, &dirs.profile))
+            .args(wire.map(wire::Wire::flags).into_iter().flatten())
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
@@ -433,8 +481,9 @@ pub fn flags(mode: Mode, profile: &Path) -> Vec<String> {
 /// = 2, "never"). A request sent on a preconnected socket counts as sent on a reused one, and
 /// Chromium sends such a request again, a POST included, when the server closes it without an
 /// answer: an upload whose answer was lost would be made twice by the browser itself, below any
-/// action record. Without preconnects (and with a server that does not keep connections alive)
-/// a lost answer stays lost.
+/// action record. The wire guard ([`wire`]) is what keeps a request to one send on plain HTTP,
+/// kept-alive connections included; without preconnects, fewer requests of a TLS tunnel (which
+/// the guard does not see into) go out on a reused socket.
 ///
 /// The profile is the browser account's: `Default` is opened without following a symlink, the
 /// old preferences are read only when they are a regular file of that account (not a link to

@@ -244,6 +244,36 @@ pub async fn serve(
     }
 }
 
+/// Adds to a recorded action's answer the requests sent in its window (its wire guard's log
+/// from just before the input was sent until its outcome settled): `"requests": [{"method",
+/// "url", "status"} | {"method", "url", "result": "no answer" | "not sent" | "cut" | "tunnel" |
+/// "pending"}]`, at most [`super::wire::WINDOW_MAX`] (those whose answer was lost first), and
+/// `"requestsTruncated"`. A request whose answer was lost (`no answer`, `cut`) makes the outcome
+/// `unknown`, even when the page then showed the proxy's `502` as a load: the server may have
+/// acted on it. The log does not tell tabs apart: a request of another tab sent in the window is
+/// listed too.
+pub fn note_requests(answer: &mut Value, sent: &[super::wire::Entry], dropped: bool) {
+    use super::wire::WINDOW_MAX;
+    let lost: Vec<&super::wire::Entry> = sent.iter().filter(|e| e.fate.lost()).collect();
+    let room = WINDOW_MAX.saturating_sub(lost.len().min(WINDOW_MAX));
+    let mut shown: Vec<&super::wire::Entry> = lost.iter().take(WINDOW_MAX).copied().collect();
+    shown.extend(sent.iter().filter(|e| !e.fate.lost()).take(room));
+    shown.sort_by_key(|e| e.seq);
+    answer["requests"] = Value::Array(shown.iter().map(|e| e.to_json()).collect());
+    answer["requestsTruncated"] = json!(dropped || shown.len() < sent.len());
+    if let Some(first) = lost.first()
+        && let Some(outcome) = answer.get_mut("outcome").filter(|o| o.is_object())
+        && outcome["state"] != "unknown"
+    {
+        outcome["state"] = json!("unknown");
+        let what = if first.fate == super::wire::Fate::Cut { "was cut midway" } else { "was lost" };
+        outcome["error"] = json!(format!(
+            "the server may have taken {} {}: its answer {what} (it was not sent again)",
+            first.method, first.url
+        ));
+    }
+}
+
 fn tab_of<'a>(tabs: &'a mut Tabs, target: &str) -> Result<(&'a mut Tab, &'a mut u32), BrowserError> {
     let Tabs { attached, next_ref } = tabs;
     let tab = attached.get_mut(target).ok_or_else(|| failed("the tab is not attached"))?;
@@ -480,6 +510,11 @@ struct Load {
     failed: Option<String>,
 }
 
+/// The wire guard's mark on a response (`x-computerd-wire`), from CDP's headers object.
+fn wire_mark(headers: &Value) -> Option<&str> {
+    headers.as_object()?.iter().find(|(k, _)| k.eq_ignore_ascii_case(super::wire::HEADER)).and_then(|(_, v)| v.as_str())
+}
+
 /// Follows the main frame's navigation through the tab's events.
 struct Watch<'a> {
     s: &'a str,
@@ -522,6 +557,17 @@ impl<'a> Watch<'a> {
                 if p["type"] == "Document" && self.loader.as_deref() == p["loaderId"].as_str() =>
             {
                 self.load.status = p["response"]["status"].as_u64();
+                // The wire guard's own 502 for a request whose answer was lost (it is not sent
+                // again): as if the load had failed, whatever the browser shows.
+                if let Some(mark) = wire_mark(&p["response"]["headers"])
+                    && mark != "not-sent"
+                {
+                    self.load.failed = Some(format!(
+                        "{}: {mark} (the server may have taken the request; it was not sent again)",
+                        super::wire::HEADER
+                    ));
+                    return true;
+                }
             }
             "Network.loadingFailed"
                 if p["requestId"].as_str().is_some_and(|r| self.documents.iter().any(|d| d == r))
@@ -1151,6 +1197,28 @@ mod tests {
         assert!(parse_keys("hyper+a").is_err());
         assert!(parse_keys("ab").is_err());
         assert_eq!(parse_keys("F5").expect("F5").vk, 116);
+    }
+
+    #[test]
+    fn a_lost_request_in_the_window_makes_the_outcome_unknown() {
+        use super::super::wire::Entry;
+        use super::super::wire::Fate;
+        let e = |seq: u64, fate: Fate| Entry { seq, method: "GET".into(), url: format!("http://s/{seq}"), fate };
+        let mut answer = json!({"outcome": {"state": "done", "navigated": true, "status": 502}});
+        let mut sent: Vec<Entry> = (1..=40).map(|i| e(i, Fate::Status(200))).collect();
+        sent.push(Entry { seq: 41, method: "POST".into(), url: "http://s/submit".into(), fate: Fate::NoAnswer });
+        note_requests(&mut answer, &sent, false);
+        assert_eq!(answer["outcome"]["state"], "unknown", "{answer}");
+        assert!(answer["outcome"]["error"].as_str().is_some_and(|m| m.contains("POST http://s/submit")), "{answer}");
+        let listed = answer["requests"].as_array().expect("requests");
+        assert_eq!(listed.len(), super::super::wire::WINDOW_MAX);
+        assert_eq!(listed.last(), Some(&json!({"method": "POST", "url": "http://s/submit", "result": "no answer"})));
+        assert_eq!(answer["requestsTruncated"], true);
+        let mut answer = json!({"outcome": {"state": "done", "navigated": false}});
+        note_requests(&mut answer, &[e(1, Fate::Status(303)), e(2, Fate::Tunnel)], false);
+        assert_eq!(answer["outcome"]["state"], "done");
+        assert_eq!(answer["requestsTruncated"], false);
+        assert_eq!(answer["requests"][1], json!({"method": "GET", "url": "http://s/2", "result": "tunnel"}));
     }
 
     #[test]

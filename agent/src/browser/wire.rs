@@ -1,0 +1,799 @@
+//! The wire guard: a forward proxy of one browser session that never sends a request twice.
+//!
+//! Chromium sends a request again by itself when a *reused* connection closes before the answer
+//! starts (it has no switch for that), a POST included: a server that took an upload and then
+//! dropped the connection would count it twice while the action record said `done`. So every
+//! session's Chromium goes through this proxy (`--proxy-server`, loopback included), which
+//!
+//! - accepts connections only from the account that runs the session's Chromium (the owner of
+//!   the peer socket, read in `/proc/net/tcp{,6}`); anything else is closed and logged;
+//! - sends each plain `http://` request on a NEW upstream connection (never a pooled one), once,
+//!   in origin-form, without the hop-by-hop headers;
+//! - always answers Chromium: when the upstream fails after the request may have been written
+//!   and before a whole response head came back, with a `502` marked `x-computerd-wire:
+//!   no-answer`; when nothing was sent (no connection), `502` marked `not-sent`. Chromium only
+//!   re-sends when its connection closes without an answer, and this one never does that;
+//! - closes Chromium's connection when a response body is cut midway (Chromium had the head: it
+//!   does not re-send), and notes it `cut`;
+//! - tunnels `CONNECT` (https, wss) as bytes: what goes on inside is not guarded;
+//! - keeps a bounded log ([`Log`], the last [`LOG_SIZE`] requests): a sequence number, the
+//!   method, the URL without its query and fragment (or the tunnel's `host:port`), and what came
+//!   of it. Never a query, a header or a body: they may carry secrets.
+//!
+//! The proxy stops with its session.
+
+use std::collections::BTreeSet;
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::net::IpAddr;
+use std::net::Ipv4Addr;
+use std::net::Ipv6Addr;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::MutexGuard;
+use std::sync::PoisonError;
+use std::task::Context;
+use std::task::Poll;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::HeaderMap;
+use http::HeaderName;
+use http::HeaderValue;
+use http::Method;
+use http::Request;
+use http::Response;
+use http::StatusCode;
+use http::Uri;
+use http::header;
+use http_body_util::BodyExt;
+use http_body_util::Empty;
+use http_body_util::Full;
+use http_body_util::combinators::UnsyncBoxBody;
+use hyper::body::Frame;
+use hyper::body::Incoming;
+use hyper::body::SizeHint;
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+/// The log keeps this many requests.
+pub const LOG_SIZE: usize = 256;
+/// An action's answer lists at most this many requests.
+pub const WINDOW_MAX: usize = 32;
+/// The header on the proxy's own answers.
+pub const HEADER: &str = "x-computerd-wire";
+/// How long an upstream connection may take to open.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+/// A logged URL is cut to this many characters.
+const MAX_URL: usize = 512;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type Body = UnsyncBoxBody<Bytes, BoxError>;
+
+/// The ports of this process's proxies: a request to one of them is refused (a loop).
+static PORTS: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+
+fn ports() -> MutexGuard<'static, BTreeSet<u16>> {
+    PORTS.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What came of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fate {
+    /// Sent; no answer yet.
+    Pending,
+    /// Its answer's status (the head came back).
+    Status(u16),
+    /// It may have reached the server, whose answer was lost: the proxy answered `502`.
+    NoAnswer,
+    /// It never left (no connection).
+    NotSent,
+    /// The answer's body was cut midway: Chromium's connection was closed.
+    Cut,
+    /// A `CONNECT` tunnel was opened (what went through it is not seen).
+    Tunnel,
+}
+
+impl Fate {
+    /// Whether the server may have acted on it without the page knowing what it answered.
+    pub fn lost(self) -> bool {
+        matches!(self, Fate::NoAnswer | Fate::Cut)
+    }
+}
+
+/// One logged request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    /// Its sequence number in the session (from 1).
+    pub seq: u64,
+    /// The method.
+    pub method: String,
+    /// The URL without userinfo, query and fragment (a tunnel: `host:port`).
+    pub url: String,
+    /// What came of it.
+    pub fate: Fate,
+}
+
+impl Entry {
+    /// `{"method", "url", "status"}` or `{"method", "url", "result"}`.
+    pub fn to_json(&self) -> Value {
+        let mut v = json!({"method": self.method, "url": self.url});
+        let result = match self.fate {
+            Fate::Status(s) => {
+                v["status"] = json!(s);
+                return v;
+            }
+            Fate::Pending => "pending",
+            Fate::NoAnswer => "no answer",
+            Fate::NotSent => "not sent",
+            Fate::Cut => "cut",
+            Fate::Tunnel => "tunnel",
+        };
+        v["result"] = json!(result);
+        v
+    }
+}
+
+/// The session's bounded log of what the proxy forwarded; clones share it.
+#[derive(Clone, Default)]
+pub struct Log {
+    inner: Arc<LogInner>,
+}
+
+#[derive(Default)]
+struct LogInner {
+    ring: Mutex<Ring>,
+    changed: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct Ring {
+    /// The last sequence number given (0: none yet).
+    last: u64,
+    entries: VecDeque<Entry>,
+}
+
+impl Log {
+    fn ring(&self) -> MutexGuard<'_, Ring> {
+        self.inner.ring.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Notes a request (pending); answers its sequence number.
+    fn begin(&self, method: &str, url: String) -> u64 {
+        let seq = {
+            let mut r = self.ring();
+            r.last += 1;
+            let seq = r.last;
+            if r.entries.len() >= LOG_SIZE {
+                r.entries.pop_front();
+            }
+            r.entries.push_back(Entry { seq, method: method.to_string(), url, fate: Fate::Pending });
+            seq
+        };
+        self.inner.changed.notify_waiters();
+        seq
+    }
+
+    /// Notes what came of request `seq` (if it is still in the log).
+    fn finish(&self, seq: u64, fate: Fate) {
+        {
+            let mut r = self.ring();
+            if let Some(e) = r.entries.iter_mut().find(|e| e.seq == seq) {
+                e.fate = fate;
+            }
+        }
+        self.inner.changed.notify_waiters();
+    }
+
+    /// The sequence number the next request will have: a window's start.
+    pub fn mark(&self) -> u64 {
+        self.ring().last + 1
+    }
+
+    /// The requests from `mark` on, and whether some of them already left the log.
+    pub fn since(&self, mark: u64) -> (Vec<Entry>, bool) {
+        let r = self.ring();
+        let entries: Vec<Entry> = r.entries.iter().filter(|e| e.seq >= mark).cloned().collect();
+        let dropped = r.last >= mark && entries.first().is_none_or(|e| e.seq > mark);
+        (entries, dropped)
+    }
+
+    /// [`Log::since`], once none of them is pending or at `until`, whichever comes first.
+    pub async fn settled_since(&self, mark: u64, until: tokio::time::Instant) -> (Vec<Entry>, bool) {
+        loop {
+            let changed = self.inner.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let got = self.since(mark);
+            if !got.0.iter().any(|e| e.fate == Fate::Pending) {
+                return got;
+            }
+            if tokio::time::timeout_at(until, changed).await.is_err() {
+                return self.since(mark);
+            }
+        }
+    }
+}
+
+/// A session's proxy: listening on `127.0.0.1`, stopped when dropped (or by [`Wire::stop`]).
+pub struct Wire {
+    addr: SocketAddr,
+    log: Log,
+    stop: watch::Sender<bool>,
+}
+
+impl Wire {
+    /// Starts a proxy that accepts connections from `uid`'s sockets only.
+    pub async fn start(uid: u32) -> std::io::Result<Wire> {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        let addr = listener.local_addr()?;
+        ports().insert(addr.port());
+        let (stop, stopped) = watch::channel(false);
+        let log = Log::default();
+        tokio::spawn(accept(listener, addr, uid, log.clone(), stopped));
+        Ok(Wire { addr, log, stop })
+    }
+
+    /// Its port.
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// Its log.
+    pub fn log(&self) -> &Log {
+        &self.log
+    }
+
+    /// Chromium's flags to go through it, loopback included (Chromium bypasses a proxy for
+    /// loopback by default; `<-loopback>` removes that).
+    pub fn flags(&self) -> [String; 2] {
+        [format!("--proxy-server=http://{}", self.addr), "--proxy-bypass-list=<-loopback>".to_string()]
+    }
+
+    /// Stops listening and ends its connections and tunnels.
+    pub fn stop(&self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+impl Drop for Wire {
+    fn drop(&mut self) {
+        self.stop();
+        ports().remove(&self.addr.port());
+    }
+}
+
+/// Resolves when the proxy is stopped (or gone).
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+async fn accept(listener: TcpListener, me: SocketAddr, uid: u32, log: Log, stop: watch::Receiver<bool>) {
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = stopped(stop.clone()) => return,
+            got = listener.accept() => match got {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the wire guard cannot accept a connection");
+                    // Out of descriptors, say: do not spin.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let owner = peer_uid(peer, me).await;
+        if owner != Some(uid) {
+            tracing::warn!(peer = %peer, owner = ?owner, want = uid, "the wire guard refused a connection not from the browser's account");
+            drop(stream);
+            continue;
+        }
+        let (log, stop) = (log.clone(), stop.clone());
+        tokio::spawn(async move {
+            let ctx = Arc::new(Ctx { log, stop: stop.clone() });
+            let service = hyper::service::service_fn(move |req| {
+                let ctx = ctx.clone();
+                async move { Ok::<_, Infallible>(handle(req, ctx).await) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .with_upgrades();
+            tokio::select! {
+                _ = conn => {}
+                _ = stopped(stop) => {}
+            }
+        });
+    }
+}
+
+/// The uid owning the peer's socket, from `/proc/net/tcp` (then `tcp6`).
+async fn peer_uid(peer: SocketAddr, me: SocketAddr) -> Option<u32> {
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        if let Ok(text) = tokio::fs::read_to_string(table).await
+            && let Some(uid) = socket_owner(&text, peer, me)
+        {
+            return Some(uid);
+        }
+    }
+    None
+}
+
+/// In the text of `/proc/net/tcp` or `tcp6`: the uid of the established socket whose local
+/// address is `peer` and whose remote address is `me` (the peer's own end of the connection).
+pub fn socket_owner(table: &str, peer: SocketAddr, me: SocketAddr) -> Option<u32> {
+    let canon = |a: SocketAddr| SocketAddr::new(a.ip().to_canonical(), a.port());
+    let (peer, me) = (canon(peer), canon(me));
+    let mut found = None;
+    for line in table.lines().skip(1) {
+        // sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 8 || f[3] != "01" {
+            continue;
+        }
+        let (Some(local), Some(remote)) = (proc_addr(f[1]), proc_addr(f[2])) else { continue };
+        if local != peer || remote != me {
+            continue;
+        }
+        let uid: u32 = f[7].parse().ok()?;
+        // Two established sockets with one address pair cannot be; if the table says so, trust
+        // neither.
+        if found.is_some_and(|u| u != uid) {
+            return None;
+        }
+        found = Some(uid);
+    }
+    found
+}
+
+/// `0100007F:1F90` (IPv4) or 32 hex digits and a port (IPv6): each 32-bit word is printed as a
+/// number in the host's byte order.
+fn proc_addr(s: &str) -> Option<SocketAddr> {
+    let (ip, port) = s.split_once(':')?;
+    let port = u16::from_str_radix(port, 16).ok()?;
+    let word = |i: usize| ip.get(i * 8..i * 8 + 8).and_then(|w| u32::from_str_radix(w, 16).ok()).map(u32::to_ne_bytes);
+    let ip = match ip.len() {
+        8 => IpAddr::V4(Ipv4Addr::from(word(0)?)),
+        32 => {
+            let mut b = [0u8; 16];
+            for i in 0..4 {
+                b[i * 4..i * 4 + 4].copy_from_slice(&word(i)?);
+            }
+            IpAddr::V6(Ipv6Addr::from(b)).to_canonical()
+        }
+        _ => return None,
+    };
+    Some(SocketAddr::new(ip, port))
+}
+
+struct Ctx {
+    log: Log,
+    stop: watch::Receiver<bool>,
+}
+
+async fn handle(req: Request<Incoming>, ctx: Arc<Ctx>) -> Response<Body> {
+    if req.method() == Method::CONNECT { tunnel(req, &ctx).await } else { forward(req, &ctx).await }
+}
+
+/// The proxy's own answer.
+fn own(status: StatusCode, mark: &'static str, text: String) -> Response<Body> {
+    let mut r = Response::new(Full::new(Bytes::from(text)).map_err(|e| match e {}).boxed_unsync());
+    *r.status_mut() = status;
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(HeaderName::from_static(HEADER), HeaderValue::from_static(mark));
+    r
+}
+
+/// `host[:port]` without userinfo, IPv6 in brackets.
+fn authority_of(host: &str, port: Option<u16>) -> String {
+    match port {
+        Some(p) => format!("{host}:{p}"),
+        None => host.to_string(),
+    }
+}
+
+/// What is logged of a URL: scheme, host, port and path; never userinfo, query or fragment.
+fn logged(uri: &Uri) -> String {
+    let host = uri.host().unwrap_or_default();
+    let mut url =
+        format!("{}://{}{}", uri.scheme_str().unwrap_or("http"), authority_of(host, uri.port_u16()), uri.path());
+    if url.chars().count() > MAX_URL {
+        url = format!("{}…", url.chars().take(MAX_URL).collect::<String>());
+    }
+    url
+}
+
+/// Removes the hop-by-hop headers: `Connection` and those it names, and the fixed ones.
+fn strip_hop(h: &mut HeaderMap) {
+    let named: Vec<HeaderName> = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for n in named {
+        h.remove(n);
+    }
+    for n in [
+        header::CONNECTION,
+        HeaderName::from_static("proxy-connection"),
+        header::PROXY_AUTHORIZATION,
+        HeaderName::from_static("keep-alive"),
+        header::TE,
+        header::TRAILER,
+        header::UPGRADE,
+        header::TRANSFER_ENCODING,
+    ] {
+        h.remove(n);
+    }
+}
+
+/// A new connection to `host:port`; never one of this process's proxies.
+async fn connect(host: &str, port: u16) -> Result<TcpStream, String> {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let addrs: Vec<SocketAddr> =
+        tokio::net::lookup_host((bare, port)).await.map_err(|e| format!("cannot resolve {host}: {e}"))?.collect();
+    let mut why = format!("{host} has no address");
+    for a in addrs {
+        let ip = a.ip().to_canonical();
+        if (ip.is_loopback() || ip.is_unspecified()) && ports().contains(&a.port()) {
+            why = format!("{a} is the browser's own proxy");
+            continue;
+        }
+        match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(a)).await {
+            Ok(Ok(s)) => return Ok(s),
+            Ok(Err(e)) => why = format!("cannot connect to {a}: {e}"),
+            Err(_) => why = format!("connecting to {a} timed out"),
+        }
+    }
+    Err(why)
+}
+
+async fn forward(req: Request<Incoming>, ctx: &Ctx) -> Response<Body> {
+    let uri = req.uri().clone();
+    let (Some("http"), Some(host)) = (uri.scheme_str(), uri.host()) else {
+        return own(
+            StatusCode::BAD_REQUEST,
+            "not-sent",
+            "This proxy takes absolute http:// requests and CONNECT; the request was not sent.\n".into(),
+        );
+    };
+    let port = uri.port_u16().unwrap_or(80);
+    let log = &ctx.log;
+    let seq = log.begin(req.method().as_str(), logged(&uri));
+    let origin_form = uri.path_and_query().map_or("/", |p| p.as_str()).parse::<Uri>();
+    let stream = match (origin_form.as_ref(), connect(host, port).await) {
+        (Ok(_), Ok(s)) => s,
+        (Err(_), _) => {
+            log.finish(seq, Fate::NotSent);
+            return own(
+                StatusCode::BAD_REQUEST,
+                "not-sent",
+                "The request's target is not valid; it was not sent.\n".into(),
+            );
+        }
+        (_, Err(why)) => {
+            log.finish(seq, Fate::NotSent);
+            tracing::debug!(seq, why = %why, "the wire guard could not reach a server");
+            return own(
+                StatusCode::BAD_GATEWAY,
+                "not-sent",
+                format!("The server could not be reached ({why}); the request was not sent.\n"),
+            );
+        }
+    };
+    let (mut parts, body) = req.into_parts();
+    strip_hop(&mut parts.headers);
+    if !parts.headers.contains_key(header::HOST)
+        && let Ok(v) = HeaderValue::from_str(&authority_of(host, uri.port_u16()))
+    {
+        parts.headers.insert(header::HOST, v);
+    }
+    // One request per upstream connection.
+    parts.headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    if let Ok(u) = origin_form {
+        parts.uri = u;
+    }
+    parts.version = http::Version::HTTP_11;
+    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await {
+        Ok(h) => h,
+        Err(e) => {
+            log.finish(seq, Fate::NotSent);
+            return own(
+                StatusCode::BAD_GATEWAY,
+                "not-sent",
+                format!("The connection failed ({e}); the request was not sent.\n"),
+            );
+        }
+    };
+    let stop = ctx.stop.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = conn => {}
+            _ = stopped(stop) => {}
+        }
+    });
+    // From here on a byte of the request may have been written: whatever happens, it is never
+    // sent again, and Chromium gets an answer.
+    match sender.send_request(Request::from_parts(parts, body)).await {
+        Ok(resp) => {
+            log.finish(seq, Fate::Status(resp.status().as_u16()));
+            let (mut parts, body) = resp.into_parts();
+            strip_hop(&mut parts.headers);
+            let body = Tracked { inner: body, log: log.clone(), seq }.map_err(|e| Box::new(e) as BoxError);
+            Response::from_parts(parts, body.boxed_unsync())
+        }
+        Err(e) => {
+            log.finish(seq, Fate::NoAnswer);
+            tracing::info!(seq, error = %e, "the wire guard got no answer to a request it sent; not sending it again");
+            own(
+                StatusCode::BAD_GATEWAY,
+                "no-answer",
+                "The server may have taken this request, and its answer was lost. It was not sent again.\n".into(),
+            )
+        }
+    }
+}
+
+async fn tunnel(mut req: Request<Incoming>, ctx: &Ctx) -> Response<Body> {
+    let Some(host) = req.uri().host().map(String::from) else {
+        return own(StatusCode::BAD_REQUEST, "not-sent", "CONNECT takes host:port.\n".into());
+    };
+    let port = req.uri().port_u16().unwrap_or(443);
+    let seq = ctx.log.begin("CONNECT", authority_of(&host, Some(port)));
+    let mut upstream = match connect(&host, port).await {
+        Ok(s) => s,
+        Err(why) => {
+            ctx.log.finish(seq, Fate::NotSent);
+            return own(StatusCode::BAD_GATEWAY, "not-sent", format!("The server could not be reached ({why}).\n"));
+        }
+    };
+    ctx.log.finish(seq, Fate::Tunnel);
+    let upgrade = hyper::upgrade::on(&mut req);
+    let stop = ctx.stop.clone();
+    tokio::spawn(async move {
+        let Ok(up) = upgrade.await else { return };
+        let mut up = TokioIo::new(up);
+        tokio::select! {
+            _ = tokio::io::copy_bidirectional(&mut up, &mut upstream) => {}
+            _ = stopped(stop) => {}
+        }
+    });
+    Response::new(Empty::new().map_err(|e| match e {}).boxed_unsync())
+}
+
+/// An upstream body, passed on; a failure midway is logged `cut` (and, as an error, makes the
+/// server end Chromium's connection).
+struct Tracked {
+    inner: Incoming,
+    log: Log,
+    seq: u64,
+}
+
+impl hyper::body::Body for Tracked {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let got = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Err(e))) = &got {
+            self.log.finish(self.seq, Fate::Cut);
+            tracing::info!(seq = self.seq, error = %e, "an answer's body was cut; closing the browser's connection");
+        }
+        got
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::AsyncReadExt;
+    use tokio::io::AsyncWriteExt;
+
+    use super::*;
+
+    /// A `/proc/net/tcp` of a little-endian machine: the proxy listens on 127.0.0.1:40000
+    /// (0x9C40); the browser's socket 127.0.0.1:51234 (0xC822, uid 1001) is connected to it, and
+    /// the proxy's accepted end (uid 0) is the mirror row; a TIME_WAIT row of the same pair
+    /// (uid 0) is not taken.
+    #[cfg(target_endian = "little")]
+    #[test]
+    fn the_peer_socket_owner_is_read_from_proc_net_tcp() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+   0: 0100007F:9C40 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1001 1 0000000000000000 100 0 0 10 0\n\
+   1: 0100007F:9C40 0100007F:C822 01 00000000:00000000 00:00000000 00000000     0        0 1002 1 0000000000000000 20 4 30 10 -1\n\
+   2: 0100007F:C822 0100007F:9C40 06 00000000:00000000 03:00000ABC 00000000     0        0 0 3 0000000000000000\n\
+   3: 0100007F:C822 0100007F:9C40 01 00000000:00000000 00:00000000 00000000  1001        0 1003 1 0000000000000000 20 4 30 10 -1\n";
+        let me: SocketAddr = "127.0.0.1:40000".parse().expect("addr");
+        let peer: SocketAddr = "127.0.0.1:51234".parse().expect("addr");
+        assert_eq!(socket_owner(table, peer, me), Some(1001));
+        assert_eq!(socket_owner(table, me, peer), Some(0), "the mirror row is the proxy's own end");
+        let other: SocketAddr = "127.0.0.1:51235".parse().expect("addr");
+        assert_eq!(socket_owner(table, other, me), None);
+        assert_eq!(socket_owner("garbage\n 0: zz:zz yy 01 a b c 5\n", peer, me), None);
+        // tcp6: a v4-mapped pair, and a real IPv6 loopback pair.
+        let table6 = "  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+   0: 0000000000000000FFFF00000100007F:C822 0000000000000000FFFF00000100007F:9C40 01 00000000:00000000 00:00000000 00000000  1001        0 1 1 0\n\
+   1: 00000000000000000000000001000000:C823 00000000000000000000000001000000:9C40 01 00000000:00000000 00:00000000 00000000  1002        0 2 1 0\n";
+        assert_eq!(socket_owner(table6, peer, me), Some(1001));
+        let peer6: SocketAddr = "[::1]:51235".parse().expect("addr");
+        let me6: SocketAddr = "[::1]:40000".parse().expect("addr");
+        assert_eq!(socket_owner(table6, peer6, me6), Some(1002));
+    }
+
+    #[test]
+    fn hop_by_hop_headers_go() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("connection", "keep-alive, x-secret-hop"),
+            ("x-secret-hop", "1"),
+            ("proxy-connection", "keep-alive"),
+            ("proxy-authorization", "Basic eA=="),
+            ("keep-alive", "timeout=5"),
+            ("te", "trailers"),
+            ("upgrade", "h2c"),
+            ("host", "example.test"),
+            ("cookie", "a=b"),
+        ] {
+            h.append(HeaderName::from_static(k), HeaderValue::from_static(v));
+        }
+        strip_hop(&mut h);
+        let mut left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        left.sort();
+        assert_eq!(left, vec!["cookie", "host"]);
+    }
+
+    #[test]
+    fn the_log_is_bounded_and_never_holds_a_query() {
+        let log = Log::default();
+        let mark = log.mark();
+        let uri: Uri = "http://user:pw@example.test:8080/a/b?token=secret#frag".parse().expect("uri");
+        let seq = log.begin("POST", logged(&uri));
+        log.finish(seq, Fate::NoAnswer);
+        let (got, dropped) = log.since(mark);
+        assert!(!dropped);
+        assert_eq!(got[0].url, "http://example.test:8080/a/b");
+        assert_eq!(
+            got[0].to_json(),
+            json!({"method": "POST", "url": "http://example.test:8080/a/b", "result": "no answer"})
+        );
+        for _ in 0..LOG_SIZE {
+            log.begin("GET", "http://x/".into());
+        }
+        let (got, dropped) = log.since(mark);
+        assert_eq!((got.len(), dropped), (LOG_SIZE, true));
+        let (got, dropped) = log.since(log.mark());
+        assert_eq!((got.len(), dropped), (0, false));
+    }
+
+    /// A server on 127.0.0.1 that answers each connection with `answer(request)` (None: closes
+    /// without a word once the request's head is read); it counts connections.
+    async fn server<F>(answer: F) -> (u16, Arc<Mutex<Vec<String>>>)
+    where
+        F: Fn(&str) -> Option<Vec<u8>> + Send + Sync + 'static,
+    {
+        let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.expect("bind");
+        let port = l.local_addr().expect("addr").port();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (answer, seen2) = (Arc::new(answer), seen.clone());
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                let (answer, seen) = (answer.clone(), seen2.clone());
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let head = String::from_utf8_lossy(&buf).to_string();
+                    seen.lock().expect("lock").push(head.clone());
+                    if let Some(a) = answer(&head) {
+                        let _ = s.write_all(&a).await;
+                    }
+                    let _ = s.shutdown().await;
+                });
+            }
+        });
+        (port, seen)
+    }
+
+    /// Sends `request` to the proxy on one connection; answers all it got back until EOF.
+    async fn through(proxy: u16, request: &str) -> Vec<u8> {
+        let mut s = TcpStream::connect((Ipv4Addr::LOCALHOST, proxy)).await.expect("connect");
+        s.write_all(request.as_bytes()).await.expect("write");
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await;
+        out
+    }
+
+    #[tokio::test]
+    async fn a_request_goes_once_and_a_lost_answer_is_a_502() {
+        let me = nix::unistd::geteuid().as_raw();
+        let wire = Wire::start(me).await.expect("wire");
+        let p = wire.port();
+        // Answered: in origin-form, its Host kept, without hop-by-hop headers, on a new connection.
+        let (ok, seen) =
+            server(|_| Some(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello".to_vec())).await;
+        let got = through(
+            p,
+            &format!("GET http://127.0.0.1:{ok}/x?q=1 HTTP/1.1\r\nHost: 127.0.0.1:{ok}\r\nProxy-Connection: keep-alive\r\nConnection: close\r\n\r\n"),
+        )
+        .await;
+        let got = String::from_utf8_lossy(&got).to_string();
+        assert!(got.starts_with("HTTP/1.1 200 OK") && got.ends_with("hello"), "{got}");
+        let head = seen.lock().expect("lock")[0].to_ascii_lowercase();
+        assert!(head.starts_with("get /x?q=1 http/1.1\r\n"), "{head}");
+        assert!(head.contains(&format!("host: 127.0.0.1:{ok}")) && !head.contains("proxy-connection"), "{head}");
+        // Lost: the server reads it and closes; the proxy answers 502, and the server saw it once.
+        let (lose, seen) = server(|_| None).await;
+        let got = through(
+            p,
+            &format!("POST http://127.0.0.1:{lose}/submit HTTP/1.1\r\nHost: 127.0.0.1:{lose}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"),
+        )
+        .await;
+        let got = String::from_utf8_lossy(&got).to_ascii_lowercase();
+        assert!(got.starts_with("http/1.1 502") && got.contains("x-computerd-wire: no-answer"), "{got}");
+        assert_eq!(seen.lock().expect("lock").len(), 1, "sent once");
+        // Not sent: nothing listens.
+        let free = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.expect("bind");
+        let closed = free.local_addr().expect("addr").port();
+        drop(free);
+        let got =
+            through(p, &format!("GET http://127.0.0.1:{closed}/ HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"))
+                .await;
+        let got = String::from_utf8_lossy(&got).to_ascii_lowercase();
+        assert!(got.starts_with("http/1.1 502") && got.contains("x-computerd-wire: not-sent"), "{got}");
+        // A loop to the proxy itself is refused.
+        let got =
+            through(p, &format!("GET http://127.0.0.1:{p}/ HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")).await;
+        assert!(String::from_utf8_lossy(&got).to_ascii_lowercase().contains("x-computerd-wire: not-sent"));
+        // Cut: the head and part of the body, then the server closes; so does the proxy.
+        let (cut, _) = server(|_| Some(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npart".to_vec())).await;
+        let got = through(p, &format!("GET http://127.0.0.1:{cut}/big HTTP/1.1\r\nHost: x\r\n\r\n")).await;
+        assert!(String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200 OK"));
+        let log: Vec<Value> = wire.log().since(1).0.iter().map(Entry::to_json).collect();
+        assert_eq!(
+            log,
+            vec![
+                json!({"method": "GET", "url": format!("http://127.0.0.1:{ok}/x"), "status": 200}),
+                json!({"method": "POST", "url": format!("http://127.0.0.1:{lose}/submit"), "result": "no answer"}),
+                json!({"method": "GET", "url": format!("http://127.0.0.1:{closed}/"), "result": "not sent"}),
+                json!({"method": "GET", "url": format!("http://127.0.0.1:{p}/"), "result": "not sent"}),
+                json!({"method": "GET", "url": format!("http://127.0.0.1:{cut}/big"), "result": "cut"}),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_connection_from_another_account_is_refused() {
+        let other = nix::unistd::geteuid().as_raw().wrapping_add(1);
+        let wire = Wire::start(other).await.expect("wire");
+        let (ok, seen) = server(|_| Some(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n".to_vec())).await;
+        let got = through(
+            wire.port(),
+            &format!("GET http://127.0.0.1:{ok}/ HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+        )
+        .await;
+        assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got));
+        assert!(seen.lock().expect("lock").is_empty(), "nothing was forwarded");
+        assert!(wire.log().since(1).0.is_empty());
+    }
+}
