@@ -723,6 +723,58 @@ async fn ports(c: &Client, cmd: Ports, json: bool) -> anyhow::Result<i32> {
 mod tests {
     use super::*;
 
+    /// The parts of a shell line that are commands (split at `;`, `&&` and `|` outside quotes),
+    /// without a trailing comment.
+    fn commands(line: &str) -> Vec<String> {
+        let (mut out, mut cur) = (Vec::new(), String::new());
+        let (mut single, mut double) = (false, false);
+        let mut chars = line.chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                '\'' if !double => single = !single,
+                '"' if !single => double = !double,
+                '#' if !single && !double && cur.ends_with(' ') => break,
+                ';' | '|' if !single && !double => {
+                    out.push(std::mem::take(&mut cur));
+                    continue;
+                }
+                '&' if !single && !double && chars.peek() == Some(&'&') => {
+                    chars.next();
+                    out.push(std::mem::take(&mut cur));
+                    continue;
+                }
+                _ => {}
+            }
+            cur.push(c);
+        }
+        out.push(cur);
+        out.into_iter().map(|c| c.trim().to_string()).filter(|c| !c.is_empty()).collect()
+    }
+
+    /// Every `computerctl` command in README.md and docs/cli.md parses as computerctl parses its
+    /// arguments (subcommands, flags, values), so the docs cannot name one that does not exist.
+    /// (README's tour also runs, in t92.)
+    #[test]
+    fn every_computerctl_command_in_the_docs_parses() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut checked = 0;
+        for doc in ["README.md", "docs/cli.md"] {
+            let text = std::fs::read_to_string(root.join(doc)).expect("the doc");
+            for (n, line) in text.lines().enumerate().filter(|(_, l)| l.starts_with("    ")) {
+                for cmd in commands(line).into_iter().filter(|c| c.starts_with("computerctl ")) {
+                    let args = shlex::split(&cmd).unwrap_or_else(|| panic!("{doc}:{}: not a shell line: {cmd}", n + 1));
+                    if let Err(e) = Cli::try_parse_from(&args) {
+                        panic!("{doc}:{}: `{cmd}` does not parse:\n{e}", n + 1);
+                    }
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked >= 25, "the docs' computerctl commands were found ({checked})");
+        assert!(Cli::try_parse_from(["computerctl", "computers", "make"]).is_err(), "a wrong one fails");
+        assert_eq!(commands("a 'x; y' && b # c; d"), vec!["a 'x; y'", "b"]);
+    }
+
     #[test]
     fn ids_are_taken_as_they_are_and_anything_else_is_a_name() {
         assert!(is_computer_id("cmp_0123abcd"));
