@@ -312,24 +312,56 @@ mod tests {
             .into_iter()
             .map(|(m, p)| (m.to_string(), p.split('/').filter(|s| !s.is_empty()).map(String::from).collect()))
             .collect();
+        let doc = serde_json::to_value(ApiDoc::openapi()).expect("the document serializes");
         let mut named = 0;
+        let mut bodies = 0;
         let mut stale = Vec::new();
         for file in &files {
             let text = std::fs::read_to_string(file).expect("a doc");
             let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            for (line_no, methods, mention) in docs_routes::mentions(&text) {
+            for (line_no, methods, mention, body) in docs_routes::mentions_with_bodies(&text) {
                 for path in docs_routes::expand(&mention) {
                     let Some(segments) = docs_routes::segments(&path) else { continue };
                     named += 1;
                     for m in &methods {
-                        if !served.iter().any(|(sm, sp)| sm == m && docs_routes::matches(&segments, sp)) {
+                        let Some((_, route)) =
+                            served.iter().find(|(sm, sp)| sm == m && docs_routes::matches(&segments, sp))
+                        else {
                             stale.push(format!("{name}:{line_no}: {} {path}", m.to_uppercase()));
+                            continue;
+                        };
+                        // A JSON body shown with it: its fields are the operation's.
+                        let Some(body) = body.as_ref().and_then(|b| b.as_object()) else { continue };
+                        let key = format!("/{}", route.join("/")).replace("{*", "{");
+                        let op = &doc["paths"][key.as_str()][m.as_str()];
+                        let schema = op["requestBody"]["content"]["application/json"]["schema"].clone();
+                        let schema = match schema["$ref"].as_str().and_then(|r| r.strip_prefix("#/components/schemas/"))
+                        {
+                            Some(n) => doc["components"]["schemas"][n].clone(),
+                            None => schema,
+                        };
+                        let Some(props) = schema["properties"].as_object() else { continue };
+                        bodies += 1;
+                        for k in body.keys().filter(|k| !props.contains_key(*k)) {
+                            stale.push(format!(
+                                "{name}:{line_no}: {} {path}: no field {k:?} in its body",
+                                m.to_uppercase()
+                            ));
+                        }
+                        for r in schema["required"].as_array().into_iter().flatten().filter_map(|r| r.as_str()) {
+                            if !body.contains_key(r) {
+                                stale.push(format!(
+                                    "{name}:{line_no}: {} {path}: its body lacks {r:?}",
+                                    m.to_uppercase()
+                                ));
+                            }
                         }
                     }
                 }
             }
         }
         assert!(named > 100, "the docs name routes ({named} found): the scan itself works");
+        assert!(bodies >= 5, "the docs show request bodies ({bodies} checked): the scan itself works");
         assert!(stale.is_empty(), "routes the docs name that the router does not serve:\n{}", stale.join("\n"));
     }
 
@@ -364,6 +396,11 @@ mod docs_routes {
     /// (line number, methods in lower case, path) of each `METHOD[/METHOD] /path` (or
     /// `METHOD …/tail`) and each `curl` command (its lines joined) in `text`.
     pub fn mentions(text: &str) -> Vec<(usize, Vec<String>, String)> {
+        mentions_with_bodies(text).into_iter().map(|(n, m, p, _)| (n, m, p)).collect()
+    }
+
+    /// [`mentions`], with each `curl` command's body when it is JSON (`-d '{…}'`).
+    pub fn mentions_with_bodies(text: &str) -> Vec<(usize, Vec<String>, String, Option<serde_json::Value>)> {
         let mut out = Vec::new();
         let lines: Vec<&str> = text.lines().collect();
         let mut i = 0;
@@ -376,7 +413,7 @@ mod docs_routes {
                 let methods: Vec<&str> = pair[0].trim_start_matches(['(', '"']).split('/').collect();
                 if methods.iter().all(|m| METHODS.contains(m)) && (pair[1].starts_with('/') || pair[1].starts_with('…'))
                 {
-                    out.push((start, methods.iter().map(|m| m.to_lowercase()).collect(), pair[1].to_string()));
+                    out.push((start, methods.iter().map(|m| m.to_lowercase()).collect(), pair[1].to_string(), None));
                 }
             }
             if line.trim_start().starts_with("curl ") {
@@ -386,12 +423,19 @@ mod docs_routes {
                     cmd = format!("{} {}", cmd.trim_end().trim_end_matches('\\'), lines[i]);
                 }
                 if let Some(c) = curl(&cmd) {
-                    out.push((start, vec![c.0], c.1));
+                    out.push((start, vec![c.0], c.1, json_body(&cmd)));
                 }
             }
             i += 1;
         }
         out
+    }
+
+    /// The JSON body of a curl command: the single-quoted argument of `-d`/`--data`/`--json`.
+    fn json_body(cmd: &str) -> Option<serde_json::Value> {
+        let at = [" -d '", " --data '", " --json '"].iter().filter_map(|f| cmd.find(f).map(|i| i + f.len())).min()?;
+        let end = cmd[at..].find('\'')?;
+        serde_json::from_str(&cmd[at..at + end]).ok()
     }
 
     /// A curl command's method and the path of its URL on a node (`http(s)://host/…`, `$URL/…`).
