@@ -310,11 +310,12 @@ const FILE_INPUT: &str = "function() { return (this.tagName === 'INPUT' && this.
 const WATCH_FILES: &str = "function() { this.__computerdFiles = undefined; this.addEventListener('change', () => { this.__computerdFiles = Array.from(this.files || []).map(f => ({name: f.name, size: f.size})); }, {capture: true, once: true}); }";
 /// The files [`WATCH_FILES`] noted, else those the input holds now.
 const FILES: &str = "function() { const seen = this.__computerdFiles; delete this.__computerdFiles; return seen !== undefined ? seen : Array.from(this.files || []).map(f => ({name: f.name, size: f.size})); }";
-/// Whether the hit-test node `h` is the element, inside it (through shadow roots too: a text
-/// field's own inner editor is in its user-agent shadow root) or inside one of its labels.
-const COVERS: &str = "function(h) { const labels = this.labels ? Array.from(this.labels) : []; for (let n = h; n; n = n.parentNode || n.host || null) { if (n === this || labels.includes(n)) return true; } return false; }";
-/// What a hit-test node is, for a person: its element's role (or tag) and name.
-const DESCRIBE: &str = "function() { let e = this.nodeType === 1 ? this : this.parentElement; while (e && e.nodeType !== 1) e = e.parentNode || e.host; if (!e) return 'nothing'; const role = e.getAttribute('role') || e.tagName.toLowerCase(); const name = (e.getAttribute('aria-label') || e.innerText || e.getAttribute('alt') || e.id || '').trim().replace(/\\s+/g, ' ').slice(0, 60); return name ? role + ' \"' + name + '\"' : role; }";
+/// Hit-tests the point `(x, y)` of the viewport in the element's document, as a pointer would:
+/// the topmost element there (into open shadow roots), and whether it is the element, inside it
+/// (a text field's inner editor is in its user-agent shadow root, which answers the field) or
+/// inside one of its labels. Answers `{ok: true}`, `{none: true}` (nothing there: off the
+/// screen) or `{cover: "<role> \"<name>\""}` (what a person would see on top).
+const HIT: &str = "function(x, y) { let h = this.ownerDocument.elementFromPoint(x, y); while (h && h.shadowRoot) { const inner = h.shadowRoot.elementFromPoint(x, y); if (!inner || inner === h) break; h = inner; } if (!h) return {none: true}; const labels = this.labels ? Array.from(this.labels) : []; for (let n = h; n; n = n.parentNode || n.host || null) { if (n === this || labels.includes(n)) return {ok: true}; } const role = h.getAttribute('role') || h.tagName.toLowerCase(); const name = (h.getAttribute('aria-label') || h.innerText || h.getAttribute('alt') || h.id || '').trim().replace(/\\s+/g, ' ').slice(0, 60); return {cover: name ? role + ' \"' + name + '\"' : role}; }";
 const LABEL: &str = "function() { const l = this.labels && this.labels[0]; return ((l && l.innerText) || this.getAttribute('aria-label') || this.name || '').trim(); }";
 
 /// Checks a ref against the live page; answers what it names and the element's object id.
@@ -360,11 +361,30 @@ async fn check_ref(cdp: &Cdp, tab: &Tab, r: &str) -> Result<(RefInfo, String), B
     Ok((info, obj))
 }
 
+/// Scrolls the element to the middle of its scrolling boxes and the viewport (a second try, when
+/// the first point was under a sticky header, say, or outside the viewport).
+const CENTRE: &str = "function() { this.scrollIntoView({block: 'center', inline: 'center', behavior: 'instant'}); }";
+
 /// The point to click: the element's centre once scrolled into view, checked to be the
-/// element (or inside it, or its label) and not something covering it.
+/// element (or inside it, or its label) and not something covering it. When the first point is
+/// covered (a sticky header over an element that counted as visible) or not on the screen, the
+/// element is scrolled to the middle and checked once more; a cover still there is refused,
+/// named.
 async fn point_of(cdp: &Cdp, tab: &Tab, info: &RefInfo, obj: &str) -> Result<(f64, f64), BrowserError> {
     let s = &tab.cdp_session;
     let _ = cdp.call(Some(s), "DOM.scrollIntoViewIfNeeded", json!({"backendNodeId": info.backend}), COMMAND).await;
+    match hit(cdp, s, info, obj).await? {
+        Ok(point) => Ok(point),
+        Err(_) => {
+            function(cdp, s, obj, CENTRE, json!([])).await?;
+            hit(cdp, s, info, obj).await?.map_err(BrowserError::invalid)
+        }
+    }
+}
+
+/// The element's centre and whether that point is the element: `Ok(Err(why))` when it is not
+/// (covered, or off the screen).
+async fn hit(cdp: &Cdp, s: &str, info: &RefInfo, obj: &str) -> Result<Result<(f64, f64), String>, BrowserError> {
     let quads = cdp
         .call(Some(s), "DOM.getContentQuads", json!({"backendNodeId": info.backend}), COMMAND)
         .await
@@ -378,26 +398,14 @@ async fn point_of(cdp: &Cdp, tab: &Tab, info: &RefInfo, obj: &str) -> Result<(f6
     let v: Vec<f64> = q.iter().map(|n| n.as_f64().unwrap_or(0.0)).collect();
     let x = ((v[0] + v[2] + v[4] + v[6]) / 4.0).round();
     let y = ((v[1] + v[3] + v[5] + v[7]) / 4.0).round();
-    let hit = call(
-        cdp,
-        s,
-        "DOM.getNodeForLocation",
-        json!({"x": x as i64, "y": y as i64, "includeUserAgentShadowDOM": true}),
-    )
-    .await?;
-    let hit_obj = match hit["backendNodeId"].as_i64() {
-        Some(b) => call(cdp, s, "DOM.resolveNode", json!({"backendNodeId": b})).await?["object"]["objectId"]
-            .as_str()
-            .map(String::from),
-        None => None,
-    };
-    let Some(hit_obj) = hit_obj else { return Err(BrowserError::invalid("nothing is at the element's centre")) };
-    if function(cdp, s, obj, COVERS, json!([{"objectId": hit_obj}])).await? != Value::Bool(true) {
-        let cover = function(cdp, s, &hit_obj, DESCRIBE, json!([])).await?;
-        let cover = cover.as_str().unwrap_or("another element");
-        return Err(BrowserError::invalid(format!("{cover} covers the element at ({x}, {y})")));
+    let h = function(cdp, s, obj, HIT, json!([{"value": x}, {"value": y}])).await?;
+    if h["ok"] == true {
+        return Ok(Ok((x, y)));
     }
-    Ok((x, y))
+    if let Some(cover) = h["cover"].as_str() {
+        return Ok(Err(format!("{cover} covers the element at ({x}, {y})")));
+    }
+    Ok(Err(format!("the element's centre ({x}, {y}) is not on the screen")))
 }
 
 async fn mouse(cdp: &Cdp, s: &str, x: f64, y: f64, click: bool) -> Result<(), BrowserError> {

@@ -1,0 +1,198 @@
+//! Every kind of element a person clicks, by ref, in real Chromium (issue 38, item 2), on the
+//! element corpus (`tests/fixtures/web/elements.html`, served over HTTP/1.1 with keep-alive by
+//! `elements.py`): text fields (labelled, aria-labelled), a textarea and a `contenteditable`;
+//! checkboxes and radios, directly and through their label when the input itself is visually
+//! hidden; a `<select>`, an ARIA listbox and a combobox; buttons, a hover, a link; a button in an
+//! open shadow root; a button at the bottom of a scrolling container; a button under a sticky
+//! header. Each effect is read back from the page's server (the page reports what it saw). A real
+//! cover is refused, naming what covers the target, and nothing reaches it. Needs root, python3
+//! and chromium (installed by `.ci/run`): it fails without them.
+
+use std::path::Path;
+use std::path::PathBuf;
+use std::time::Duration;
+use std::time::Instant;
+
+use computer_agent::browser::Browser;
+use computerd_proto::ErrorKind;
+use computerd_proto::browser::BrowserOp;
+use serde_json::Value;
+use serde_json::json;
+
+const CALLER: &str = "bot:b1";
+
+struct Site {
+    child: std::process::Child,
+    url: String,
+    state: PathBuf,
+}
+
+impl Drop for Site {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+    }
+}
+
+fn site(state: &Path) -> Site {
+    use std::io::BufRead;
+    std::fs::create_dir_all(state).expect("state dir");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/web/elements.py");
+    let mut child = std::process::Command::new("python3")
+        .arg(&script)
+        .arg("0")
+        .arg(state)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 runs the site");
+    let out = child.stdout.take().expect("stdout");
+    let mut line = String::new();
+    std::io::BufReader::new(out).read_line(&mut line).expect("the site says its port");
+    let port: u16 = line.trim().strip_prefix("listening on ").and_then(|p| p.parse().ok()).expect("a port");
+    Site { child, url: format!("http://127.0.0.1:{port}"), state: state.to_path_buf() }
+}
+
+impl Site {
+    fn events(&self) -> Vec<Value> {
+        std::fs::read_to_string(self.state.join("events.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// Waits until the page reported `el` with `value` (the last such report counts).
+    fn wait(&self, el: &str, value: Value) {
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let last = self.events().into_iter().rev().find(|e| e["el"] == el);
+            if last.as_ref().is_some_and(|e| e["value"] == value || (value.is_null() && e["ev"] == "followed")) {
+                return;
+            }
+            assert!(Instant::now() < until, "the page never reported {el} = {value} (last: {last:?})");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn chromium() -> PathBuf {
+    ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+        .expect("chromium is installed (.ci/run installs it)")
+}
+
+fn op(v: Value) -> BrowserOp {
+    serde_json::from_value(v).expect("a browser op")
+}
+
+async fn call(b: &Browser, v: Value) -> Value {
+    let what = v.to_string();
+    match b.call(op(v), CALLER).await {
+        Ok(a) => a.json,
+        Err(e) => panic!("{what}: {e:?}"),
+    }
+}
+
+/// The ref of the first element with `role` and `name` in the tab's snapshot now.
+async fn find(b: &Browser, session: &str, role: &str, name: &str) -> String {
+    eprintln!("the {role} {name:?}");
+    let snap = call(b, json!({"op": "snapshot", "args": {"session": session, "format": "json"}})).await;
+    snap["elements"]
+        .as_array()
+        .and_then(|a| a.iter().find(|e| e["role"] == role && e["name"] == name))
+        .and_then(|e| e["ref"].as_str())
+        .unwrap_or_else(|| panic!("no {role} {name:?} in:\n{}", snap["text"].as_str().unwrap_or_default()))
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kind_of_element_by_ref() {
+    assert!(nix::unistd::geteuid().is_root(), "this test runs Chromium as the desktop account: run it as root");
+    let t = tempfile::tempdir().expect("tmp");
+    std::fs::set_permissions(t.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    let workspace = t.path().join("workspace");
+    std::fs::create_dir_all(&workspace).expect("workspace");
+    let s = site(&t.path().join("site"));
+    let account = computer_agent::desktop::xserver::desktop_account().expect("an account for the browser");
+    let b = Browser::new(chromium(), account, t.path().join("browser"), workspace, None);
+    let opened = call(&b, json!({"op": "open", "args": {"url": format!("{}/", s.url)}})).await;
+    let sid = opened["session"].as_str().expect("session").to_string();
+    assert_eq!(opened["tabs"][0]["title"], "Elements", "{opened}");
+
+    let click = |r: String| {
+        let (b, sid) = (&b, sid.clone());
+        async move { call(b, json!({"op": "click", "args": {"session": sid, "ref": r}})).await }
+    };
+    let type_in = |r: String, text: &'static str| {
+        let (b, sid) = (&b, sid.clone());
+        async move { call(b, json!({"op": "type", "args": {"session": sid, "ref": r, "text": text}})).await }
+    };
+
+    // First, while the page opens scrolled so that this button sits under the sticky header:
+    // it counts as visible, yet its centre is the header's; it is scrolled to the middle.
+    click(find(&b, &sid, "button", "Under the header").await).await;
+    s.wait("under-header", json!(true));
+
+    // Text fields: a labelled input, an aria-labelled one, a textarea, a contenteditable; each
+    // is clicked first (the most common action there is), then typed into.
+    for (role, name, el, text) in [
+        ("textbox", "User", "user", "alice"),
+        ("textbox", "Search", "search", "shoes"),
+        ("textbox", "Notes", "notes", "a note"),
+        ("textbox", "Editor", "editor", "rich text"),
+    ] {
+        let r = find(&b, &sid, role, name).await;
+        click(r.clone()).await;
+        type_in(r, text).await;
+        s.wait(el, json!(text));
+    }
+
+    // Checkboxes and radios: the input itself, and one visually hidden behind its label.
+    click(find(&b, &sid, "checkbox", "I agree").await).await;
+    s.wait("agree", json!(true));
+    click(find(&b, &sid, "checkbox", "Newsletter").await).await;
+    s.wait("news", json!(true));
+    click(find(&b, &sid, "radio", "Small").await).await;
+    s.wait("size", json!("small"));
+    click(find(&b, &sid, "radio", "Large").await).await;
+    s.wait("size", json!("large"));
+
+    // A select, an ARIA listbox, a combobox with its suggestions.
+    let colour = find(&b, &sid, "combobox", "Colour").await;
+    call(&b, json!({"op": "select", "args": {"session": sid, "ref": colour, "values": ["green"]}})).await;
+    s.wait("colour", json!("green"));
+    click(find(&b, &sid, "option", "Pear").await).await;
+    s.wait("fruit", json!("Pear"));
+    let city = find(&b, &sid, "combobox", "City").await;
+    type_in(city, "L").await;
+    click(find(&b, &sid, "option", "London").await).await;
+    s.wait("city", json!("London"));
+
+    // Buttons: plain, hovered, in an open shadow root, at the bottom of a scrolling container.
+    click(find(&b, &sid, "button", "Plain button").await).await;
+    s.wait("plain", json!(true));
+    let hover = find(&b, &sid, "button", "Hover me").await;
+    call(&b, json!({"op": "hover", "args": {"session": sid, "ref": hover}})).await;
+    s.wait("hover", json!(true));
+    click(find(&b, &sid, "button", "Shadow button").await).await;
+    s.wait("shadow", json!(true));
+    click(find(&b, &sid, "button", "Deep button").await).await;
+    s.wait("deep", json!(true));
+
+    // A real cover is refused, naming it, and nothing reaches the button.
+    let covered = find(&b, &sid, "button", "Covered button").await;
+    match b.call(op(json!({"op": "click", "args": {"session": sid, "ref": covered}})), CALLER).await {
+        Ok(a) => panic!("a covered button was clicked: {}", a.json),
+        Err(e) => {
+            assert_eq!(e.kind, ErrorKind::InvalidRequest, "{e:?}");
+            assert!(e.message.contains("dialog \"Cookie banner\" covers"), "names the cover: {}", e.message);
+        }
+    }
+    // A link, last: it leaves the page.
+    let link = find(&b, &sid, "link", "Go to linked").await;
+    let clicked = click(link).await;
+    assert_eq!(clicked["outcome"]["navigated"], true, "{clicked}");
+    s.wait("link", Value::Null);
+    assert!(!s.events().iter().any(|e| e["el"] == "covered"), "the covered button saw nothing");
+}
