@@ -8,48 +8,16 @@
 //! cover is refused, naming what covers the target, and nothing reaches it. Needs root, python3
 //! and chromium (installed by `.ci/run`): it fails without them.
 
-use std::path::Path;
-use std::path::PathBuf;
 use std::time::Duration;
 use std::time::Instant;
 
 use computer_agent::browser::Browser;
 use computerd_proto::ErrorKind;
-use computerd_proto::browser::BrowserOp;
 use serde_json::Value;
 use serde_json::json;
 
-const CALLER: &str = "bot:b1";
-
-struct Site {
-    child: std::process::Child,
-    url: String,
-    state: PathBuf,
-}
-
-impl Drop for Site {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-    }
-}
-
-fn site(state: &Path) -> Site {
-    use std::io::BufRead;
-    std::fs::create_dir_all(state).expect("state dir");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/web/elements.py");
-    let mut child = std::process::Command::new("python3")
-        .arg(&script)
-        .arg("0")
-        .arg(state)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("python3 runs the site");
-    let out = child.stdout.take().expect("stdout");
-    let mut line = String::new();
-    std::io::BufReader::new(out).read_line(&mut line).expect("the site says its port");
-    let port: u16 = line.trim().strip_prefix("listening on ").and_then(|p| p.parse().ok()).expect("a port");
-    Site { child, url: format!("http://127.0.0.1:{port}"), state: state.to_path_buf() }
-}
+mod common;
+use common::*;
 
 impl Site {
     fn events(&self) -> Vec<Value> {
@@ -74,26 +42,6 @@ impl Site {
     }
 }
 
-fn chromium() -> PathBuf {
-    ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
-        .into_iter()
-        .map(PathBuf::from)
-        .find(|p| p.exists())
-        .expect("chromium is installed (.ci/run installs it)")
-}
-
-fn op(v: Value) -> BrowserOp {
-    serde_json::from_value(v).expect("a browser op")
-}
-
-async fn call(b: &Browser, v: Value) -> Value {
-    let what = v.to_string();
-    match b.call(op(v), CALLER).await {
-        Ok(a) => a.json,
-        Err(e) => panic!("{what}: {e:?}"),
-    }
-}
-
 /// The ref of the first element with `role` and `name` in the tab's snapshot now.
 async fn find(b: &Browser, session: &str, role: &str, name: &str) -> String {
     eprintln!("the {role} {name:?}");
@@ -113,7 +61,7 @@ async fn every_kind_of_element_by_ref() {
     std::fs::set_permissions(t.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
     let workspace = t.path().join("workspace");
     std::fs::create_dir_all(&workspace).expect("workspace");
-    let s = site(&t.path().join("site"));
+    let s = site("web/elements.py", &t.path().join("site"));
     let account = computer_agent::desktop::xserver::desktop_account().expect("an account for the browser");
     let b = Browser::new(chromium(), account, t.path().join("browser"), workspace, None);
     let opened = call(&b, json!({"op": "open", "args": {"url": format!("{}/", s.url)}})).await;

@@ -10,44 +10,12 @@
 //! guard, to show what it prevents: Chromium sends the lost POST again by itself on a new
 //! connection, and the test fails. Needs root, python3 and chromium (installed by `.ci/run`).
 
-use std::path::Path;
-use std::path::PathBuf;
-
 use computer_agent::browser::Browser;
-use computerd_proto::browser::BrowserOp;
 use serde_json::Value;
 use serde_json::json;
 
-const CALLER: &str = "bot:b1";
-
-struct Site {
-    child: std::process::Child,
-    url: String,
-    state: PathBuf,
-}
-
-impl Drop for Site {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-    }
-}
-
-fn site(state: &Path) -> Site {
-    use std::io::BufRead;
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/wire_site.py");
-    let mut child = std::process::Command::new("python3")
-        .arg(&script)
-        .arg("0")
-        .arg(state)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("python3 runs the site");
-    let out = child.stdout.take().expect("stdout");
-    let mut line = String::new();
-    std::io::BufReader::new(out).read_line(&mut line).expect("the site says its port");
-    let port: u16 = line.trim().strip_prefix("listening on ").and_then(|p| p.parse().ok()).expect("a port");
-    Site { child, url: format!("http://127.0.0.1:{port}"), state: state.to_path_buf() }
-}
+mod common;
+use common::*;
 
 impl Site {
     /// The site's state; it writes it before it answers (or drops) a request.
@@ -61,32 +29,6 @@ impl Site {
     /// The POSTs the site saw, with their connection and how-manieth request on it they were.
     fn post_log(&self) -> Vec<Value> {
         self.state()["requests"].as_array().into_iter().flatten().filter(|r| r["method"] == "POST").cloned().collect()
-    }
-}
-
-fn chromium() -> PathBuf {
-    ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
-        .into_iter()
-        .map(PathBuf::from)
-        .find(|p| p.exists())
-        .expect("chromium is installed (.ci/run installs it)")
-}
-
-fn find(snap: &Value, role: &str, name: &str) -> String {
-    snap["elements"]
-        .as_array()
-        .and_then(|a| a.iter().find(|e| e["role"] == role && e["name"] == name))
-        .and_then(|e| e["ref"].as_str())
-        .unwrap_or_else(|| panic!("no {role} {name:?} in:\n{}", snap["text"].as_str().unwrap_or_default()))
-        .to_string()
-}
-
-async fn call(b: &Browser, v: Value) -> Value {
-    let what = v.to_string();
-    let op: BrowserOp = serde_json::from_value(v).expect("a browser op");
-    match b.call(op, CALLER).await {
-        Ok(a) => a.json,
-        Err(e) => panic!("{what}: {e:?}"),
     }
 }
 
@@ -104,7 +46,7 @@ async fn a_lost_answer_is_never_sent_again() {
     std::fs::set_permissions(t.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
     let workspace = t.path().join("workspace");
     std::fs::create_dir_all(&workspace).expect("workspace");
-    let s = site(&t.path().join("site"));
+    let s = site("wire_site.py", &t.path().join("site"));
     let account = computer_agent::desktop::xserver::desktop_account().expect("an account for the browser");
     let b = Browser::new(chromium(), account, t.path().join("browser"), workspace, None);
     let guarded = std::env::var("COMPUTERD_BROWSER_WIRE").map_or(true, |v| v != "off");

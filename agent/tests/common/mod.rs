@@ -1,0 +1,89 @@
+//! What the agent's real-Chromium tests share: a Python site of `tests/fixtures/` on a free
+//! port, Chromium's path, and calls to the browser.
+
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::path::PathBuf;
+
+use computer_agent::browser::Browser;
+use computerd_proto::ErrorKind;
+use computerd_proto::browser::BrowserOp;
+use serde_json::Value;
+
+/// The caller the tests' browser calls come from.
+pub const CALLER: &str = "bot:b1";
+
+/// A test site: a Python script of `tests/fixtures/` serving on 127.0.0.1, stopped when dropped.
+pub struct Site {
+    pub child: std::process::Child,
+    pub url: String,
+    /// The directory the site writes what it saw into.
+    pub state: PathBuf,
+}
+
+impl Drop for Site {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+    }
+}
+
+/// Starts `tests/fixtures/<script> 0 <state>`, which prints `listening on <port>` first.
+pub fn site(script: &str, state: &Path) -> Site {
+    use std::io::BufRead;
+    std::fs::create_dir_all(state).expect("the site's state dir");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(script);
+    let mut child = std::process::Command::new("python3")
+        .arg(&script)
+        .arg("0")
+        .arg(state)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 runs the site");
+    let out = child.stdout.take().expect("stdout");
+    let mut line = String::new();
+    std::io::BufReader::new(out).read_line(&mut line).expect("the site says its port");
+    let port: u16 = line.trim().strip_prefix("listening on ").and_then(|p| p.parse().ok()).expect("a port");
+    Site { child, url: format!("http://127.0.0.1:{port}"), state: state.to_path_buf() }
+}
+
+/// Chromium on this machine (`.ci/run` installs it).
+pub fn chromium() -> PathBuf {
+    ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+        .expect("chromium is installed (.ci/run installs it)")
+}
+
+pub fn op(v: Value) -> BrowserOp {
+    serde_json::from_value(v).expect("a browser op")
+}
+
+/// A call that must answer.
+pub async fn call(b: &Browser, v: Value) -> Value {
+    let what = v.to_string();
+    match b.call(op(v), CALLER).await {
+        Ok(a) => a.json,
+        Err(e) => panic!("{what}: {e:?}"),
+    }
+}
+
+/// A call that must be refused: its error's kind and message.
+pub async fn refused(b: &Browser, v: Value) -> (ErrorKind, String) {
+    let what = v.to_string();
+    match b.call(op(v), CALLER).await {
+        Ok(a) => panic!("{what} answered {}", a.json),
+        Err(e) => (e.kind, e.message),
+    }
+}
+
+/// The ref of the first element with `role` and `name` in a JSON snapshot.
+pub fn find(snap: &Value, role: &str, name: &str) -> String {
+    snap["elements"]
+        .as_array()
+        .and_then(|a| a.iter().find(|e| e["role"] == role && e["name"] == name))
+        .and_then(|e| e["ref"].as_str())
+        .unwrap_or_else(|| panic!("no {role} {name:?} in:\n{}", snap["text"].as_str().unwrap_or_default()))
+        .to_string()
+}
