@@ -224,7 +224,7 @@ pub fn find(name: &str) -> Option<&'static BotTool> {
     TOOLS.iter().find(|t| t.name == name)
 }
 
-static TOOLS: [BotTool; 36] = [
+static TOOLS: [BotTool; 37] = [
     BotTool {
         name: "openbot_computers_list",
         description: "Lists the Computers this bot may use, with their state.",
@@ -840,6 +840,32 @@ static TOOLS: [BotTool; 36] = [
         request: |a, _| browser_call(a, "press", &["keys", "timeoutMs"], true, |a| a.required("keys").map(|_| ())),
     },
     BotTool {
+        name: "openbot_browser_dialog",
+        description: "Answers the JavaScript dialog (alert, confirm, prompt, beforeunload) open on a browser tab: \
+                      accept (OK; for a prompt, with text) or dismiss (Cancel). A tool that opens a dialog answers \
+                      at once with it (`dialog`: type, message, defaultPrompt), and the tab takes no other input \
+                      until it is answered. Give an actionId when accepting may change something outside (a \
+                      confirm before a delete): a retry with the same id never answers twice.",
+        parameters: || {
+            browser_schema(
+                json!({
+                    "accept": {"type": "boolean", "description": "OK (true) or Cancel (false)."},
+                    "text": {"type": "string", "maxLength": 16384, "description": "A prompt's answer (with accept: true)."},
+                    "timeoutMs": {"type": "integer", "minimum": 1, "maximum": 60000, "description": WAIT}
+                }),
+                &["accept"],
+                true,
+            )
+        },
+        request: |a, _| {
+            browser_call(a, "dialog", &["accept", "text", "timeoutMs"], true, |a| match a.0.get("accept") {
+                Some(Value::Bool(_)) if a.0.get("text").is_none_or(Value::is_string) => Ok(()),
+                Some(Value::Bool(_)) => Err(BadArguments("`text` is a string".into())),
+                _ => Err(BadArguments("`accept` is required (true or false)".into())),
+            })
+        },
+    },
+    BotTool {
         name: "openbot_browser_select",
         description: "Chooses options of a <select> element by its ref, each named by its value or its label. \
                       Give an actionId when it may change something outside: a retry with the same id never \
@@ -966,7 +992,7 @@ static TOOLS: [BotTool; 36] = [
             object(
                 json!({
                     "computerId": {"type": "string", "description": COMPUTER},
-                    "actionId": {"type": "string", "description": "The actionId you gave the click, type, press, select or upload."}
+                    "actionId": {"type": "string", "description": "The actionId you gave the click, type, press, select, upload or dialog."}
                 }),
                 &["computerId", "actionId"],
             )
@@ -1316,6 +1342,13 @@ mod tests {
                 Some(json!({"session": "b-0123456789abcdef", "keys": "Enter", "actionId": "p:1"})),
             ),
             (
+                "openbot_browser_dialog",
+                s(json!({"accept": true, "text": "yes", "actionId": "d-1"})),
+                "POST",
+                format!("{b}/dialog"),
+                Some(json!({"session": "b-0123456789abcdef", "accept": true, "text": "yes", "actionId": "d-1"})),
+            ),
+            (
                 "openbot_browser_select",
                 s(json!({"ref": "e5", "values": ["a"]})),
                 "POST",
@@ -1378,6 +1411,9 @@ mod tests {
             ("openbot_browser_type", s(json!({"ref": "e1"}))),
             ("openbot_browser_type", s(json!({"ref": "e1", "text": 5}))),
             ("openbot_browser_press", s(json!({"keys": ""}))),
+            ("openbot_browser_dialog", s(json!({}))),
+            ("openbot_browser_dialog", s(json!({"accept": "yes"}))),
+            ("openbot_browser_dialog", s(json!({"accept": true, "text": 3}))),
             ("openbot_browser_select", s(json!({"ref": "e1", "values": []}))),
             ("openbot_browser_select", s(json!({"ref": "e1", "values": "a"}))),
             ("openbot_browser_hover", s(json!({}))),
@@ -1401,7 +1437,7 @@ mod tests {
         assert_eq!(required("openbot_browser_action"), json!(["computerId", "actionId"]));
         for t in registry().iter().filter(|t| t.name.starts_with("openbot_browser_")) {
             let p = (t.parameters)();
-            let acting = ["click", "type", "press", "select", "upload"].iter().any(|a| t.name.ends_with(a));
+            let acting = ["click", "type", "press", "select", "upload", "dialog"].iter().any(|a| t.name.ends_with(a));
             assert_eq!(p["properties"].get("actionId").is_some(), acting || t.name.ends_with("_action"), "{}", t.name);
             if acting {
                 assert!(t.description.contains("actionId"), "{}", t.name);

@@ -245,6 +245,29 @@ tool_request!(
     }
 );
 
+tool_request!(
+    /// `dialog`: answer the tab's pending JavaScript dialog (`alert`, `confirm`, `prompt`,
+    /// `beforeunload`): accept it (OK; for a prompt, with `text`) or dismiss it (Cancel).
+    DialogRequest {
+        /// OK (`true`) or Cancel (`false`).
+        accept: bool,
+        /// A prompt's answer (with `accept`).
+        text: Option<String>,
+        /// How long to wait for a page load answering it starts (ms).
+        timeout_ms: Option<u64>,
+        /// The action record.
+        action_id: Option<String>,
+        /// The run.
+        run_id: Option<String>,
+        /// The claim of the run's attempt that acts (it must hold the run's lease).
+        run_claim: Option<String>,
+        /// The intent.
+        intent: Option<String>,
+        /// The evidence.
+        evidence: Option<Value>,
+    }
+);
+
 /// The probes of `session_status`: a site has no standard signal of who is signed in.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -308,6 +331,8 @@ pub enum BrowserOp {
     Screenshot(ShotRequest),
     /// Signed in, right account, project reachable.
     SessionStatus(StatusRequest),
+    /// Answer a pending JavaScript dialog.
+    Dialog(DialogRequest),
 }
 
 impl BrowserOp {
@@ -327,6 +352,7 @@ impl BrowserOp {
             Self::Upload(_) => "upload",
             Self::Screenshot(_) => "screenshot",
             Self::SessionStatus(_) => "session_status",
+            Self::Dialog(_) => "dialog",
         }
     }
 
@@ -349,6 +375,7 @@ impl BrowserOp {
             Self::Press(r) => meta!(r),
             Self::Select(r) => meta!(r),
             Self::Upload(r) => meta!(r),
+            Self::Dialog(r) => meta!(r),
             _ => None,
         }
     }
@@ -367,6 +394,7 @@ impl BrowserOp {
             Self::Upload(r) => &r.session,
             Self::Screenshot(r) => &r.session,
             Self::SessionStatus(r) => &r.session,
+            Self::Dialog(r) => &r.session,
         })
     }
 
@@ -476,6 +504,15 @@ impl BrowserOp {
                 }
                 if r.probes.signed_in_selector.is_none() && r.probes.signed_in_text.is_none() {
                     return Err("give a probe: signedInSelector or signedInText".into());
+                }
+                wait(r.timeout_ms)?;
+            }
+            Self::Dialog(r) => {
+                if r.text.as_ref().is_some_and(|t| t.chars().count() > MAX_TEXT) {
+                    return Err(format!("text is over {MAX_TEXT} characters"));
+                }
+                if r.text.is_some() && !r.accept {
+                    return Err("text answers a prompt: it goes with accept: true".into());
                 }
                 wait(r.timeout_ms)?;
             }

@@ -59,6 +59,10 @@ pub enum ErrorKind {
     /// A provider template's image cannot be a sandbox (missing, or without the agent, the
     /// `user` account or `/workspace`): nothing was created.
     TemplateInvalid,
+    /// A browser navigation got no answer from the site: the name did not resolve, the
+    /// connection was refused or timed out (a net error before any HTTP answer). The message
+    /// names the net error and the host. A site's own 4xx or 5xx is an answer, not this.
+    NavigationFailed,
 }
 
 impl ErrorKind {
@@ -89,6 +93,7 @@ impl ErrorKind {
             Self::DigestMismatch => "DigestMismatch",
             Self::LeaseLost => "LeaseLost",
             Self::TemplateInvalid => "template_invalid",
+            Self::NavigationFailed => "navigation_failed",
         }
     }
 
@@ -119,6 +124,7 @@ impl ErrorKind {
             "DigestMismatch" => Self::DigestMismatch,
             "LeaseLost" => Self::LeaseLost,
             "template_invalid" => Self::TemplateInvalid,
+            "navigation_failed" => Self::NavigationFailed,
             _ => return None,
         })
     }
@@ -150,6 +156,7 @@ impl ErrorKind {
             Self::DigestMismatch => 422,
             Self::LeaseLost => 409,
             Self::TemplateInvalid => 400,
+            Self::NavigationFailed => 502,
         }
     }
 
@@ -180,6 +187,7 @@ impl ErrorKind {
             Self::DigestMismatch => tonic::Code::DataLoss,
             Self::LeaseLost => tonic::Code::FailedPrecondition,
             Self::TemplateInvalid => tonic::Code::InvalidArgument,
+            Self::NavigationFailed => tonic::Code::Unavailable,
         }
     }
 
@@ -238,6 +246,7 @@ mod tests {
             ErrorKind::DigestMismatch,
             ErrorKind::LeaseLost,
             ErrorKind::TemplateInvalid,
+            ErrorKind::NavigationFailed,
         ];
         for k in all {
             assert_eq!(ErrorKind::parse(k.as_str()), Some(k));
@@ -247,6 +256,10 @@ mod tests {
         assert_eq!(ErrorKind::IdempotencyKeyReused.http_status(), 422);
         assert_eq!(ErrorKind::Forbidden.http_status(), 403);
         assert_eq!(ErrorKind::Unauthorized.http_status(), 401);
+        assert_eq!(
+            (ErrorKind::NavigationFailed.as_str(), ErrorKind::NavigationFailed.http_status()),
+            ("navigation_failed", 502)
+        );
         for k in all {
             let s = k.status("why");
             assert_eq!(ErrorKind::of(&s), Some(k));

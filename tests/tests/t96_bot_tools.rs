@@ -13,7 +13,7 @@ use reqwest::Method;
 use serde_json::Value;
 use serde_json::json;
 
-const TOOLS: [&str; 36] = [
+const TOOLS: [&str; 37] = [
     "openbot_computers_list",
     "openbot_computers_acquire",
     "openbot_computers_create",
@@ -43,6 +43,7 @@ const TOOLS: [&str; 36] = [
     "openbot_browser_click",
     "openbot_browser_type",
     "openbot_browser_press",
+    "openbot_browser_dialog",
     "openbot_browser_select",
     "openbot_browser_hover",
     "openbot_browser_upload",

@@ -120,6 +120,10 @@ pub struct Session {
     pub stage_fd: std::os::fd::OwnedFd,
     /// Its wire guard (None only when turned off for a test: [`Browser::set_wire_guard`]).
     pub wire: Option<wire::Wire>,
+    /// The JavaScript dialogs open now, by the tab's CDP session: kept by [`page::watch_dialogs`]
+    /// from the browser's events (a dialog blocks the page's script, and CDP has no call that
+    /// tells one is open).
+    pub dialogs: page::Dialogs,
 }
 
 /// The browser of this Computer; clones share it.
@@ -311,6 +315,8 @@ impl Browser {
             None
         };
         let (cdp, child) = self.launch(req.mode, &dirs, wire.as_ref()).await?;
+        let dialogs = page::Dialogs::default();
+        tokio::spawn(page::watch_dialogs(cdp.subscribe(), dialogs.clone()));
         let session = Arc::new(Session {
             id: id.clone(),
             mode: req.mode,
@@ -321,6 +327,7 @@ impl Browser {
             stage_dir: dirs.stage,
             stage_fd: dirs.stage_fd,
             wire,
+            dialogs,
         });
         let first = {
             let mut tabs = session.tabs.lock().await;

@@ -79,6 +79,7 @@ pub fn acts(op: &BrowserOp) -> bool {
             | BrowserOp::Press(_)
             | BrowserOp::Select(_)
             | BrowserOp::Upload(_)
+            | BrowserOp::Dialog(_)
     )
 }
 
@@ -116,7 +117,13 @@ pub async fn first_tab(session: &Session, tabs: &mut Tabs, url: Option<&str>) ->
     };
     attach(&session.cdp, tabs, &target).await?;
     match url {
-        Some(u) => navigate(session, tabs, &target, u, browser::DEFAULT_WAIT_MS).await,
+        // A first page that reached no server leaves the session open, the error in its answer.
+        Some(u) => match navigate(session, tabs, &target, u, browser::DEFAULT_WAIT_MS).await {
+            Err(e) if e.kind == ErrorKind::NavigationFailed => {
+                Ok(json!({"tab": target, "url": u, "loaded": false, "error": e.message, "errorKind": e.kind.as_str()}))
+            }
+            other => other,
+        },
         None => Ok(json!({"tab": target, "url": "about:blank", "title": ""})),
     }
 }
@@ -170,16 +177,59 @@ pub async fn serve(
         BrowserOp::Upload(r) => r.tab.clone(),
         BrowserOp::Screenshot(r) => r.tab.clone(),
         BrowserOp::SessionStatus(r) => r.tab.clone(),
+        BrowserOp::Dialog(r) => r.tab.clone(),
         BrowserOp::Open(_) | BrowserOp::Close(_) | BrowserOp::List => return Err(failed("not a tab tool")),
     };
     let target = pick_tab(cdp, tab_name.as_deref()).await?;
-    attach(cdp, tabs, &target).await?;
+    let tab_session = attach(cdp, tabs, &target).await?.cdp_session.clone();
+    // A dialog blocks the page's script, and every call that waits on it: only the snapshot
+    // (which shows it) and the dialog tool reach a tab that has one open.
+    let open_dialog = pending_dialog(&session.dialogs, &tab_session);
+    if let Some(d) = &open_dialog
+        && !matches!(op, BrowserOp::Snapshot(_) | BrowserOp::Dialog(_) | BrowserOp::SessionStatus(_))
+    {
+        return Err(BrowserError::new(
+            ErrorKind::Conflict,
+            format!(
+                "a {} dialog is open on this tab ({}): answer it with the dialog tool first",
+                d["type"].as_str().unwrap_or("JavaScript"),
+                d["message"]
+            ),
+        ));
+    }
     let plain = |json: Value| Answer { json, image: Vec::new() };
-    match op {
+    let result = match op {
         BrowserOp::Navigate(r) => {
             navigate(session, tabs, &target, &r.url, r.timeout_ms.unwrap_or(browser::DEFAULT_WAIT_MS)).await.map(plain)
         }
-        BrowserOp::Snapshot(r) => snapshot(cdp, tabs, &target, &r).await.map(plain),
+        BrowserOp::Snapshot(r) => match open_dialog {
+            Some(d) => dialog_snapshot(cdp, &target, d).await.map(plain),
+            None => snapshot(cdp, tabs, &target, &r).await.map(plain),
+        },
+        BrowserOp::Dialog(r) => {
+            let (tab, _) = tab_of(tabs, &target)?;
+            let s = tab.cdp_session.clone();
+            let frame = tab.frame.clone();
+            let Some(open) = open_dialog else {
+                return Err(BrowserError::new(ErrorKind::NotFound, "no dialog is open on this tab"));
+            };
+            let mut events = cdp.subscribe();
+            let mut params = json!({"accept": r.accept});
+            if let Some(t) = &r.text {
+                params["promptText"] = json!(t);
+            }
+            if let Err(e) = call(cdp, &s, "Page.handleJavaScriptDialog", params).await {
+                // It closed meanwhile (a person answered it, the page went away).
+                forget_dialog(&session.dialogs, &s);
+                return Err(BrowserError::new(
+                    ErrorKind::NotFound,
+                    format!("no dialog is open on this tab: {}", e.message),
+                ));
+            }
+            forget_dialog(&session.dialogs, &s);
+            let outcome = settle(&mut events, &s, &frame, r.timeout_ms).await;
+            Ok(plain(json!({"tab": target, "answered": open, "accepted": r.accept, "outcome": outcome})))
+        }
         BrowserOp::Click(r) => {
             let (tab, next) = tab_of(tabs, &target)?;
             let _ = next;
@@ -188,8 +238,7 @@ pub async fn serve(
             let s = tab.cdp_session.clone();
             let frame = tab.frame.clone();
             let mut events = cdp.subscribe();
-            mouse(cdp, &s, x, y, true).await?;
-            let outcome = settle(&mut events, &s, &frame, r.timeout_ms).await;
+            let (_, outcome) = acted(cdp, &mut events, &s, &frame, r.timeout_ms, mouse(cdp, &s, x, y, true)).await?;
             Ok(plain(json!({"tab": target, "ref": r.r#ref, "point": {"x": x, "y": y}, "outcome": outcome})))
         }
         BrowserOp::Hover(r) => {
@@ -211,8 +260,8 @@ pub async fn serve(
             let mut events = cdp.subscribe();
             call(cdp, &s, "Input.insertText", json!({"text": r.text})).await?;
             let outcome = if r.submit {
-                key(cdp, &s, &parse_keys("Enter").map_err(BrowserError::invalid)?).await?;
-                settle(&mut events, &s, &frame, r.timeout_ms).await
+                let enter = parse_keys("Enter").map_err(BrowserError::invalid)?;
+                acted(cdp, &mut events, &s, &frame, r.timeout_ms, key(cdp, &s, &enter)).await?.1
             } else {
                 json!({"state": "done", "navigated": false})
             };
@@ -224,14 +273,21 @@ pub async fn serve(
             let s = tab.cdp_session.clone();
             let frame = tab.frame.clone();
             let mut events = cdp.subscribe();
-            key(cdp, &s, &keys).await?;
-            let outcome = settle(&mut events, &s, &frame, r.timeout_ms).await;
+            let (_, outcome) = acted(cdp, &mut events, &s, &frame, r.timeout_ms, key(cdp, &s, &keys)).await?;
             Ok(plain(json!({"tab": target, "keys": r.keys, "outcome": outcome})))
         }
         BrowserOp::Select(r) => {
             let (tab, _) = tab_of(tabs, &target)?;
             let (_, obj) = check_ref(cdp, tab, &r.r#ref).await?;
-            let got = function(cdp, &tab.cdp_session, &obj, SELECT, json!([{"value": r.values}])).await?;
+            let s = tab.cdp_session.clone();
+            let chosen = function(cdp, &s, &obj, SELECT, json!([{"value": r.values}]));
+            let (got, dialog) = unblocked(cdp.subscribe(), &s, chosen).await?;
+            if let Some(d) = dialog {
+                let outcome = json!({"state": "done", "dialog": d});
+                return Ok(plain(json!({"tab": target, "ref": r.r#ref, "selected": null, "outcome": outcome})))
+                    .map(|a| with_dialog(&session.dialogs, &tab_session, a));
+            }
+            let got = got.unwrap_or_default();
             if let Some(e) = got["error"].as_str() {
                 return Err(BrowserError::invalid(format!("{}: {e}", r.r#ref)));
             }
@@ -241,7 +297,133 @@ pub async fn serve(
         BrowserOp::Screenshot(r) => screenshot(cdp, tabs, &target, &r).await,
         BrowserOp::SessionStatus(r) => session_status(session, &r).await.map(plain),
         BrowserOp::Open(_) | BrowserOp::Close(_) | BrowserOp::List => Err(failed("not a tab tool")),
+    };
+    result.map(|a| with_dialog(&session.dialogs, &tab_session, a))
+}
+
+/// The JavaScript dialogs open now, by the tab's CDP session: `{"type", "message",
+/// "defaultPrompt"?}`.
+pub type Dialogs = std::sync::Arc<std::sync::Mutex<HashMap<String, Value>>>;
+
+/// A dialog as the tools show it, from `Page.javascriptDialogOpening`.
+fn dialog_of(p: &Value) -> Value {
+    let mut d = json!({"type": p["type"], "message": p["message"]});
+    if p["type"] == "prompt" {
+        d["defaultPrompt"] = json!(p["defaultPrompt"].as_str().unwrap_or_default());
     }
+    d
+}
+
+fn dialogs_of(dialogs: &Dialogs) -> std::sync::MutexGuard<'_, HashMap<String, Value>> {
+    dialogs.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn pending_dialog(dialogs: &Dialogs, s: &str) -> Option<Value> {
+    dialogs_of(dialogs).get(s).cloned()
+}
+
+fn forget_dialog(dialogs: &Dialogs, s: &str) {
+    dialogs_of(dialogs).remove(s);
+}
+
+/// Keeps `dialogs` from the browser's events, until the browser stops.
+pub async fn watch_dialogs(mut events: broadcast::Receiver<Event>, dialogs: Dialogs) {
+    loop {
+        match events.recv().await {
+            Ok(ev) => match ev.method.as_str() {
+                "Page.javascriptDialogOpening" => {
+                    dialogs_of(&dialogs).insert(ev.session.clone(), dialog_of(&ev.params));
+                }
+                "Page.javascriptDialogClosed" => forget_dialog(&dialogs, &ev.session),
+                "Target.detachedFromTarget" => {
+                    forget_dialog(&dialogs, ev.params["sessionId"].as_str().unwrap_or_default())
+                }
+                _ => {}
+            },
+            Err(broadcast::error::RecvError::Lagged(_)) => continue,
+            Err(broadcast::error::RecvError::Closed) => return,
+        }
+    }
+}
+
+/// A tool's answer with the tab's pending dialog (`"dialog"`): the one its outcome saw open
+/// (noted at once: the dialog watcher may not have had its event yet), else the one noted.
+fn with_dialog(dialogs: &Dialogs, s: &str, mut a: Answer) -> Answer {
+    let seen = a.json.get("dialog").or_else(|| a.json.get("outcome").and_then(|o| o.get("dialog"))).cloned();
+    match seen.filter(|d| d.is_object()) {
+        Some(d) => {
+            dialogs_of(dialogs).insert(s.to_string(), d.clone());
+            a.json["dialog"] = d;
+        }
+        None => {
+            if let Some(d) = pending_dialog(dialogs, s) {
+                a.json["dialog"] = d;
+            }
+        }
+    }
+    a
+}
+
+/// Runs `input` (a call the page's script handles) unless the page opens a dialog first (then
+/// the script waits on the dialog, and so would the call): answers the call's value, or the
+/// dialog. `events` is subscribed before `input` is sent.
+async fn unblocked<T>(
+    mut events: broadcast::Receiver<Event>,
+    s: &str,
+    input: impl std::future::Future<Output = Result<T, BrowserError>>,
+) -> Result<(Option<T>, Option<Value>), BrowserError> {
+    let opened = async {
+        loop {
+            match events.recv().await {
+                Ok(ev) if ev.session == s && ev.method == "Page.javascriptDialogOpening" => {
+                    return dialog_of(&ev.params);
+                }
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                Err(broadcast::error::RecvError::Closed) => std::future::pending::<()>().await,
+            }
+        }
+    };
+    tokio::select! {
+        got = input => got.map(|v| (Some(v), None)),
+        d = opened => Ok((None, Some(d))),
+    }
+}
+
+/// Sends an input and settles its outcome; a dialog it opens ends the wait at once, in the
+/// outcome (`"dialog"`).
+async fn acted<T>(
+    cdp: &Cdp,
+    events: &mut broadcast::Receiver<Event>,
+    s: &str,
+    frame: &str,
+    timeout_ms: Option<u64>,
+    input: impl std::future::Future<Output = Result<T, BrowserError>>,
+) -> Result<(Option<T>, Value), BrowserError> {
+    let (got, dialog) = unblocked(cdp.subscribe(), s, input).await?;
+    if let Some(d) = dialog {
+        return Ok((None, json!({"state": "done", "navigated": false, "dialog": d})));
+    }
+    Ok((got, settle(events, s, frame, timeout_ms).await))
+}
+
+/// A snapshot of a tab whose page waits on a dialog: the dialog only (the page's tree cannot be
+/// read until it is answered; the tab's refs stay as they were).
+async fn dialog_snapshot(cdp: &Cdp, target: &str, d: Value) -> Result<Value, BrowserError> {
+    let info = cdp.call(None, "Target.getTargetInfo", json!({"targetId": target}), COMMAND).await?;
+    let mut text = format!("- dialog ({}) {}", d["type"].as_str().unwrap_or("alert"), d["message"]);
+    if let Some(p) = d.get("defaultPrompt") {
+        text.push_str(&format!(" [default={p}]"));
+    }
+    text.push_str("\n");
+    Ok(json!({
+        "tab": target,
+        "url": info["targetInfo"]["url"],
+        "title": info["targetInfo"]["title"],
+        "refs": 0,
+        "truncated": false,
+        "text": text,
+        "dialog": d,
+    }))
 }
 
 /// Adds to a recorded action's answer the requests sent in its window (its wire guard's log
@@ -516,6 +698,12 @@ struct Load {
     loaded: bool,
     status: Option<u64>,
     failed: Option<String>,
+    /// The document request was redirected.
+    redirected: bool,
+    /// No server was reached (the wire guard's `502 not-sent`): the net error it stands for.
+    unreached: Option<String>,
+    /// The load failed with a net error before any answer came (`net::ERR_…`).
+    net_error: Option<String>,
 }
 
 /// The wire guard's mark on a response (`x-computerd-wire`), from CDP's headers object.
@@ -534,11 +722,13 @@ struct Watch<'a> {
     /// A navigation has begun.
     started: bool,
     load: Load,
+    /// A dialog opened on the tab (the page waits on it).
+    dialog: Option<Value>,
 }
 
 impl<'a> Watch<'a> {
     fn new(s: &'a str, frame: &'a str, loader: Option<String>) -> Self {
-        Watch { s, frame, loader, documents: Vec::new(), started: false, load: Load::default() }
+        Watch { s, frame, loader, documents: Vec::new(), started: false, load: Load::default(), dialog: None }
     }
 
     /// Takes in one event; answers whether the load has ended (loaded or failed).
@@ -549,11 +739,20 @@ impl<'a> Watch<'a> {
         let p = &ev.params;
         let ours = p["frameId"] == self.frame;
         match ev.method.as_str() {
+            "Page.javascriptDialogOpening" => {
+                self.dialog = Some(dialog_of(p));
+                return true;
+            }
             "Page.frameRequestedNavigation" | "Page.frameStartedLoading" | "Page.frameStartedNavigating" if ours => {
                 self.started = true;
             }
             "Network.requestWillBeSent" if ours && p["type"] == "Document" => {
                 self.started = true;
+                if p.get("redirectResponse").is_some_and(|r| r.is_object())
+                    && (self.loader.is_none() || self.loader.as_deref() == p["loaderId"].as_str())
+                {
+                    self.load.redirected = true;
+                }
                 if self.loader.is_none() {
                     self.loader = p["loaderId"].as_str().map(String::from);
                 }
@@ -565,6 +764,16 @@ impl<'a> Watch<'a> {
                 if p["type"] == "Document" && self.loader.as_deref() == p["loaderId"].as_str() =>
             {
                 self.load.status = p["response"]["status"].as_u64();
+                // The wire guard's `502 not-sent`: no server was reached (the name did not
+                // resolve, the connection was refused); its error header says which net error.
+                if wire_mark(&p["response"]["headers"]) == Some("not-sent") {
+                    let headers = p["response"]["headers"].as_object();
+                    let why = headers
+                        .and_then(|h| h.iter().find(|(k, _)| k.eq_ignore_ascii_case(super::wire::ERROR_HEADER)))
+                        .and_then(|(_, v)| v.as_str());
+                    self.load.unreached =
+                        Some(why.unwrap_or("net::ERR_CONNECTION_FAILED (the server could not be reached)").to_string());
+                }
                 // The wire guard's own 502 for a request whose answer was lost (it is not sent
                 // again): as if the load had failed, whatever the browser shows.
                 if let Some(mark) = wire_mark(&p["response"]["headers"])
@@ -581,7 +790,11 @@ impl<'a> Watch<'a> {
                 if p["requestId"].as_str().is_some_and(|r| self.documents.iter().any(|d| d == r))
                     && p["canceled"] != Value::Bool(true) =>
             {
-                self.load.failed = Some(p["errorText"].as_str().unwrap_or("the load failed").to_string());
+                let e = p["errorText"].as_str().unwrap_or("the load failed").to_string();
+                if self.load.status.is_none() && e.starts_with("net::") {
+                    self.load.net_error = Some(e.clone());
+                }
+                self.load.failed = Some(e);
                 return true;
             }
             "Page.frameNavigated" if p["frame"]["id"] == self.frame && self.loader.is_none() => {
@@ -646,9 +859,13 @@ async fn settle(events: &mut broadcast::Receiver<Event>, s: &str, frame: &str, t
             Err(None) => return json!({"state": "done", "navigated": false}),
         }
     }
-    if !watch.load.loaded && watch.load.failed.is_none() {
+    if !watch.load.loaded && watch.load.failed.is_none() && watch.dialog.is_none() {
         let until = Instant::now() + Duration::from_millis(timeout_ms.unwrap_or(browser::DEFAULT_WAIT_MS));
         wait_load(events, &mut watch, until).await;
+    }
+    if let Some(d) = watch.dialog {
+        let navigated = if watch.load.loaded { json!(true) } else { json!(watch.started) };
+        return json!({"state": "done", "navigated": navigated, "dialog": d});
     }
     match (watch.load.loaded, watch.load.failed) {
         (_, Some(e)) => {
@@ -675,19 +892,58 @@ async fn navigate(
     let s = tab.cdp_session.clone();
     let frame = tab.frame.clone();
     let mut events = cdp.subscribe();
-    let nav = call(cdp, &s, "Page.navigate", json!({"url": url})).await?;
-    let mut answer = json!({"tab": target});
-    if let Some(e) = nav["errorText"].as_str().filter(|e| !e.is_empty()) {
+    let until = Instant::now() + Duration::from_millis(timeout_ms);
+    // The browser answers `Page.navigate` once the document's answer begins: a server that
+    // never answers holds it until the deadline.
+    let within = Duration::from_millis(timeout_ms).max(Duration::from_millis(1));
+    let sent = async {
+        match cdp.call(Some(&s), "Page.navigate", json!({"url": url}), within).await {
+            Err(super::cdp::CdpError::Timeout) => Ok(Value::Null),
+            other => Ok(other?),
+        }
+    };
+    // The page may ask first (`beforeunload`).
+    let (nav, dialog) = unblocked(cdp.subscribe(), &s, sent).await?;
+    let nav = nav.unwrap_or_default();
+    let mut answer = json!({"tab": target, "redirected": false, "timedOut": false});
+    if let Some(d) = dialog {
+        answer["loaded"] = json!(false);
+        answer["status"] = Value::Null;
+        answer["dialog"] = d;
+    } else if nav.is_null() {
+        answer["loaded"] = json!(false);
+        answer["status"] = Value::Null;
+        answer["timedOut"] = json!(true);
+        answer["error"] = json!(format!("the page did not answer within {timeout_ms} ms"));
+    } else if let Some(e) = nav["errorText"].as_str().filter(|e| !e.is_empty()) {
+        // A net error before any answer (`ERR_ABORTED` aside: the load was replaced, or it
+        // was a download).
+        if e != "net::ERR_ABORTED" {
+            return Err(unreached(url, e));
+        }
         answer["error"] = json!(e);
         answer["loaded"] = json!(false);
     } else if let Some(loader) = nav["loaderId"].as_str() {
         let mut watch = Watch::new(&s, &frame, Some(loader.to_string()));
-        wait_load(&mut events, &mut watch, Instant::now() + Duration::from_millis(timeout_ms)).await;
+        wait_load(&mut events, &mut watch, until).await;
+        if let Some(d) = watch.dialog.take() {
+            answer["dialog"] = d;
+        }
         let load = watch.load;
+        if let Some(e) = load.unreached.as_deref().or(load.net_error.as_deref()) {
+            return Err(unreached(url, e));
+        }
         answer["loaded"] = json!(load.loaded);
         answer["status"] = json!(load.status);
-        if let Some(e) = load.failed {
-            answer["error"] = json!(e);
+        answer["redirected"] = json!(load.redirected);
+        match load.failed {
+            Some(e) => answer["error"] = json!(e),
+            None if !load.loaded && answer.get("dialog").is_some() => {}
+            None if !load.loaded => {
+                answer["timedOut"] = json!(true);
+                answer["error"] = json!(format!("the page did not finish loading within {timeout_ms} ms"));
+            }
+            None => {}
         }
     } else {
         // The same document (a fragment): nothing loads.
@@ -697,6 +953,15 @@ async fn navigate(
     answer["url"] = info["targetInfo"]["url"].clone();
     answer["title"] = info["targetInfo"]["title"].clone();
     Ok(answer)
+}
+
+/// A navigation that reached no server: `NavigationFailed`, naming the net error and the host.
+fn unreached(url: &str, net_error: &str) -> BrowserError {
+    let host = url.split_once("://").map_or(url, |(_, r)| r).split(['/', '?', '#']).next().unwrap_or_default();
+    BrowserError::new(
+        ErrorKind::NavigationFailed,
+        format!("{url} could not be loaded: {net_error} (host {host}); no server answered"),
+    )
 }
 
 fn text_of(v: &Value) -> String {

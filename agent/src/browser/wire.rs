@@ -68,6 +68,10 @@ pub const LOG_SIZE: usize = 256;
 pub const WINDOW_MAX: usize = 32;
 /// The header on the proxy's own answers.
 pub const HEADER: &str = "x-computerd-wire";
+/// On a `not-sent` answer for a server that could not be reached: the net error it stands for
+/// (`net::ERR_NAME_NOT_RESOLVED`, `net::ERR_CONNECTION_REFUSED`, …) and why, as Chromium would
+/// have failed the load without the proxy.
+pub const ERROR_HEADER: &str = "x-computerd-wire-error";
 /// How long an upstream connection may take to open.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 /// A logged URL is cut to this many characters.
@@ -436,22 +440,56 @@ fn strip_hop(h: &mut HeaderMap) {
     }
 }
 
+/// Why a server could not be reached: the net error it stands for, and the detail.
+struct Unreached {
+    net: &'static str,
+    why: String,
+}
+
+impl std::fmt::Display for Unreached {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.why)
+    }
+}
+
+/// The proxy's `502 not-sent` for a server it could not reach, with [`ERROR_HEADER`].
+fn unreached(u: &Unreached, text: String) -> Response<Body> {
+    let mut r = own(StatusCode::BAD_GATEWAY, "not-sent", text);
+    let v = format!("{} ({})", u.net, u.why);
+    let v = HeaderValue::from_str(&v).unwrap_or_else(|_| HeaderValue::from_static(u.net));
+    r.headers_mut().insert(HeaderName::from_static(ERROR_HEADER), v);
+    r
+}
+
 /// A new connection to `host:port`; never one of this process's proxies.
-async fn connect(host: &str, port: u16) -> Result<TcpStream, String> {
+async fn connect(host: &str, port: u16) -> Result<TcpStream, Unreached> {
     let bare = host.trim_start_matches('[').trim_end_matches(']');
-    let addrs: Vec<SocketAddr> =
-        tokio::net::lookup_host((bare, port)).await.map_err(|e| format!("cannot resolve {host}: {e}"))?.collect();
-    let mut why = format!("{host} has no address");
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host((bare, port))
+        .await
+        .map_err(|e| Unreached { net: "net::ERR_NAME_NOT_RESOLVED", why: format!("cannot resolve {host}: {e}") })?
+        .collect();
+    let mut why = Unreached { net: "net::ERR_NAME_NOT_RESOLVED", why: format!("{host} has no address") };
     for a in addrs {
         let ip = a.ip().to_canonical();
         if (ip.is_loopback() || ip.is_unspecified()) && ports().contains(&a.port()) {
-            why = format!("{a} is the browser's own proxy");
+            why = Unreached { net: "net::ERR_ACCESS_DENIED", why: format!("{a} is the browser's own proxy") };
             continue;
         }
         match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(a)).await {
             Ok(Ok(s)) => return Ok(s),
-            Ok(Err(e)) => why = format!("cannot connect to {a}: {e}"),
-            Err(_) => why = format!("connecting to {a} timed out"),
+            Ok(Err(e)) => {
+                let net = match e.kind() {
+                    std::io::ErrorKind::ConnectionRefused => "net::ERR_CONNECTION_REFUSED",
+                    std::io::ErrorKind::HostUnreachable | std::io::ErrorKind::NetworkUnreachable => {
+                        "net::ERR_ADDRESS_UNREACHABLE"
+                    }
+                    _ => "net::ERR_CONNECTION_FAILED",
+                };
+                why = Unreached { net, why: format!("cannot connect to {a}: {e}") };
+            }
+            Err(_) => {
+                why = Unreached { net: "net::ERR_CONNECTION_TIMED_OUT", why: format!("connecting to {a} timed out") }
+            }
         }
     }
     Err(why)
@@ -483,11 +521,7 @@ async fn forward(req: Request<Incoming>, ctx: &Ctx) -> Response<Body> {
         (_, Err(why)) => {
             log.finish(seq, Fate::NotSent);
             tracing::debug!(seq, why = %why, "the wire guard could not reach a server");
-            return own(
-                StatusCode::BAD_GATEWAY,
-                "not-sent",
-                format!("The server could not be reached ({why}); the request was not sent.\n"),
-            );
+            return unreached(&why, format!("The server could not be reached ({why}); the request was not sent.\n"));
         }
     };
     let (mut parts, body) = req.into_parts();
@@ -553,7 +587,7 @@ async fn tunnel(mut req: Request<Incoming>, ctx: &Ctx) -> Response<Body> {
         Ok(s) => s,
         Err(why) => {
             ctx.log.finish(seq, Fate::NotSent);
-            return own(StatusCode::BAD_GATEWAY, "not-sent", format!("The server could not be reached ({why}).\n"));
+            return unreached(&why, format!("The server could not be reached ({why}).\n"));
         }
     };
     ctx.log.finish(seq, Fate::Tunnel);
@@ -761,6 +795,7 @@ mod tests {
                 .await;
         let got = String::from_utf8_lossy(&got).to_ascii_lowercase();
         assert!(got.starts_with("http/1.1 502") && got.contains("x-computerd-wire: not-sent"), "{got}");
+        assert!(got.contains("x-computerd-wire-error: net::err_connection_refused (cannot connect to"), "{got}");
         // A loop to the proxy itself is refused.
         let got =
             through(p, &format!("GET http://127.0.0.1:{p}/ HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")).await;

@@ -1,10 +1,10 @@
 //! The browser of a Computer: `…/browser/sessions` (open, list, close) and one route per tool
 //! (`…/browser/navigate`, `snapshot`, `click`, `hover`, `type`, `press`, `select`, `upload`,
-//! `screenshot`, `session_status`), served by the agent over CDP (`computer_agent::browser`),
+//! `screenshot`, `session_status`, `dialog`), served by the agent over CDP (`computer_agent::browser`),
 //! on the node holding the Computer's link like session and file calls; and the action records,
 //! `GET …/browser/actions/:actionId` and `POST …/browser/actions/:actionId/decision`.
 //!
-//! **Action records.** A `click`, `type`, `press`, `select` or `upload` carrying an `actionId`
+//! **Action records.** A `click`, `type`, `press`, `select`, `upload` or `dialog` carrying an `actionId`
 //! is recorded in the store (`computerd_raft::sm::actions`): `prepared`, then `dispatching`
 //! (written before the call leaves), then `done`, `failed` or `unknown`. The same id answers the
 //! record and is never sent again, whatever became of the first attempt: a timeout never turns
@@ -32,6 +32,7 @@ use axum::response::Response;
 use computerd_proto::ErrorKind;
 use computerd_proto::agent::DesktopCall;
 use computerd_proto::browser::BrowserOp;
+use computerd_proto::browser::DialogRequest;
 use computerd_proto::browser::NavigateRequest;
 use computerd_proto::browser::OpenRequest;
 use computerd_proto::browser::PressRequest;
@@ -460,7 +461,7 @@ pub async fn close(
 macro_rules! tool_route {
     ($name:ident, $path:literal, $op_id:literal, $req:ty, $variant:ident, $desc:literal, $answer:literal) => {
         #[doc = concat!("`POST ", $path, "`")]
-        #[utoipa::path(post, path = $path, operation_id = $op_id, tag = "browser", params(("id" = String, Path)), request_body(content = Object, description = $desc), responses((status = 200, description = $answer, body = Object), (status = 400, body = ErrorBody), (status = 404, description = "`not_found`: no such session or tab", body = ErrorBody), (status = 409, description = "`StaleRef`: take a new snapshot; `InputBusy`: a person holds the input lease; `LeaseLost`: the action's `runClaim` no longer holds its run's lease (nothing sent)", body = ErrorBody), (status = 422, description = "`ComputerUnsupported`: no browser", body = ErrorBody)), security(("bearer" = [])))]
+        #[utoipa::path(post, path = $path, operation_id = $op_id, tag = "browser", params(("id" = String, Path)), request_body(content = Object, description = $desc), responses((status = 200, description = $answer, body = Object), (status = 400, body = ErrorBody), (status = 404, description = "`not_found`: no such session or tab", body = ErrorBody), (status = 409, description = "`StaleRef`: take a new snapshot; `InputBusy`: a person holds the input lease; `LeaseLost`: the action's `runClaim` no longer holds its run's lease (nothing sent); `conflict`: a dialog is open on the tab (answer it with `dialog`; nothing sent)", body = ErrorBody), (status = 422, description = "`ComputerUnsupported`: no browser", body = ErrorBody)), security(("bearer" = [])))]
         pub async fn $name(State(state): State<AppState>, auth: Auth, Path(id): Path<String>, headers: HeaderMap, body: Body<$req>) -> Result<Response, ApiError> {
             let Json(req) = body.map_err(|e| ApiError::invalid(e.body_text()))?;
             Ok(answer(&headers, tool(&state, auth, &id, BrowserOp::$variant(req)).await?))
@@ -468,15 +469,18 @@ macro_rules! tool_route {
     };
 }
 
-tool_route!(
-    navigate,
-    "/v1/computers/{id}/browser/navigate",
-    "browser_navigate",
-    NavigateRequest,
-    Navigate,
-    "`{\"session\", \"tab\"?, \"url\", \"timeoutMs\"?}` (http, https, about:blank)",
-    "`{\"tab\", \"url\", \"title\", \"status\", \"loaded\", \"error\"?}`"
-);
+/// `POST /v1/computers/:id/browser/navigate`
+#[utoipa::path(post, path = "/v1/computers/{id}/browser/navigate", operation_id = "browser_navigate", tag = "browser", params(("id" = String, Path)), request_body(content = Object, description = "`{\"session\", \"tab\"?, \"url\", \"timeoutMs\"?}` (http, https, about:blank)"), responses((status = 200, description = "`{\"tab\", \"url\" (the final one), \"title\", \"status\", \"loaded\", \"redirected\", \"timedOut\", \"error\"?, \"dialog\"?}`: a site's 4xx or 5xx is a load with its status; a load not ended within `timeoutMs` is `loaded: false, timedOut: true`", body = Object), (status = 400, body = ErrorBody), (status = 404, description = "`not_found`: no such session or tab", body = ErrorBody), (status = 409, description = "`conflict`: a dialog is open on the tab (answer it with `dialog`); `InputBusy`: a person holds the input lease", body = ErrorBody), (status = 422, description = "`ComputerUnsupported`: no browser", body = ErrorBody), (status = 502, description = "`navigation_failed`: no server answered (the name did not resolve, the connection was refused or timed out): the message names the net error and the host", body = ErrorBody)), security(("bearer" = [])))]
+pub async fn navigate(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body<NavigateRequest>,
+) -> Result<Response, ApiError> {
+    let Json(req) = body.map_err(|e| ApiError::invalid(e.body_text()))?;
+    Ok(answer(&headers, tool(&state, auth, &id, BrowserOp::Navigate(req)).await?))
+}
 tool_route!(
     snapshot,
     "/v1/computers/{id}/browser/snapshot",
@@ -484,7 +488,7 @@ tool_route!(
     SnapshotRequest,
     Snapshot,
     "`{\"session\", \"tab\"?, \"maxElements\"?, \"root\"?: ref, \"format\"?: \"text\"|\"json\"}`",
-    "`{\"tab\", \"url\", \"title\", \"refs\", \"truncated\", \"text\", \"elements\"?}`: each element's role, name, value, states and ref (`e12`), bound to this snapshot and document"
+    "`{\"tab\", \"url\", \"title\", \"refs\", \"truncated\", \"text\", \"elements\"?, \"dialog\"?}`: each element's role, name, value, states and ref (`e12`), bound to this snapshot and document; while a dialog is open, only the dialog (`{type, message, defaultPrompt?}`)"
 );
 tool_route!(
     click,
@@ -493,7 +497,7 @@ tool_route!(
     RefRequest,
     Click,
     "`{\"session\", \"tab\"?, \"ref\", \"timeoutMs\"?, \"actionId\"?, \"runId\"?, \"runClaim\"?, \"intent\"?, \"evidence\"?}`",
-    "`{\"tab\", \"ref\", \"point\", \"outcome\": {state: done|unknown, navigated, status?, error?}, \"action\"?}`, or `{\"action\", \"replayed\": true}` for an actionId already sent"
+    "`{\"tab\", \"ref\", \"point\", \"outcome\": {state: done|unknown, navigated, status?, error?}, \"dialog\"?, \"action\"?}`, or `{\"action\", \"replayed\": true}` for an actionId already sent; a dialog the click opened ends the wait at once (`dialog`: `{type, message, defaultPrompt?}`)"
 );
 tool_route!(
     hover,
@@ -557,6 +561,16 @@ tool_route!(
     SessionStatus,
     "`{\"session\", \"origin\", \"probes\": {\"page\"?, \"signedInSelector\"?|\"signedInText\"?, \"account\"?, \"projectUrl\"?}}`",
     "`{\"signedIn\", \"accountMatches\", \"projectAccessible\", \"cookies\": n}` (cookie values are never read out)"
+);
+
+tool_route!(
+    dialog,
+    "/v1/computers/{id}/browser/dialog",
+    "browser_dialog",
+    DialogRequest,
+    Dialog,
+    "`{\"session\", \"tab\"?, \"accept\": bool, \"text\"? (a prompt's answer), \"timeoutMs\"?, \"actionId\"?, \"runId\"?, \"runClaim\"?, \"intent\"?, \"evidence\"?}`: answers the tab's open JavaScript dialog (alert, confirm, prompt, beforeunload)",
+    "`{\"tab\", \"answered\": {type, message, defaultPrompt?}, \"accepted\", \"outcome\", \"dialog\"? (one opened after), \"action\"?}`; `not_found` when no dialog is open"
 );
 
 /// Whose action a member reads or decides (`?bot=` for one of their bots').

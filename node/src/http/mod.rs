@@ -203,6 +203,7 @@ fn groups(seen: &mut dyn FnMut(&[RoutePair])) -> Groups {
         post "/v1/computers/{id}/browser/screenshot" => browser::screenshot,
         post "/v1/computers/{id}/browser/evidence" => browser::evidence,
         post "/v1/computers/{id}/browser/session_status" => browser::session_status,
+        post "/v1/computers/{id}/browser/dialog" => browser::dialog,
     };
     seen(&pairs);
     // Blobs: the raw bytes stream in and out (their own bound, not axum's default).

@@ -79,7 +79,7 @@ impl Modify for BearerAuth {
         runs::turn, runs::claim, runs::get, runs::renew, runs::post_event, runs::finish, runs::cancel, runs::decide, runs::events,
         browser::open, browser::list, browser::close, browser::navigate, browser::snapshot, browser::click,
         browser::hover, browser::type_text, browser::press, browser::select, browser::upload, browser::evidence, browser::screenshot,
-        browser::session_status, browser::action, browser::decide,
+        browser::session_status, browser::dialog, browser::action, browser::decide,
         desktop_stream::stream, desktop_stream::view, desktop_stream::asset, desktop_stream::websocket,
         ports::put, ports::list, ports::get, ports::delete,
         agent::pair, agent::link,
