@@ -137,10 +137,34 @@ async fn every_kind_of_element_by_ref() {
             assert!(e.message.contains("dialog \"Cookie banner\" covers"), "names the cover: {}", e.message);
         }
     }
-    // A link, last: it leaves the page.
+    // A link: it leaves the page.
     let link = find(&b, &sid, "link", "Go to linked").await;
     let clicked = click(link).await;
     assert_eq!(clicked["outcome"]["navigated"], true, "{clicked}");
     s.wait("link", Value::Null);
     assert!(!s.events().iter().any(|e| e["el"] == "covered"), "the covered button saw nothing");
+
+    // A link to a new tab: the session lists it with its opener, and a tool can target it.
+    let first = opened["tabs"][0]["tab"].as_str().expect("the first tab").to_string();
+    call(&b, json!({"op": "navigate", "args": {"session": sid, "url": format!("{}/", s.url)}})).await;
+    click(find(&b, &sid, "link", "Open in a new tab").await).await;
+    // The new tab opens on its own time: looked for until it is listed and shows its page.
+    let until = Instant::now() + Duration::from_secs(10);
+    let popup = loop {
+        let listed = call(&b, json!({"op": "list"})).await;
+        let tabs = listed["sessions"][0]["tabs"].as_array().cloned().unwrap_or_default();
+        if let Some(t) = tabs.iter().find(|t| t["opener"] == first.as_str() && t["title"] == "Linked") {
+            break t["tab"].as_str().expect("its id").to_string();
+        }
+        assert!(Instant::now() < until, "no tab opened from {first} shows its page: {listed}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let snap = call(&b, json!({"op": "snapshot", "args": {"session": sid, "tab": popup, "format": "json"}})).await;
+    assert!(snap["text"].as_str().is_some_and(|t| t.contains("Linked")), "the new tab's page: {snap}");
+    let nav = call(
+        &b,
+        json!({"op": "navigate", "args": {"session": sid, "tab": popup, "url": format!("{}/linked?again=1", s.url)}}),
+    )
+    .await;
+    assert_eq!(nav["status"], 200, "a tool acts on the new tab: {nav}");
 }

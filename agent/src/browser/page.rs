@@ -91,7 +91,8 @@ async fn call(cdp: &Cdp, session: &str, method: &str, params: Value) -> Result<V
     Ok(cdp.call(Some(session), method, params, COMMAND).await?)
 }
 
-/// The page tabs of the browser: `[{"tab", "url", "title"}]`.
+/// The page tabs of the browser: `[{"tab", "url", "title", "opener"}]` (`opener`: the tab a
+/// popup or a link's new tab was opened from, else null).
 pub async fn tab_list(cdp: &Cdp) -> Result<Vec<Value>, BrowserError> {
     let t = cdp.call(None, "Target.getTargets", json!({}), COMMAND).await?;
     Ok(t["targetInfos"]
@@ -99,7 +100,10 @@ pub async fn tab_list(cdp: &Cdp) -> Result<Vec<Value>, BrowserError> {
         .map(|a| {
             a.iter()
                 .filter(|i| i["type"] == "page")
-                .map(|i| json!({"tab": i["targetId"], "url": i["url"], "title": i["title"]}))
+                .map(|i| {
+                    let opener = i["openerId"].as_str().filter(|o| !o.is_empty());
+                    json!({"tab": i["targetId"], "url": i["url"], "title": i["title"], "opener": opener})
+                })
                 .collect()
         })
         .unwrap_or_default())
