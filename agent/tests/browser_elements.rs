@@ -128,6 +128,25 @@ async fn every_kind_of_element_by_ref() {
     click(find(&b, &sid, "button", "Deep button").await).await;
     s.wait("deep", json!(true));
 
+    // A button whose click opens a file chooser (its input hidden): `upload` with the button's
+    // ref intercepts the chooser and sets the file. A plain button opens none: the click went
+    // out, so the outcome is `unknown` (what the click did is the page's), and no file is set.
+    let workspace = t.path().join("workspace");
+    std::fs::write(workspace.join("note.txt"), b"hello").expect("a file to upload");
+    let note = workspace.join("note.txt").display().to_string();
+    let attach = find(&b, &sid, "button", "Attach a file").await;
+    let up = call(&b, json!({"op": "upload", "args": {"session": sid, "ref": attach, "paths": [note]}})).await;
+    assert_eq!(
+        (up["accepted"].clone(), up["readBack"].clone()),
+        (json!(true), json!([{"name": "note.txt", "size": 5}])),
+        "{up}"
+    );
+    s.wait("attach", json!("note.txt:5"));
+    let plain = find(&b, &sid, "button", "Plain button").await;
+    let up = call(&b, json!({"op": "upload", "args": {"session": sid, "ref": plain, "paths": [note]}})).await;
+    assert_eq!((up["accepted"].clone(), up["outcome"]["state"].clone()), (json!(false), json!("unknown")), "{up}");
+    assert!(up["outcome"]["error"].as_str().is_some_and(|e| e.contains("opened no file chooser")), "{up}");
+
     // A real cover is refused, naming it, and nothing reaches the button.
     let covered = find(&b, &sid, "button", "Covered button").await;
     match b.call(op(json!({"op": "click", "args": {"session": sid, "ref": covered}})), CALLER).await {

@@ -1233,13 +1233,13 @@ async fn upload(
     let s = tab.cdp_session.clone();
     let (info, obj) = check_ref(cdp, tab, &r.r#ref).await?;
     let kind = function(cdp, &s, &obj, FILE_INPUT, json!([])).await?;
-    if kind.is_null() {
-        return Err(BrowserError::invalid(format!("{} is not a file input", r.r#ref)));
-    }
-    if kind["disabled"] == Value::Bool(true) {
+    // Not a file input (nor the label of one): a button whose click opens a file chooser, as
+    // most sites do (seed 004's second mode). The chooser is intercepted, never shown.
+    let chooser = kind.is_null();
+    if !chooser && kind["disabled"] == Value::Bool(true) {
         return Err(BrowserError::invalid(format!("{} is disabled", r.r#ref)));
     }
-    if r.paths.len() > 1 && kind["multiple"] != Value::Bool(true) {
+    if !chooser && r.paths.len() > 1 && kind["multiple"] != Value::Bool(true) {
         return Err(BrowserError::invalid(format!("{} takes one file", r.r#ref)));
     }
     use std::os::fd::AsFd;
@@ -1264,9 +1264,33 @@ async fn upload(
         ));
     }
     let files: Vec<String> = staged.iter().map(|f| f.copy.display().to_string()).collect();
-    function(cdp, &s, &obj, WATCH_FILES, json!([])).await?;
-    call(cdp, &s, "DOM.setFileInputFiles", json!({"files": files, "backendNodeId": info.backend})).await?;
-    let back = function(cdp, &s, &obj, FILES, json!([])).await?;
+    let (input_backend, input_obj) = if chooser {
+        let found = chooser_input(cdp, tab, &info, &obj, r.paths.len()).await;
+        if !matches!(found, Ok(Some(_))) {
+            for f in &staged {
+                let _ = f.copy.parent().map(std::fs::remove_dir_all);
+            }
+        }
+        match found? {
+            Some(input) => input,
+            // The click went out and opened nothing: what it did is the page's, not known here.
+            None => {
+                return Ok(json!({
+                    "tab": target,
+                    "ref": r.r#ref,
+                    "accepted": false,
+                    "readBack": [],
+                    "files": [],
+                    "outcome": {"state": "unknown", "error": format!("{} is not a file input, and clicking it opened no file chooser within {} s (the click was sent; what it did is unknown)", r.r#ref, CHOOSER_WAIT.as_secs())},
+                }));
+            }
+        }
+    } else {
+        (info.backend, obj.clone())
+    };
+    function(cdp, &s, &input_obj, WATCH_FILES, json!([])).await?;
+    call(cdp, &s, "DOM.setFileInputFiles", json!({"files": files, "backendNodeId": input_backend})).await?;
+    let back = function(cdp, &s, &input_obj, FILES, json!([])).await?;
     let want: Vec<Value> = staged.iter().map(|f| json!({"name": f.name, "size": f.size})).collect();
     let accepted = back.as_array() == Some(&want);
     Ok(json!({
@@ -1277,6 +1301,48 @@ async fn upload(
         "files": staged.iter().map(|f| json!({"path": f.source, "name": f.name, "size": f.size, "sha256": f.sha256, "artifact": null})).collect::<Vec<_>>(),
         "outcome": {"state": if accepted { "done" } else { "failed" }},
     }))
+}
+
+/// How long a click may take to open a file chooser.
+const CHOOSER_WAIT: Duration = Duration::from_secs(5);
+
+/// Clicks the element with file choosers intercepted (`Page.setInterceptFileChooserDialog`), and
+/// answers the file input whose chooser the click opened (its backend id and object), checked to
+/// take `count` files; `None` when the click opened no chooser within [`CHOOSER_WAIT`] (the
+/// click was sent).
+async fn chooser_input(
+    cdp: &Cdp,
+    tab: &Tab,
+    info: &RefInfo,
+    obj: &str,
+    count: usize,
+) -> Result<Option<(i64, String)>, BrowserError> {
+    let s = tab.cdp_session.as_str();
+    let (x, y) = point_of(cdp, tab, info, obj).await?;
+    let mut events = cdp.subscribe();
+    call(cdp, s, "Page.setInterceptFileChooserDialog", json!({"enabled": true})).await?;
+    let clicked = mouse(cdp, s, x, y, true).await;
+    let until = Instant::now() + CHOOSER_WAIT;
+    let opened = loop {
+        if clicked.is_err() {
+            break None;
+        }
+        match next_event(&mut events, until).await {
+            Ok(ev) if ev.session == s && ev.method == "Page.fileChooserOpened" => break Some(ev.params),
+            Ok(_) => continue,
+            Err(_) => break None,
+        }
+    };
+    let _ = call(cdp, s, "Page.setInterceptFileChooserDialog", json!({"enabled": false})).await;
+    clicked?;
+    let Some(opened) = opened else { return Ok(None) };
+    if count > 1 && opened["mode"] != "selectMultiple" {
+        return Err(BrowserError::invalid("the file chooser it opened takes one file"));
+    }
+    let backend = opened["backendNodeId"].as_i64().ok_or_else(|| failed("the file chooser names no input"))?;
+    let resolved = call(cdp, s, "DOM.resolveNode", json!({"backendNodeId": backend})).await?;
+    let input = resolved["object"]["objectId"].as_str().ok_or_else(|| failed("the chooser's input is gone"))?;
+    Ok(Some((backend, input.to_string())))
 }
 
 fn dir_size(d: &std::path::Path) -> u64 {
