@@ -1,7 +1,15 @@
 //! browser-bench: the agent's browser snapshot of a 1,000-element page against the raw CDP call
 //! it is built on (`Accessibility.getFullAXTree`), in the same run; the snapshot's size in bytes
 //! and in approximate tokens; and the screenshot against the raw `Page.captureScreenshot`.
-//! The goal: snapshot at most 1.5x the raw call at p50.
+//! The goal: snapshot at most 1.5x the raw call at p50. Part 3 (issue 38): a click by ref, from the
+//! call to the page's handler running, against the raw `Input.dispatchMouseEvent` pair on the same
+//! button of the element corpus (`tests/fixtures/web/elements.py`), each to the server's
+//! CLOCK_MONOTONIC stamp of the page's report; goal: at most 1.5x at p50 without an `actionId`.
+//! With one, the node's action record and its fsynced commits come first, so part 4 runs the same
+//! click through a one-node test cluster and this machine paired with the release agent
+//! (`--browser`), with a new `actionId` each time against without one, in turn; goal: at most
+//! 20 ms added at p50. `BENCH_NODE=0` skips it (it needs `COMPUTERD_BIN`/`AGENT_BIN` or the release
+//! builds, as the other benches).
 //!
 //! - **ours**: `Browser::call` as the agent serves it (automation mode, headless Chromium run as
 //!   the desktop account over a CDP pipe): `snapshot` (text format) and `screenshot` (PNG, the
@@ -22,11 +30,13 @@
 //! `tests/fixtures/browser_site.py`) and Chromium (`/usr/bin/chromium`; `CHROMIUM` overrides it).
 //!
 //! ```text
-//! cargo build --release -p computerd-bench --bin browser-bench && target/release/browser-bench
+//! cargo build --release -p computerd-node --bin computerd -p computer-agent --bin computer-agent \
+//!   -p computerd-bench --bin browser-bench && target/release/browser-bench
 //! ```
 //!
 //! Environment: `BENCH_SAMPLES` (default 50; 10 with `BENCH_QUICK=1`), `BENCH_ELEMENTS` (default
-//! 1000: the page's elements), `BENCH_JSON`.
+//! 1000: the page's elements), `BENCH_ONLY=click` (parts 3 and 4 only), `BENCH_NODE=0` (no part 4),
+//! `BENCH_JSON`.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -54,6 +64,8 @@ use serde_json::json;
 /// The p50 goal of snapshot ÷ raw `getFullAXTree`.
 const GOAL: f64 = 1.5;
 const CALLER: &str = "bot:browser-bench";
+/// The p50 goal of what an `actionId` adds to a click (ms).
+const ACTION_GOAL_MS: f64 = 20.0;
 /// Not counted, per side.
 const WARMUP: usize = 5;
 /// How long a raw CDP call may take.
@@ -63,6 +75,8 @@ const WITHIN: Duration = Duration::from_secs(30);
 struct Site {
     child: std::process::Child,
     url: String,
+    /// Its state directory (the corpus's `events.jsonl`).
+    state: PathBuf,
 }
 
 impl Drop for Site {
@@ -72,10 +86,12 @@ impl Drop for Site {
     }
 }
 
-/// Starts `tests/fixtures/browser_site.py` on a free port with its state in `state`.
-fn site(state: &Path) -> Result<Site> {
+/// Starts `tests/fixtures/{script}` (`browser_site.py`, `web/elements.py`) on a free port with its
+/// state in `state`.
+fn site(script: &str, state: &Path) -> Result<Site> {
     use std::io::BufRead;
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/browser_site.py");
+    std::fs::create_dir_all(state).with_context(|| format!("make {}", state.display()))?;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(script);
     let mut child = std::process::Command::new("python3")
         .arg(&script)
         .arg("0")
@@ -85,7 +101,7 @@ fn site(state: &Path) -> Result<Site> {
         .spawn()
         .context("python3 (the test site needs it)")?;
     let out = child.stdout.take().context("the site's stdout")?;
-    let mut site = Site { child, url: String::new() };
+    let mut site = Site { child, url: String::new(), state: state.to_path_buf() };
     let mut line = String::new();
     std::io::BufReader::new(out).read_line(&mut line).context("the site's first line")?;
     let port: u16 = line
@@ -184,18 +200,25 @@ async fn raw_browser(chromium: &Path, account: &Account, dir: &Path, url: &str) 
     for m in ["Page.enable", "Network.enable", "DOM.enable", "Accessibility.enable"] {
         raw.call(m, json!({})).await?;
     }
-    let mut events = raw.cdp.subscribe();
-    raw.call("Page.navigate", json!({"url": url})).await?;
-    let until = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        match tokio::time::timeout_at(until, events.recv()).await {
-            Ok(Ok(ev)) if ev.session == raw.session && ev.method == "Page.loadEventFired" => break,
-            Ok(Ok(_)) | Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) => {}
-            Ok(Err(e)) => bail!("the baseline browser: {e}"),
-            Err(_) => bail!("the baseline browser did not load {url} in 30 s"),
+    raw.navigate(url).await?;
+    Ok(raw)
+}
+
+impl Raw {
+    /// Loads `url` in the tab and waits for its load event.
+    async fn navigate(&self, url: &str) -> Result<()> {
+        let mut events = self.cdp.subscribe();
+        self.call("Page.navigate", json!({"url": url})).await?;
+        let until = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            match tokio::time::timeout_at(until, events.recv()).await {
+                Ok(Ok(ev)) if ev.session == self.session && ev.method == "Page.loadEventFired" => return Ok(()),
+                Ok(Ok(_)) | Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) => {}
+                Ok(Err(e)) => bail!("the baseline browser: {e}"),
+                Err(_) => bail!("the baseline browser did not load {url} in 30 s"),
+            }
         }
     }
-    Ok(raw)
 }
 
 fn op(v: Value) -> Result<BrowserOp> {
@@ -282,8 +305,19 @@ fn base64_bytes(s: &str) -> usize {
     s.len() / 4 * 3 - pad.min(2)
 }
 
-#[tokio::main]
-async fn main() -> Result<()> {
+fn main() -> Result<()> {
+    // Part 4 runs a node and a paired agent: their release binaries, as in the other benches.
+    let node = !std::env::var("BENCH_NODE").is_ok_and(|v| v == "0");
+    let bins = if node { Some((settings::computerd_bin()?, settings::agent_bin()?)) } else { None };
+    let rt = match &bins {
+        // SAFETY: first thing in `main`: no other thread exists yet.
+        Some((computerd, _)) => unsafe { settings::runtime_for(computerd)? },
+        None => tokio::runtime::Builder::new_multi_thread().enable_all().build()?,
+    };
+    rt.block_on(bench(bins.map(|b| b.1)))
+}
+
+async fn bench(agent: Option<PathBuf>) -> Result<()> {
     if !nix::unistd::geteuid().is_root() {
         bail!("browser-bench needs root: the browser runs as the desktop account, as in the agent");
     }
@@ -296,9 +330,11 @@ async fn main() -> Result<()> {
     std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755))?;
     let workspace = t.path().join("workspace");
     std::fs::create_dir_all(&workspace)?;
-    let site = site(&t.path().join("site"))?;
+    let corpus = site("web/elements.py", &t.path().join("corpus"))?;
+    let site = site("browser_site.py", &t.path().join("site"))?;
     let url = format!("{}/big?n={elements}", site.url);
     eprintln!("browser-bench: {} as {} (uid {}); the page {url}", chromium.display(), account.name, account.uid);
+    let only_click = std::env::var("BENCH_ONLY").is_ok_and(|v| v == "click");
 
     let b = Browser::new(chromium.clone(), account.clone(), t.path().join("browser"), workspace, None);
     let opened = ours(&b, json!({"op": "open", "args": {"profile": "bench", "url": url}})).await?.1;
@@ -308,16 +344,31 @@ async fn main() -> Result<()> {
     }
     let raw = raw_browser(&chromium, &account, &t.path().join("raw"), &url).await?;
 
-    let result = run(&b, &sid, &raw, samples, elements).await;
+    let mut doc = json!({});
+    let mut result = if only_click { Ok(()) } else { run(&b, &sid, &raw, samples, elements).await.map(|d| doc = d) };
+    if result.is_ok() {
+        result = clicks(&b, &raw, &corpus, samples).await.map(|d| doc["click"] = d);
+    }
+    if result.is_ok()
+        && let Some(agent) = &agent
+    {
+        result = node_clicks(agent, &chromium, &corpus, samples).await.map(|d| doc["clickThroughNode"] = d);
+    }
+    if result.is_ok()
+        && let Some(path) = settings::json_out()
+    {
+        result = computerd_bench::report::write_json(&path, &doc);
+    }
 
     // Clean up, whatever happened.
     let _ = b.call(op(json!({"op": "close", "args": {"session": sid}}))?, CALLER).await;
     raw.close().await;
     drop(site);
+    drop(corpus);
     result
 }
 
-async fn run(b: &Browser, sid: &str, raw: &Raw, samples: usize, elements: usize) -> Result<()> {
+async fn run(b: &Browser, sid: &str, raw: &Raw, samples: usize, elements: usize) -> Result<Value> {
     let snap = json!({"op": "snapshot", "args": {"session": sid, "format": "text"}});
     let shot = json!({"op": "screenshot", "args": {"session": sid, "format": "png"}});
 
@@ -465,8 +516,7 @@ async fn run(b: &Browser, sid: &str, raw: &Raw, samples: usize, elements: usize)
         shot_json["height"],
         shot_image.len()
     );
-    if let Some(path) = settings::json_out() {
-        let doc = json!({
+    Ok(json!({
             "elements": elements,
             "samples": samples,
             "pairs": pairs,
@@ -477,8 +527,243 @@ async fn run(b: &Browser, sid: &str, raw: &Raw, samples: usize, elements: usize)
             "screenshot": {"width": shot_json["width"], "height": shot_json["height"], "bytes": shot_image.len(), "rawBytes": raw_png},
             "goal": GOAL,
             "met": ratio <= GOAL,
-        });
-        computerd_bench::report::write_json(&path, &doc)?;
+    }))
+}
+
+/// CLOCK_MONOTONIC now, in nanoseconds: the clock of Python's `time.monotonic_ns()` on Linux, which
+/// the corpus server stamps each event with (`t`).
+fn monotonic_ns() -> u64 {
+    let mut ts = nix::libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the timespec it is given, nothing else.
+    let rc = unsafe { nix::libc::clock_gettime(nix::libc::CLOCK_MONOTONIC, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_MONOTONIC)");
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Waits until the corpus server logged the plain button's click at or after `start` (monotonic
+/// ns); the time from `start` to the server's stamp.
+async fn plain_click_since(log: &Path, start: u64) -> Result<Duration> {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let t = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|e| e["el"] == "plain" && e["ev"] == "click")
+            .filter_map(|e| e["t"].as_u64())
+            .find(|&t| t >= start);
+        if let Some(t) = t {
+            return Ok(Duration::from_nanos(t - start));
+        }
+        if Instant::now() > until {
+            bail!("the page never reported the plain button's click in 10 s");
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    Ok(())
+}
+
+/// Part 3: a click by ref against the raw `Input.dispatchMouseEvent` pair on the same button of the
+/// element corpus (`tests/fixtures/web/elements.{py,html}`), each from the call to the server's
+/// log of the page's report of the click (the handler runs, then `fetch('/event')`; the server
+/// stamps the event with its monotonic clock).
+async fn clicks(b: &Browser, raw: &Raw, corpus: &Site, samples: usize) -> Result<Value> {
+    let url = format!("{}/", corpus.url);
+    let log = corpus.state.join("events.jsonl");
+    let opened = ours(b, json!({"op": "open", "args": {"url": url}})).await?.1;
+    let sid = opened["session"].as_str().context("no session")?.to_string();
+    let result = if opened["tabs"][0]["title"] != "Elements" {
+        Err(anyhow!("the session did not load the element corpus at {url}: {opened}"))
+    } else {
+        clicks_on(b, &sid, raw, &url, &log, samples).await
+    };
+    let _ = b.call(op(json!({"op": "close", "args": {"session": sid}}))?, CALLER).await;
+    result
+}
+
+async fn clicks_on(b: &Browser, sid: &str, raw: &Raw, url: &str, log: &Path, samples: usize) -> Result<Value> {
+    let snap = ours(b, json!({"op": "snapshot", "args": {"session": sid, "format": "json"}})).await?.1;
+    let r = snap["elements"]
+        .as_array()
+        .and_then(|a| a.iter().find(|e| e["role"] == "button" && e["name"] == "Plain button"))
+        .and_then(|e| e["ref"].as_str())
+        .context("no button \"Plain button\" in the snapshot")?
+        .to_string();
+    let click = json!({"op": "click", "args": {"session": sid, "ref": r}});
+
+    // The raw tab on the same page; the button scrolled to the viewport's middle and its centre
+    // read once, untimed.
+    raw.navigate(url).await?;
+    let at = raw
+        .call(
+            "Runtime.evaluate",
+            json!({"returnByValue": true, "expression": "(() => { \
+                const b = [...document.querySelectorAll('button')].find(b => b.textContent === 'Plain button'); \
+                b.scrollIntoView({block: 'center'}); const r = b.getBoundingClientRect(); \
+                return [r.x + r.width / 2, r.y + r.height / 2]; })()"}),
+        )
+        .await?;
+    let (x, y) = (
+        at["result"]["value"][0].as_f64().context("the button's centre")?,
+        at["result"]["value"][1].as_f64().context("the button's centre")?,
+    );
+
+    eprintln!("click: {samples} samples per side after {WARMUP}…");
+    let (ka, kb) = alternate(
+        samples,
+        || {
+            let v = click.clone();
+            async move {
+                let start = monotonic_ns();
+                ours(b, v).await?;
+                // The call has returned (after its wait for a navigation): the server's stamp
+                // is what counts.
+                plain_click_since(log, start).await
+            }
+        },
+        || async move {
+            let start = monotonic_ns();
+            for kind in ["mousePressed", "mouseReleased"] {
+                raw.call(
+                    "Input.dispatchMouseEvent",
+                    json!({"type": kind, "x": x, "y": y, "button": "left", "buttons": 1, "clickCount": 1}),
+                )
+                .await?;
+            }
+            plain_click_since(log, start).await
+        },
+    )
+    .await?;
+    let pair = Pair {
+        part: "3",
+        api: ka.summary("ours: click by ref (no actionId), to the server's log"),
+        raw: kb.summary("raw: Input.dispatchMouseEvent pressed+released, same"),
+    };
+    println!(
+        "browser-bench, click: the element corpus's \"Plain button\", from the call to the page's report \
+         logged by its server (the handler ran, then fetch POST /event; the server's CLOCK_MONOTONIC stamp), \
+         {samples} samples per side after {WARMUP} warm-ups, in turn; {} cores, load {}",
+        computerd_bench::report::cores(),
+        computerd_bench::report::loadavg()
+    );
+    let table = SummaryTable { op_width: 58, n_width: 4, decimals: 2 };
+    println!("{}", table.header());
+    println!("{}", table.row(pair.part, &pair.api));
+    println!("{}", table.row(pair.part, &pair.raw));
+    let r = PairRatios { label_width: 12, ratio_width: 6, diff_width: 0, diff_decimals: 2 };
+    println!("{}", r.line(&pair, "click"));
+    let ratio = pair.p50_ratio();
+    println!(
+        "{}: click by ref p50 {ratio:.2}x the raw dispatchMouseEvent pair (goal: at most {GOAL}x)",
+        if ratio <= GOAL { "PASS" } else { "MISS" }
+    );
+    println!("click with an actionId: the record is the node's; see part 4 (through a node), unless BENCH_NODE=0");
+    Ok(json!({"pair": pair, "goal": GOAL, "met": ratio <= GOAL, "withActionId": null}))
+}
+
+/// A call on node 1 with the owner token; anything but 2xx is an error.
+async fn api(c: &computerd_tests::TestCluster, path: &str, body: Value) -> Result<Value> {
+    let (s, v) = c.call(reqwest::Method::POST, 1, path, &c.token, Some(body)).await;
+    if !(200..300).contains(&s) {
+        bail!("{path}: HTTP {s}: {v}");
+    }
+    Ok(v)
+}
+
+/// Part 4: the same click through a node (a one-node test cluster and this machine paired with
+/// the release agent, `--browser`), with an `actionId` (a new one each time: the record is
+/// prepared and committed before the click is sent) against without, in turn, each from the
+/// request to the server's stamp of the page's report, as in part 3.
+async fn node_clicks(agent: &Path, chromium: &Path, corpus: &Site, samples: usize) -> Result<Value> {
+    let c = computerd_tests::TestCluster::start(1).await;
+    let dir = c.dir.path();
+    let body = json!({"commandKey": "browser-bench", "name": "bench", "source": {"_tag": "Paired"}});
+    let (s, r) = c.call(reqwest::Method::POST, 1, "/v1/computers", &c.token, Some(body)).await;
+    if s != 202 {
+        bail!("create answered {s}: {r}");
+    }
+    let id = r["resource"]["id"].as_str().context("id")?.to_string();
+    let done = c.settle(1, r["executionId"].as_str().context("execution")?, &c.token).await;
+    let code = done["pairingCode"].as_str().context("pairing code")?.to_string();
+    let workspace = dir.join("workspace");
+    std::fs::create_dir_all(&workspace)?;
+    let log = std::fs::File::create(dir.join("agent.log"))?;
+    let _agent = tokio::process::Command::new(agent)
+        .args(["--server", &c.url(1, ""), "--pair", &code, "--state"])
+        .arg(dir.join("agent-state"))
+        .arg("--workdir")
+        .arg(&workspace)
+        .arg("--browser")
+        .arg(chromium)
+        .env("HOME", dir.join("agent-home"))
+        .env("COMPUTER_AGENT_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .context("start the agent")?;
+    computerd_tests::agent::wait_state(&c, &id, "running").await;
+
+    let url = format!("{}/", corpus.url);
+    let events = corpus.state.join("events.jsonl");
+    let base = format!("/v1/computers/{id}/browser");
+    let opened = api(&c, &format!("{base}/sessions"), json!({"url": url})).await?;
+    let sid = opened["session"].as_str().context("no session")?.to_string();
+    if opened["tabs"][0]["title"] != "Elements" {
+        bail!("the node's session did not load the element corpus at {url}: {opened}");
+    }
+    let snap = api(&c, &format!("{base}/snapshot"), json!({"session": sid, "format": "json"})).await?;
+    let r = snap["elements"]
+        .as_array()
+        .and_then(|a| a.iter().find(|e| e["role"] == "button" && e["name"] == "Plain button"))
+        .and_then(|e| e["ref"].as_str())
+        .context("no button \"Plain button\" in the node's snapshot")?
+        .to_string();
+    let click = format!("{base}/click");
+    let n = std::cell::Cell::new(0u64);
+    let (c, click, sid, r, events, n) = (&c, &click, &sid, &r, &events, &n);
+
+    eprintln!("click through a node: {samples} samples per side after {WARMUP}…");
+    let (wa, wb) = alternate(
+        samples,
+        || async move {
+            n.set(n.get() + 1);
+            let body = json!({"session": sid, "ref": r, "actionId": format!("bench-click-{}", n.get())});
+            let start = monotonic_ns();
+            let v = api(c, click, body).await?;
+            if v["action"].is_null() {
+                bail!("the click with an actionId answered no action record: {v}");
+            }
+            plain_click_since(events, start).await
+        },
+        || async move {
+            let start = monotonic_ns();
+            api(c, click, json!({"session": sid, "ref": r})).await?;
+            plain_click_since(events, start).await
+        },
+    )
+    .await?;
+    let _ = c.call(reqwest::Method::DELETE, 1, &format!("{base}/sessions/{sid}"), &c.token, None).await;
+    let pair = Pair {
+        part: "4",
+        api: wa.summary("node: click by ref with an actionId, to the server's log"),
+        raw: wb.summary("node: the same click without an actionId"),
+    };
+    println!(
+        "browser-bench, click through a node: the same button, through a one-node cluster's \
+         POST …/browser/click and a paired release agent on this machine, {samples} samples per side \
+         after {WARMUP} warm-ups, in turn; load {}",
+        computerd_bench::report::loadavg()
+    );
+    let table = SummaryTable { op_width: 58, n_width: 4, decimals: 2 };
+    println!("{}", table.header());
+    println!("{}", table.row(pair.part, &pair.api));
+    println!("{}", table.row(pair.part, &pair.raw));
+    let added = pair.api.p50_ms - pair.raw.p50_ms;
+    println!(
+        "{}: an actionId adds {added:.2} ms at p50 ({:.2} ms at p99) to the click (goal: at most {ACTION_GOAL_MS} ms)",
+        if added <= ACTION_GOAL_MS { "PASS" } else { "MISS" },
+        pair.api.p99_ms - pair.raw.p99_ms
+    );
+    Ok(json!({"pair": pair, "addedP50Ms": added, "goalMs": ACTION_GOAL_MS, "met": added <= ACTION_GOAL_MS}))
 }
