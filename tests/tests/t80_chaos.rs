@@ -595,11 +595,15 @@ async fn run_racer(
         let sent = unix_ms();
         let answer = runtime.call(Method::POST, &path, Some(click(id.clone(), run_b, claim_b))).await;
         acted.push(Acted { action_id: id, sent, lost_by: u64::MAX, reached: reached_agent(&answer) });
-        // A, late, once more.
+        // A, late, once more. B's claim ends A's only when B got A's run: the claim takes the
+        // bot's oldest queued run, which is another one when an earlier turn's run is still
+        // queued (its claim's answer was lost in a fault), and then A's lease still holds until
+        // it lapses.
+        let lost_by = if run_b == run { claimed_b.min(lapsed_at) } else { lapsed_at };
         let id = format!("race-{k}-{n}-a-late");
         let sent = unix_ms();
         let answer = runtime.call(Method::POST, &path, Some(click(id.clone(), &run, &claim_a))).await;
-        acted.push(Acted { action_id: id, sent, lost_by: claimed_b.min(lapsed_at), reached: reached_agent(&answer) });
+        acted.push(Acted { action_id: id, sent, lost_by, reached: reached_agent(&answer) });
         let finish = json!({"claim": claim_b, "outcome": "succeeded", "result": {"text": "raced"}});
         let _ = runtime.call(Method::POST, &format!("/api/runs/{run_b}/finish"), Some(finish)).await;
     }
