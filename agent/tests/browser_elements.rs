@@ -43,27 +43,17 @@ impl Site {
 }
 
 /// The ref of the first element with `role` and `name` in the tab's snapshot now.
-async fn find(b: &Browser, session: &str, role: &str, name: &str) -> String {
+async fn find_now(b: &Browser, session: &str, role: &str, name: &str) -> String {
     eprintln!("the {role} {name:?}");
     let snap = call(b, json!({"op": "snapshot", "args": {"session": session, "format": "json"}})).await;
-    snap["elements"]
-        .as_array()
-        .and_then(|a| a.iter().find(|e| e["role"] == role && e["name"] == name))
-        .and_then(|e| e["ref"].as_str())
-        .unwrap_or_else(|| panic!("no {role} {name:?} in:\n{}", snap["text"].as_str().unwrap_or_default()))
-        .to_string()
+    find(&snap, role, name)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_kind_of_element_by_ref() {
-    assert!(nix::unistd::geteuid().is_root(), "this test runs Chromium as the desktop account: run it as root");
     let t = tempfile::tempdir().expect("tmp");
-    std::fs::set_permissions(t.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
-    let workspace = t.path().join("workspace");
-    std::fs::create_dir_all(&workspace).expect("workspace");
+    let b = browser(t.path());
     let s = site("web/elements.py", &t.path().join("site"));
-    let account = computer_agent::desktop::xserver::desktop_account().expect("an account for the browser");
-    let b = Browser::new(chromium(), account, t.path().join("browser"), workspace, None);
     let opened = call(&b, json!({"op": "open", "args": {"url": format!("{}/", s.url)}})).await;
     let sid = opened["session"].as_str().expect("session").to_string();
     assert_eq!(opened["tabs"][0]["title"], "Elements", "{opened}");
@@ -79,7 +69,7 @@ async fn every_kind_of_element_by_ref() {
 
     // First, while the page opens scrolled so that this button sits under the sticky header:
     // it counts as visible, yet its centre is the header's; it is scrolled to the middle.
-    click(find(&b, &sid, "button", "Under the header").await).await;
+    click(find_now(&b, &sid, "button", "Under the header").await).await;
     s.wait("under-header", json!(true));
 
     // Text fields: a labelled input, an aria-labelled one, a textarea, a contenteditable; each
@@ -90,42 +80,42 @@ async fn every_kind_of_element_by_ref() {
         ("textbox", "Notes", "notes", "a note"),
         ("textbox", "Editor", "editor", "rich text"),
     ] {
-        let r = find(&b, &sid, role, name).await;
+        let r = find_now(&b, &sid, role, name).await;
         click(r.clone()).await;
         type_in(r, text).await;
         s.wait(el, json!(text));
     }
 
     // Checkboxes and radios: the input itself, and one visually hidden behind its label.
-    click(find(&b, &sid, "checkbox", "I agree").await).await;
+    click(find_now(&b, &sid, "checkbox", "I agree").await).await;
     s.wait("agree", json!(true));
-    click(find(&b, &sid, "checkbox", "Newsletter").await).await;
+    click(find_now(&b, &sid, "checkbox", "Newsletter").await).await;
     s.wait("news", json!(true));
-    click(find(&b, &sid, "radio", "Small").await).await;
+    click(find_now(&b, &sid, "radio", "Small").await).await;
     s.wait("size", json!("small"));
-    click(find(&b, &sid, "radio", "Large").await).await;
+    click(find_now(&b, &sid, "radio", "Large").await).await;
     s.wait("size", json!("large"));
 
     // A select, an ARIA listbox, a combobox with its suggestions.
-    let colour = find(&b, &sid, "combobox", "Colour").await;
+    let colour = find_now(&b, &sid, "combobox", "Colour").await;
     call(&b, json!({"op": "select", "args": {"session": sid, "ref": colour, "values": ["green"]}})).await;
     s.wait("colour", json!("green"));
-    click(find(&b, &sid, "option", "Pear").await).await;
+    click(find_now(&b, &sid, "option", "Pear").await).await;
     s.wait("fruit", json!("Pear"));
-    let city = find(&b, &sid, "combobox", "City").await;
+    let city = find_now(&b, &sid, "combobox", "City").await;
     type_in(city, "L").await;
-    click(find(&b, &sid, "option", "London").await).await;
+    click(find_now(&b, &sid, "option", "London").await).await;
     s.wait("city", json!("London"));
 
     // Buttons: plain, hovered, in an open shadow root, at the bottom of a scrolling container.
-    click(find(&b, &sid, "button", "Plain button").await).await;
+    click(find_now(&b, &sid, "button", "Plain button").await).await;
     s.wait("plain", json!(true));
-    let hover = find(&b, &sid, "button", "Hover me").await;
+    let hover = find_now(&b, &sid, "button", "Hover me").await;
     call(&b, json!({"op": "hover", "args": {"session": sid, "ref": hover}})).await;
     s.wait("hover", json!(true));
-    click(find(&b, &sid, "button", "Shadow button").await).await;
+    click(find_now(&b, &sid, "button", "Shadow button").await).await;
     s.wait("shadow", json!(true));
-    click(find(&b, &sid, "button", "Deep button").await).await;
+    click(find_now(&b, &sid, "button", "Deep button").await).await;
     s.wait("deep", json!(true));
 
     // A button whose click opens a file chooser (its input hidden): `upload` with the button's
@@ -134,7 +124,7 @@ async fn every_kind_of_element_by_ref() {
     let workspace = t.path().join("workspace");
     std::fs::write(workspace.join("note.txt"), b"hello").expect("a file to upload");
     let note = workspace.join("note.txt").display().to_string();
-    let attach = find(&b, &sid, "button", "Attach a file").await;
+    let attach = find_now(&b, &sid, "button", "Attach a file").await;
     let up = call(&b, json!({"op": "upload", "args": {"session": sid, "ref": attach, "paths": [note]}})).await;
     assert_eq!(
         (up["accepted"].clone(), up["readBack"].clone()),
@@ -142,13 +132,13 @@ async fn every_kind_of_element_by_ref() {
         "{up}"
     );
     s.wait("attach", json!("note.txt:5"));
-    let plain = find(&b, &sid, "button", "Plain button").await;
+    let plain = find_now(&b, &sid, "button", "Plain button").await;
     let up = call(&b, json!({"op": "upload", "args": {"session": sid, "ref": plain, "paths": [note]}})).await;
     assert_eq!((up["accepted"].clone(), up["outcome"]["state"].clone()), (json!(false), json!("unknown")), "{up}");
     assert!(up["outcome"]["error"].as_str().is_some_and(|e| e.contains("opened no file chooser")), "{up}");
 
     // A real cover is refused, naming it, and nothing reaches the button.
-    let covered = find(&b, &sid, "button", "Covered button").await;
+    let covered = find_now(&b, &sid, "button", "Covered button").await;
     match b.call(op(json!({"op": "click", "args": {"session": sid, "ref": covered}})), CALLER).await {
         Ok(a) => panic!("a covered button was clicked: {}", a.json),
         Err(e) => {
@@ -157,7 +147,7 @@ async fn every_kind_of_element_by_ref() {
         }
     }
     // A link: it leaves the page.
-    let link = find(&b, &sid, "link", "Go to linked").await;
+    let link = find_now(&b, &sid, "link", "Go to linked").await;
     let clicked = click(link).await;
     assert_eq!(clicked["outcome"]["navigated"], true, "{clicked}");
     s.wait("link", Value::Null);
@@ -166,7 +156,7 @@ async fn every_kind_of_element_by_ref() {
     // A link to a new tab: the session lists it with its opener, and a tool can target it.
     let first = opened["tabs"][0]["tab"].as_str().expect("the first tab").to_string();
     call(&b, json!({"op": "navigate", "args": {"session": sid, "url": format!("{}/", s.url)}})).await;
-    click(find(&b, &sid, "link", "Open in a new tab").await).await;
+    click(find_now(&b, &sid, "link", "Open in a new tab").await).await;
     // The new tab opens on its own time: looked for until it is listed and shows its page.
     let until = Instant::now() + Duration::from_secs(10);
     let popup = loop {

@@ -4,72 +4,14 @@
 //! `timeoutMs` is `timedOut`; a name that does not resolve and a refused port fail
 //! `NavigationFailed`, naming the net error and the host. Needs root, python3 and chromium.
 
-use std::path::Path;
-use std::path::PathBuf;
 use std::time::Duration;
 use std::time::Instant;
 
-use computer_agent::browser::Browser;
 use computerd_proto::ErrorKind;
-use computerd_proto::browser::BrowserOp;
-use serde_json::Value;
 use serde_json::json;
 
-const CALLER: &str = "bot:b1";
-
-struct Site {
-    child: std::process::Child,
-    url: String,
-}
-
-impl Drop for Site {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn site() -> Site {
-    use std::io::BufRead;
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/web/pages.py");
-    let mut child = std::process::Command::new("python3")
-        .arg(&script)
-        .arg("0")
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("python3 runs the site");
-    let out = child.stdout.take().expect("stdout");
-    let mut line = String::new();
-    std::io::BufReader::new(out).read_line(&mut line).expect("the site says its port");
-    let port: u16 = line.trim().strip_prefix("listening on ").and_then(|p| p.parse().ok()).expect("a port");
-    Site { child, url: format!("http://127.0.0.1:{port}") }
-}
-
-fn chromium() -> PathBuf {
-    ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
-        .into_iter()
-        .map(PathBuf::from)
-        .find(|p| p.exists())
-        .expect("chromium is installed (.ci/run installs it)")
-}
-
-async fn call(b: &Browser, v: Value) -> Value {
-    let what = v.to_string();
-    let op: BrowserOp = serde_json::from_value(v).expect("a browser op");
-    match b.call(op, CALLER).await {
-        Ok(a) => a.json,
-        Err(e) => panic!("{what}: {e:?}"),
-    }
-}
-
-async fn refused(b: &Browser, v: Value) -> (ErrorKind, String) {
-    let what = v.to_string();
-    let op: BrowserOp = serde_json::from_value(v).expect("a browser op");
-    match b.call(op, CALLER).await {
-        Ok(a) => panic!("{what} answered {}", a.json),
-        Err(e) => (e.kind, e.message),
-    }
-}
+mod common;
+use common::*;
 
 /// A port nothing listens on.
 fn closed_port() -> u16 {
@@ -77,20 +19,11 @@ fn closed_port() -> u16 {
     l.local_addr().expect("addr").port()
 }
 
-fn browser(t: &Path) -> Browser {
-    assert!(nix::unistd::geteuid().is_root(), "this test runs Chromium as the desktop account: run it as root");
-    std::fs::set_permissions(t, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
-    let workspace = t.join("workspace");
-    std::fs::create_dir_all(&workspace).expect("workspace");
-    let account = computer_agent::desktop::xserver::desktop_account().expect("an account for the browser");
-    Browser::new(chromium(), account, t.join("browser"), workspace, None)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn navigation_outcomes_are_explicit() {
     let t = tempfile::tempdir().expect("tmp");
     let b = browser(t.path());
-    let s = site();
+    let s = site("web/pages.py", &t.path().join("site"));
     let opened = call(&b, json!({"op": "open", "args": {"profile": "pages"}})).await;
     let sid = opened["session"].as_str().expect("session").to_string();
     let go = |url: String, timeout: Option<u64>| {
@@ -140,16 +73,6 @@ async fn navigation_outcomes_are_explicit() {
     call(&b, json!({"op": "close", "args": {"session": sid}})).await;
 }
 
-/// The ref of the first element with `role` and `name` in a JSON snapshot.
-fn find(snap: &Value, role: &str, name: &str) -> String {
-    snap["elements"]
-        .as_array()
-        .and_then(|a| a.iter().find(|e| e["role"] == role && e["name"] == name))
-        .and_then(|e| e["ref"].as_str())
-        .unwrap_or_else(|| panic!("no {role} {name:?} in:\n{}", snap["text"].as_str().unwrap_or_default()))
-        .to_string()
-}
-
 /// The site's `/answers` (what the page's handler reported), read directly.
 fn answers(site: &Site) -> String {
     use std::io::Read;
@@ -166,7 +89,7 @@ fn answers(site: &Site) -> String {
 async fn a_dialog_never_blocks_a_tool() {
     let t = tempfile::tempdir().expect("tmp");
     let b = browser(t.path());
-    let s = site();
+    let s = site("web/pages.py", &t.path().join("site"));
     let opened =
         call(&b, json!({"op": "open", "args": {"profile": "dialogs", "url": format!("{}/dialog", s.url)}})).await;
     let sid = opened["session"].as_str().expect("session").to_string();

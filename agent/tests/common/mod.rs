@@ -25,6 +25,7 @@ pub struct Site {
 impl Drop for Site {
     fn drop(&mut self) {
         let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -86,4 +87,15 @@ pub fn find(snap: &Value, role: &str, name: &str) -> String {
         .and_then(|e| e["ref"].as_str())
         .unwrap_or_else(|| panic!("no {role} {name:?} in:\n{}", snap["text"].as_str().unwrap_or_default()))
         .to_string()
+}
+
+/// A browser as the agent runs it, in `t` (made 0755): Chromium as the desktop account, uploads
+/// from `t/workspace`, profiles under `t/browser`. Needs root.
+pub fn browser(t: &Path) -> Browser {
+    assert!(nix::unistd::geteuid().is_root(), "this test runs Chromium as the desktop account: run it as root");
+    std::fs::set_permissions(t, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    let workspace = t.join("workspace");
+    std::fs::create_dir_all(&workspace).expect("workspace");
+    let account = computer_agent::desktop::xserver::desktop_account().expect("an account for the browser");
+    Browser::new(chromium(), account, t.join("browser"), workspace, None)
 }
