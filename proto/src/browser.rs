@@ -380,6 +380,17 @@ impl BrowserOp {
         }
     }
 
+    /// How long it waits for what it started (`timeoutMs`), where it takes one.
+    pub fn timeout_ms(&self) -> Option<u64> {
+        match self {
+            Self::Navigate(r) => r.timeout_ms,
+            Self::Click(r) | Self::Hover(r) => r.timeout_ms,
+            Self::Type(r) => r.timeout_ms,
+            Self::Press(r) => r.timeout_ms,
+            _ => None,
+        }
+    }
+
     /// The session it names, if any.
     pub fn session(&self) -> Option<&str> {
         Some(match self {

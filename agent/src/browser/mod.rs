@@ -25,6 +25,7 @@ pub mod cdp;
 pub mod page;
 pub mod upload;
 pub mod wire;
+pub mod wire_tls;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -52,7 +53,9 @@ pub const MAX_STAGED: u64 = 256 * 1024 * 1024;
 /// How long a CDP command may take (beyond a tool's own waits).
 pub const COMMAND: Duration = Duration::from_secs(10);
 /// After a recorded action's outcome is settled, how long the requests it sent may take to be
-/// answered before its answer lists them as `pending`.
+/// answered before its answer lists them as `pending`; a request that may change something (not
+/// `GET`, `HEAD` or `OPTIONS`) is waited for until the action's `timeoutMs`, and still pending
+/// then makes the outcome `unknown`.
 pub const REQUESTS_SETTLE: Duration = Duration::from_secs(1);
 
 /// A failed browser call.
@@ -145,6 +148,8 @@ struct Inner {
     /// Whether new sessions go through a wire guard (always, but for a test that shows what
     /// happens without one).
     wire_guard: std::sync::atomic::AtomicBool,
+    /// Roots the wire guards trust beside the system's, for the servers they reach over TLS.
+    wire_roots: std::sync::Mutex<Vec<rustls::pki_types::CertificateDer<'static>>>,
 }
 
 impl Browser {
@@ -168,6 +173,7 @@ impl Browser {
                 sessions: std::sync::Mutex::new(HashMap::new()),
                 opening: tokio::sync::Mutex::new(()),
                 wire_guard: std::sync::atomic::AtomicBool::new(true),
+                wire_roots: std::sync::Mutex::new(Vec::new()),
             }),
         }
     }
@@ -176,6 +182,12 @@ impl Browser {
     /// (on by default; off, Chromium connects by itself and may send a request twice).
     pub fn set_wire_guard(&self, on: bool) {
         self.inner.wire_guard.store(on, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Roots the wire guards of sessions opened from now on trust beside the system's (a test's
+    /// private CA; a sandbox adds its own to the system's store instead).
+    pub fn add_wire_roots(&self, roots: Vec<rustls::pki_types::CertificateDer<'static>>) {
+        self.inner.wire_roots.lock().unwrap_or_else(std::sync::PoisonError::into_inner).extend(roots);
     }
 
     /// Serves one call for `caller` (`bot:<id>` or `member:<id>`).
@@ -205,10 +217,13 @@ impl Browser {
                     (Some(w), Some(_)) => Some(w.log().mark()),
                     _ => None,
                 };
+                // It runs until the answers to the requests the action started, or its wait.
+                let wait = Duration::from_millis(op.timeout_ms().unwrap_or(computerd_proto::browser::DEFAULT_WAIT_MS));
+                let window_end = tokio::time::Instant::now() + wait;
                 let mut answer = page::serve(&session, &mut tabs, op, self.owner(), &self.inner.uploads_from).await;
                 if let (Ok(a), Some(mark), Some(w)) = (&mut answer, window, &session.wire) {
-                    let until = tokio::time::Instant::now() + REQUESTS_SETTLE;
-                    let (sent, dropped) = w.log().settled_since(mark, until).await;
+                    let settle = tokio::time::Instant::now() + REQUESTS_SETTLE;
+                    let (sent, dropped) = w.log().settled_since(mark, settle, window_end.max(settle)).await;
                     page::note_requests(&mut a.json, &sent, dropped);
                 }
                 if session.mode == Mode::Takeover
@@ -307,7 +322,8 @@ impl Browser {
         let dirs = self.dirs(&profile, &id).map_err(|e| BrowserError::new(ErrorKind::ComputerExecutionFailed, e))?;
         let wire = if self.inner.wire_guard.load(std::sync::atomic::Ordering::SeqCst) {
             let uid = self.owner().map_or_else(|| nix::unistd::geteuid().as_raw(), |(uid, _)| uid);
-            let w = wire::Wire::start(uid).await.map_err(|e| {
+            let roots = self.inner.wire_roots.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+            let w = wire::Wire::start(uid, &roots).await.map_err(|e| {
                 BrowserError::new(ErrorKind::ComputerExecutionFailed, format!("cannot start the browser's proxy: {e}"))
             })?;
             Some(w)

@@ -434,16 +434,20 @@ async fn dialog_snapshot(cdp: &Cdp, target: &str, d: Value) -> Result<Value, Bro
 /// from just before the input was sent until its outcome settled): `"requests": [{"method",
 /// "url", "status"} | {"method", "url", "result": "no answer" | "not sent" | "cut" | "tunnel" |
 /// "pending"}]`, at most [`super::wire::WINDOW_MAX`] (those whose answer was lost first), and
-/// `"requestsTruncated"`. A request whose answer was lost (`no answer`, `cut`) makes the outcome
+/// `"requestsTruncated"`. A request whose answer was lost (`no answer`, `cut`), or that may change
+/// something and is still `pending` at the end of the action's wait, makes the outcome
 /// `unknown`, even when the page then showed the proxy's `502` as a load: the server may have
 /// acted on it. The log does not tell tabs apart: a request of another tab sent in the window is
 /// listed too.
 pub fn note_requests(answer: &mut Value, sent: &[super::wire::Entry], dropped: bool) {
+    use super::wire::Fate;
     use super::wire::WINDOW_MAX;
-    let lost: Vec<&super::wire::Entry> = sent.iter().filter(|e| e.fate.lost()).collect();
+    // Lost, or still unanswered at the end of the action's wait and able to change something.
+    let unsure = |e: &super::wire::Entry| e.fate.lost() || (e.fate == Fate::Pending && e.changes());
+    let lost: Vec<&super::wire::Entry> = sent.iter().filter(|e| unsure(e)).collect();
     let room = WINDOW_MAX.saturating_sub(lost.len().min(WINDOW_MAX));
     let mut shown: Vec<&super::wire::Entry> = lost.iter().take(WINDOW_MAX).copied().collect();
-    shown.extend(sent.iter().filter(|e| !e.fate.lost()).take(room));
+    shown.extend(sent.iter().filter(|e| !unsure(e)).take(room));
     shown.sort_by_key(|e| e.seq);
     answer["requests"] = Value::Array(shown.iter().map(|e| e.to_json()).collect());
     answer["requestsTruncated"] = json!(dropped || shown.len() < sent.len());
@@ -452,7 +456,11 @@ pub fn note_requests(answer: &mut Value, sent: &[super::wire::Entry], dropped: b
         && outcome["state"] != "unknown"
     {
         outcome["state"] = json!("unknown");
-        let what = if first.fate == super::wire::Fate::Cut { "was cut midway" } else { "was lost" };
+        let what = match first.fate {
+            Fate::Cut => "was cut midway",
+            Fate::Pending => "had not come by the end of the action's wait",
+            _ => "was lost",
+        };
         outcome["error"] = json!(format!(
             "the server may have taken {} {}: its answer {what} (it was not sent again)",
             first.method, first.url
@@ -1562,6 +1570,14 @@ mod tests {
         assert_eq!(answer["outcome"]["state"], "done");
         assert_eq!(answer["requestsTruncated"], false);
         assert_eq!(answer["requests"][1], json!({"method": "GET", "url": "http://s/2", "result": "tunnel"}));
+        // Still unanswered at the end of the wait: a GET changes nothing; a POST may have.
+        let mut answer = json!({"outcome": {"state": "done", "navigated": false}});
+        note_requests(&mut answer, &[e(1, Fate::Pending)], false);
+        assert_eq!(answer["outcome"]["state"], "done", "{answer}");
+        let pending_post = Entry { seq: 2, method: "POST".into(), url: "http://s/api".into(), fate: Fate::Pending };
+        note_requests(&mut answer, &[e(1, Fate::Pending), pending_post], false);
+        assert_eq!(answer["outcome"]["state"], "unknown", "{answer}");
+        assert!(answer["outcome"]["error"].as_str().is_some_and(|m| m.contains("had not come")), "{answer}");
     }
 
     #[test]

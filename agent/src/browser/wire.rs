@@ -15,7 +15,10 @@
 //!   re-sends when its connection closes without an answer, and this one never does that;
 //! - closes Chromium's connection when a response body is cut midway (Chromium had the head: it
 //!   does not re-send), and notes it `cut`;
-//! - tunnels `CONNECT` (https, wss) as bytes: what goes on inside is not guarded;
+//! - ends the TLS of a `CONNECT` tunnel (https, wss) itself ([`super::wire_tls`]) and forwards
+//!   the requests inside the same way, over TLS verified against the system's roots, in HTTP/2
+//!   when the server offers it; a tunnel that does not start with TLS is passed on as bytes;
+//! - passes an upgrade (a WebSocket) on once its `101` came back;
 //! - keeps a bounded log ([`Log`], the last [`LOG_SIZE`] requests): a sequence number, the
 //!   method, the URL without its query and fragment (or the tunnel's `host:port`), and what came
 //!   of it. Never a query, a header or a body: they may carry secrets.
@@ -56,11 +59,16 @@ use hyper::body::Frame;
 use hyper::body::Incoming;
 use hyper::body::SizeHint;
 use hyper_util::rt::TokioIo;
+use rustls::pki_types::CertificateDer;
 use serde_json::Value;
 use serde_json::json;
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
+
+use super::wire_tls::Prefixed;
+use super::wire_tls::Tls;
 
 /// The log keeps this many requests.
 pub const LOG_SIZE: usize = 256;
@@ -125,6 +133,12 @@ pub struct Entry {
 }
 
 impl Entry {
+    /// Whether it may change something at the server: any method but `GET`, `HEAD`, `OPTIONS`
+    /// and `TRACE` (a tunnel counts: what went through it is not seen).
+    pub fn changes(&self) -> bool {
+        !matches!(self.method.as_str(), "GET" | "HEAD" | "OPTIONS" | "TRACE")
+    }
+
     /// `{"method", "url", "status"}` or `{"method", "url", "result"}`.
     pub fn to_json(&self) -> Value {
         let mut v = json!({"method": self.method, "url": self.url});
@@ -208,19 +222,28 @@ impl Log {
         (entries, dropped)
     }
 
-    /// [`Log::since`], once none of them is pending or at `until`, whichever comes first.
-    pub async fn settled_since(&self, mark: u64, until: tokio::time::Instant) -> (Vec<Entry>, bool) {
+    /// [`Log::since`], once none of them is pending, or at `until` none that may change
+    /// something ([`Entry::changes`]) is, or at `last`.
+    pub async fn settled_since(
+        &self,
+        mark: u64,
+        until: tokio::time::Instant,
+        last: tokio::time::Instant,
+    ) -> (Vec<Entry>, bool) {
         loop {
             let changed = self.inner.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
             let got = self.since(mark);
-            if !got.0.iter().any(|e| e.fate == Fate::Pending) {
+            let pending = |e: &&Entry| e.fate == Fate::Pending;
+            if !got.0.iter().any(|e| pending(&e)) {
                 return got;
             }
-            if tokio::time::timeout_at(until, changed).await.is_err() {
-                return self.since(mark);
+            let deadline = if got.0.iter().filter(pending).any(Entry::changes) { last } else { until };
+            if tokio::time::Instant::now() >= deadline {
+                return got;
             }
+            let _ = tokio::time::timeout_at(deadline, changed).await;
         }
     }
 }
@@ -230,18 +253,22 @@ pub struct Wire {
     addr: SocketAddr,
     log: Log,
     stop: watch::Sender<bool>,
+    tls: Arc<Tls>,
 }
 
 impl Wire {
-    /// Starts a proxy that accepts connections from `uid`'s sockets only.
-    pub async fn start(uid: u32) -> std::io::Result<Wire> {
+    /// Starts a proxy that accepts connections from `uid`'s sockets only, trusting the system's
+    /// roots and `extra_roots` for the servers it reaches over TLS.
+    pub async fn start(uid: u32, extra_roots: &[CertificateDer<'static>]) -> std::io::Result<Wire> {
+        let tls = Arc::new(Tls::new(extra_roots).map_err(std::io::Error::other)?);
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
         let addr = listener.local_addr()?;
         ports().insert(addr.port());
         let (stop, stopped) = watch::channel(false);
         let log = Log::default();
-        tokio::spawn(accept(listener, addr, uid, log.clone(), stopped));
-        Ok(Wire { addr, log, stop })
+        let ctx = Arc::new(Ctx { log: log.clone(), stop: stopped, tls: tls.clone() });
+        tokio::spawn(accept(listener, addr, uid, ctx));
+        Ok(Wire { addr, log, stop, tls })
     }
 
     /// Its port.
@@ -255,9 +282,9 @@ impl Wire {
     }
 
     /// Chromium's flags to go through it, loopback included (Chromium bypasses a proxy for
-    /// loopback by default; `<-loopback>` removes that).
-    pub fn flags(&self) -> [String; 2] {
-        [format!("--proxy-server=http://{}", self.addr), "--proxy-bypass-list=<-loopback>".to_string()]
+    /// loopback by default; `<-loopback>` removes that), accepting its certificates.
+    pub fn flags(&self) -> [String; 3] {
+        [format!("--proxy-server=http://{}", self.addr), "--proxy-bypass-list=<-loopback>".to_string(), self.tls.flag()]
     }
 
     /// Stops listening and ends its connections and tunnels.
@@ -278,7 +305,8 @@ async fn stopped(mut stop: watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
-async fn accept(listener: TcpListener, me: SocketAddr, uid: u32, log: Log, stop: watch::Receiver<bool>) {
+async fn accept(listener: TcpListener, me: SocketAddr, uid: u32, ctx: Arc<Ctx>) {
+    let stop = ctx.stop.clone();
     loop {
         let (stream, peer) = tokio::select! {
             _ = stopped(stop.clone()) => return,
@@ -298,9 +326,9 @@ async fn accept(listener: TcpListener, me: SocketAddr, uid: u32, log: Log, stop:
             drop(stream);
             continue;
         }
-        let (log, stop) = (log.clone(), stop.clone());
+        let ctx = ctx.clone();
         tokio::spawn(async move {
-            let ctx = Arc::new(Ctx { log, stop: stop.clone() });
+            let stop = ctx.stop.clone();
             let service = hyper::service::service_fn(move |req| {
                 let ctx = ctx.clone();
                 async move { Ok::<_, Infallible>(handle(req, ctx).await) }
@@ -378,10 +406,11 @@ fn proc_addr(s: &str) -> Option<SocketAddr> {
 struct Ctx {
     log: Log,
     stop: watch::Receiver<bool>,
+    tls: Arc<Tls>,
 }
 
 async fn handle(req: Request<Incoming>, ctx: Arc<Ctx>) -> Response<Body> {
-    if req.method() == Method::CONNECT { tunnel(req, &ctx).await } else { forward(req, &ctx).await }
+    if req.method() == Method::CONNECT { tunnel(req, ctx).await } else { forward(req, &ctx, None).await }
 }
 
 /// The proxy's own answer.
@@ -495,30 +524,137 @@ async fn connect(host: &str, port: u16) -> Result<TcpStream, Unreached> {
     Err(why)
 }
 
-async fn forward(req: Request<Incoming>, ctx: &Ctx) -> Response<Body> {
-    let uri = req.uri().clone();
-    let (Some("http"), Some(host)) = (uri.scheme_str(), uri.host()) else {
-        return own(
-            StatusCode::BAD_REQUEST,
-            "not-sent",
-            "This proxy takes absolute http:// requests and CONNECT; the request was not sent.\n".into(),
-        );
+/// Where a request goes.
+struct Target {
+    https: bool,
+    /// As in a URL (an IPv6 address in brackets).
+    host: String,
+    port: u16,
+}
+
+/// Whether `Connection` names `token`.
+fn connection_has(h: &HeaderMap, token: &str) -> bool {
+    h.get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case(token))
+}
+
+/// What came of sending a request once.
+enum Sent {
+    Answer(Response<Incoming>),
+    /// Nothing of it was written.
+    NotSent(String),
+    /// It may have reached the server.
+    Lost(String),
+}
+
+/// Sends `parts` and `body` once on `io`, a new connection: in HTTP/2 when `h2` (the absolute
+/// URI gives `:scheme` and `:authority`), else in HTTP/1.1 (origin-form, then `Connection:
+/// close` unless it is an upgrade).
+async fn send_once<T>(
+    io: T,
+    h2: bool,
+    mut parts: http::request::Parts,
+    body: Incoming,
+    absolute: Uri,
+    origin: Uri,
+    upgrade: bool,
+    stop: watch::Receiver<bool>,
+) -> Sent
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    if h2 {
+        parts.headers.remove(header::HOST);
+        parts.uri = absolute;
+        parts.version = http::Version::HTTP_2;
+        let (mut sender, conn) =
+            match hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), TokioIo::new(io)).await {
+                Ok(h) => h,
+                Err(e) => return Sent::NotSent(format!("the HTTP/2 connection failed ({e})")),
+            };
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = conn => {}
+                _ = stopped(stop) => {}
+            }
+        });
+        // Sent from here on (a GOAWAY or RST_STREAM after it is not believed: the server may
+        // have acted before it said it did not).
+        return match sender.send_request(Request::from_parts(parts, body)).await {
+            Ok(r) => Sent::Answer(r),
+            Err(e) => Sent::Lost(e.to_string()),
+        };
+    }
+    if !parts.headers.contains_key(header::HOST)
+        && let Some(a) = absolute.authority()
+        && let Ok(v) = HeaderValue::from_str(a.as_str())
+    {
+        parts.headers.insert(header::HOST, v);
+    }
+    if !upgrade {
+        // One request per upstream connection.
+        parts.headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    parts.uri = origin;
+    parts.version = http::Version::HTTP_11;
+    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(io)).await {
+        Ok(h) => h,
+        Err(e) => return Sent::NotSent(format!("the connection failed ({e})")),
     };
-    let port = uri.port_u16().unwrap_or(80);
-    let log = &ctx.log;
-    let seq = log.begin(req.method().as_str(), logged(&uri));
-    let origin_form = uri.path_and_query().map_or("/", |p| p.as_str()).parse::<Uri>();
-    let stream = match (origin_form.as_ref(), connect(host, port).await) {
-        (Ok(_), Ok(s)) => s,
-        (Err(_), _) => {
-            log.finish(seq, Fate::NotSent);
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = conn.with_upgrades() => {}
+            _ = stopped(stop) => {}
+        }
+    });
+    // From here on a byte of the request may have been written: whatever happens, it is never
+    // sent again, and Chromium gets an answer.
+    match sender.send_request(Request::from_parts(parts, body)).await {
+        Ok(r) => Sent::Answer(r),
+        Err(e) => Sent::Lost(e.to_string()),
+    }
+}
+
+/// Forwards one request of the browser: a plain proxy request (`inside` None: absolute
+/// `http://`), or one inside a tunnel whose TLS the guard ended (`inside`: its target).
+async fn forward(mut req: Request<Incoming>, ctx: &Ctx, inside: Option<&Target>) -> Response<Body> {
+    let uri = req.uri().clone();
+    let target = match (inside, uri.scheme_str(), uri.host()) {
+        (Some(t), _, _) => Target { https: t.https, host: t.host.clone(), port: t.port },
+        (None, Some("http"), Some(host)) => {
+            Target { https: false, host: host.to_string(), port: uri.port_u16().unwrap_or(80) }
+        }
+        _ => {
             return own(
                 StatusCode::BAD_REQUEST,
                 "not-sent",
-                "The request's target is not valid; it was not sent.\n".into(),
+                "This proxy takes absolute http:// requests and CONNECT; the request was not sent.\n".into(),
             );
         }
-        (_, Err(why)) => {
+    };
+    let (scheme, default_port) = if target.https { ("https", 443) } else { ("http", 80) };
+    let authority = authority_of(&target.host, (target.port != default_port).then_some(target.port));
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
+    let absolute = format!("{scheme}://{authority}{path}").parse::<Uri>();
+    let log = &ctx.log;
+    let seq = log.begin(req.method().as_str(), logged(absolute.as_ref().unwrap_or(&uri)));
+    let (Ok(absolute), Ok(origin)) = (absolute, path.parse::<Uri>()) else {
+        log.finish(seq, Fate::NotSent);
+        return own(
+            StatusCode::BAD_REQUEST,
+            "not-sent",
+            "The request's target is not valid; it was not sent.\n".into(),
+        );
+    };
+    // An upgrade (a WebSocket) keeps its Connection and Upgrade, and is passed on after its 101.
+    let upgrade = req.headers().get(header::UPGRADE).cloned().filter(|_| connection_has(req.headers(), "upgrade"));
+    let browser_side = upgrade.is_some().then(|| hyper::upgrade::on(&mut req));
+    let tcp = match connect(&target.host, target.port).await {
+        Ok(s) => s,
+        Err(why) => {
             log.finish(seq, Fate::NotSent);
             tracing::debug!(seq, why = %why, "the wire guard could not reach a server");
             return unreached(&why, format!("The server could not be reached ({why}); the request was not sent.\n"));
@@ -526,46 +662,56 @@ async fn forward(req: Request<Incoming>, ctx: &Ctx) -> Response<Body> {
     };
     let (mut parts, body) = req.into_parts();
     strip_hop(&mut parts.headers);
-    if !parts.headers.contains_key(header::HOST)
-        && let Ok(v) = HeaderValue::from_str(&authority_of(host, uri.port_u16()))
-    {
-        parts.headers.insert(header::HOST, v);
+    if let Some(u) = &upgrade {
+        parts.headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        parts.headers.insert(header::UPGRADE, u.clone());
     }
-    // One request per upstream connection.
-    parts.headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
-    if let Ok(u) = origin_form {
-        parts.uri = u;
-    }
-    parts.version = http::Version::HTTP_11;
-    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await {
-        Ok(h) => h,
-        Err(e) => {
-            log.finish(seq, Fate::NotSent);
-            return own(
-                StatusCode::BAD_GATEWAY,
-                "not-sent",
-                format!("The connection failed ({e}); the request was not sent.\n"),
-            );
-        }
-    };
     let stop = ctx.stop.clone();
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = conn => {}
-            _ = stopped(stop) => {}
+    let sent = if target.https {
+        match ctx.tls.connect(&target.host, tcp, upgrade.is_some()).await {
+            Ok((tls, h2)) => send_once(tls, h2, parts, body, absolute, origin, upgrade.is_some(), stop).await,
+            Err((net, why)) => {
+                log.finish(seq, Fate::NotSent);
+                let why = Unreached { net, why };
+                return unreached(
+                    &why,
+                    format!("The server could not be reached ({why}); the request was not sent.\n"),
+                );
+            }
         }
-    });
-    // From here on a byte of the request may have been written: whatever happens, it is never
-    // sent again, and Chromium gets an answer.
-    match sender.send_request(Request::from_parts(parts, body)).await {
-        Ok(resp) => {
+    } else {
+        send_once(tcp, false, parts, body, absolute, origin, upgrade.is_some(), stop).await
+    };
+    match sent {
+        Sent::Answer(mut resp) => {
             log.finish(seq, Fate::Status(resp.status().as_u16()));
+            if resp.status() == StatusCode::SWITCHING_PROTOCOLS
+                && let Some(browser_side) = browser_side
+            {
+                let server_side = hyper::upgrade::on(&mut resp);
+                let stop = ctx.stop.clone();
+                tokio::spawn(async move {
+                    let (Ok(a), Ok(b)) = tokio::join!(browser_side, server_side) else { return };
+                    let (mut a, mut b) = (TokioIo::new(a), TokioIo::new(b));
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut a, &mut b) => {}
+                        _ = stopped(stop) => {}
+                    }
+                });
+                let (parts, _) = resp.into_parts();
+                return Response::from_parts(parts, Empty::new().map_err(|e| match e {}).boxed_unsync());
+            }
             let (mut parts, body) = resp.into_parts();
             strip_hop(&mut parts.headers);
+            parts.version = http::Version::HTTP_11;
             let body = Tracked { inner: body, log: log.clone(), seq }.map_err(|e| Box::new(e) as BoxError);
             Response::from_parts(parts, body.boxed_unsync())
         }
-        Err(e) => {
+        Sent::NotSent(why) => {
+            log.finish(seq, Fate::NotSent);
+            own(StatusCode::BAD_GATEWAY, "not-sent", format!("{why}; the request was not sent.\n"))
+        }
+        Sent::Lost(e) => {
             log.finish(seq, Fate::NoAnswer);
             tracing::info!(seq, error = %e, "the wire guard got no answer to a request it sent; not sending it again");
             own(
@@ -577,31 +723,92 @@ async fn forward(req: Request<Incoming>, ctx: &Ctx) -> Response<Body> {
     }
 }
 
-async fn tunnel(mut req: Request<Incoming>, ctx: &Ctx) -> Response<Body> {
+/// A `CONNECT`: answered at once; then, when the browser's first byte opens a TLS handshake, the
+/// guard ends TLS and forwards the requests inside ([`intercept`]); anything else is passed on
+/// as bytes ([`opaque`]).
+async fn tunnel(mut req: Request<Incoming>, ctx: Arc<Ctx>) -> Response<Body> {
     let Some(host) = req.uri().host().map(String::from) else {
         return own(StatusCode::BAD_REQUEST, "not-sent", "CONNECT takes host:port.\n".into());
     };
     let port = req.uri().port_u16().unwrap_or(443);
-    let seq = ctx.log.begin("CONNECT", authority_of(&host, Some(port)));
-    let mut upstream = match connect(&host, port).await {
-        Ok(s) => s,
-        Err(why) => {
-            ctx.log.finish(seq, Fate::NotSent);
-            return unreached(&why, format!("The server could not be reached ({why}).\n"));
-        }
-    };
-    ctx.log.finish(seq, Fate::Tunnel);
     let upgrade = hyper::upgrade::on(&mut req);
-    let stop = ctx.stop.clone();
     tokio::spawn(async move {
         let Ok(up) = upgrade.await else { return };
         let mut up = TokioIo::new(up);
-        tokio::select! {
-            _ = tokio::io::copy_bidirectional(&mut up, &mut upstream) => {}
-            _ = stopped(stop) => {}
+        let mut first = [0u8; 1];
+        let read = tokio::select! {
+            r = up.read(&mut first) => r,
+            _ = stopped(ctx.stop.clone()) => return,
+        };
+        if !matches!(read, Ok(1)) {
+            return;
+        }
+        let io = Prefixed::new(first[0], up);
+        if first[0] == super::wire_tls::HANDSHAKE {
+            intercept(io, Target { https: true, host, port }, ctx).await;
+        } else {
+            opaque(io, &host, port, &ctx).await;
         }
     });
     Response::new(Empty::new().map_err(|e| match e {}).boxed_unsync())
+}
+
+/// Ends the browser's TLS in a tunnel to `target` and serves the requests inside.
+async fn intercept<T>(io: T, target: Target, ctx: Arc<Ctx>)
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let config = match ctx.tls.server_config(&target.host) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(host = %target.host, error = %e, "the wire guard has no certificate for a host");
+            return;
+        }
+    };
+    let stop = ctx.stop.clone();
+    let tls = tokio::select! {
+        t = tokio_rustls::TlsAcceptor::from(config).accept(io) => t,
+        _ = stopped(stop.clone()) => return,
+    };
+    let tls = match tls {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::debug!(host = %target.host, error = %e, "the browser's TLS with the wire guard failed");
+            return;
+        }
+    };
+    let target = Arc::new(target);
+    let service = hyper::service::service_fn(move |req| {
+        let (ctx, target) = (ctx.clone(), target.clone());
+        async move { Ok::<_, Infallible>(forward(req, &ctx, Some(&target)).await) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tls), service).with_upgrades();
+    tokio::select! {
+        _ = conn => {}
+        _ = stopped(stop) => {}
+    }
+}
+
+/// A tunnel that does not start with TLS (a `ws://` WebSocket, say): passed on as bytes, and
+/// logged as a tunnel.
+async fn opaque<T>(mut io: T, host: &str, port: u16, ctx: &Ctx)
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let seq = ctx.log.begin("CONNECT", authority_of(host, Some(port)));
+    let mut upstream = match connect(host, port).await {
+        Ok(s) => s,
+        Err(why) => {
+            ctx.log.finish(seq, Fate::NotSent);
+            tracing::debug!(seq, why = %why, "the wire guard could not reach a tunnel's server");
+            return;
+        }
+    };
+    ctx.log.finish(seq, Fate::Tunnel);
+    tokio::select! {
+        _ = tokio::io::copy_bidirectional(&mut io, &mut upstream) => {}
+        _ = stopped(ctx.stop.clone()) => {}
+    }
 }
 
 /// An upstream body, passed on; a failure midway is logged `cut` (and, as an error, makes the
@@ -761,7 +968,7 @@ mod tests {
     #[tokio::test]
     async fn a_request_goes_once_and_a_lost_answer_is_a_502() {
         let me = nix::unistd::geteuid().as_raw();
-        let wire = Wire::start(me).await.expect("wire");
+        let wire = Wire::start(me, &[]).await.expect("wire");
         let p = wire.port();
         // Answered: in origin-form, its Host kept, without hop-by-hop headers, on a new connection.
         let (ok, seen) =
@@ -820,7 +1027,7 @@ mod tests {
     #[tokio::test]
     async fn a_connection_from_another_account_is_refused() {
         let other = nix::unistd::geteuid().as_raw().wrapping_add(1);
-        let wire = Wire::start(other).await.expect("wire");
+        let wire = Wire::start(other, &[]).await.expect("wire");
         let (ok, seen) = server(|_| Some(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n".to_vec())).await;
         let got = through(
             wire.port(),

@@ -31,6 +31,11 @@ impl Drop for Site {
 
 /// Starts `tests/fixtures/<script> 0 <state>`, which prints `listening on <port>` first.
 pub fn site(script: &str, state: &Path) -> Site {
+    site_with(script, state, &[], "http")
+}
+
+/// [`site`] with more arguments, served at `scheme://127.0.0.1:<port>`.
+pub fn site_with(script: &str, state: &Path, args: &[&std::ffi::OsStr], scheme: &str) -> Site {
     use std::io::BufRead;
     std::fs::create_dir_all(state).expect("the site's state dir");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(script);
@@ -38,6 +43,7 @@ pub fn site(script: &str, state: &Path) -> Site {
         .arg(&script)
         .arg("0")
         .arg(state)
+        .args(args)
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("python3 runs the site");
@@ -45,7 +51,7 @@ pub fn site(script: &str, state: &Path) -> Site {
     let mut line = String::new();
     std::io::BufReader::new(out).read_line(&mut line).expect("the site says its port");
     let port: u16 = line.trim().strip_prefix("listening on ").and_then(|p| p.parse().ok()).expect("a port");
-    Site { child, url: format!("http://127.0.0.1:{port}"), state: state.to_path_buf() }
+    Site { child, url: format!("{scheme}://127.0.0.1:{port}"), state: state.to_path_buf() }
 }
 
 /// Chromium on this machine (`.ci/run` installs it).
