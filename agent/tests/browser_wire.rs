@@ -94,6 +94,13 @@ async fn a_lost_answer_is_never_sent_again() {
     let plain = call(&b, json!({"op": "press", "args": {"session": sid, "keys": "Tab"}})).await;
     assert!(plain.get("requests").is_none(), "{plain}");
 
+    // The per-request fault switches: a form, a script's fetch() and an upload, each once.
+    if guarded {
+        let doc = t.path().join("workspace").join("doc.pdf");
+        std::fs::write(&doc, b"%PDF-1.4\n% a document uploaded over plain HTTP, kept alive\n").expect("doc");
+        h1_faults_once(&b, &sid, &s.url, &s, &doc).await;
+    }
+
     // Each request reached the site on a new connection: the proxy never reuses one.
     let all = s.state()["requests"].clone();
     assert!(all.as_array().is_some_and(|a| a.iter().all(|r| r["nth"] == 1)), "{all}");

@@ -105,3 +105,74 @@ pub fn browser(t: &Path) -> Browser {
     let account = computer_agent::desktop::xserver::desktop_account().expect("an account for the browser");
     Browser::new(chromium(), account, t.join("browser"), workspace, None)
 }
+
+/// The site's counted effects (`tests/fixtures/wire_site.py`'s `state.json`, `"effects"`).
+pub fn site_effects(site: &Site) -> serde_json::Map<String, Value> {
+    let text = std::fs::read_to_string(site.state.join("state.json")).unwrap_or_default();
+    serde_json::from_str::<Value>(&text).ok().and_then(|v| v["effects"].as_object().cloned()).unwrap_or_default()
+}
+
+/// Whether the answer lists `method url…` with `field` = `value`.
+pub fn lists(answer: &Value, method: &str, url_prefix: &str, field: &str, value: &Value) -> bool {
+    answer["requests"].as_array().is_some_and(|a| {
+        a.iter().any(|r| {
+            r["method"] == method && r["url"].as_str().is_some_and(|u| u.starts_with(url_prefix)) && &r[field] == value
+        })
+    })
+}
+
+/// Navigates and snapshots (JSON); the load must give `title`.
+pub async fn load(b: &Browser, sid: &str, url: String, title: &str) -> Value {
+    let nav = call(b, serde_json::json!({"op": "navigate", "args": {"session": sid, "url": url}})).await;
+    assert_eq!((nav["loaded"].as_bool(), nav["title"].as_str()), (Some(true), Some(title)), "{nav}");
+    call(b, serde_json::json!({"op": "snapshot", "args": {"session": sid, "format": "json"}})).await
+}
+
+/// The exactly-once cases on `wire_site.py` at `base` (HTTP/1.1, kept alive): for its fault
+/// switches `close` (the answer lost) and `slow` (the answer late), a recorded click on a form
+/// POST, a `fetch()` POST the page's script makes after a recorded click, and a recorded
+/// `upload` of `doc` then a recorded click that sends it. Each effect is counted once by the
+/// site; the outcome is `unknown` where the answer was lost and `done` where it came.
+pub async fn h1_faults_once(b: &Browser, sid: &str, base: &str, site: &Site, doc: &Path) {
+    use serde_json::json;
+    for f in ["close", "slow"] {
+        let lost = f == "close";
+        let want = if lost { "unknown" } else { "done" };
+        let snap = load(b, sid, format!("{base}/form?fault={f}"), &format!("Form {f}")).await;
+        let send = find(&snap, "button", "Send");
+        let got =
+            call(b, json!({"op": "click", "args": {"session": sid, "ref": send, "actionId": format!("form-{f}")}}))
+                .await;
+        assert_eq!(site_effects(site).get(&format!("submit?fault={f}")), Some(&json!(1)), "{f}: {got}");
+        assert_eq!(got["outcome"]["state"], want, "{f}: {got}");
+        let field = if lost { ("result", json!("no answer")) } else { ("status", json!(303)) };
+        assert!(lists(&got, "POST", &format!("{base}/submit"), field.0, &field.1), "{f}: {got}");
+
+        let snap = load(b, sid, format!("{base}/script?fault={f}"), "Script").await;
+        let go = find(&snap, "button", "Send by script");
+        let got =
+            call(b, json!({"op": "click", "args": {"session": sid, "ref": go, "actionId": format!("fetch-{f}")}}))
+                .await;
+        assert_eq!(site_effects(site).get(&format!("api?fault={f}")), Some(&json!(1)), "{f}: {got}");
+        assert_eq!(got["outcome"]["state"], want, "{f}: {got}");
+        let field = if lost { ("result", json!("no answer")) } else { ("status", json!(200)) };
+        assert!(lists(&got, "POST", &format!("{base}/api"), field.0, &field.1), "{f}: {got}");
+
+        let snap = load(b, sid, format!("{base}/upload?fault={f}"), "Upload").await;
+        let input = find(&snap, "button", "Document");
+        let up = call(b, json!({"op": "upload", "args": {"session": sid, "ref": input, "paths": [doc.display().to_string()], "actionId": format!("upload-{f}")}})).await;
+        assert_eq!(up["accepted"], true, "{f}: {up}");
+        let send = find(&snap, "button", "Upload");
+        let got =
+            call(b, json!({"op": "click", "args": {"session": sid, "ref": send, "actionId": format!("store-{f}")}}))
+                .await;
+        assert_eq!(site_effects(site).get(&format!("store?fault={f}")), Some(&json!(1)), "{f}: {got}");
+        assert_eq!(got["outcome"]["state"], want, "{f}: {got}");
+    }
+    // Another page loaded afterwards: a re-sent request would have come before it.
+    load(b, sid, format!("{base}/other"), "Other").await;
+    let effects = site_effects(site);
+    assert!(effects.values().all(|n| n == &json!(1)), "every effect once: {effects:?}");
+    assert_eq!(effects.get("store without its file"), None, "each upload came with its file: {effects:?}");
+    assert_eq!(effects.len(), 6, "{effects:?}");
+}
