@@ -123,12 +123,10 @@ fn computer_for(state: &AppState, caller: &Caller, bot_id: &str, named: Option<S
     if let Some(id) = named {
         return Ok(id);
     }
+    // The bot's grants, from their index (never a walk of every grant); two usable ones are
+    // enough to answer.
     let usable: Vec<String> = state.cluster.state().read(|s| {
-        s.grants
-            .iter()
-            .filter(|(c, bots)| bots.contains_key(bot_id) && s.check_tool_use(caller, bot_id, c).is_ok())
-            .map(|(c, _)| c.clone())
-            .collect()
+        s.granted_to(bot_id).filter(|c| s.check_tool_use(caller, bot_id, c).is_ok()).take(2).cloned().collect()
     });
     match usable.as_slice() {
         [one] => Ok(one.clone()),
