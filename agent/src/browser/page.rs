@@ -6,6 +6,8 @@
 //! (its backend node id, role and accessible name). Before anything is sent for a ref, it is
 //! checked: still in the tab's latest snapshot, the same document, the node still attached, and
 //! the same role and name. Otherwise the tool fails `StaleRef`, and nothing reaches the page.
+//! Elements inside iframes, same-origin or out-of-process, are listed and acted on too: see
+//! `frames.rs`.
 //!
 //! **Outcomes.** A click, a submit or a key may start a navigation. After sending it the tool
 //! watches for one (briefly); if one starts, it waits for its load. A load that fails (the
@@ -32,6 +34,10 @@ use super::Session;
 use super::cdp::Cdp;
 use super::cdp::Event;
 
+/// Elements inside iframes (same-origin and out-of-process): see its comment.
+#[path = "frames.rs"]
+mod frames;
+
 /// How long after an action a navigation it started must have begun to be waited for.
 const NAVIGATION_START: Duration = Duration::from_millis(500);
 /// A screenshot is at most this many bytes.
@@ -56,6 +62,8 @@ struct Tab {
     frame: String,
     /// The latest snapshot's refs.
     refs: HashMap<u32, RefInfo>,
+    /// The flat CDP sessions of its out-of-process frames, by target (frame) id.
+    oopifs: HashMap<String, String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -66,6 +74,8 @@ struct RefInfo {
     name: String,
     /// A file input listed although the accessibility tree hides it.
     file_input: bool,
+    /// The frame it is in (`None`: the page's main frame); `loader` is then the frame's.
+    frame: Option<frames::FrameAt>,
 }
 
 /// Whether a tool acts on the page (and, in takeover mode, takes the input lease).
@@ -142,7 +152,8 @@ async fn attach<'a>(cdp: &Cdp, tabs: &'a mut Tabs, target: &str) -> Result<&'a m
         call(cdp, &s, "Page.setLifecycleEventsEnabled", json!({"enabled": true})).await?;
         let tree = call(cdp, &s, "Page.getFrameTree", json!({})).await?;
         let frame = tree["frameTree"]["frame"]["id"].as_str().unwrap_or(target).to_string();
-        tabs.attached.insert(target.to_string(), Tab { cdp_session: s, frame, refs: HashMap::new() });
+        let tab = Tab { cdp_session: s, frame, refs: HashMap::new(), oopifs: HashMap::new() };
+        tabs.attached.insert(target.to_string(), tab);
     }
     tabs.attached.get_mut(target).ok_or_else(|| failed("the tab vanished"))
 }
@@ -254,10 +265,11 @@ pub async fn serve(
         }
         BrowserOp::Type(r) => {
             let (tab, _) = tab_of(tabs, &target)?;
-            let (_, obj) = check_ref(cdp, tab, &r.r#ref).await?;
+            let (info, obj) = check_ref(cdp, tab, &r.r#ref).await?;
             let s = tab.cdp_session.clone();
             let frame = tab.frame.clone();
-            let editable = function(cdp, &s, &obj, EDITABLE, json!([])).await?;
+            // Focused in its own frame (the text then goes to the focused frame).
+            let editable = function(cdp, frames::session_of(tab, &info), &obj, EDITABLE, json!([])).await?;
             if editable != Value::Bool(true) {
                 return Err(BrowserError::invalid(format!("{} is not a text field", r.r#ref)));
             }
@@ -282,9 +294,9 @@ pub async fn serve(
         }
         BrowserOp::Select(r) => {
             let (tab, _) = tab_of(tabs, &target)?;
-            let (_, obj) = check_ref(cdp, tab, &r.r#ref).await?;
+            let (info, obj) = check_ref(cdp, tab, &r.r#ref).await?;
             let s = tab.cdp_session.clone();
-            let chosen = function(cdp, &s, &obj, SELECT, json!([{"value": r.values}]));
+            let chosen = function(cdp, frames::session_of(tab, &info), &obj, SELECT, json!([{"value": r.values}]));
             let (got, dialog) = unblocked(cdp.subscribe(), &s, chosen).await?;
             if let Some(d) = dialog {
                 let outcome = json!({"state": "done", "dialog": d});
@@ -523,9 +535,15 @@ async fn check_ref(cdp: &Cdp, tab: &Tab, r: &str) -> Result<(RefInfo, String), B
         .get(&n)
         .cloned()
         .ok_or_else(|| BrowserError::stale(format!("{r} is not in this tab's latest snapshot")))?;
-    let s = &tab.cdp_session;
-    if loader_of(cdp, s).await? != info.loader {
-        return Err(BrowserError::stale(format!("the page has navigated since the snapshot that gave {r}")));
+    let s = frames::session_of(tab, &info);
+    match &info.frame {
+        None if loader_of(cdp, s).await? != info.loader => {
+            return Err(BrowserError::stale(format!("the page has navigated since the snapshot that gave {r}")));
+        }
+        Some(f) if frames::loader_of(cdp, f).await.as_ref() != Some(&info.loader) => {
+            return Err(BrowserError::stale(format!("the frame of {r} has navigated or is gone")));
+        }
+        _ => {}
     }
     let resolved = cdp.call(Some(s), "DOM.resolveNode", json!({"backendNodeId": info.backend}), COMMAND).await;
     let obj = match resolved.as_ref().ok().and_then(|v| v["object"]["objectId"].as_str()) {
@@ -565,7 +583,8 @@ const CENTRE: &str = "function() { this.scrollIntoView({block: 'center', inline:
 /// element is scrolled to the middle and checked once more; a cover still there is refused,
 /// named.
 async fn point_of(cdp: &Cdp, tab: &Tab, info: &RefInfo, obj: &str) -> Result<(f64, f64), BrowserError> {
-    let s = &tab.cdp_session;
+    // In a frame, scrolling the element into view scrolls the frames holding it too.
+    let s = frames::session_of(tab, info);
     let _ = cdp.call(Some(s), "DOM.scrollIntoViewIfNeeded", json!({"backendNodeId": info.backend}), COMMAND).await;
     match hit(cdp, s, info, obj).await? {
         Ok(point) => Ok(point),
@@ -576,8 +595,9 @@ async fn point_of(cdp: &Cdp, tab: &Tab, info: &RefInfo, obj: &str) -> Result<(f6
     }
 }
 
-/// The element's centre and whether that point is the element: `Ok(Err(why))` when it is not
-/// (covered, or off the screen).
+/// The element's centre (a page point) and whether that point is the element: `Ok(Err(why))`
+/// when it is not (covered, or off the screen). `s` serves the element's document. In a frame,
+/// the point is tested in the frame's document, then on each `<iframe>` holding it.
 async fn hit(cdp: &Cdp, s: &str, info: &RefInfo, obj: &str) -> Result<Result<(f64, f64), String>, BrowserError> {
     let quads = cdp
         .call(Some(s), "DOM.getContentQuads", json!({"backendNodeId": info.backend}), COMMAND)
@@ -590,9 +610,20 @@ async fn hit(cdp: &Cdp, s: &str, info: &RefInfo, obj: &str) -> Result<Result<(f6
         .filter(|q| q.len() == 8)
         .ok_or_else(|| BrowserError::invalid("the element is not visible (it has no box)"))?;
     let v: Vec<f64> = q.iter().map(|n| n.as_f64().unwrap_or(0.0)).collect();
-    let x = ((v[0] + v[2] + v[4] + v[6]) / 4.0).round();
-    let y = ((v[1] + v[3] + v[5] + v[7]) / 4.0).round();
-    let h = function(cdp, s, obj, HIT, json!([{"value": x}, {"value": y}])).await?;
+    let geometry = match &info.frame {
+        Some(f) => Some(frames::geometry(cdp, f).await?),
+        None => None,
+    };
+    let (dx, dy) = geometry.as_ref().map_or((0.0, 0.0), |g| g.offset);
+    let x = ((v[0] + v[2] + v[4] + v[6]) / 4.0 + dx).round();
+    let y = ((v[1] + v[3] + v[5] + v[7]) / 4.0 + dy).round();
+    let (ox, oy) = geometry.as_ref().and_then(|g| g.corners.first().copied()).unwrap_or((0.0, 0.0));
+    let mut h = function(cdp, s, obj, HIT, json!([{"value": x - ox}, {"value": y - oy}])).await?;
+    if let (Some(f), Some(g)) = (&info.frame, &geometry)
+        && h["ok"] == true
+    {
+        h = frames::hit_owners(cdp, f, g, x, y).await?;
+    }
     if h["ok"] == true {
         return Ok(Ok((x, y)));
     }
@@ -1114,35 +1145,47 @@ async fn snapshot(
 ) -> Result<Value, BrowserError> {
     let (tab, next_ref) = tab_of(tabs, target)?;
     let s = tab.cdp_session.clone();
-    let root_backend = match &r.root {
-        Some(root) => Some(check_ref(cdp, tab, root).await?.0.backend),
+    let root = match &r.root {
+        Some(root) => Some(check_ref(cdp, tab, root).await?.0),
         None => None,
     };
-    let loader = loader_of(cdp, &s).await?;
-    let tree = call(cdp, &s, "Accessibility.getFullAXTree", json!({})).await?;
+    // The page's frames, each listed under its `<iframe>` (see `frames`).
+    let all_frames = frames::frames(cdp, tab, target).await?;
+    let start = match root.as_ref().and_then(|i| i.frame.as_ref()) {
+        None => 0,
+        Some(f) => all_frames
+            .iter()
+            .position(|x| x.at.as_ref().is_some_and(|a| a.id == f.id))
+            .ok_or_else(|| BrowserError::stale(format!("the frame of {} is gone", r.root.as_deref().unwrap_or(""))))?,
+    };
+    let root_backend = root.as_ref().filter(|i| i.frame.is_none()).map(|i| i.backend);
+    let loader = all_frames.first().map(|f| f.loader.clone()).unwrap_or_default();
     let max = r.max_elements.unwrap_or(browser::MAX_ELEMENTS);
-    let (listed, mut truncated) = listing(tree["nodes"].as_array().map_or(&[], Vec::as_slice), root_backend, max);
-    // A large page's tree is megabytes of JSON values: freed off this call's path.
-    tokio::task::spawn_blocking(move || drop(tree));
+    let (listed, mut truncated) = frames::list(cdp, &all_frames, start, root.as_ref().map(|i| i.backend), max).await?;
     let mut refs = HashMap::new();
     let mut text = String::new();
     let mut elements = Vec::new();
     let json_too = r.format.as_deref() == Some("json");
     let mut listed_backends = std::collections::HashSet::new();
-    for l in &listed {
+    for (l, f) in &listed {
+        let in_frame = &all_frames[*f];
         let rn = l.backend.map(|b| {
             *next_ref += 1;
             refs.insert(
                 *next_ref,
                 RefInfo {
                     backend: b,
-                    loader: loader.clone(),
+                    loader: in_frame.loader.clone(),
                     role: l.role.clone(),
                     name: l.name.clone(),
                     file_input: false,
+                    frame: in_frame.at.clone(),
                 },
             );
-            listed_backends.insert(b);
+            // Backend ids are per process: only those of the tab's session are the page's.
+            if in_frame.session == s {
+                listed_backends.insert(b);
+            }
             *next_ref
         });
         text.push_str(&line(l, rn));
@@ -1155,7 +1198,7 @@ async fn snapshot(
     // those of the page, or of the subtree (the inputs inside its root's node). They count
     // towards `maxElements` like the rest.
     let mut shown = listed.len();
-    {
+    if start == 0 {
         let doc = call(cdp, &s, "DOM.getDocument", json!({"depth": 0})).await?;
         let root_id = match root_backend {
             None => doc["root"]["nodeId"].as_i64().unwrap_or(0),
@@ -1194,6 +1237,7 @@ async fn snapshot(
                     role: "file input".into(),
                     name: label.clone(),
                     file_input: true,
+                    frame: None,
                 },
             );
             let l = Listed {
@@ -1240,6 +1284,12 @@ async fn upload(
     let (tab, _) = tab_of(tabs, target)?;
     let s = tab.cdp_session.clone();
     let (info, obj) = check_ref(cdp, tab, &r.r#ref).await?;
+    if info.frame.as_ref().is_some_and(|f| f.session != s) {
+        return Err(BrowserError::invalid(format!(
+            "{} is in an out-of-process frame: upload there is not supported",
+            r.r#ref
+        )));
+    }
     let kind = function(cdp, &s, &obj, FILE_INPUT, json!([])).await?;
     // Not a file input (nor the label of one): a button whose click opens a file chooser, as
     // most sites do (seed 004's second mode). The chooser is intercepted, never shown.
@@ -1392,9 +1442,11 @@ async fn screenshot(
         params["captureBeyondViewport"] = json!(true);
     } else if let Some(re) = &r.r#ref {
         let (info, _) = check_ref(cdp, tab, re).await?;
-        let _ = cdp.call(Some(&s), "DOM.scrollIntoViewIfNeeded", json!({"backendNodeId": info.backend}), COMMAND).await;
+        let es = frames::session_of(tab, &info).to_string();
+        let _ =
+            cdp.call(Some(&es), "DOM.scrollIntoViewIfNeeded", json!({"backendNodeId": info.backend}), COMMAND).await;
         let m = call(cdp, &s, "Page.getLayoutMetrics", json!({})).await?;
-        let box_ = call(cdp, &s, "DOM.getBoxModel", json!({"backendNodeId": info.backend}))
+        let box_ = call(cdp, &es, "DOM.getBoxModel", json!({"backendNodeId": info.backend}))
             .await
             .map_err(|_| BrowserError::invalid("the element is not visible (it has no box)"))?;
         let q: Vec<f64> = box_["model"]["border"].as_array().into_iter().flatten().filter_map(Value::as_f64).collect();
@@ -1411,7 +1463,12 @@ async fn screenshot(
             m["cssVisualViewport"]["pageX"].as_f64().unwrap_or(0.0),
             m["cssVisualViewport"]["pageY"].as_f64().unwrap_or(0.0),
         );
-        params["clip"] = json!({"x": x0 + px, "y": y0 + py, "width": w, "height": h, "scale": 1});
+        // An out-of-process frame's boxes are in its own viewport.
+        let (dx, dy) = match &info.frame {
+            Some(f) => frames::geometry(cdp, f).await?.offset,
+            None => (0.0, 0.0),
+        };
+        params["clip"] = json!({"x": x0 + dx + px, "y": y0 + dy + py, "width": w, "height": h, "scale": 1});
     }
     let shot = call(cdp, &s, "Page.captureScreenshot", params).await?;
     let data = shot["data"].as_str().ok_or_else(|| failed("the browser sent no image"))?;
