@@ -133,3 +133,147 @@ async fn a_dialog_never_blocks_a_tool() {
     assert_eq!(kind, ErrorKind::NotFound, "{why}");
     call(&b, json!({"op": "close", "args": {"session": sid}})).await;
 }
+
+/// Waits (up to 10 s) until the site's `/answers` is `want`.
+fn answers_become(site: &Site, want: &str) {
+    let until = Instant::now() + Duration::from_secs(10);
+    while answers(site) != want {
+        assert!(Instant::now() < until, "the server heard {:?}, not {want:?}", answers(site));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_popup_is_a_tab_of_the_session_with_its_opener() {
+    let t = tempfile::tempdir().expect("tmp");
+    let b = browser(t.path());
+    let s = site("web/pages.py", &t.path().join("site"));
+    let opened =
+        call(&b, json!({"op": "open", "args": {"profile": "popups", "url": format!("{}/popup", s.url)}})).await;
+    let sid = opened["session"].as_str().expect("session").to_string();
+    let first = opened["tabs"][0]["tab"].as_str().expect("the first tab").to_string();
+    let snap = call(&b, json!({"op": "snapshot", "args": {"session": sid, "format": "json"}})).await;
+    let open_help = find(&snap, "button", "Open the help");
+
+    // The button's handler calls window.open(): a second tab, listed with its opener.
+    call(&b, json!({"op": "click", "args": {"session": sid, "ref": open_help}})).await;
+    let child_url = format!("{}/popup-child", s.url);
+    let until = Instant::now() + Duration::from_secs(10);
+    let popup = loop {
+        let listed = call(&b, json!({"op": "list"})).await;
+        let tabs = listed["sessions"]
+            .as_array()
+            .and_then(|a| a.iter().find(|x| x["session"] == sid.as_str()))
+            .map(|x| x["tabs"].clone())
+            .unwrap_or_default();
+        if let Some(p) = tabs.as_array().and_then(|a| a.iter().find(|x| x["url"] == child_url.as_str())) {
+            assert_eq!(tabs.as_array().map(Vec::len), Some(2), "{listed}");
+            assert_eq!(p["opener"], first.as_str(), "the popup names the tab it was opened from: {listed}");
+            let opener_tab = tabs.as_array().and_then(|a| a.iter().find(|x| x["tab"] == first.as_str()));
+            assert_eq!(opener_tab.map(|x| x["opener"].clone()), Some(json!(null)), "{listed}");
+            break p["tab"].as_str().expect("its id").to_string();
+        }
+        assert!(Instant::now() < until, "no popup listed: {listed}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+
+    // With two tabs, a tool names one.
+    let (kind, why) = refused(&b, json!({"op": "snapshot", "args": {"session": sid}})).await;
+    assert_eq!(kind, ErrorKind::InvalidRequest, "{why}");
+    assert!(why.contains("2 tabs"), "{why}");
+
+    // A tool acts on the popup by its id; the opener is left as it was.
+    let snap = call(&b, json!({"op": "snapshot", "args": {"session": sid, "tab": popup, "format": "json"}})).await;
+    assert_eq!(snap["title"], "Help", "{snap}");
+    let done = find(&snap, "button", "Done");
+    let clicked = call(&b, json!({"op": "click", "args": {"session": sid, "tab": popup, "ref": done}})).await;
+    assert_eq!(clicked["tab"], popup.as_str(), "{clicked}");
+    answers_become(&s, "popup=done");
+    let snap = call(&b, json!({"op": "snapshot", "args": {"session": sid, "tab": popup}})).await;
+    assert!(snap["text"].as_str().is_some_and(|t| t.contains("done")), "{snap}");
+    let snap = call(&b, json!({"op": "snapshot", "args": {"session": sid, "tab": first}})).await;
+    assert_eq!(snap["title"], "Popup opener", "{snap}");
+    call(&b, json!({"op": "close", "args": {"session": sid}})).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_gets_the_text_it_is_answered_with() {
+    let t = tempfile::tempdir().expect("tmp");
+    let b = browser(t.path());
+    let s = site("web/pages.py", &t.path().join("site"));
+    let opened =
+        call(&b, json!({"op": "open", "args": {"profile": "prompts", "url": format!("{}/prompt", s.url)}})).await;
+    let sid = opened["session"].as_str().expect("session").to_string();
+    let snap = call(&b, json!({"op": "snapshot", "args": {"session": sid, "format": "json"}})).await;
+    let rename = find(&snap, "button", "Rename");
+
+    // The click answers at once with the prompt and its default.
+    let clicked = call(&b, json!({"op": "click", "args": {"session": sid, "ref": rename}})).await;
+    let want = json!({"type": "prompt", "message": "New name?", "defaultPrompt": "draft"});
+    assert_eq!(clicked["dialog"], want, "{clicked}");
+    let snap = call(&b, json!({"op": "snapshot", "args": {"session": sid}})).await;
+    assert!(snap["text"].as_str().is_some_and(|t| t.contains("[default=\"draft\"]")), "{snap}");
+
+    // Accepted with a text: the page gets that text.
+    let done = call(&b, json!({"op": "dialog", "args": {"session": sid, "accept": true, "text": "Q3 report"}})).await;
+    assert_eq!(done["answered"], want, "{done}");
+    answers_become(&s, "name=Q3%20report");
+    let snap = call(&b, json!({"op": "snapshot", "args": {"session": sid}})).await;
+    assert!(snap["text"].as_str().is_some_and(|t| t.contains("name: Q3 report")), "{snap}");
+
+    // Dismissed: the page gets null.
+    let snap = call(&b, json!({"op": "snapshot", "args": {"session": sid, "format": "json"}})).await;
+    let rename = find(&snap, "button", "Rename");
+    call(&b, json!({"op": "click", "args": {"session": sid, "ref": rename}})).await;
+    call(&b, json!({"op": "dialog", "args": {"session": sid, "accept": false}})).await;
+    answers_become(&s, "name=Q3%20report\nname=null");
+    call(&b, json!({"op": "close", "args": {"session": sid}})).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_beforeunload_dialog_holds_the_navigation_until_answered() {
+    let t = tempfile::tempdir().expect("tmp");
+    let b = browser(t.path());
+    let s = site("web/pages.py", &t.path().join("site"));
+    let leave = format!("{}/leave", s.url);
+    let opened = call(&b, json!({"op": "open", "args": {"profile": "leaving", "url": leave}})).await;
+    let sid = opened["session"].as_str().expect("session").to_string();
+    let snap = call(&b, json!({"op": "snapshot", "args": {"session": sid, "format": "json"}})).await;
+    let edit = find(&snap, "button", "Edit");
+    // A user gesture first: a page that was never interacted with may not ask.
+    call(&b, json!({"op": "click", "args": {"session": sid, "ref": edit}})).await;
+    let go = json!({"op": "navigate", "args": {"session": sid, "url": format!("{}/final", s.url)}});
+
+    // Leaving asks: the navigation answers at once with the dialog, not loaded.
+    let began = Instant::now();
+    let got = call(&b, go.clone()).await;
+    assert!(began.elapsed() < Duration::from_secs(5), "{got}");
+    assert_eq!(got["dialog"]["type"], "beforeunload", "{got}");
+    assert_eq!(got["loaded"], false, "{got}");
+    let snap = call(&b, json!({"op": "snapshot", "args": {"session": sid}})).await;
+    assert_eq!(snap["dialog"]["type"], "beforeunload", "{snap}");
+    let (kind, why) = refused(&b, go.clone()).await;
+    assert_eq!(kind, ErrorKind::Conflict, "{why}");
+
+    // Dismissed: the page stays, its state kept.
+    let done = call(&b, json!({"op": "dialog", "args": {"session": sid, "accept": false}})).await;
+    assert_eq!(done["outcome"]["navigated"], false, "{done}");
+    let snap = call(&b, json!({"op": "snapshot", "args": {"session": sid}})).await;
+    assert!(snap.get("dialog").is_none(), "{snap}");
+    assert_eq!(snap["url"], leave.as_str(), "{snap}");
+    assert!(snap["text"].as_str().is_some_and(|t| t.contains("unsaved")), "{snap}");
+
+    // Asked again and accepted: the navigation goes on.
+    let got = call(&b, go.clone()).await;
+    assert_eq!(got["dialog"]["type"], "beforeunload", "{got}");
+    let done = call(&b, json!({"op": "dialog", "args": {"session": sid, "accept": true}})).await;
+    assert_eq!(done["outcome"]["navigated"], true, "{done}");
+    assert_eq!(done["outcome"]["state"], "done", "{done}");
+    let snap = call(&b, json!({"op": "snapshot", "args": {"session": sid}})).await;
+    assert_eq!(
+        (snap["url"].clone(), snap["title"].clone()),
+        (json!(format!("{}/final", s.url)), json!("Final")),
+        "{snap}"
+    );
+    call(&b, json!({"op": "close", "args": {"session": sid}})).await;
+}

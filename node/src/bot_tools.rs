@@ -785,7 +785,8 @@ static TOOLS: [BotTool; 37] = [
         description: "Clicks an element by its ref and answers the outcome (done or unknown, and whether a page \
                       loaded). Give an actionId when the click may change something outside (submit, buy, send, \
                       delete): a retry with the same id never clicks twice. A StaleRef error means the page \
-                      changed: take a new snapshot and use its refs.",
+                      changed: take a new snapshot and use its refs. A download it starts is saved in \
+                      /workspace/Downloads and listed in `downloads` (name, path, size, sha256).",
         parameters: || {
             browser_schema(
                 json!({

@@ -22,6 +22,7 @@
 //!   (`requests`), and one whose answer was lost makes its outcome `unknown`.
 
 pub mod cdp;
+pub mod download;
 pub mod page;
 pub mod upload;
 pub mod wire;
@@ -127,6 +128,8 @@ pub struct Session {
     /// from the browser's events (a dialog blocks the page's script, and CDP has no call that
     /// tells one is open).
     pub dialogs: page::Dialogs,
+    /// The downloads its pages started ([`download`]).
+    pub downloads: download::Downloads,
 }
 
 /// The browser of this Computer; clones share it.
@@ -150,6 +153,8 @@ struct Inner {
     wire_guard: std::sync::atomic::AtomicBool,
     /// Roots the wire guards trust beside the system's, for the servers they reach over TLS.
     wire_roots: std::sync::Mutex<Vec<rustls::pki_types::CertificateDer<'static>>>,
+    /// A download is at most this large ([`download::MAX_DOWNLOAD`]; lowered by a test).
+    download_cap: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Browser {
@@ -174,6 +179,7 @@ impl Browser {
                 opening: tokio::sync::Mutex::new(()),
                 wire_guard: std::sync::atomic::AtomicBool::new(true),
                 wire_roots: std::sync::Mutex::new(Vec::new()),
+                download_cap: Arc::new(std::sync::atomic::AtomicU64::new(download::MAX_DOWNLOAD)),
             }),
         }
     }
@@ -188,6 +194,12 @@ impl Browser {
     /// private CA; a sandbox adds its own to the system's store instead).
     pub fn add_wire_roots(&self, roots: Vec<rustls::pki_types::CertificateDer<'static>>) {
         self.inner.wire_roots.lock().unwrap_or_else(std::sync::PoisonError::into_inner).extend(roots);
+    }
+
+    /// A test switch: the most a download may take, from now on, in every session (default
+    /// [`download::MAX_DOWNLOAD`]).
+    pub fn set_download_cap(&self, cap: u64) {
+        self.inner.download_cap.store(cap, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Serves one call for `caller` (`bot:<id>` or `member:<id>`).
@@ -220,7 +232,14 @@ impl Browser {
                 // It runs until the answers to the requests the action started, or its wait.
                 let wait = Duration::from_millis(op.timeout_ms().unwrap_or(computerd_proto::browser::DEFAULT_WAIT_MS));
                 let window_end = tokio::time::Instant::now() + wait;
+                // The downloads its input starts: waited for within the same wait.
+                let downloads = page::acts(&op).then(|| session.downloads.mark(&session.cdp));
                 let mut answer = page::serve(&session, &mut tabs, op, self.owner(), &self.inner.uploads_from).await;
+                if let (Ok(a), Some(mark)) = (&mut answer, downloads)
+                    && let Some(list) = session.downloads.report(mark, window_end).await
+                {
+                    a.json["downloads"] = list;
+                }
                 if let (Ok(a), Some(mark), Some(w)) = (&mut answer, window, &session.wire) {
                     let settle = tokio::time::Instant::now() + REQUESTS_SETTLE;
                     let (sent, dropped) = w.log().settled_since(mark, settle, window_end.max(settle)).await;
@@ -331,6 +350,15 @@ impl Browser {
             None
         };
         let (cdp, child) = self.launch(req.mode, &dirs, wire.as_ref()).await?;
+        // Its downloads, placed in the workspace's Downloads (a failure here ends the browser:
+        // the child is killed when dropped).
+        let cap = self.inner.download_cap.clone();
+        let fail = |e: String| {
+            BrowserError::new(ErrorKind::ComputerExecutionFailed, format!("the browser cannot save downloads: {e}"))
+        };
+        let downloads = download::Downloads::new(&self.inner.uploads_from, &self.inner.root, &id, self.owner(), cap)
+            .map_err(|e| fail(e.to_string()))?;
+        downloads.start(&cdp).await.map_err(|e| fail(e.to_string()))?;
         let dialogs = page::Dialogs::default();
         tokio::spawn(page::watch_dialogs(cdp.subscribe(), dialogs.clone()));
         let session = Arc::new(Session {
@@ -344,6 +372,7 @@ impl Browser {
             stage_fd: dirs.stage_fd,
             wire,
             dialogs,
+            downloads,
         });
         let first = {
             let mut tabs = session.tabs.lock().await;

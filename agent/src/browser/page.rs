@@ -747,6 +747,8 @@ struct Load {
     unreached: Option<String>,
     /// The load failed with a net error before any answer came (`net::ERR_…`).
     net_error: Option<String>,
+    /// The frame's answer (or a link's `download`) became a download: the page stays.
+    download: bool,
 }
 
 /// The wire guard's mark on a response (`x-computerd-wire`), from CDP's headers object.
@@ -776,6 +778,11 @@ impl<'a> Watch<'a> {
 
     /// Takes in one event; answers whether the load has ended (loaded or failed).
     fn feed(&mut self, ev: &Event) -> bool {
+        // On the browser's target (see `download`).
+        if ev.method == "Browser.downloadWillBegin" && ev.params["frameId"] == self.frame {
+            self.load.download = true;
+            return true;
+        }
         if ev.session != self.s {
             return false;
         }
@@ -902,9 +909,15 @@ async fn settle(events: &mut broadcast::Receiver<Event>, s: &str, frame: &str, t
             Err(None) => return json!({"state": "done", "navigated": false}),
         }
     }
+    if watch.load.download {
+        return json!({"state": "done", "navigated": false});
+    }
     if !watch.load.loaded && watch.load.failed.is_none() && watch.dialog.is_none() {
         let until = Instant::now() + Duration::from_millis(timeout_ms.unwrap_or(browser::DEFAULT_WAIT_MS));
         wait_load(events, &mut watch, until).await;
+    }
+    if watch.load.download {
+        return json!({"state": "done", "navigated": false});
     }
     if let Some(d) = watch.dialog {
         let navigated = if watch.load.loaded { json!(true) } else { json!(watch.started) };
@@ -964,8 +977,17 @@ async fn navigate(
         if e != "net::ERR_ABORTED" {
             return Err(unreached(url, e));
         }
-        answer["error"] = json!(e);
         answer["loaded"] = json!(false);
+        // A download is no error (the page stays; the answer lists it: see `download`).
+        let (mut watch, began) = (Watch::new(&s, &frame, None), Instant::now() + NAVIGATION_START);
+        while let Ok(ev) = next_event(&mut events, began).await {
+            if watch.feed(&ev) && watch.load.download {
+                break;
+            }
+        }
+        if !watch.load.download {
+            answer["error"] = json!(e);
+        }
     } else if let Some(loader) = nav["loaderId"].as_str() {
         let mut watch = Watch::new(&s, &frame, Some(loader.to_string()));
         wait_load(&mut events, &mut watch, until).await;
@@ -981,7 +1003,7 @@ async fn navigate(
         answer["redirected"] = json!(load.redirected);
         match load.failed {
             Some(e) => answer["error"] = json!(e),
-            None if !load.loaded && answer.get("dialog").is_some() => {}
+            None if !load.loaded && (answer.get("dialog").is_some() || load.download) => {}
             None if !load.loaded => {
                 answer["timedOut"] = json!(true);
                 answer["error"] = json!(format!("the page did not finish loading within {timeout_ms} ms"));

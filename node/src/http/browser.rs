@@ -470,7 +470,7 @@ macro_rules! tool_route {
 }
 
 /// `POST /v1/computers/:id/browser/navigate`
-#[utoipa::path(post, path = "/v1/computers/{id}/browser/navigate", operation_id = "browser_navigate", tag = "browser", params(("id" = String, Path)), request_body(content = Object, description = "`{\"session\", \"tab\"?, \"url\", \"timeoutMs\"?}` (http, https, about:blank)"), responses((status = 200, description = "`{\"tab\", \"url\" (the final one), \"title\", \"status\", \"loaded\", \"redirected\", \"timedOut\", \"error\"?, \"dialog\"?}`: a site's 4xx or 5xx is a load with its status; a load not ended within `timeoutMs` is `loaded: false, timedOut: true`", body = Object), (status = 400, body = ErrorBody), (status = 404, description = "`not_found`: no such session or tab", body = ErrorBody), (status = 409, description = "`conflict`: a dialog is open on the tab (answer it with `dialog`); `InputBusy`: a person holds the input lease", body = ErrorBody), (status = 422, description = "`ComputerUnsupported`: no browser", body = ErrorBody), (status = 502, description = "`navigation_failed`: no server answered (the name did not resolve, the connection was refused or timed out): the message names the net error and the host", body = ErrorBody)), security(("bearer" = [])))]
+#[utoipa::path(post, path = "/v1/computers/{id}/browser/navigate", operation_id = "browser_navigate", tag = "browser", params(("id" = String, Path)), request_body(content = Object, description = "`{\"session\", \"tab\"?, \"url\", \"timeoutMs\"?}` (http, https, about:blank)"), responses((status = 200, description = "`{\"tab\", \"url\" (the final one), \"title\", \"status\", \"loaded\", \"redirected\", \"timedOut\", \"error\"?, \"dialog\"?, \"downloads\"?}`: a site's 4xx or 5xx is a load with its status; a load not ended within `timeoutMs` is `loaded: false, timedOut: true`; an answer that is a download (`Content-Disposition: attachment`) is no error: the page stays (`loaded: false`) and `downloads` lists it (as for `click`)", body = Object), (status = 400, body = ErrorBody), (status = 404, description = "`not_found`: no such session or tab", body = ErrorBody), (status = 409, description = "`conflict`: a dialog is open on the tab (answer it with `dialog`); `InputBusy`: a person holds the input lease", body = ErrorBody), (status = 422, description = "`ComputerUnsupported`: no browser", body = ErrorBody), (status = 502, description = "`navigation_failed`: no server answered (the name did not resolve, the connection was refused or timed out): the message names the net error and the host", body = ErrorBody)), security(("bearer" = [])))]
 pub async fn navigate(
     State(state): State<AppState>,
     auth: Auth,
@@ -497,7 +497,7 @@ tool_route!(
     RefRequest,
     Click,
     "`{\"session\", \"tab\"?, \"ref\", \"timeoutMs\"?, \"actionId\"?, \"runId\"?, \"runClaim\"?, \"intent\"?, \"evidence\"?}`",
-    "`{\"tab\", \"ref\", \"point\", \"outcome\": {state: done|unknown, navigated, status?, error?}, \"dialog\"?, \"action\"?}`, or `{\"action\", \"replayed\": true}` for an actionId already sent; a dialog the click opened ends the wait at once (`dialog`: `{type, message, defaultPrompt?}`)"
+    "`{\"tab\", \"ref\", \"point\", \"outcome\": {state: done|unknown, navigated, status?, error?}, \"dialog\"?, \"downloads\"?, \"action\"?}`, or `{\"action\", \"replayed\": true}` for an actionId already sent; a dialog the click opened ends the wait at once (`dialog`: `{type, message, defaultPrompt?}`); the downloads it started are waited for within `timeoutMs` and saved in `/workspace/Downloads` (`downloads`: `[{name, path, size, sha256} | {name, refused} | {name, failed} | {name, state: \"inProgress\", received, total}]`; a download over 256 MiB is cancelled and refused)"
 );
 tool_route!(
     hover,
@@ -524,7 +524,7 @@ tool_route!(
     PressRequest,
     Press,
     "`{\"session\", \"tab\"?, \"keys\": \"Enter\"|\"ctrl+l\"|…, \"actionId\"?, \"runId\"?, \"runClaim\"?, \"intent\"?, \"evidence\"?}`",
-    "`{\"tab\", \"keys\", \"outcome\", \"action\"?}`"
+    "`{\"tab\", \"keys\", \"outcome\", \"downloads\"?, \"action\"?}`: `downloads` as for `click`"
 );
 tool_route!(
     select,
