@@ -248,8 +248,7 @@ pub async fn serve(
         BrowserOp::Click(r) => {
             let (tab, next) = tab_of(tabs, &target)?;
             let _ = next;
-            let (info, obj) = check_ref(cdp, tab, &r.r#ref).await?;
-            let (x, y) = point_of(cdp, tab, &info, &obj).await?;
+            let (_, _, (x, y)) = checked_point(cdp, tab, &r.r#ref).await?;
             let s = tab.cdp_session.clone();
             let frame = tab.frame.clone();
             let mut events = cdp.subscribe();
@@ -258,8 +257,7 @@ pub async fn serve(
         }
         BrowserOp::Hover(r) => {
             let (tab, _) = tab_of(tabs, &target)?;
-            let (info, obj) = check_ref(cdp, tab, &r.r#ref).await?;
-            let (x, y) = point_of(cdp, tab, &info, &obj).await?;
+            let (_, _, (x, y)) = checked_point(cdp, tab, &r.r#ref).await?;
             mouse(cdp, &tab.cdp_session, x, y, false).await?;
             Ok(plain(json!({"tab": target, "ref": r.r#ref, "point": {"x": x, "y": y}})))
         }
@@ -526,6 +524,14 @@ const LABEL: &str = "function() { const l = this.labels && this.labels[0]; retur
 
 /// Checks a ref against the live page; answers what it names and the element's object id.
 async fn check_ref(cdp: &Cdp, tab: &Tab, r: &str) -> Result<(RefInfo, String), BrowserError> {
+    let (info, obj) = resolve_ref(cdp, tab, r).await?;
+    verify_ref(cdp, tab, &info, &obj, r).await?;
+    Ok((info, obj))
+}
+
+/// [`check_ref`]'s first half: the ref's record, and its element as an object of the page (a
+/// node gone since the snapshot, or of a document that has navigated, is stale).
+async fn resolve_ref(cdp: &Cdp, tab: &Tab, r: &str) -> Result<(RefInfo, String), BrowserError> {
     let n: u32 = r
         .strip_prefix('e')
         .and_then(|n| n.parse().ok())
@@ -536,31 +542,50 @@ async fn check_ref(cdp: &Cdp, tab: &Tab, r: &str) -> Result<(RefInfo, String), B
         .cloned()
         .ok_or_else(|| BrowserError::stale(format!("{r} is not in this tab's latest snapshot")))?;
     let s = frames::session_of(tab, &info);
-    match &info.frame {
-        None if loader_of(cdp, s).await? != info.loader => {
-            return Err(BrowserError::stale(format!("the page has navigated since the snapshot that gave {r}")));
-        }
-        Some(f) if frames::loader_of(cdp, f).await.as_ref() != Some(&info.loader) => {
-            return Err(BrowserError::stale(format!("the frame of {r} has navigated or is gone")));
-        }
-        _ => {}
-    }
     let resolved = cdp.call(Some(s), "DOM.resolveNode", json!({"backendNodeId": info.backend}), COMMAND).await;
-    let obj = match resolved.as_ref().ok().and_then(|v| v["object"]["objectId"].as_str()) {
-        Some(o) => o.to_string(),
-        None => return Err(BrowserError::stale(format!("the element of {r} is gone"))),
+    match resolved.as_ref().ok().and_then(|v| v["object"]["objectId"].as_str()) {
+        Some(o) => Ok((info, o.to_string())),
+        None if !same_document(cdp, tab, &info).await? => Err(navigated(&info, r)),
+        None => Err(BrowserError::stale(format!("the element of {r} is gone"))),
+    }
+}
+
+/// Whether the ref's document is still its page's (or its frame's).
+async fn same_document(cdp: &Cdp, tab: &Tab, info: &RefInfo) -> Result<bool, BrowserError> {
+    match &info.frame {
+        None => Ok(loader_of(cdp, frames::session_of(tab, info)).await? == info.loader),
+        Some(f) => Ok(frames::loader_of(cdp, f).await.as_ref() == Some(&info.loader)),
+    }
+}
+
+fn navigated(info: &RefInfo, r: &str) -> BrowserError {
+    BrowserError::stale(match &info.frame {
+        None => format!("the page has navigated since the snapshot that gave {r}"),
+        Some(_) => format!("the frame of {r} has navigated or is gone"),
+    })
+}
+
+/// [`check_ref`]'s second half, reads only, at once: the same document, the node still
+/// attached, and the same role and name. Nothing reaches the page before all of them passed.
+async fn verify_ref(cdp: &Cdp, tab: &Tab, info: &RefInfo, obj: &str, r: &str) -> Result<(), BrowserError> {
+    let s = frames::session_of(tab, info);
+    let document = same_document(cdp, tab, info);
+    let connected = function(cdp, s, obj, CONNECTED, json!([]));
+    let ax = async {
+        if info.file_input {
+            return Ok(None);
+        }
+        let params = json!({"backendNodeId": info.backend, "fetchRelatives": false});
+        call(cdp, s, "Accessibility.getPartialAXTree", params).await.map(Some)
     };
-    if function(cdp, s, &obj, CONNECTED, json!([])).await? != Value::Bool(true) {
+    let (document, connected, ax) = tokio::join!(document, connected, ax);
+    if !document? {
+        return Err(navigated(info, r));
+    }
+    if connected? != Value::Bool(true) {
         return Err(BrowserError::stale(format!("the element of {r} was removed or replaced")));
     }
-    if !info.file_input {
-        let now = call(
-            cdp,
-            s,
-            "Accessibility.getPartialAXTree",
-            json!({"backendNodeId": info.backend, "fetchRelatives": false}),
-        )
-        .await?;
+    if let Some(now) = ax? {
         let node = now["nodes"].as_array().and_then(|a| a.iter().find(|n| n["backendDOMNodeId"] == info.backend));
         let (role, name) = node.map(|n| (text_of(&n["role"]), cut(&text_of(&n["name"])))).unwrap_or_default();
         if role != info.role || name != info.name {
@@ -570,8 +595,45 @@ async fn check_ref(cdp: &Cdp, tab: &Tab, r: &str) -> Result<(RefInfo, String), B
             )));
         }
     }
-    Ok((info, obj))
+    Ok(())
 }
+
+/// A ref checked ([`check_ref`]) and the point to act on ([`point_of`]), for `click` and
+/// `hover`: the checks and the page's one-call point ([`POINT`]) go out together once the node
+/// is resolved (the point only scrolls and reads), and the point is used only when every check
+/// passed.
+async fn checked_point(cdp: &Cdp, tab: &Tab, r: &str) -> Result<(RefInfo, String, (f64, f64)), BrowserError> {
+    let (info, obj) = resolve_ref(cdp, tab, r).await?;
+    let quick = async {
+        if info.frame.is_some() {
+            return Ok(None);
+        }
+        let h = function(cdp, &tab.cdp_session, &obj, &POINT, json!([])).await?;
+        Ok::<_, BrowserError>(match (h["ok"] == true, h["x"].as_f64(), h["y"].as_f64()) {
+            (true, Some(x), Some(y)) => Some((x, y)),
+            _ => None,
+        })
+    };
+    let (checked, quick) = tokio::join!(verify_ref(cdp, tab, &info, &obj, r), quick);
+    checked?;
+    let point = match quick? {
+        Some(p) => p,
+        None => point_of(cdp, tab, &info, &obj).await?,
+    };
+    Ok((info, obj, point))
+}
+
+/// [`point_of`]'s one round trip: scrolls the element into view if it is not, takes the centre
+/// of its first box (viewport CSS pixels, as `DOM.getContentQuads` would) and runs [`HIT`] there:
+/// `{x, y, ok}` or, with no box, `{nobox}`.
+static POINT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "function() {{ if (typeof this.scrollIntoViewIfNeeded === 'function') this.scrollIntoViewIfNeeded(false); \
+         const r = this.getClientRects()[0]; if (!r || (r.width === 0 && r.height === 0)) return {{nobox: true}}; \
+         const x = Math.round(r.left + r.width / 2), y = Math.round(r.top + r.height / 2); \
+         return Object.assign(({HIT}).call(this, x, y), {{x, y}}); }}"
+    )
+});
 
 /// Scrolls the element to the middle of its scrolling boxes and the viewport (a second try, when
 /// the first point was under a sticky header, say, or outside the viewport).
@@ -582,9 +644,21 @@ const CENTRE: &str = "function() { this.scrollIntoView({block: 'center', inline:
 /// covered (a sticky header over an element that counted as visible) or not on the screen, the
 /// element is scrolled to the middle and checked once more; a cover still there is refused,
 /// named.
+///
+/// In the page's own document the usual case is one round trip ([`POINT`]: scroll if needed,
+/// the centre of its first box, the hit test); anything else (no box, a cover, off the screen)
+/// goes the long way below, which names the reason.
 async fn point_of(cdp: &Cdp, tab: &Tab, info: &RefInfo, obj: &str) -> Result<(f64, f64), BrowserError> {
     // In a frame, scrolling the element into view scrolls the frames holding it too.
     let s = frames::session_of(tab, info);
+    if info.frame.is_none() {
+        let h = function(cdp, s, obj, &POINT, json!([])).await?;
+        if h["ok"] == true
+            && let (Some(x), Some(y)) = (h["x"].as_f64(), h["y"].as_f64())
+        {
+            return Ok((x, y));
+        }
+    }
     let _ = cdp.call(Some(s), "DOM.scrollIntoViewIfNeeded", json!({"backendNodeId": info.backend}), COMMAND).await;
     match hit(cdp, s, info, obj).await? {
         Ok(point) => Ok(point),
@@ -633,21 +707,22 @@ async fn hit(cdp: &Cdp, s: &str, info: &RefInfo, obj: &str) -> Result<Result<(f6
     Ok(Err(format!("the element's centre ({x}, {y}) is not on the screen")))
 }
 
+/// The pointer to (x, y), and a click there: the move and the press go out together (the pipe
+/// keeps their order); the release only once the press was handled, so a press whose handler
+/// opens a dialog is never followed by a release the page did not wait for.
 async fn mouse(cdp: &Cdp, s: &str, x: f64, y: f64, click: bool) -> Result<(), BrowserError> {
-    call(cdp, s, "Input.dispatchMouseEvent", json!({"type": "mouseMoved", "x": x, "y": y})).await?;
-    if click {
-        for t in ["mousePressed", "mouseReleased"] {
-            let buttons = if t == "mousePressed" { 1 } else { 0 };
-            call(
-                cdp,
-                s,
-                "Input.dispatchMouseEvent",
-                json!({"type": t, "x": x, "y": y, "button": "left", "buttons": buttons, "clickCount": 1}),
-            )
-            .await?;
-        }
+    let event = |t: &str, buttons: u8| {
+        json!({"type": t, "x": x, "y": y, "button": "left", "buttons": buttons, "clickCount": 1})
+    };
+    let moved = call(cdp, s, "Input.dispatchMouseEvent", json!({"type": "mouseMoved", "x": x, "y": y}));
+    if !click {
+        return moved.await.map(drop);
     }
-    Ok(())
+    let pressed = call(cdp, s, "Input.dispatchMouseEvent", event("mousePressed", 1));
+    let (moved, pressed) = tokio::join!(biased; moved, pressed);
+    moved?;
+    pressed?;
+    call(cdp, s, "Input.dispatchMouseEvent", event("mouseReleased", 0)).await.map(drop)
 }
 
 /// One key with its modifiers, as CDP takes it.
