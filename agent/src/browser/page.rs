@@ -195,7 +195,26 @@ pub async fn serve(
         BrowserOp::Dialog(r) => r.tab.clone(),
         BrowserOp::Open(_) | BrowserOp::Close(_) | BrowserOp::List => return Err(failed("not a tab tool")),
     };
-    let target = pick_tab(cdp, tab_name.as_deref()).await?;
+    // A click or hover on the tab it is most likely on (the one named, or the only one attached,
+    // with no dialog open) resolves its ref (a read) while the tab list is read; the result is
+    // used only when the list says that tab.
+    let guess = match (&op, &tab_name) {
+        (BrowserOp::Click(r) | BrowserOp::Hover(r), Some(t)) => tabs.attached.get_key_value(t.as_str()).map(|g| (g, r)),
+        (BrowserOp::Click(r) | BrowserOp::Hover(r), None) if tabs.attached.len() == 1 => {
+            tabs.attached.iter().next().map(|g| (g, r))
+        }
+        _ => None,
+    }
+    .filter(|((_, tab), _)| pending_dialog(&session.dialogs, &tab.cdp_session).is_none());
+    let (target, early) = match guess {
+        Some(((id, tab), r)) => {
+            let (target, resolved) = tokio::join!(pick_tab(cdp, tab_name.as_deref()), resolve_ref(cdp, tab, &r.r#ref));
+            let target = target?;
+            let early = (*id == target).then_some(resolved);
+            (target, early)
+        }
+        None => (pick_tab(cdp, tab_name.as_deref()).await?, None),
+    };
     let tab_session = attach(cdp, tabs, &target).await?.cdp_session.clone();
     // A dialog blocks the page's script, and every call that waits on it: only the snapshot
     // (which shows it) and the dialog tool reach a tab that has one open.
@@ -248,7 +267,7 @@ pub async fn serve(
         BrowserOp::Click(r) => {
             let (tab, next) = tab_of(tabs, &target)?;
             let _ = next;
-            let (_, _, (x, y)) = checked_point(cdp, tab, &r.r#ref).await?;
+            let (_, _, (x, y)) = checked_point(cdp, tab, &r.r#ref, early).await?;
             let s = tab.cdp_session.clone();
             let frame = tab.frame.clone();
             let mut events = cdp.subscribe();
@@ -257,7 +276,7 @@ pub async fn serve(
         }
         BrowserOp::Hover(r) => {
             let (tab, _) = tab_of(tabs, &target)?;
-            let (_, _, (x, y)) = checked_point(cdp, tab, &r.r#ref).await?;
+            let (_, _, (x, y)) = checked_point(cdp, tab, &r.r#ref, early).await?;
             mouse(cdp, &tab.cdp_session, x, y, false).await?;
             Ok(plain(json!({"tab": target, "ref": r.r#ref, "point": {"x": x, "y": y}})))
         }
@@ -601,9 +620,17 @@ async fn verify_ref(cdp: &Cdp, tab: &Tab, info: &RefInfo, obj: &str, r: &str) ->
 /// A ref checked ([`check_ref`]) and the point to act on ([`point_of`]), for `click` and
 /// `hover`: the checks and the page's one-call point ([`POINT`]) go out together once the node
 /// is resolved (the point only scrolls and reads), and the point is used only when every check
-/// passed.
-async fn checked_point(cdp: &Cdp, tab: &Tab, r: &str) -> Result<(RefInfo, String, (f64, f64)), BrowserError> {
-    let (info, obj) = resolve_ref(cdp, tab, r).await?;
+/// passed. `resolved`: the ref already resolved on this tab ([`resolve_ref`]), if it was.
+async fn checked_point(
+    cdp: &Cdp,
+    tab: &Tab,
+    r: &str,
+    resolved: Option<Result<(RefInfo, String), BrowserError>>,
+) -> Result<(RefInfo, String, (f64, f64)), BrowserError> {
+    let (info, obj) = match resolved {
+        Some(done) => done?,
+        None => resolve_ref(cdp, tab, r).await?,
+    };
     let quick = async {
         if info.frame.is_some() {
             return Ok(None);
