@@ -15,6 +15,8 @@
 //! - [`files`]: file and directory calls.
 //! - [`layout`]: the owners and modes of the agent's state dir and of the workspace.
 //! - [`nofollow`]: walking a tree another account owns without following its symlinks.
+//! - [`runtime_load`]: loading a runtime archive into a protected root, verified and published
+//!   durably (`computer-agent load-runtime`).
 //! - [`service`]: the gRPC service, refusing any link generation but the current one.
 //! - [`tls`]: `https`/`wss` with the server verified (system roots, or `--ca`); plain `http` only
 //!   to loopback or with `--insecure`.
@@ -31,6 +33,7 @@ pub mod nofollow;
 pub mod output;
 pub mod pairing;
 pub mod ports;
+pub mod runtime_load;
 pub mod service;
 pub mod sessions;
 pub mod tls;

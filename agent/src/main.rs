@@ -1,4 +1,6 @@
 //! `computer-agent --server URL [--pair CODE] --state DIR`: pairs once, then keeps the link up.
+//! `computer-agent load-runtime --archive FILE|- --into DIR [--expect-snapshot HEX]`: loads a
+//! runtime archive (`runtime_load`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -92,6 +94,10 @@ struct Cli {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
+    // `computer-agent load-runtime …`: the runtime loader, a command of its own (no link).
+    if std::env::args_os().nth(1).is_some_and(|a| a == "load-runtime") {
+        return computer_agent::runtime_load::command(std::env::args_os().skip(1));
+    }
     computerd_proto::mux::keep_freed_memory();
     tracing_subscriber::fmt()
         .with_env_filter(
