@@ -19,29 +19,6 @@ use serde_json::json;
 mod common;
 use common::*;
 
-impl Site {
-    fn events(&self) -> Vec<Value> {
-        std::fs::read_to_string(self.state.join("events.jsonl"))
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect()
-    }
-
-    /// Waits until the page reported `el` with `value` (the last such report counts).
-    fn wait(&self, el: &str, value: Value) {
-        let until = Instant::now() + Duration::from_secs(10);
-        loop {
-            let last = self.events().into_iter().rev().find(|e| e["el"] == el);
-            if last.as_ref().is_some_and(|e| e["value"] == value || (value.is_null() && e["ev"] == "followed")) {
-                return;
-            }
-            assert!(Instant::now() < until, "the page never reported {el} = {value} (last: {last:?})");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
 /// The ref of the first element with `role` and `name` in the tab's snapshot now.
 async fn find_now(b: &Browser, session: &str, role: &str, name: &str) -> String {
     eprintln!("the {role} {name:?}");

@@ -631,21 +631,11 @@ async fn checked_point(
         Some(done) => done?,
         None => resolve_ref(cdp, tab, r).await?,
     };
-    let quick = async {
-        if info.frame.is_some() {
-            return Ok(None);
-        }
-        let h = function(cdp, &tab.cdp_session, &obj, &POINT, json!([])).await?;
-        Ok::<_, BrowserError>(match (h["ok"] == true, h["x"].as_f64(), h["y"].as_f64()) {
-            (true, Some(x), Some(y)) => Some((x, y)),
-            _ => None,
-        })
-    };
-    let (checked, quick) = tokio::join!(verify_ref(cdp, tab, &info, &obj, r), quick);
+    let (checked, quick) = tokio::join!(verify_ref(cdp, tab, &info, &obj, r), quick_point(cdp, tab, &info, &obj));
     checked?;
     let point = match quick? {
         Some(p) => p,
-        None => point_of(cdp, tab, &info, &obj).await?,
+        None => long_point(cdp, tab, &info, &obj).await?,
     };
     Ok((info, obj, point))
 }
@@ -676,16 +666,28 @@ const CENTRE: &str = "function() { this.scrollIntoView({block: 'center', inline:
 /// the centre of its first box, the hit test); anything else (no box, a cover, off the screen)
 /// goes the long way below, which names the reason.
 async fn point_of(cdp: &Cdp, tab: &Tab, info: &RefInfo, obj: &str) -> Result<(f64, f64), BrowserError> {
+    match quick_point(cdp, tab, info, obj).await? {
+        Some(p) => Ok(p),
+        None => long_point(cdp, tab, info, obj).await,
+    }
+}
+
+/// [`POINT`] in the page's own document: the point when it is the element's, else `None`.
+async fn quick_point(cdp: &Cdp, tab: &Tab, info: &RefInfo, obj: &str) -> Result<Option<(f64, f64)>, BrowserError> {
+    if info.frame.is_some() {
+        return Ok(None);
+    }
+    let h = function(cdp, &tab.cdp_session, obj, &POINT, json!([])).await?;
+    Ok(match (h["ok"] == true, h["x"].as_f64(), h["y"].as_f64()) {
+        (true, Some(x), Some(y)) => Some((x, y)),
+        _ => None,
+    })
+}
+
+/// [`point_of`]'s long way: scroll, quads, hit test; then the middle and once more.
+async fn long_point(cdp: &Cdp, tab: &Tab, info: &RefInfo, obj: &str) -> Result<(f64, f64), BrowserError> {
     // In a frame, scrolling the element into view scrolls the frames holding it too.
     let s = frames::session_of(tab, info);
-    if info.frame.is_none() {
-        let h = function(cdp, s, obj, &POINT, json!([])).await?;
-        if h["ok"] == true
-            && let (Some(x), Some(y)) = (h["x"].as_f64(), h["y"].as_f64())
-        {
-            return Ok((x, y));
-        }
-    }
     let _ = cdp.call(Some(s), "DOM.scrollIntoViewIfNeeded", json!({"backendNodeId": info.backend}), COMMAND).await;
     match hit(cdp, s, info, obj).await? {
         Ok(point) => Ok(point),

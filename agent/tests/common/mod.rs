@@ -176,3 +176,29 @@ pub async fn h1_faults_once(b: &Browser, sid: &str, base: &str, site: &Site, doc
     assert_eq!(effects.get("store without its file"), None, "each upload came with its file: {effects:?}");
     assert_eq!(effects.len(), 6, "{effects:?}");
 }
+
+impl Site {
+    /// What the element corpus's pages reported (`tests/fixtures/web/elements.py`'s
+    /// `events.jsonl`).
+    pub fn events(&self) -> Vec<Value> {
+        std::fs::read_to_string(self.state.join("events.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// Waits until the page reported `el` with `value` (the last such report counts; `null`:
+    /// a link that was followed), polling the site's log (another process writes it).
+    pub fn wait(&self, el: &str, value: Value) {
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let last = self.events().into_iter().rev().find(|e| e["el"] == el);
+            if last.as_ref().is_some_and(|e| e["value"] == value || (value.is_null() && e["ev"] == "followed")) {
+                return;
+            }
+            assert!(std::time::Instant::now() < until, "the page never reported {el} = {value} (last: {last:?})");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
