@@ -9,7 +9,6 @@ use std::process::Command;
 use std::time::Duration;
 
 use computerd_tests::computerd_bin;
-use computerd_tests::free_port;
 use computerd_tests::tls::Https;
 use computerd_tests::wait_for;
 use serde_json::json;
@@ -17,7 +16,6 @@ use serde_json::json;
 struct Project {
     name: String,
     file: std::path::PathBuf,
-    port: u16,
     /// The first three octets of the project's network (the balancer is `.10`).
     subnet: String,
 }
@@ -28,7 +26,9 @@ impl Project {
             .args(["-p", &self.name, "-f"])
             .arg(&self.file)
             .args(args)
-            .env("COMPUTERD_LB_PORT", self.port.to_string())
+            // Docker picks the balancer's host port when it binds it (`port` below reads it):
+            // a port chosen here first could be taken by another test before Docker binds it.
+            .env("COMPUTERD_LB_PORT", "0")
             .env("COMPUTERD_SUBNET_PREFIX", &self.subnet)
             .output()
             .expect("run docker-compose")
@@ -50,11 +50,15 @@ async fn t10_compose_cluster_over_tls_survives_a_killed_leader() {
     let project = Project {
         name: format!("cdt{}", std::process::id()),
         file: root.join("deploy/compose.yaml"),
-        port: free_port(),
         subnet: format!("172.29.{}", 100 + std::process::id() % 150),
     };
     let up = project.compose(&["up", "-d"]);
     assert!(up.status.success(), "{}", String::from_utf8_lossy(&up.stderr));
+    let published = project.compose(&["port", "lb", "8443"]);
+    let published = String::from_utf8_lossy(&published.stdout).to_string();
+    let port: u16 = published.trim().rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or_else(|| {
+        panic!("the balancer's published port, from `docker-compose port`: {published:?}")
+    });
     let read = |service: &'static str, file: &'static str| {
         let project = &project;
         move || async move {
@@ -66,7 +70,7 @@ async fn t10_compose_cluster_over_tls_survives_a_killed_leader() {
     let token = wait_for("the owner token", Duration::from_secs(30), read("node1", "/data/admin.token")).await;
     let token = token.trim().to_string();
     let ca = wait_for("the edge's CA", Duration::from_secs(30), read("lb", "/edge/ca.crt")).await;
-    let lb = Https::pinned(&format!("127.0.0.1:{}", project.port), "localhost", &ca);
+    let lb = Https::pinned(&format!("127.0.0.1:{port}"), "localhost", &ca);
     // The whole view needs the owner's token (without one, health answers liveness only).
     let health = || async { lb.call("GET", "/v1/health", Some(&token), None).await.ok().map(|(_, v)| v) };
     let leader = wait_for("three voters behind the balancer, over HTTPS", Duration::from_secs(60), || async {
@@ -87,7 +91,7 @@ async fn t10_compose_cluster_over_tls_survives_a_killed_leader() {
     };
     assert!(write("before")().await.is_some(), "a write through the balancer");
     let plain = reqwest::Client::new()
-        .get(format!("http://127.0.0.1:{}/v1/health", project.port))
+        .get(format!("http://127.0.0.1:{port}/v1/health"))
         .timeout(Duration::from_secs(5))
         .send()
         .await;
