@@ -133,6 +133,7 @@ fn call_name(kind: ExecutionKind) -> &'static str {
         ExecutionKind::Pause => "pause",
         ExecutionKind::Resume => "resume",
         ExecutionKind::Delete => "delete",
+        ExecutionKind::Recreate => "recreate",
     }
 }
 
@@ -217,28 +218,33 @@ impl ComputerActorState {
                             }
                         },
                     };
-                    match exe.kind {
-                        ExecutionKind::Create => {
-                            let (template, desktop) = match &computer.source {
-                                Source::Provider { template, .. } => (template.clone(), computer.desktop),
-                                Source::Paired => (None, false),
-                            };
-                            let spec = CreateSpec {
-                                computer_id: computer.id.clone(),
-                                command_key: exe.command_key.clone(),
-                                template,
-                                desktop,
-                                pairing_code: exe.pairing_code.clone(),
-                                first_uid,
-                                env: computer.env.clone(),
-                                resources: computer.resources,
-                                metadata: computer.metadata.clone(),
-                            };
-                            adapter.create(&spec).await.map(Some)
+                    let spec = || {
+                        let (template, desktop) = match &computer.source {
+                            Source::Provider { template, .. } => {
+                                (exe.template.clone().or_else(|| template.clone()), computer.desktop)
+                            }
+                            Source::Paired => (None, false),
+                        };
+                        CreateSpec {
+                            computer_id: computer.id.clone(),
+                            command_key: exe.command_key.clone(),
+                            template,
+                            desktop,
+                            pairing_code: exe.pairing_code.clone(),
+                            first_uid,
+                            env: computer.env.clone(),
+                            resources: computer.resources,
+                            metadata: computer.metadata.clone(),
                         }
+                    };
+                    match exe.kind {
+                        ExecutionKind::Create => adapter.create(&spec()).await.map(Some),
+                        ExecutionKind::Recreate => adapter.recreate(&sandbox, &spec()).await.map(Some),
                         ExecutionKind::Pause => adapter.pause(&sandbox, &exe.command_key).await.map(|()| None),
                         ExecutionKind::Resume => adapter.resume(&sandbox, &exe.command_key).await.map(|()| None),
-                        ExecutionKind::Delete => adapter.delete(&sandbox, &exe.command_key).await.map(|()| None),
+                        ExecutionKind::Delete => {
+                            adapter.delete_computer(&sandbox, &computer.id, &exe.command_key).await.map(|()| None)
+                        }
                     }
                 };
                 let started = std::time::Instant::now();

@@ -93,6 +93,15 @@ pub const LABEL_COMPUTER: &str = "computerd.computer";
 pub const LABEL_KEY: &str = "computerd.command-key";
 /// The provider's own network for sandboxes (used unless the config names one).
 pub const SANDBOX_NETWORK: &str = "computerd-sandboxes";
+/// Where a sandbox mounts its Computer's runtime volume: the agent's tool runtime
+/// (`COMPUTER_AGENT_RUNTIME_VOLUME`), inside its protected state dir, at the path an older
+/// sandbox kept it in its writable layer, so the absolute paths the runtime records (a binding's
+/// code and HOME, and whatever its tools wrote there) hold across a migration.
+pub const RUNTIME_MOUNT: &str = "/var/lib/computer-agent/runtime";
+/// The runtime loader's test hook (`computer_agent::runtime_load::PAUSE_ENV`).
+const LOAD_PAUSE_ENV: &str = "COMPUTERD_LOAD_PAUSE_AT";
+/// The error kind of a recreate that failed after the old sandbox was stopped (kept, stopped).
+pub const RECREATE_FAILED: &str = "recreate_failed";
 /// The bridge option that turns inter-container traffic off.
 const ICC_OPTION: &str = "com.docker.network.bridge.enable_icc";
 
@@ -125,6 +134,15 @@ pub struct Template {
     /// Private or link-local ranges (CIDR) this template's sandboxes may reach.
     #[serde(default)]
     pub allow_private: Vec<String>,
+    /// Whether the sandboxes keep their tool runtime in the Computer's runtime volume (default)
+    /// or, as sandboxes made before runtime volumes did, in their writable layer (lost with the
+    /// container; a recreate onto a template with the volume migrates it).
+    #[serde(default = "default_true")]
+    pub runtime_volume: bool,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 fn default_cpus() -> f64 {
@@ -145,6 +163,7 @@ impl Template {
             memory_mb: default_memory(),
             pids: default_pids(),
             allow_private: Vec::new(),
+            runtime_volume: true,
         }
     }
 
@@ -155,6 +174,7 @@ impl Template {
             memory_mb: default_memory(),
             pids: default_pids(),
             allow_private: Vec::new(),
+            runtime_volume: true,
         }
     }
 }
@@ -448,6 +468,36 @@ pub fn container_name(computer_id: &str) -> String {
     format!("computerd-{computer_id}")
 }
 
+/// The runtime volume of a Computer: one named Docker volume per home key, the Computer's id
+/// (never a path a caller chooses), kept by the engine apart from any container, so it outlives
+/// a remove and a recreate.
+pub fn runtime_volume(computer_id: &str) -> String {
+    format!("computerd-runtime-{computer_id}")
+}
+
+/// Whether an inspected container mounts the runtime volume `volume`.
+fn mounts_volume(c: &bollard::models::ContainerInspectResponse, volume: &str) -> bool {
+    c.mounts.iter().flatten().any(|m| m.name.as_deref() == Some(volume))
+}
+
+/// A failure of a recreate once the old sandbox is stopped: it is kept, stopped.
+fn recreate_failed(old: &str, why: impl std::fmt::Display) -> ProviderError {
+    ProviderError::Refused {
+        kind: RECREATE_FAILED.into(),
+        message: format!("{why}; the old sandbox {old} is kept, stopped, and the recreate may be tried again"),
+    }
+}
+
+/// An engine error of a read made before anything changed: nothing was done.
+fn read_failed(e: DockerError, what: &str) -> ProviderError {
+    match classify(e) {
+        ProviderError::NotSent(m) | ProviderError::Lost(m) | ProviderError::Rejected(m) => {
+            ProviderError::NotSent(format!("{what}: {m}"))
+        }
+        other => other,
+    }
+}
+
 /// Sorts an engine error into the three failure kinds.
 fn classify(e: DockerError) -> ProviderError {
     match e {
@@ -577,59 +627,152 @@ impl DockerProvider {
         })
     }
 
-    /// The container of a create. `cpus` and `memory_mb` are the sandbox's ([`within`]).
-    fn container_body(
-        &self,
-        spec: &CreateSpec,
-        t: &Template,
-        (cpus, memory_mb): (f64, u64),
-        network: &str,
-    ) -> ContainerCreateBody {
-        let env = crate::provider::sandbox_env(spec, &self.config.server_url, self.config.ca_cert.as_deref())
-            .into_iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
-        let labels = HashMap::from([
-            (LABEL_COMPUTER.to_string(), spec.computer_id.clone()),
-            (LABEL_KEY.to_string(), spec.command_key.clone()),
-        ]);
+    /// Moves an older sandbox's tool runtime out of its writable layer ([`RUNTIME_MOUNT`] in the
+    /// stopped container `old`) into the Computer's runtime volume: the engine's archive of that
+    /// directory (a tar read from the stopped container, over the Engine API, so the engine may
+    /// be on another host) is streamed into `computer-agent load-runtime` in a loader container
+    /// of the new template's image that mounts the volume, with no network and only the
+    /// capabilities that keep owners and modes. The loader checks every member, stages into the
+    /// volume's protected staging, verifies the snapshot, and publishes durably; `--or-same`
+    /// makes a second try after a publish (a later step failed) a no-op. A sandbox that never
+    /// made a runtime has nothing to move. Any failure keeps `old` stopped.
+    async fn migrate(&self, docker: &Docker, old: &str, t: &Template, volume: &str) -> Result<(), ProviderError> {
+        use futures::StreamExt;
+        use tokio::io::AsyncWriteExt;
+        // `DIR/.`: the engine's tar of the directory's contents, rooted at `./` (the loader's root).
+        let path = format!("{RUNTIME_MOUNT}/.");
+        let opts = bollard::query_parameters::DownloadFromContainerOptionsBuilder::new().path(&path).build();
+        let mut archive = docker.download_from_container(old, Some(opts));
+        let first = match archive.next().await {
+            Some(Ok(chunk)) => chunk,
+            None | Some(Err(DockerError::DockerResponseServerError { status_code: 404, .. })) => return Ok(()),
+            Some(Err(e)) => return Err(recreate_failed(old, format!("reading the old runtime: {}", classify(e)))),
+        };
+        let short = old.get(..12).unwrap_or(old);
+        let mount = bollard::models::Mount {
+            target: Some("/volume".into()),
+            source: Some(volume.to_string()),
+            typ: Some(bollard::models::MountType::VOLUME),
+            ..Default::default()
+        };
         let binds = self.config.agent_binary.as_ref().map(|b| vec![format!("{b}:{AGENT_PATH}:ro")]);
-        ContainerCreateBody {
+        let body = ContainerCreateBody {
             image: Some(t.image.clone()),
-            cmd: Some(vec![AGENT_PATH.to_string()]),
-            env: Some(env),
-            labels: Some(labels),
-            working_dir: Some("/root".into()),
+            cmd: Some(
+                [AGENT_PATH, "load-runtime", "--archive", "-", "--into", "/volume", "--or-same"]
+                    .map(String::from)
+                    .to_vec(),
+            ),
+            labels: Some(HashMap::from([("computerd.runtime-load".to_string(), old.to_string())])),
+            // The loader's test hook (it pauses at a publish step, to be killed there), passed on
+            // only when the node itself runs with it.
+            env: std::env::var(LOAD_PAUSE_ENV).ok().map(|step| vec![format!("{LOAD_PAUSE_ENV}={step}")]),
+            open_stdin: Some(true),
+            stdin_once: Some(true),
+            attach_stdin: Some(true),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
             host_config: Some(HostConfig {
-                nano_cpus: Some((cpus * 1e9) as i64),
-                memory: Some((memory_mb as i64) << 20),
-                pids_limit: Some(t.pids as i64),
-                network_mode: Some(network.to_string()),
-                init: Some(true),
+                network_mode: Some("none".into()),
                 binds,
+                mounts: Some(vec![mount]),
                 cap_drop: Some(vec!["ALL".into()]),
-                cap_add: Some(SANDBOX_CAPS.iter().map(|c| c.to_string()).collect()),
+                cap_add: Some(["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID"].map(String::from).to_vec()),
                 security_opt: Some(vec!["no-new-privileges".into()]),
                 ..Default::default()
             }),
             ..Default::default()
+        };
+        let name = format!("computerd-load-{short}");
+        let failed = |why: String| recreate_failed(old, format!("the runtime migration: {why}"));
+        // A loader of an earlier try that was cut off goes first.
+        let rm = RemoveContainerOptionsBuilder::new().force(true).build();
+        let _ = docker.remove_container(&name, Some(rm.clone())).await;
+        let opts = CreateContainerOptionsBuilder::new().name(&name).build();
+        let loader = docker.create_container(Some(opts), body).await.map_err(|e| failed(classify(e).to_string()))?.id;
+        let run = async {
+            let attach = bollard::query_parameters::AttachContainerOptionsBuilder::new()
+                .stdin(true)
+                .stdout(true)
+                .stderr(true)
+                .stream(true)
+                .build();
+            let bollard::container::AttachContainerResults { mut output, mut input } =
+                docker.attach_container(&loader, Some(attach)).await.map_err(|e| classify(e).to_string())?;
+            docker.start_container(&loader, None).await.map_err(|e| classify(e).to_string())?;
+            let said = async {
+                let mut text = Vec::new();
+                while let Some(Ok(o)) = output.next().await {
+                    if text.len() < 64 * 1024 {
+                        text.extend_from_slice(&o.into_bytes());
+                    }
+                }
+                String::from_utf8_lossy(&text).into_owned()
+            };
+            let feed = async {
+                input.write_all(&first).await?;
+                while let Some(chunk) = archive.next().await {
+                    let chunk = chunk.map_err(|e| std::io::Error::other(format!("reading the old runtime: {e}")))?;
+                    input.write_all(&chunk).await?;
+                }
+                input.shutdown().await
+            };
+            let (fed, said) = tokio::join!(feed, said);
+            let wait = bollard::query_parameters::WaitContainerOptionsBuilder::new().build();
+            let code = match docker.wait_container(&loader, Some(wait)).next().await {
+                Some(Ok(w)) => w.status_code,
+                // A non-zero exit comes as an error carrying the code.
+                Some(Err(DockerError::DockerContainerWaitError { code, .. })) => code,
+                Some(Err(e)) => return Err(format!("waiting for the loader: {e}")),
+                None => return Err("the loader's wait ended without a code".into()),
+            };
+            // The loader's answer is its last JSON line.
+            let answer =
+                said.lines().rev().find(|l| l.trim_start().starts_with('{')).unwrap_or(said.trim()).to_string();
+            // A loader that finished an earlier try's journaled publish reads no archive.
+            let resumed = serde_json::from_str::<serde_json::Value>(&answer).is_ok_and(|v| v["resumed"] == true);
+            match (code, fed) {
+                (0, Ok(())) => Ok(answer),
+                (0, Err(_)) if resumed => Ok(answer),
+                (0, Err(e)) => Err(format!("the archive did not reach the loader whole: {e}")),
+                (code, _) => Err(format!("the loader refused it (exit {code}): {answer}")),
+            }
+        };
+        let result = run.await;
+        let _ = docker.remove_container(&loader, Some(rm)).await;
+        match result {
+            Ok(answer) => {
+                tracing::info!(old = %old, volume = %volume, loaded = %answer, "runtime migrated");
+                Ok(())
+            }
+            Err(why) => Err(failed(why)),
         }
     }
-}
 
-#[async_trait]
-impl Provider for DockerProvider {
-    async fn create(&self, spec: &CreateSpec) -> Result<String, ProviderError> {
-        let t = self.config.template(spec.template.as_deref(), spec.desktop)?;
-        let size = within(&t, spec.resources.as_ref()).map_err(ProviderError::NotSent)?;
-        // The template's image can be a sandbox (checked once per image id): a bad one is
-        // refused before any container of the Computer exists.
-        self.check_image(&t.image).await?;
-        let docker = self.docker().await?;
-        let network = self.network(docker, &t).await?;
+    /// Makes a Computer's volume for its tool runtime, labelled with the Computer (making an
+    /// existing one answers it). Nothing else has changed yet: a failure sends nothing.
+    async fn ensure_runtime_volume(&self, docker: &Docker, computer_id: &str) -> Result<(), ProviderError> {
+        let request = bollard::models::VolumeCreateRequest {
+            name: Some(runtime_volume(computer_id)),
+            labels: Some(HashMap::from([(LABEL_COMPUTER.to_string(), computer_id.to_string())])),
+            ..Default::default()
+        };
+        docker.create_volume(request).await.map(|_| ()).map_err(|e| read_failed(e, "the runtime volume"))
+    }
+
+    /// Creates and starts the sandbox container of `spec`, named for its Computer; a refused
+    /// start removes it, so a refusal leaves none.
+    async fn create_and_start(
+        &self,
+        docker: &Docker,
+        spec: &CreateSpec,
+        t: &Template,
+        size: (f64, u64),
+        network: &str,
+    ) -> Result<String, ProviderError> {
         let name = container_name(&spec.computer_id);
         let opts = CreateContainerOptionsBuilder::new().name(&name).build();
-        let body = self.container_body(spec, &t, size, &network);
+        let body = self.container_body(spec, t, size, network);
         let created = docker.create_container(Some(opts), body).await.map_err(classify)?;
         match docker.start_container(&created.id, None).await {
             Ok(()) => Ok(created.id),
@@ -653,8 +796,169 @@ impl Provider for DockerProvider {
         }
     }
 
+    /// The container of a create. `cpus` and `memory_mb` are the sandbox's ([`within`]).
+    fn container_body(
+        &self,
+        spec: &CreateSpec,
+        t: &Template,
+        (cpus, memory_mb): (f64, u64),
+        network: &str,
+    ) -> ContainerCreateBody {
+        let env = crate::provider::sandbox_env(spec, &self.config.server_url, self.config.ca_cert.as_deref())
+            .into_iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let labels = HashMap::from([
+            (LABEL_COMPUTER.to_string(), spec.computer_id.clone()),
+            (LABEL_KEY.to_string(), spec.command_key.clone()),
+        ]);
+        let mut env: Vec<String> = env;
+        if t.runtime_volume {
+            env.push(format!("COMPUTER_AGENT_RUNTIME_VOLUME={RUNTIME_MOUNT}"));
+        }
+        let binds = self.config.agent_binary.as_ref().map(|b| vec![format!("{b}:{AGENT_PATH}:ro")]);
+        let runtime = bollard::models::Mount {
+            target: Some(RUNTIME_MOUNT.into()),
+            source: Some(runtime_volume(&spec.computer_id)),
+            typ: Some(bollard::models::MountType::VOLUME),
+            ..Default::default()
+        };
+        ContainerCreateBody {
+            image: Some(t.image.clone()),
+            cmd: Some(vec![AGENT_PATH.to_string()]),
+            env: Some(env),
+            labels: Some(labels),
+            working_dir: Some("/root".into()),
+            host_config: Some(HostConfig {
+                nano_cpus: Some((cpus * 1e9) as i64),
+                memory: Some((memory_mb as i64) << 20),
+                pids_limit: Some(t.pids as i64),
+                network_mode: Some(network.to_string()),
+                init: Some(true),
+                binds,
+                mounts: t.runtime_volume.then(|| vec![runtime]),
+                cap_drop: Some(vec!["ALL".into()]),
+                cap_add: Some(SANDBOX_CAPS.iter().map(|c| c.to_string()).collect()),
+                security_opt: Some(vec!["no-new-privileges".into()]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+}
+
+#[async_trait]
+impl Provider for DockerProvider {
+    async fn create(&self, spec: &CreateSpec) -> Result<String, ProviderError> {
+        let t = self.config.template(spec.template.as_deref(), spec.desktop)?;
+        let size = within(&t, spec.resources.as_ref()).map_err(ProviderError::NotSent)?;
+        // The template's image can be a sandbox (checked once per image id): a bad one is
+        // refused before any container of the Computer exists.
+        self.check_image(&t.image).await?;
+        let docker = self.docker().await?;
+        let network = self.network(docker, &t).await?;
+        if t.runtime_volume {
+            self.ensure_runtime_volume(docker, &spec.computer_id).await?;
+        }
+        self.create_and_start(docker, spec, &t, size, &network).await
+    }
+
     fn reference_of(&self, computer_id: &str) -> Option<String> {
         Some(container_name(computer_id))
+    }
+
+    async fn recreate(&self, sandbox: &str, spec: &CreateSpec) -> Result<String, ProviderError> {
+        let t = self.config.template(spec.template.as_deref(), spec.desktop)?;
+        let size = within(&t, spec.resources.as_ref()).map_err(ProviderError::NotSent)?;
+        self.check_image(&t.image).await?;
+        let docker = self.docker().await?;
+        let network = self.network(docker, &t).await?;
+        let volume = runtime_volume(&spec.computer_id);
+        let name = container_name(&spec.computer_id);
+        // The old sandbox as the engine has it now (gone: only the volume carries over).
+        let old = match docker.inspect_container(sandbox, None).await {
+            Ok(c) => Some(c),
+            Err(DockerError::DockerResponseServerError { status_code: 404, .. }) => None,
+            Err(e) => return Err(read_failed(e, "inspecting the old sandbox")),
+        };
+        if let Some(c) = &old
+            && c.config.as_ref().and_then(|c| c.labels.as_ref()).and_then(|l| l.get(LABEL_COMPUTER))
+                != Some(&spec.computer_id)
+        {
+            return Err(ProviderError::NotSent(format!("the container {sandbox} is not this computer's sandbox")));
+        }
+        if !t.runtime_volume {
+            return Err(ProviderError::NotSent(
+                "a recreate keeps the tool runtime in the Computer's runtime volume: the template must have runtimeVolume".into(),
+            ));
+        }
+        self.ensure_runtime_volume(docker, &spec.computer_id).await?;
+        let Some(old) = old else {
+            // Nothing to stop or move: a new sandbox on the kept volume.
+            return self.create_and_start(docker, spec, &t, size, &network).await;
+        };
+        let old_id = old.id.clone().unwrap_or_else(|| sandbox.to_string());
+        let state = old.state.as_ref().and_then(|s| s.status).map(|s| s.to_string()).unwrap_or_default();
+        if state == "paused" {
+            docker.unpause_container(&old_id).await.map_err(classify)?;
+        }
+        let stop = bollard::query_parameters::StopContainerOptionsBuilder::new().t(10).build();
+        match docker.stop_container(&old_id, Some(stop)).await {
+            // 304: it was not running.
+            Ok(()) | Err(DockerError::DockerResponseServerError { status_code: 304, .. }) => {}
+            Err(e) => return Err(classify(e)),
+        }
+        // From here the old sandbox is stopped: a failure keeps it so, for another try.
+        if !mounts_volume(&old, &volume) {
+            self.migrate(docker, &old_id, &t, &volume).await?;
+        }
+        // The new sandbox takes the Computer's container name; the old one steps aside.
+        let short = old_id.get(..12).unwrap_or(&old_id);
+        let aside = format!("{name}-replaced-{short}");
+        let renamed = old.name.as_deref().map(|n| n.trim_start_matches('/')) == Some(name.as_str());
+        if renamed {
+            let opts = bollard::query_parameters::RenameContainerOptionsBuilder::new().name(&aside).build();
+            docker.rename_container(&old_id, opts).await.map_err(|e| recreate_failed(&old_id, classify(e)))?;
+        }
+        match self.create_and_start(docker, spec, &t, size, &network).await {
+            Ok(new) => {
+                let rm = RemoveContainerOptionsBuilder::new().force(true).build();
+                if let Err(e) = docker.remove_container(&old_id, Some(rm)).await {
+                    // The new sandbox runs; the old one, stopped, goes with the Computer's delete.
+                    tracing::warn!(old = %old_id, error = %e, "the replaced sandbox could not be removed");
+                }
+                Ok(new)
+            }
+            Err(e) => {
+                if renamed {
+                    let opts = bollard::query_parameters::RenameContainerOptionsBuilder::new().name(&name).build();
+                    if let Err(r) = docker.rename_container(&old_id, opts).await {
+                        tracing::warn!(old = %old_id, error = %r, "the kept sandbox keeps its name {aside}");
+                    }
+                }
+                Err(match e {
+                    ProviderError::Lost(m) => ProviderError::Lost(m),
+                    other => recreate_failed(&old_id, other),
+                })
+            }
+        }
+    }
+
+    async fn delete_computer(&self, sandbox: &str, computer_id: &str, command_key: &str) -> Result<(), ProviderError> {
+        self.delete(sandbox, command_key).await?;
+        let docker = self.docker().await?;
+        // A sandbox a failed recreate kept, stopped.
+        for c in self.labelled(format!("{LABEL_COMPUTER}={computer_id}")).await? {
+            let Some(id) = c.id else { continue };
+            self.delete(&id, command_key).await?;
+        }
+        match docker
+            .remove_volume(&runtime_volume(computer_id), None::<bollard::query_parameters::RemoveVolumeOptions>)
+            .await
+        {
+            Ok(()) | Err(DockerError::DockerResponseServerError { status_code: 404, .. }) => Ok(()),
+            Err(e) => Err(classify(e)),
+        }
     }
 
     async fn pause(&self, sandbox: &str, _command_key: &str) -> Result<(), ProviderError> {
@@ -683,14 +987,22 @@ impl Provider for DockerProvider {
 
     async fn inspect(&self, computer_id: &str) -> Result<Option<SandboxInfo>, ProviderError> {
         let list = self.labelled(format!("{LABEL_COMPUTER}={computer_id}")).await?;
-        Ok(list.first().map(info))
+        Ok(list.iter().find(|c| is_named_for(c, computer_id)).or(list.first()).map(info))
     }
 
     async fn list(&self) -> Result<Option<HashMap<String, SandboxInfo>>, ProviderError> {
         let list = self.labelled(LABEL_COMPUTER.to_string()).await?;
         self.refresh_egress(self.docker().await?).await;
-        let by_computer =
-            list.iter().filter_map(|c| Some((c.labels.as_ref()?.get(LABEL_COMPUTER)?.clone(), info(c)))).collect();
+        // A recreate's old sandbox may stand beside the new one for a moment (or stay, stopped,
+        // when its removal failed): the one named for the Computer is its sandbox.
+        let mut by_computer: HashMap<String, SandboxInfo> = HashMap::new();
+        for c in &list {
+            let Some(id) = c.labels.as_ref().and_then(|l| l.get(LABEL_COMPUTER)) else { continue };
+            if by_computer.contains_key(id) && !is_named_for(c, id) {
+                continue;
+            }
+            by_computer.insert(id.clone(), info(c));
+        }
         Ok(Some(by_computer))
     }
 }
@@ -727,6 +1039,12 @@ impl DockerProvider {
         let opts = ListContainersOptionsBuilder::new().all(true).filters(&filters).build();
         self.docker().await?.list_containers(Some(opts)).await.map_err(classify)
     }
+}
+
+/// Whether a listed container bears the name of Computer `computer_id`'s sandbox.
+fn is_named_for(c: &bollard::models::ContainerSummary, computer_id: &str) -> bool {
+    let want = format!("/{}", container_name(computer_id));
+    c.names.iter().flatten().any(|n| *n == want)
 }
 
 fn info(c: &bollard::models::ContainerSummary) -> SandboxInfo {

@@ -2,7 +2,7 @@
 //! file, one line per effect, so a test can count exactly how many calls reached it, even
 //! across node processes.
 //!
-//! Config (`config.faults`, per operation `create|pause|resume|delete`):
+//! Config (`config.faults`, per operation `create|pause|resume|delete|recreate`):
 //! `"ok"` (default), `"lost"` (does it, then loses the answer), `"not_sent"` (fails before
 //! sending), `"reject"` (answers no, does nothing), `"slow:MS"` (does it, answers after MS),
 //! `"hang"` (does it, never answers), `"panic"` (does it, then panics inside the call, so inside
@@ -78,7 +78,7 @@ impl FakeProvider {
                 "faults" => {
                     let m = v.as_object().ok_or("faults must be an object")?;
                     for (op, f) in m {
-                        if !["create", "pause", "resume", "delete"].contains(&op.as_str()) {
+                        if !["create", "pause", "resume", "delete", "recreate"].contains(&op.as_str()) {
                             return Err(format!("unknown operation {op:?} in faults"));
                         }
                         Fault::parse(f.as_str().ok_or("a fault is a string")?)?;
@@ -172,12 +172,19 @@ impl Provider for FakeProvider {
         self.run("delete", json!({"op": "delete", "sandbox": sandbox, "commandKey": command_key})).await
     }
 
+    async fn recreate(&self, sandbox: &str, spec: &CreateSpec) -> Result<String, ProviderError> {
+        let new = format!("fake-{}", spec.computer_id);
+        let effect = json!({"op": "recreate", "old": sandbox, "computerId": spec.computer_id,
+            "commandKey": spec.command_key, "template": spec.template, "sandbox": new});
+        self.run("recreate", effect).await.map(|()| new)
+    }
+
     async fn inspect(&self, computer_id: &str) -> Result<Option<SandboxInfo>, ProviderError> {
         let sandbox = format!("fake-{computer_id}");
         let mut state = None;
         for l in self.lines().iter().filter(|l| l["sandbox"] == sandbox.as_str() && l.get("rejected").is_none()) {
             state = match l["op"].as_str() {
-                Some("create") | Some("resume") => Some("running"),
+                Some("create") | Some("resume") | Some("recreate") => Some("running"),
                 Some("pause") => Some("paused"),
                 Some("delete") => None,
                 _ => state,

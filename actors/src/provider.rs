@@ -172,6 +172,19 @@ pub trait Provider: Send + Sync {
     async fn resume(&self, sandbox: &str, command_key: &str) -> Result<(), ProviderError>;
     /// Deletes a sandbox and its files.
     async fn delete(&self, sandbox: &str, command_key: &str) -> Result<(), ProviderError>;
+    /// Replaces a Computer's sandbox `sandbox` (which may have vanished) with a new one made as
+    /// `spec` says, carrying over what the provider keeps for the Computer apart from its
+    /// sandboxes (Docker: the tool runtime's volume); answers the new sandbox's reference. A
+    /// failure before the old sandbox was stopped is `NotSent` or `Rejected` and changed nothing;
+    /// one after is `Refused` (the old sandbox kept, stopped), or `Lost`.
+    async fn recreate(&self, _sandbox: &str, _spec: &CreateSpec) -> Result<String, ProviderError> {
+        Err(ProviderError::NotSent("this provider cannot recreate a sandbox".into()))
+    }
+    /// Deletes a Computer's sandbox and whatever else the provider keeps for it (Docker: its
+    /// runtime volume, and a sandbox a failed recreate kept). By default, [`Provider::delete`].
+    async fn delete_computer(&self, sandbox: &str, _computer_id: &str, command_key: &str) -> Result<(), ProviderError> {
+        self.delete(sandbox, command_key).await
+    }
     /// Looks up the sandbox of a Computer (by its labels), to settle an unknown outcome.
     async fn inspect(&self, computer_id: &str) -> Result<Option<SandboxInfo>, ProviderError>;
     /// The reference a Computer's sandbox has when none was recorded (a create whose answer was

@@ -34,3 +34,76 @@ pub fn workspace(dir: &Path, owner: &Account) -> io::Result<()> {
     }
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
 }
+
+/// The layout version of a runtime volume this agent knows.
+pub const RUNTIME_LAYOUT: u32 = 1;
+
+/// Checks the layout marker of a runtime volume (`dir`, which is the runtime itself) and answers
+/// the runtime's path. A marker of another version is refused: the agent never guesses at a layout
+/// it does not know. A volume without a marker gets one (a new volume, or one a migration just
+/// loaded); one that holds an unfinished load (the loader's journal) is refused.
+pub fn runtime_volume(dir: &Path) -> Result<std::path::PathBuf, String> {
+    use std::io::Write;
+    let marker = dir.join(crate::runtime_load::LAYOUT_MARKER);
+    let shown = dir.display();
+    match std::fs::read_to_string(&marker) {
+        Ok(text) => {
+            let version = text.trim().strip_prefix("computerd-runtime-layout ").and_then(|v| v.parse::<u32>().ok());
+            match version {
+                Some(RUNTIME_LAYOUT) => Ok(dir.to_path_buf()),
+                Some(v) => Err(format!(
+                    "the runtime volume {shown} has layout version {v}; this agent knows version {RUNTIME_LAYOUT} only and does not guess (run an agent that knows it)"
+                )),
+                None => Err(format!("the runtime volume {shown} has an unreadable layout marker: {:?}", text.trim())),
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let journal = crate::runtime_load::JOURNAL;
+            if dir.join(journal).exists() {
+                return Err(format!(
+                    "the runtime volume {shown} holds an unfinished runtime load ({journal}): finish it with computer-agent load-runtime first"
+                ));
+            }
+            std::fs::create_dir_all(dir).map_err(|e| format!("cannot make the runtime volume {shown}: {e}"))?;
+            let tmp = dir.join(format!("{}layout.tmp", crate::runtime_load::RESERVED_PREFIX));
+            let write = || -> io::Result<()> {
+                let mut f = std::fs::File::create(&tmp)?;
+                writeln!(f, "computerd-runtime-layout {RUNTIME_LAYOUT}")?;
+                f.sync_all()?;
+                std::fs::rename(&tmp, &marker)?;
+                std::fs::File::open(dir)?.sync_all()
+            };
+            write().map_err(|e| format!("cannot write the layout marker of the runtime volume {shown}: {e}"))?;
+            Ok(dir.to_path_buf())
+        }
+        Err(e) => Err(format!("cannot read the layout marker of the runtime volume {shown}: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 40, item 5: a new volume gets the marker; version 1 is the runtime; another version,
+    /// an unreadable marker, or an unfinished load is refused with the reason, and nothing is
+    /// written.
+    #[test]
+    fn i40_the_runtime_volume_carries_its_layout_version_and_an_unknown_one_is_refused() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let volume = tmp.path().join("volume");
+        let marker = volume.join(crate::runtime_load::LAYOUT_MARKER);
+        assert_eq!(runtime_volume(&volume).expect("a new volume"), volume);
+        assert_eq!(std::fs::read_to_string(&marker).expect("marker"), "computerd-runtime-layout 1\n");
+        assert_eq!(runtime_volume(&volume).expect("version 1"), volume);
+        std::fs::write(&marker, "computerd-runtime-layout 2\n").expect("write");
+        let why = runtime_volume(&volume).expect_err("version 2");
+        assert!(why.contains("layout version 2") && why.contains("does not guess"), "{why}");
+        assert_eq!(std::fs::read_to_string(&marker).expect("marker"), "computerd-runtime-layout 2\n", "kept");
+        std::fs::write(&marker, "something else").expect("write");
+        assert!(runtime_volume(&volume).expect_err("garbled").contains("unreadable layout marker"));
+        std::fs::remove_file(&marker).expect("rm");
+        std::fs::write(volume.join(crate::runtime_load::JOURNAL), "{}").expect("journal");
+        assert!(runtime_volume(&volume).expect_err("unfinished").contains("unfinished runtime load"));
+        assert!(!marker.exists(), "no marker over an unfinished load");
+    }
+}

@@ -55,6 +55,11 @@ struct Cli {
     /// STATE/runtime).
     #[arg(long, env = "COMPUTER_AGENT_RUNTIME")]
     runtime: Option<PathBuf>,
+    /// A volume that holds the tool runtime apart from the sandbox (the Docker provider's, kept
+    /// across recreates) and is the runtime: its layout marker is checked (an unknown layout
+    /// version is refused) or, on a volume that has none, written.
+    #[arg(long, env = "COMPUTER_AGENT_RUNTIME_VOLUME", conflicts_with = "runtime")]
+    runtime_volume: Option<PathBuf>,
     /// The deadline of one MCP tool call, in seconds.
     #[arg(long, env = "COMPUTER_AGENT_MCP_DEADLINE_SECS", default_value_t = 45)]
     mcp_deadline_secs: u64,
@@ -123,7 +128,17 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
-    let runtime = cli.runtime.clone().unwrap_or_else(|| cli.state.join("runtime"));
+    let runtime = match (&cli.runtime, &cli.runtime_volume) {
+        (_, Some(volume)) => match computer_agent::layout::runtime_volume(volume) {
+            Ok(r) => r,
+            Err(why) => {
+                eprintln!("computer-agent: {why}");
+                return std::process::ExitCode::from(2);
+            }
+        },
+        (Some(r), None) => r.clone(),
+        (None, None) => cli.state.join("runtime"),
+    };
     let isolation = computer_agent::mcp::bindings::Isolation::of_agent(cli.mcp_first_uid, cli.shared_uid_bindings);
     // Before pairing writes the credential: the state is the agent's alone (and the bindings'
     // group's, to pass through to the runtime).

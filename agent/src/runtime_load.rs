@@ -126,6 +126,14 @@ pub const JOURNAL: &str = ".computerd-load-journal";
 const JOURNAL_TMP: &str = ".computerd-load-journal.tmp";
 /// Top-level names starting with this are the loader's; an archive may not hold one.
 pub const RESERVED_PREFIX: &str = ".computerd-load-";
+/// The runtime volume's layout marker (written by the agent, see `crate::layout`): reserved at
+/// the top of a root like the loader's own names, and never part of a snapshot.
+pub const LAYOUT_MARKER: &str = ".computerd-runtime-layout";
+
+/// Whether a top-level name of a root is the loader's or the layout marker.
+fn reserved(name: &[u8]) -> bool {
+    name.starts_with(RESERVED_PREFIX.as_bytes()) || name == LAYOUT_MARKER.as_bytes()
+}
 /// Set to a step's name (see [`STEPS`]), the binary pauses there: it prints [`PAUSE_MARKER`]
 /// and the step's name on a line of stderr, then waits forever (to be killed).
 pub const PAUSE_ENV: &str = "COMPUTERD_LOAD_PAUSE_AT";
@@ -631,7 +639,7 @@ impl Checker {
             return Ok(());
         }
         let top = m.path.split(|b| *b == b'/').next().unwrap_or_default();
-        if top.starts_with(RESERVED_PREFIX.as_bytes()) {
+        if reserved(top) {
             return Err(LoadError::ReservedName { member });
         }
         if self.seen.contains_key(&m.path) {
@@ -1012,7 +1020,7 @@ fn walk_dirs(
             if name == b"." || name == b".." {
                 continue;
             }
-            if rel.is_empty() && skip_reserved && name.starts_with(RESERVED_PREFIX.as_bytes()) {
+            if rel.is_empty() && skip_reserved && reserved(name) {
                 continue;
             }
             let path = join(&rel, name);
@@ -1513,12 +1521,15 @@ pub struct Options {
     pub limits: Limits,
     /// Pause at this step (see [`STEPS`]): for the tests that kill the loader there.
     pub pause_at: Option<String>,
+    /// A destination that already holds exactly the archive's tree (the same snapshot, read from
+    /// the archive without writing) is no refusal: the load was done before.
+    pub or_same: bool,
 }
 
 impl Options {
     /// Loading into `into` with the default limits.
     pub fn new(into: impl Into<PathBuf>) -> Self {
-        Options { into: into.into(), expect_snapshot: None, limits: Limits::default(), pause_at: None }
+        Options { into: into.into(), expect_snapshot: None, limits: Limits::default(), pause_at: None, or_same: false }
     }
 
     fn pause(&self, step: &str) {
@@ -1583,7 +1594,12 @@ pub fn load(opts: &Options, archive: Archive) -> Result<Loaded, LoadError> {
     // No journal: a staging left behind never reached publishing.
     remove_tree(root, OsStr::new(STAGING)).map_err(io_err(format!("cannot remove an old staging in {shown}")))?;
     remove_file(root, OsStr::new(JOURNAL_TMP)).map_err(io_err(format!("cannot remove {JOURNAL_TMP} in {shown}")))?;
-    refuse_non_empty(root, &shown)?;
+    if let Err(e) = refuse_non_empty(root, &shown) {
+        return match (opts.or_same, e) {
+            (true, LoadError::DestinationNotEmpty { .. }) => already_loaded(opts, root, archive),
+            (_, e) => Err(e),
+        };
+    }
     nix::sys::stat::mkdirat(root, STAGING, Mode::from_bits_truncate(0o700))
         .map_err(nix_err(format!("cannot make the staging directory in {shown}")))?;
     let staged = stage(opts, root, root_id, archive);
@@ -1671,10 +1687,33 @@ fn stage(
     Ok((archive_snapshot, entries, bytes, staging_id))
 }
 
+/// `--or-same` on a destination that holds something: done when it is the archive's tree
+/// (nothing is written), else refused as not empty.
+fn already_loaded(opts: &Options, root: BorrowedFd<'_>, archive: Archive) -> Result<Loaded, LoadError> {
+    let reader: Box<dyn Read> = match archive {
+        Archive::File(p) => {
+            Box::new(std::fs::File::open(&p).map_err(io_err(format!("cannot open the archive {}", p.display())))?)
+        }
+        Archive::Reader(r) => r,
+    };
+    let (snapshot, entries, bytes) = snapshot_archive(reader, opts.limits)?;
+    let found = snapshot_of(walk(root, true, false, &ReadBack::new())?.records);
+    if let Some(want) = &opts.expect_snapshot
+        && *want != snapshot
+    {
+        return Err(LoadError::SnapshotMismatch { expected: *want, found: snapshot });
+    }
+    if found != snapshot {
+        let shown = opts.into.display().to_string();
+        return Err(LoadError::DestinationNotEmpty { path: shown, name: format!("(a tree of snapshot {found})") });
+    }
+    Ok(Loaded { snapshot, entries, bytes, resumed: true })
+}
+
 /// Refuses a root that holds anything but the loader's own names.
 fn refuse_non_empty(root: BorrowedFd<'_>, shown: &str) -> Result<(), LoadError> {
     for name in list(root).map_err(io_err(format!("cannot list {shown}")))? {
-        if !name.as_bytes().starts_with(RESERVED_PREFIX.as_bytes()) {
+        if !reserved(name.as_bytes()) {
             return Err(LoadError::DestinationNotEmpty { path: shown.into(), name: show(name.as_bytes()) });
         }
     }
@@ -1907,6 +1946,9 @@ struct Command {
     /// Refuse unless the runtime's snapshot is this one (64 hex digits).
     #[arg(long)]
     expect_snapshot: Option<Snapshot>,
+    /// A destination that already holds exactly this archive's tree is done, not refused.
+    #[arg(long)]
+    or_same: bool,
 }
 
 /// Runs `computer-agent load-runtime ARGS` (`args` starts with `load-runtime`). Prints
@@ -1929,7 +1971,13 @@ pub fn command(args: impl IntoIterator<Item = OsString>) -> std::process::ExitCo
         eprintln!("computer-agent load-runtime: {PAUSE_ENV}={step} is not a step (one of {})", STEPS.join(", "));
         return std::process::ExitCode::from(2);
     }
-    let opts = Options { into: cmd.into, expect_snapshot: cmd.expect_snapshot, limits: Limits::default(), pause_at };
+    let opts = Options {
+        into: cmd.into,
+        expect_snapshot: cmd.expect_snapshot,
+        limits: Limits::default(),
+        pause_at,
+        or_same: cmd.or_same,
+    };
     let archive = if cmd.archive.as_os_str() == "-" {
         Archive::Reader(Box::new(io::stdin()))
     } else {

@@ -315,7 +315,7 @@ async fn http2_faults_never_bring_a_second_send() {
         assert_eq!(effects(&state, &format!("submit?fault={f}")), 1, "{f}: the site took the POST once: {got}");
         assert_eq!(got["outcome"]["state"], want, "{f}: {got}");
         let field = if lost { ("result", &json!("no answer")) } else { ("status", &json!(303)) };
-        assert!(lists(&got, "POST", &format!("{base}/submit"), field.0, &field.1), "{f}: {got}");
+        assert!(lists(&got, "POST", &format!("{base}/submit"), field.0, field.1), "{f}: {got}");
 
         // A fetch() POST the page's script makes after a click.
         let snap = load(&b, &sid, format!("{base}/script?fault={f}"), "Script").await;

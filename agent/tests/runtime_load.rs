@@ -25,6 +25,7 @@ use computer_agent::runtime_load;
 use computer_agent::runtime_load::Limits;
 use computer_agent::runtime_load::Snapshot;
 use serde_json::Value;
+use serde_json::json;
 use tar::EntryType as T;
 
 const BIN: &str = env!("CARGO_BIN_EXE_computer-agent");
@@ -701,4 +702,35 @@ fn a_device_in_the_destination_tree_is_not_snapshotted_as_a_file() {
     assert!(meta(&d.root, "p").file_type().is_fifo());
     let err = runtime_load::snapshot_tree(&d.root).expect_err("a FIFO in the tree");
     assert_eq!(err.reason(), "unexpected_in_tree");
+}
+
+/// Issue 40, item 3: a migration tried again after its publish (a later step of the recreate
+/// failed) loads the same archive into a root that already holds it: with `--or-same` that is
+/// done, nothing written; another tree there is still refused, and the layout marker the agent
+/// writes at the top is neither content nor part of the snapshot.
+#[test]
+fn i40_or_same_finds_the_same_tree_done_and_refuses_another() {
+    let bytes = good_runtime();
+    let d = dest();
+    let archive = write_archive(d.tmp.path(), "good.tar", &bytes);
+    let first = load_file(&archive, &d.root, &[]);
+    assert_eq!(first.code, 0, "{first:?}");
+    std::fs::write(d.root.join(runtime_load::LAYOUT_MARKER), "computerd-runtime-layout 1\n").expect("marker");
+    let before = runtime_load::snapshot_tree(&d.root).expect("snapshot");
+    assert_eq!(before.to_string(), first.snapshot(), "the marker is not part of the snapshot");
+    let plain = load_stdin(&bytes, &d.root, &[]);
+    assert_eq!((plain.code, plain.reason()), (1, "destination_not_empty"), "{plain:?}");
+    let again = load_stdin(&bytes, &d.root, &["--or-same"]);
+    assert_eq!(
+        (again.code, again.snapshot(), &again.json["resumed"]),
+        (0, first.snapshot(), &json!(true)),
+        "{again:?}"
+    );
+    let after = runtime_load::snapshot_tree(&d.root).expect("snapshot");
+    assert_eq!(after.to_string(), before.to_string(), "nothing was written");
+    std::fs::write(d.root.join("extra"), b"x").expect("write");
+    let other = load_file(&archive, &d.root, &["--or-same"]);
+    assert_eq!((other.code, other.reason()), (1, "destination_not_empty"), "{other:?}");
+    let wrong = load_stdin(&bytes, &d.root, &["--or-same", "--expect-snapshot", &"00".repeat(32)]);
+    assert_eq!((wrong.code, wrong.reason()), (1, "snapshot_mismatch"), "{wrong:?}");
 }

@@ -1087,6 +1087,11 @@ mod tests {
         ),
         ("post", "/v1/computers/{id}/resume", "a paused Computer resumes by itself on a bot's next call"),
         ("post", "/v1/computers/{id}/stop", "a lifecycle command of people"),
+        (
+            "post",
+            "/v1/computers/{id}/recreate",
+            "an operator's replacement of the sandbox (a newer image); the bot's tools and their state carry over",
+        ),
         ("get", "/v1/computers/{id}/usage", "an operator's view of use and cost"),
         ("get", "/v1/computers/{id}/sandbox", "an operator's view of the provider's sandbox"),
         ("get", "/v1/computers/{id}/bots", "grants are given by members: a bot never grants itself"),

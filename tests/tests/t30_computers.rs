@@ -731,3 +731,34 @@ async fn t95_logs_as_json_carry_the_ids() {
     assert_eq!(code, 2, "{out}");
     assert!(out.contains("text or json"), "{out}");
 }
+
+/// Issue 40, item 4: a recreate whose answer is lost is `outcome_unknown` like any other
+/// execution (sent once, never again), holds the Computer until a person decides, and a decision
+/// that it succeeded runs it (this provider starts no agent to wait for) with the new template.
+#[tokio::test]
+async fn i40_4_a_lost_recreate_answer_is_unknown_and_never_resent() {
+    let c = TestCluster::start_fake(1).await;
+    let p = provider(&c, json!({"recreate": "lost"})).await;
+    let (_, r) = create(&c, 1, &c.token, "rl-create", &p).await;
+    assert_eq!(c.settle(1, &s(&r, "executionId"), &c.token).await["state"], "succeeded");
+    let id = r["resource"]["id"].as_str().expect("id").to_string();
+    let path = format!("/v1/computers/{id}/recreate");
+    let (st, v) = c.call(Method::POST, 1, &path, &c.token, Some(json!({"commandKey": "rl", "template": "x" }))).await;
+    assert_eq!(st, 202, "{v}");
+    let exe = s(&v, "executionId");
+    let done = c.settle(1, &exe, &c.token).await;
+    assert_eq!((done["state"].as_str(), done["kind"].as_str()), (Some("outcome_unknown"), Some("recreate")), "{done}");
+    let (st, v) = c.call(Method::POST, 1, &path, &c.token, Some(json!({"commandKey": "rl-2"}))).await;
+    assert_eq!(
+        (st, kind(&v), v["error"]["executionId"].as_str()),
+        (409, "ComputerConflict", Some(exe.as_str())),
+        "{v}"
+    );
+    let decision = json!({"outcome": "succeeded", "reason": "the new container runs"});
+    let (st, v) = c.call(Method::POST, 1, &format!("/v1/executions/{exe}/decision"), &c.token, Some(decision)).await;
+    assert_eq!(st, 200, "{v}");
+    let (_, comp) = c.call(Method::GET, 1, &format!("/v1/computers/{id}"), &c.token, None).await;
+    assert_eq!((comp["state"].as_str(), comp["source"]["template"].as_str()), (Some("running"), Some("x")), "{comp}");
+    let ops: Vec<String> = c.journal(&p).iter().map(|l| s(l, "op")).collect();
+    assert_eq!(ops, ["create", "recreate"], "sent once: {ops:?}");
+}

@@ -56,9 +56,12 @@ async fn t10_compose_cluster_over_tls_survives_a_killed_leader() {
     assert!(up.status.success(), "{}", String::from_utf8_lossy(&up.stderr));
     let published = project.compose(&["port", "lb", "8443"]);
     let published = String::from_utf8_lossy(&published.stdout).to_string();
-    let port: u16 = published.trim().rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or_else(|| {
-        panic!("the balancer's published port, from `docker-compose port`: {published:?}")
-    });
+    let port: u16 = published
+        .trim()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("the balancer's published port, from `docker-compose port`: {published:?}"));
     let read = |service: &'static str, file: &'static str| {
         let project = &project;
         move || async move {

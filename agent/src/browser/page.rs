@@ -447,7 +447,7 @@ async fn dialog_snapshot(cdp: &Cdp, target: &str, d: Value) -> Result<Value, Bro
     if let Some(p) = d.get("defaultPrompt") {
         text.push_str(&format!(" [default={p}]"));
     }
-    text.push_str("\n");
+    text.push('\n');
     Ok(json!({
         "tab": target,
         "url": info["targetInfo"]["url"],
@@ -740,9 +740,7 @@ async fn hit(cdp: &Cdp, s: &str, info: &RefInfo, obj: &str) -> Result<Result<(f6
 /// keeps their order); the release only once the press was handled, so a press whose handler
 /// opens a dialog is never followed by a release the page did not wait for.
 async fn mouse(cdp: &Cdp, s: &str, x: f64, y: f64, click: bool) -> Result<(), BrowserError> {
-    let event = |t: &str, buttons: u8| {
-        json!({"type": t, "x": x, "y": y, "button": "left", "buttons": buttons, "clickCount": 1})
-    };
+    let event = |t: &str, buttons: u8| json!({"type": t, "x": x, "y": y, "button": "left", "buttons": buttons, "clickCount": 1});
     let moved = call(cdp, s, "Input.dispatchMouseEvent", json!({"type": "mouseMoved", "x": x, "y": y}));
     if !click {
         return moved.await.map(drop);

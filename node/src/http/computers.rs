@@ -129,6 +129,9 @@ pub fn receipt(s: &computerd_raft::sm::State, e: &Execution, caller: &Caller, no
         "lateAnswer": e.late_answer,
         "driverNode": e.claim_node,
     });
+    if let Some(t) = &e.template {
+        v["template"] = t.clone().into();
+    }
     let mine = e.requester.token_id == caller.token.id
         || (e.requester.member_id == caller.member.id && e.requester.bot_id.is_none() && caller.bot.is_none());
     let paired = s.computers.get(&e.computer_id).is_some_and(|c| c.source == Source::Paired);
@@ -591,6 +594,50 @@ pub async fn resume(
     body: Body<KeyOnly>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     lifecycle(state, auth, id, ExecutionKind::Resume, body).await
+}
+
+/// `{"commandKey", "template"?}` of a recreate.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RecreateIn {
+    command_key: String,
+    /// The provider template of the new sandbox (a newer image, say); absent: the Computer's.
+    #[serde(default)]
+    template: Option<String>,
+}
+
+/// `POST /v1/computers/:id/recreate`
+#[utoipa::path(post, path = "/v1/computers/{id}/recreate", operation_id = "computers_recreate", tag = "computers", params(("id" = String, Path)), request_body = RecreateIn, responses((status = 202, description = "A lifecycle execution: the sandbox is replaced by a new one (of `template` when given, which the Computer then keeps), and the tool runtime (installed packages, bindings and their state) carries over; a sandbox whose runtime is still in its writable layer is migrated first. Running processes and files outside the runtime are not kept. The Computer is `starting` until the new sandbox's agent links", body = ReceiptDoc), (status = 409, description = "ComputerConflict: another execution runs, or a tool switch is pending (named)", body = ErrorBody), (status = 422, description = "ComputerUnsupported (an own machine; a provider other than docker) or IdempotencyKeyReused", body = ErrorBody)), security(("bearer" = [])))]
+pub async fn recreate(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path(id): Path<String>,
+    body: Body<RecreateIn>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let caller = auth.for_write(&state).await?;
+    let Json(b) = body.map_err(key_body)?;
+    check_key(&b.command_key)?;
+    check_id(&id, "cmp", "computer id").map_err(|_| ApiError::not_found("no such computer"))?;
+    if let Some(t) = &b.template {
+        check_name(t).map_err(|_| ApiError::invalid("template must be 1 to 200 printable characters"))?;
+    }
+    let normalized = json!({"kind": ExecutionKind::Recreate, "computer": id, "template": b.template});
+    let now = now_ms();
+    let mut exe = new_execution(&b.command_key, body_hash(&normalized), ExecutionKind::Recreate, &id, now);
+    exe.template = b.template;
+    // The new sandbox's agent pairs with a code of its own, which replaces the old agent's
+    // credential when redeemed.
+    exe.pairing_code = Some(pairing_code());
+    exe.pairing_expires_at = Some(now + PAIRING_VALID_MS);
+    let s = Submit {
+        by: caller.token.id.clone(),
+        execution: exe,
+        computer: None,
+        approval_id: new_id("apr"),
+        reason: None,
+        at_ms: now,
+    };
+    submit(&state, &caller, s).await
 }
 
 /// `DELETE /v1/computers/:id`

@@ -111,6 +111,7 @@ fn groups(seen: &mut dyn FnMut(&[RoutePair])) -> Groups {
         delete "/v1/computers/{id}" => computers::delete,
         post "/v1/computers/{id}/pause" => computers::pause,
         post "/v1/computers/{id}/resume" => computers::resume,
+        post "/v1/computers/{id}/recreate" => computers::recreate,
         post "/v1/computers/{id}/stop" => computers::stop,
         get "/v1/computers/{id}/usage" => computers::usage,
         get "/v1/computers/{id}/sandbox" => computers::sandbox,

@@ -60,7 +60,7 @@ impl Modify for BearerAuth {
         identity::create_member, identity::list_members, identity::create_bot, identity::list_bots,
         identity::archive_bot, identity::create_token, identity::list_tokens, identity::revoke_token,
         providers::create, providers::list,
-        computers::create, computers::list, computers::get, computers::pause, computers::resume,
+        computers::create, computers::list, computers::get, computers::pause, computers::resume, computers::recreate,
         computers::delete, computers::stop, computers::usage, computers::sandbox, computers::acquire, computers::release,
         grants::put, grants::get, grants::list, grants::delete,
         delegations::create, delegations::list, delegations::end,

@@ -177,6 +177,10 @@ impl State {
                         ));
                     }
                     ExecutionKind::Delete => self.decide_capability(&caller, Capability::Delete, &c.id)?,
+                    ExecutionKind::Recreate => {
+                        self.check_recreate(&c)?;
+                        Effect::Allow
+                    }
                     _ => Effect::Allow,
                 }
             }
@@ -237,6 +241,40 @@ impl State {
             self.open_approval(&s.approval_id, cap, &target, &caller, Some(&id), s.reason.as_deref(), s.at_ms);
         }
         Ok(id)
+    }
+
+    /// Whether Computer `c` may be recreated: a sandbox of a provider that keeps the tool runtime
+    /// apart from the sandbox (Docker's runtime volume), not deleted, with no tool switch under
+    /// way (a switch's bindings change inside the runtime the recreate carries over).
+    fn check_recreate(&self, c: &Computer) -> Result<(), Reject> {
+        let provider = match &c.source {
+            Source::Paired => {
+                return Err(Reject::new(
+                    RejectKind::Unsupported,
+                    "an own machine is not recreated: its agent and files are its owner's",
+                ));
+            }
+            Source::Provider { provider, .. } => self.providers.get(provider),
+        };
+        if !provider.is_some_and(|p| matches!(p.kind, ProviderKind::Docker | ProviderKind::Fake)) {
+            return Err(Reject::new(
+                RejectKind::Unsupported,
+                "recreate needs a provider that keeps the tool runtime apart from the sandbox (docker)",
+            ));
+        }
+        if c.state == ComputerState::Deleted {
+            return Err(Reject::new(RejectKind::Conflict, "the computer is deleted"));
+        }
+        let mut bindings = self.binding_index.by_computer.get(&c.id).into_iter().flatten();
+        if let Some((binding, key)) =
+            bindings.find_map(|b| self.binding_index.pending_switch.get(b).map(|k| (b.clone(), k.clone())))
+        {
+            return Err(Reject::new(
+                RejectKind::ComputerConflict,
+                format!("tool switch {key:?} of binding {binding} is pending on this computer: let it end first"),
+            ));
+        }
+        Ok(())
     }
 
     /// Whether a pending execution may be claimed now (its approval, if any, was granted).
@@ -349,7 +387,7 @@ impl State {
                     e.late_answer =
                         Some(format!("succeeded{}", sandbox.as_ref().map(|s| format!(" ({s})")).unwrap_or_default()));
                 }
-                if exe.kind == ExecutionKind::Create {
+                if matches!(exe.kind, ExecutionKind::Create | ExecutionKind::Recreate) {
                     if let Some(c) = self.computers.get_mut(&exe.computer_id) {
                         c.sandbox = sandbox.clone();
                     }
@@ -411,6 +449,7 @@ impl State {
         e.state = ExecutionState::Succeeded;
         e.finished_at = Some(at);
         let (computer_id, kind, started) = (e.computer_id.clone(), e.kind, e.dispatched_at.unwrap_or(at));
+        let (template, redeemed) = (e.template.clone(), e.pairing_code.is_none());
         self.index_execution(exe_id);
         let paired = self.computers.get(&computer_id).is_some_and(|c| c.source == Source::Paired);
         if let Some(c) = self.computers.get_mut(&computer_id) {
@@ -444,6 +483,26 @@ impl State {
                 self.close_span(&computer_id, started, SpanEnd::Pause);
                 self.set_computer_state(&computer_id, ComputerState::Paused, at);
             }
+            ExecutionKind::Recreate => {
+                // The new sandbox's agent pairs with the recreate's code (which ends the old
+                // agent's link and credential, see `redeem_pairing`): linked already, the
+                // Computer runs; else it starts until the link is up. The old sandbox is gone, so
+                // a link not yet made by the new agent is the old one's, and over.
+                if let Some(c) = self.computers.get_mut(&computer_id) {
+                    if !redeemed {
+                        c.link_node = None;
+                    }
+                    if let (Some(t), Source::Provider { template, .. }) = (template, &mut c.source) {
+                        *template = Some(t);
+                    }
+                }
+                // (A provider that starts no agent of ours has no link to wait for.)
+                let linked = !self.runs_agent(&computer_id)
+                    || (redeemed && self.computers.get(&computer_id).is_some_and(|c| c.link_node.is_some()));
+                self.open_span(&computer_id, started, false);
+                let to = if linked { ComputerState::Running } else { ComputerState::Starting };
+                self.set_computer_state(&computer_id, to, at);
+            }
             ExecutionKind::Delete => {
                 self.close_span(&computer_id, started, SpanEnd::Delete);
                 self.set_computer_state(&computer_id, ComputerState::Deleted, at);
@@ -459,6 +518,7 @@ impl State {
         let Some(e) = self.executions.get_mut(exe_id) else { return };
         e.state = ExecutionState::Failed;
         e.finished_at = Some(at);
+        let failure = error.kind.clone();
         e.error = Some(error);
         let (computer_id, kind, idle) = (e.computer_id.clone(), e.kind, super::plan::is_idle_pause(e));
         self.index_execution(exe_id);
@@ -475,6 +535,15 @@ impl State {
         );
         if kind == ExecutionKind::Create {
             // The Computer stays, failed, so its receipt and history remain readable.
+            self.set_computer_state(&computer_id, ComputerState::Failed, at);
+        }
+        // A recreate that failed after the old sandbox was stopped (any failure but one that
+        // sent nothing, or was refused before the stop) leaves it stopped and kept: the Computer
+        // is failed, and a new recreate may try again.
+        if kind == ExecutionKind::Recreate
+            && !matches!(failure.as_str(), "not_sent" | "provider_rejected" | "forbidden")
+        {
+            self.close_span(&computer_id, at, SpanEnd::Failure);
             self.set_computer_state(&computer_id, ComputerState::Failed, at);
         }
         if idle {
@@ -515,6 +584,14 @@ impl State {
                 } else {
                     None
                 };
+                // A recreate decided succeeded left a new sandbox whose reference was never
+                // answered: the old one's is forgotten, and the provider's naming finds the new.
+                if exe.kind == ExecutionKind::Recreate
+                    && exe.late_answer.is_none()
+                    && let Some(c) = self.computers.get_mut(&exe.computer_id)
+                {
+                    c.sandbox = None;
+                }
                 self.finish_succeeded(exe_id, sandbox, at);
             }
             _ => {

@@ -45,6 +45,18 @@ impl State {
         if let Some(c) = self.computers.get_mut(&exe.computer_id) {
             c.agent_credential = Some(credential_hash.to_string());
         }
+        // A recreate's new sandbox pairing: the old agent's credential is replaced above, so its
+        // link (if one is still recorded) is over; the Computer starts until the new one links.
+        if exe.kind == super::ExecutionKind::Recreate {
+            if let Some(c) = self.computers.get_mut(&exe.computer_id) {
+                c.link_node = None;
+                c.link_generation += 1;
+            }
+            let running = self.computers.get(&exe.computer_id).is_some_and(|c| c.state == ComputerState::Running);
+            if running {
+                self.set_computer_state(&exe.computer_id, ComputerState::Starting, at);
+            }
+        }
         Ok(exe.computer_id)
     }
 

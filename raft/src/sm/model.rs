@@ -192,6 +192,9 @@ pub enum ExecutionKind {
     Resume,
     /// Delete the sandbox and the Computer.
     Delete,
+    /// Replace the sandbox (a new container, perhaps of a newer image), keeping the Computer's
+    /// tool runtime (store version 3).
+    Recreate,
 }
 
 /// An execution's state.
@@ -290,6 +293,9 @@ pub struct Execution {
     /// For an idle pause: the plan version it was scheduled at (its dispatch re-checks it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan_version: Option<u64>,
+    /// For a recreate: the template the new sandbox is made from (`None`: the Computer's own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
 }
 
 impl Execution {
@@ -322,6 +328,7 @@ impl Execution {
             created_at: at,
             finished_at: None,
             plan_version: None,
+            template: None,
         }
     }
 }

@@ -533,3 +533,105 @@ fn i39_5_options_are_kept_and_a_filtered_list_is_bounded() {
     assert_eq!(page(Some("cmp_3"), 10, 2), (vec!["cmp_5".into()], None));
     assert_eq!(page(Some("cmp_2"), 10, 1), (vec![], Some("cmp_3".into())), "a page may be empty, with a cursor");
 }
+
+/// A recreate with a pairing code for the new sandbox's agent.
+fn recreate(key: &str, template: Option<&str>) -> Command {
+    let mut cmd = submit(OWNER, ExecutionKind::Recreate, "cmp_1", key, key);
+    if let Command::SubmitExecution(s) = &mut cmd {
+        s.execution.template = template.map(String::from);
+        s.execution.pairing_code = Some(format!("CODE-{key}"));
+        s.execution.pairing_expires_at = Some(1_000_000);
+    }
+    cmd
+}
+
+/// Issue 40, items 1, 4 and 5: a recreate is a version-3 lifecycle execution. Its new sandbox's
+/// agent pairs with the recreate's code, which ends the old agent's link and credential; the
+/// Computer starts until the new link is up, then runs, with the new sandbox and template. It is
+/// refused for an own machine and a provider that keeps no runtime apart (ComputerUnsupported),
+/// while another execution runs or a tool switch is pending (ComputerConflict, naming it); a
+/// failure after the old sandbox was stopped leaves the Computer failed, one that sent nothing
+/// changes nothing.
+#[test]
+fn i40_a_recreate_replaces_the_sandbox_and_the_agent_and_is_refused_where_it_cannot_keep_the_runtime() {
+    let mut s = world();
+    created(&mut s);
+    // A provider whose sandboxes run our agent (the docker provider's recreate).
+    s.providers.get_mut("cpp_1").expect("provider").kind = crate::sm::ProviderKind::Docker;
+    s.computers.get_mut("cmp_1").expect("c").agent_credential = Some("old".into());
+    let old_gen = ok(s.apply(&Command::LinkUp {
+        computer_id: "cmp_1".into(),
+        credential_hash: "old".into(),
+        node_id: 1,
+        at_ms: 42,
+    }));
+    assert_eq!(old_gen.as_deref(), Some("1"));
+    let cmd = recreate("r1", Some("newer"));
+    assert_eq!(cmd.since(), 3, "an older build cannot read a recreate");
+    let exe = ok(s.apply(&cmd)).expect("id");
+    let r = rejected(s.apply(&submit(OWNER, ExecutionKind::Pause, "cmp_1", "p", "p")));
+    assert_eq!((r.kind, r.execution_id.as_deref()), (RejectKind::ComputerConflict, Some(exe.as_str())));
+    ok(s.apply(&Command::ClaimExecution { execution_id: exe.clone(), claim: "k".into(), node: None, at_ms: 50 }));
+    ok(s.apply(&Command::DispatchExecution { execution_id: exe.clone(), claim: "k".into(), at_ms: 51 }));
+    // The new agent pairs before the provider's answer is recorded.
+    let paired =
+        ok(s.apply(&Command::RedeemPairing { code: "CODE-r1".into(), credential_hash: "new".into(), at_ms: 52 }));
+    assert_eq!(paired.as_deref(), Some("cmp_1"));
+    let c = &s.computers["cmp_1"];
+    assert_eq!((c.state, c.link_node, c.agent_credential.as_deref()), (ComputerState::Starting, None, Some("new")));
+    let refused =
+        s.apply(&Command::LinkUp { computer_id: "cmp_1".into(), credential_hash: "old".into(), node_id: 1, at_ms: 53 });
+    assert_eq!(rejected(refused).kind, RejectKind::Unauthorized, "the old agent's credential is over");
+    let stale = s.apply(&Command::LinkDown { computer_id: "cmp_1".into(), generation: 1, at_ms: 53 });
+    assert_eq!(rejected(stale).kind, RejectKind::Conflict, "the old link's end touches nothing");
+    ok(s.apply(&Command::LinkUp { computer_id: "cmp_1".into(), credential_hash: "new".into(), node_id: 2, at_ms: 54 }));
+    let outcome = Outcome::Succeeded { sandbox: Some("sbx2".into()) };
+    ok(s.apply(&Command::FinishExecution { execution_id: exe.clone(), claim: "k".into(), outcome, at_ms: 55 }));
+    let c = &s.computers["cmp_1"];
+    assert_eq!((c.state, c.sandbox.as_deref(), c.link_node), (ComputerState::Running, Some("sbx2"), Some(2)));
+    assert_eq!(c.source, Source::Provider { provider: "cpp_1".into(), template: Some("newer".into()) });
+
+    // Answered before the new agent pairs: starting, and no link is the new one's yet.
+    let exe = ok(s.apply(&recreate("r2", None))).expect("id");
+    run(&mut s, &exe, Outcome::Succeeded { sandbox: Some("sbx3".into()) });
+    let c = &s.computers["cmp_1"];
+    assert_eq!((c.state, c.sandbox.as_deref(), c.link_node), (ComputerState::Starting, Some("sbx3"), None));
+
+    // Failures: nothing sent changes nothing; after the stop, the Computer is failed.
+    let before = s.computers["cmp_1"].state;
+    let exe = ok(s.apply(&recreate("r3", None))).expect("id");
+    let error = ExecutionError { kind: "not_sent".into(), message: "no engine".into() };
+    run(&mut s, &exe, Outcome::Failed { error });
+    assert_eq!(s.computers["cmp_1"].state, before);
+    let exe = ok(s.apply(&recreate("r4", None))).expect("id");
+    let error = ExecutionError { kind: "recreate_failed".into(), message: "the disk is full".into() };
+    run(&mut s, &exe, Outcome::Failed { error });
+    assert_eq!(s.computers["cmp_1"].state, ComputerState::Failed);
+    // A failed Computer may be recreated again.
+    let exe = ok(s.apply(&recreate("r5", None))).expect("id");
+    run(&mut s, &exe, Outcome::Succeeded { sandbox: Some("sbx4".into()) });
+    assert_eq!(s.computers["cmp_1"].state, ComputerState::Starting);
+
+    // A pending tool switch on the Computer.
+    s.binding_index.by_computer.entry("cmp_1".into()).or_default().insert("mcb_a".into());
+    s.binding_index.pending_switch.insert("mcb_a".into(), "sw-key".into());
+    let before = s.clone();
+    let r = rejected(s.apply(&recreate("r6", None)));
+    assert_eq!(r.kind, RejectKind::ComputerConflict);
+    assert!(r.message.contains("sw-key") && r.message.contains("mcb_a"), "{}", r.message);
+    assert_eq!(s, before, "a refusal changes nothing");
+    s.binding_index.pending_switch.clear();
+
+    // An own machine, and a provider that keeps nothing apart from its sandboxes.
+    let mut own = computer_record("cmp_own", "mem_o", Source::Paired);
+    own.state = ComputerState::Running;
+    s.insert_computer(own);
+    let mut cmd = recreate("r7", None);
+    if let Command::SubmitExecution(sub) = &mut cmd {
+        sub.execution.computer_id = "cmp_own".into();
+    }
+    assert_eq!(rejected(s.apply(&cmd)).kind, RejectKind::Unsupported);
+    s.providers.get_mut("cpp_1").expect("provider").kind = crate::sm::ProviderKind::E2b;
+    let r = rejected(s.apply(&recreate("r8", None)));
+    assert!(r.kind == RejectKind::Unsupported && r.message.contains("docker"), "{r:?}");
+}
