@@ -309,6 +309,15 @@ impl Computers<'_> {
         self.keyed(reqwest::Method::POST, format!("/v1/computers/{computer}/resume"))
     }
 
+    /// Prepares a recreate: a new sandbox (of `template`, when given), keeping the tool runtime.
+    pub fn recreate(&self, computer: &str, template: Option<&str>) -> PreparedCommand {
+        let mut p = self.keyed(reqwest::Method::POST, format!("/v1/computers/{computer}/recreate"));
+        if let Some(t) = template {
+            p.body["template"] = json!(t);
+        }
+        p
+    }
+
     /// Prepares a delete.
     pub fn delete(&self, computer: &str) -> PreparedCommand {
         self.keyed(reqwest::Method::DELETE, format!("/v1/computers/{computer}"))

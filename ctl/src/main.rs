@@ -169,6 +169,18 @@ enum Computers {
         #[arg(long)]
         wait: bool,
     },
+    /// Replace a sandbox with a new one (of another template, say a newer image), keeping its
+    /// tool packages, bindings and their state (docker sandboxes).
+    Recreate {
+        /// The Computer: its id (`cmp_…`) or its name.
+        computer: String,
+        /// The provider template of the new sandbox (default: the Computer's).
+        #[arg(long)]
+        template: Option<String>,
+        /// Wait until the execution ends, and the Computer until its new sandbox runs.
+        #[arg(long)]
+        wait: bool,
+    },
     /// Delete a Computer.
     Rm {
         /// The Computer: its id (`cmp_…`) or its name.
@@ -587,6 +599,10 @@ async fn computers(c: &Client, cmd: Computers, json: bool) -> anyhow::Result<i32
         Computers::Resume { computer, wait } => {
             runs_after = true;
             (c.computers().resume(&computer_id(c, &computer).await?), wait)
+        }
+        Computers::Recreate { computer, template, wait } => {
+            runs_after = true;
+            (c.computers().recreate(&computer_id(c, &computer).await?, template.as_deref()), wait)
         }
         Computers::Rm { computer, wait } => (c.computers().delete(&computer_id(c, &computer).await?), wait),
     };

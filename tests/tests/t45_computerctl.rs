@@ -223,4 +223,10 @@ async fn t10_login_exec_it_cp_and_a_lost_create_answer() {
     assert!(twins.iter().all(|t| err.contains(t)), "both ids are named: {err}");
     let (_, v) = c.call(Method::GET, 1, "/v1/computers", &c.token, None).await;
     assert_eq!(named(&v), 2, "nothing was deleted: {v}");
+
+    // Issue 40: recreate is a docker sandbox's; an own machine's is refused with the reason.
+    let out = ctl(&home, &["computers", "recreate", twins[0]]).output().expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("an own machine is not recreated"), "{err}");
 }

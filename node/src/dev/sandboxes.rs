@@ -144,10 +144,13 @@ pub async fn down(data: &Path) -> Result<(), String> {
     let (mut removed, mut failed) = (0, 0);
     for (computer, sandbox) in mine {
         let short = sandbox.sandbox.get(..12).unwrap_or(&sandbox.sandbox);
-        match docker.delete(&sandbox.sandbox, "").await {
+        match docker.delete_computer(&sandbox.sandbox, &computer, "").await {
             Ok(()) => {
                 removed += 1;
-                println!("removed the sandbox of {computer} (container {short}, was {})", sandbox.state);
+                println!(
+                    "removed the sandbox of {computer} (container {short}, was {}) and its runtime volume",
+                    sandbox.state
+                );
             }
             Err(e) => {
                 failed += 1;
