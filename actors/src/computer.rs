@@ -137,6 +137,10 @@ fn call_name(kind: ExecutionKind) -> &'static str {
     }
 }
 
+/// The deadline of a recreate's provider call (at least): a migration loads and verifies up to
+/// 8 GiB and 100,000 files.
+pub const RECREATE_DEADLINE: Duration = Duration::from_secs(20 * 60);
+
 fn new_claim() -> String {
     format!("clm_{}", hex::encode(rand::random::<[u8; 12]>()))
 }
@@ -248,6 +252,10 @@ impl ComputerActorState {
                     }
                 };
                 let started = std::time::Instant::now();
+                // A recreate may move a runtime of gigabytes first (the provider's own requests
+                // keep their deadline; the migration's stream has its own).
+                let timeout =
+                    if exe.kind == ExecutionKind::Recreate { timeout.max(RECREATE_DEADLINE) } else { timeout };
                 let answer = tokio::time::timeout(timeout, call).await.ok();
                 let result = match &answer {
                     Some(Ok(_)) => "ok",

@@ -98,6 +98,8 @@ pub const SANDBOX_NETWORK: &str = "computerd-sandboxes";
 /// sandbox kept it in its writable layer, so the absolute paths the runtime records (a binding's
 /// code and HOME, and whatever its tools wrote there) hold across a migration.
 pub const RUNTIME_MOUNT: &str = "/var/lib/computer-agent/runtime";
+/// The longest a migration's engine request (the archive's stream, the attach, the wait) may take.
+const MIGRATION_TIMEOUT: Duration = Duration::from_secs(15 * 60);
 /// The runtime loader's test hook (`computer_agent::runtime_load::PAUSE_ENV`).
 const LOAD_PAUSE_ENV: &str = "COMPUTERD_LOAD_PAUSE_AT";
 /// The error kind of a recreate that failed after the old sandbox was stopped (kept, stopped).
@@ -636,9 +638,18 @@ impl DockerProvider {
     /// volume's protected staging, verifies the snapshot, and publishes durably; `--or-same`
     /// makes a second try after a publish (a later step failed) a no-op. A sandbox that never
     /// made a runtime has nothing to move. Any failure keeps `old` stopped.
-    async fn migrate(&self, docker: &Docker, old: &str, t: &Template, volume: &str) -> Result<(), ProviderError> {
+    async fn migrate(&self, old: &str, t: &Template, volume: &str) -> Result<(), ProviderError> {
         use futures::StreamExt;
         use tokio::io::AsyncWriteExt;
+        // The archive's stream, the attach and the wait last as long as the load: a client of
+        // their own, whose requests may take the migration's whole deadline.
+        let socket = self.config.endpoint.as_deref().unwrap_or("unix:///var/run/docker.sock");
+        let long = Docker::connect_with_socket(socket, MIGRATION_TIMEOUT.as_secs(), bollard::API_DEFAULT_VERSION)
+            .map_err(|e| recreate_failed(old, format!("cannot use the Docker socket {socket}: {e}")))?;
+        let docker = &long
+            .negotiate_version()
+            .await
+            .map_err(|e| recreate_failed(old, format!("the Docker engine did not answer: {e}")))?;
         // `DIR/.`: the engine's tar of the directory's contents, rooted at `./` (the loader's root).
         let path = format!("{RUNTIME_MOUNT}/.");
         let opts = bollard::query_parameters::DownloadFromContainerOptionsBuilder::new().path(&path).build();
@@ -676,6 +687,9 @@ impl DockerProvider {
                 network_mode: Some("none".into()),
                 binds,
                 mounts: Some(vec![mount]),
+                // The loader streams (1 MiB buffers) and hashes on a few threads.
+                memory: Some(1 << 30),
+                pids_limit: Some(64),
                 cap_drop: Some(vec!["ALL".into()]),
                 cap_add: Some(["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID"].map(String::from).to_vec()),
                 security_opt: Some(vec!["no-new-privileges".into()]),
@@ -910,7 +924,7 @@ impl Provider for DockerProvider {
         }
         // From here the old sandbox is stopped: a failure keeps it so, for another try.
         if !mounts_volume(&old, &volume) {
-            self.migrate(docker, &old_id, &t, &volume).await?;
+            self.migrate(&old_id, &t, &volume).await?;
         }
         // The new sandbox takes the Computer's container name; the old one steps aside.
         let short = old_id.get(..12).unwrap_or(&old_id);
