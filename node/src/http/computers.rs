@@ -99,11 +99,14 @@ fn starting(s: &computerd_raft::sm::State, c: &Computer) -> Value {
             "since": e.created_at,
             "waitingFor": "provider",
             "executionId": e.id,
-            "detail": format!("the provider's create is {}; GET /v1/executions/{} follows it", json!(e.state).as_str().unwrap_or("under way"), e.id),
+            "detail": format!("the provider's {} is {}; GET /v1/executions/{} follows it", json!(e.kind).as_str().unwrap_or("call"), json!(e.state).as_str().unwrap_or("under way"), e.id),
         });
     }
-    let created =
-        s.executions_of(&c.id).filter(|e| e.kind == ExecutionKind::Create).filter_map(|e| e.finished_at).max();
+    let created = s
+        .executions_of(&c.id)
+        .filter(|e| matches!(e.kind, ExecutionKind::Create | ExecutionKind::Recreate))
+        .filter_map(|e| e.finished_at)
+        .max();
     json!({
         "since": created.unwrap_or(c.created_at),
         "waitingFor": "agent",
