@@ -58,6 +58,34 @@ async fn only_container(id: &str) -> String {
     .await
 }
 
+/// A running sandbox of the `legacy` template (its runtime in its writable layer).
+async fn legacy_sandbox(c: &TestCluster, provider: &str, key: &str) -> String {
+    let body = json!({"commandKey": key, "name": key,
+        "source": {"_tag": "Provider", "provider": provider, "template": "legacy"}});
+    let (s, v) = c.call(Method::POST, 1, "/v1/computers", &c.token, Some(body)).await;
+    assert_eq!(s, 202, "{v}");
+    let id = v["resource"]["id"].as_str().expect("id").to_string();
+    running(c, &id).await;
+    id
+}
+
+/// A bot granted Computer `id`, and the fixture package uploaded into its workspace.
+async fn bot_and_package(c: &TestCluster, id: &str, name: &str) -> (String, tools::Package) {
+    let (s, bot) = c.call(Method::POST, 1, "/v1/bots", &c.token, Some(json!({"name": name}))).await;
+    assert_eq!(s, 201, "{bot}");
+    let bot = bot["id"].as_str().expect("bot").to_string();
+    let (s, v) = c.call(Method::PUT, 1, &format!("/v1/computers/{id}/bots/{bot}"), &c.token, None).await;
+    assert_eq!(s, 200, "{v}");
+    let local = c.dir.path().join("local-workspace");
+    let pkg = tools::pack(&c.dir.path().join("pkg"), &local, "server.tar.gz", None);
+    let content =
+        base64::engine::general_purpose::STANDARD.encode(std::fs::read(local.join(&pkg.artifact)).expect("pkg"));
+    let path = format!("/v1/computers/{id}/files?path={}", pkg.artifact);
+    let (s, v) = c.call(Method::PUT, 1, &path, &c.token, Some(json!({"content": content, "encoding": "base64"}))).await;
+    assert_eq!(s, 200, "{v}");
+    (bot, pkg)
+}
+
 #[tokio::test]
 async fn i40_a_recreate_migrates_the_runtime_then_keeps_it_and_the_bindings_answer_with_their_state() {
     let c = TestCluster::start(1).await;
@@ -67,13 +95,8 @@ async fn i40_a_recreate_migrates_the_runtime_then_keeps_it_and_the_bindings_answ
     }});
     let provider = docker_provider(&c, templates).await;
     let mut cleanup = Containers::default();
-    let body = json!({"commandKey": "rc-create", "name": "rc",
-        "source": {"_tag": "Provider", "provider": provider, "template": "legacy"}});
-    let (s, v) = c.call(Method::POST, 1, "/v1/computers", &c.token, Some(body)).await;
-    assert_eq!(s, 202, "{v}");
-    let id = v["resource"]["id"].as_str().expect("id").to_string();
+    let id = legacy_sandbox(&c, &provider, "rc-create").await;
     cleanup.track(&id);
-    running(&c, &id).await;
     let volume = format!("computerd-runtime-{id}");
     let first = only_container(&id).await;
     assert_eq!(inspect(&first, "{{len .Mounts}}"), "1", "a legacy sandbox has no runtime volume (the agent only)");
@@ -81,18 +104,7 @@ async fn i40_a_recreate_migrates_the_runtime_then_keeps_it_and_the_bindings_answ
 
     // Two tool packages (the fixture server, and the same under another package id), uploaded
     // into the sandbox's workspace, installed by a bot.
-    let (s, bot) = c.call(Method::POST, 1, "/v1/bots", &c.token, Some(json!({"name": "rcbot"}))).await;
-    assert_eq!(s, 201, "{bot}");
-    let bot = bot["id"].as_str().expect("bot").to_string();
-    let (s, v) = c.call(Method::PUT, 1, &format!("/v1/computers/{id}/bots/{bot}"), &c.token, None).await;
-    assert_eq!(s, 200, "{v}");
-    let local = c.dir.path().join("local-workspace");
-    let pkg = tools::pack(&c.dir.path().join("pkg"), &local, "server.tar.gz", None);
-    let bytes = std::fs::read(local.join(&pkg.artifact)).expect("package");
-    let content = base64::engine::general_purpose::STANDARD.encode(&bytes);
-    let path = format!("/v1/computers/{id}/files?path={}", pkg.artifact);
-    let (s, v) = c.call(Method::PUT, 1, &path, &c.token, Some(json!({"content": content, "encoding": "base64"}))).await;
-    assert_eq!(s, 200, "{v}");
+    let (bot, pkg) = bot_and_package(&c, &id, "rcbot").await;
     let mut bindings = Vec::new();
     for package in ["example.mcp.server", "example.mcp.second"] {
         let mut manifest = tools::manifest("1.0.0", &pkg.digest);
@@ -212,24 +224,8 @@ async fn recreate_to(c: &TestCluster, id: &str, key: &str) -> String {
 
 /// A legacy sandbox with one bound tool package and its state, for the fault test.
 async fn legacy_with_a_binding(c: &TestCluster, provider: &str) -> (String, String, String) {
-    let body = json!({"commandKey": "f-create", "name": "f",
-        "source": {"_tag": "Provider", "provider": provider, "template": "legacy"}});
-    let (s, v) = c.call(Method::POST, 1, "/v1/computers", &c.token, Some(body)).await;
-    assert_eq!(s, 202, "{v}");
-    let id = v["resource"]["id"].as_str().expect("id").to_string();
-    running(c, &id).await;
-    let (s, bot) = c.call(Method::POST, 1, "/v1/bots", &c.token, Some(json!({"name": "fbot"}))).await;
-    assert_eq!(s, 201, "{bot}");
-    let bot = bot["id"].as_str().expect("bot").to_string();
-    let (s, v) = c.call(Method::PUT, 1, &format!("/v1/computers/{id}/bots/{bot}"), &c.token, None).await;
-    assert_eq!(s, 200, "{v}");
-    let local = c.dir.path().join("local-workspace");
-    let pkg = tools::pack(&c.dir.path().join("pkg"), &local, "server.tar.gz", None);
-    let content =
-        base64::engine::general_purpose::STANDARD.encode(std::fs::read(local.join(&pkg.artifact)).expect("pkg"));
-    let path = format!("/v1/computers/{id}/files?path={}", pkg.artifact);
-    let (s, v) = c.call(Method::PUT, 1, &path, &c.token, Some(json!({"content": content, "encoding": "base64"}))).await;
-    assert_eq!(s, 200, "{v}");
+    let id = legacy_sandbox(c, provider, "f-create").await;
+    let (bot, pkg) = bot_and_package(c, &id, "fbot").await;
     let body =
         json!({"artifactPath": pkg.artifact, "manifest": tools::manifest("1.0.0", &pkg.digest), "computerId": id});
     let (s, v) = c.call(Method::POST, 1, &format!("/api/bots/{bot}/tools/install"), &c.token, Some(body)).await;

@@ -493,17 +493,25 @@ async fn lifecycle(
     check_key(&b.command_key)?;
     check_id(&id, "cmp", "computer id").map_err(|_| ApiError::not_found("no such computer"))?;
     let normalized = json!({"kind": kind, "computer": id});
-    let now = now_ms();
-    let exe = new_execution(&b.command_key, body_hash(&normalized), kind, &id, now);
+    let exe = new_execution(&b.command_key, body_hash(&normalized), kind, &id, now_ms());
+    submit_on_existing(&state, &caller, exe).await
+}
+
+/// Submits a lifecycle command on an existing Computer (no new record, no reason).
+async fn submit_on_existing(
+    state: &AppState,
+    caller: &Caller,
+    exe: Execution,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
     let s = Submit {
         by: caller.token.id.clone(),
+        at_ms: exe.created_at,
         execution: exe,
         computer: None,
         approval_id: new_id("apr"),
         reason: None,
-        at_ms: now,
     };
-    submit(&state, &caller, s).await
+    submit(state, caller, s).await
 }
 
 /// A run's `afterRun: pause`: a pause of the Computer its runtime worked on, with the
@@ -632,15 +640,7 @@ pub async fn recreate(
     // credential when redeemed.
     exe.pairing_code = Some(pairing_code());
     exe.pairing_expires_at = Some(now + PAIRING_VALID_MS);
-    let s = Submit {
-        by: caller.token.id.clone(),
-        execution: exe,
-        computer: None,
-        approval_id: new_id("apr"),
-        reason: None,
-        at_ms: now,
-    };
-    submit(&state, &caller, s).await
+    submit_on_existing(&state, &caller, exe).await
 }
 
 /// `DELETE /v1/computers/:id`
