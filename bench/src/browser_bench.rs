@@ -607,6 +607,19 @@ async fn clicks_on(b: &Browser, sid: &str, raw: &Raw, url: &str, log: &Path, sam
         at["result"]["value"][1].as_f64().context("the button's centre")?,
     );
 
+    // The floor's button: its backend node id, read once, untimed (a ref holds the same).
+    let found = raw
+        .call(
+            "Runtime.evaluate",
+            json!({"expression": "[...document.querySelectorAll('button')].find(b => b.textContent === 'Plain button')"}),
+        )
+        .await?;
+    let object = found["result"]["objectId"].as_str().context("the button's object")?.to_string();
+    let described = raw.call("DOM.describeNode", json!({"objectId": object})).await?;
+    let backend = described["node"]["backendNodeId"].as_i64().context("the button's backendNodeId")?;
+    let floor_rec = std::cell::RefCell::new(Recorder::default());
+    let floor_n = std::cell::Cell::new(0usize);
+
     eprintln!("click: {samples} samples per side after {WARMUP}…");
     let (ka, kb) = alternate(
         samples,
@@ -620,19 +633,31 @@ async fn clicks_on(b: &Browser, sid: &str, raw: &Raw, url: &str, log: &Path, sam
                 plain_click_since(log, start).await
             }
         },
-        || async move {
-            let start = monotonic_ns();
-            for kind in ["mousePressed", "mouseReleased"] {
-                raw.call(
-                    "Input.dispatchMouseEvent",
-                    json!({"type": kind, "x": x, "y": y, "button": "left", "buttons": 1, "clickCount": 1}),
-                )
-                .await?;
+        || {
+            let (floor_rec, floor_n) = (&floor_rec, &floor_n);
+            async move {
+                let start = monotonic_ns();
+                for kind in ["mousePressed", "mouseReleased"] {
+                    raw.call(
+                        "Input.dispatchMouseEvent",
+                        json!({"type": kind, "x": x, "y": y, "button": "left", "buttons": 1, "clickCount": 1}),
+                    )
+                    .await?;
+                }
+                let bare = plain_click_since(log, start).await?;
+                let start = monotonic_ns();
+                checked_raw_click(raw, backend).await?;
+                let floor = plain_click_since(log, start).await?;
+                floor_n.set(floor_n.get() + 1);
+                if floor_n.get() > WARMUP {
+                    floor_rec.borrow_mut().ok(floor);
+                }
+                Ok(bare)
             }
-            plain_click_since(log, start).await
         },
     )
     .await?;
+    let floor = floor_rec.into_inner().summary("floor: a checked click in raw CDP (resolve, hit test, move+press, release)");
     let pair = Pair {
         part: "3",
         api: ka.summary("ours: click by ref (no actionId), to the server's log"),
@@ -651,13 +676,51 @@ async fn clicks_on(b: &Browser, sid: &str, raw: &Raw, url: &str, log: &Path, sam
     println!("{}", table.row(pair.part, &pair.raw));
     let r = PairRatios { label_width: 12, ratio_width: 6, diff_width: 0, diff_decimals: 2 };
     println!("{}", r.line(&pair, "click"));
+    println!("{}", table.row(pair.part, &floor));
+    let over_floor = pair.api.p50_ratio(&floor);
+    println!(
+        "click by ref p50 {over_floor:.2}x the floor ({:.2} ms against {:.2} ms); the floor is {:.2}x the bare pair",
+        pair.api.p50_ms,
+        floor.p50_ms,
+        floor.p50_ratio(&pair.raw)
+    );
     let ratio = pair.p50_ratio();
     println!(
         "{}: click by ref p50 {ratio:.2}x the raw dispatchMouseEvent pair (goal: at most {GOAL}x)",
         if ratio <= GOAL { "PASS" } else { "MISS" }
     );
     println!("click with an actionId: the record is the node's; see part 4 (through a node), unless BENCH_NODE=0");
-    Ok(json!({"pair": pair, "goal": GOAL, "met": ratio <= GOAL, "withActionId": null}))
+    Ok(json!({"pair": pair, "floor": floor, "overFloor": over_floor, "goal": GOAL, "met": ratio <= GOAL, "withActionId": null}))
+}
+
+/// The least a click that checks its target does in raw CDP (the floor of part 3): the element
+/// resolved from its backend node id (what a ref holds), one page call for its centre and the hit
+/// test there (the element or one inside it), then the move and the press sent together and the
+/// release after the press. No role-and-name check, no frames, no scroll: less than ours does.
+async fn checked_raw_click(raw: &Raw, backend: i64) -> Result<()> {
+    let resolved = raw.call("DOM.resolveNode", json!({"backendNodeId": backend})).await?;
+    let object = resolved["object"]["objectId"].as_str().context("DOM.resolveNode: no objectId")?;
+    let point = raw
+        .call(
+            "Runtime.callFunctionOn",
+            json!({"objectId": object, "returnByValue": true, "functionDeclaration": "function() { \
+                const r = this.getBoundingClientRect(); const x = r.x + r.width / 2, y = r.y + r.height / 2; \
+                const h = document.elementFromPoint(x, y); \
+                return h && (h === this || this.contains(h)) ? [x, y] : null; }"}),
+        )
+        .await?;
+    let at = &point["result"]["value"];
+    let (x, y) = (at[0].as_f64().context("the floor's hit test missed")?, at[1].as_f64().context("the floor's hit test missed")?);
+    let event = |kind: &str| json!({"type": kind, "x": x, "y": y, "button": "left", "buttons": 1, "clickCount": 1});
+    let (moved, pressed) = tokio::join!(
+        raw.call("Input.dispatchMouseEvent", json!({"type": "mouseMoved", "x": x, "y": y, "button": "none"})),
+        raw.call("Input.dispatchMouseEvent", event("mousePressed"))
+    );
+    moved?;
+    pressed?;
+    raw.call("Input.dispatchMouseEvent", event("mouseReleased")).await?;
+    let _ = raw.call("Runtime.releaseObject", json!({"objectId": object})).await;
+    Ok(())
 }
 
 /// A call on node 1 with the owner token; anything but 2xx is an error.
