@@ -364,8 +364,8 @@ impl Agent for AgentService {
                 .status("this computer has no browser (create it with \"desktop\": true)"));
         };
         let call = req.into_inner();
-        let op: computerd_proto::browser::BrowserOp = serde_json::from_str(&call.json)
-            .map_err(|e| ErrorKind::InvalidRequest.status(format!("bad browser request: {e}")))?;
+        // Not serde's message as it is: a `fill_secret` carries an opened secret (`parse_op`).
+        let op = crate::browser::parse_op(&call.json).map_err(|e| ErrorKind::InvalidRequest.status(e))?;
         if call.caller.is_empty() {
             return Err(ErrorKind::InvalidRequest.status("a browser call names its caller"));
         }

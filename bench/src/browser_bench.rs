@@ -657,7 +657,8 @@ async fn clicks_on(b: &Browser, sid: &str, raw: &Raw, url: &str, log: &Path, sam
         },
     )
     .await?;
-    let floor = floor_rec.into_inner().summary("floor: a checked click in raw CDP (resolve, hit test, move+press, release)");
+    let floor =
+        floor_rec.into_inner().summary("floor: a checked click in raw CDP (resolve, hit test, move+press, release)");
     let pair = Pair {
         part: "3",
         api: ka.summary("ours: click by ref (no actionId), to the server's log"),
@@ -690,7 +691,9 @@ async fn clicks_on(b: &Browser, sid: &str, raw: &Raw, url: &str, log: &Path, sam
         if ratio <= GOAL { "PASS" } else { "MISS" }
     );
     println!("click with an actionId: the record is the node's; see part 4 (through a node), unless BENCH_NODE=0");
-    Ok(json!({"pair": pair, "floor": floor, "overFloor": over_floor, "goal": GOAL, "met": ratio <= GOAL, "withActionId": null}))
+    Ok(
+        json!({"pair": pair, "floor": floor, "overFloor": over_floor, "goal": GOAL, "met": ratio <= GOAL, "withActionId": null}),
+    )
 }
 
 /// The least a click that checks its target does in raw CDP (the floor of part 3): the element
@@ -710,7 +713,10 @@ async fn checked_raw_click(raw: &Raw, backend: i64) -> Result<()> {
         )
         .await?;
     let at = &point["result"]["value"];
-    let (x, y) = (at[0].as_f64().context("the floor's hit test missed")?, at[1].as_f64().context("the floor's hit test missed")?);
+    let (x, y) = (
+        at[0].as_f64().context("the floor's hit test missed")?,
+        at[1].as_f64().context("the floor's hit test missed")?,
+    );
     let event = |kind: &str| json!({"type": kind, "x": x, "y": y, "button": "left", "buttons": 1, "clickCount": 1});
     let (moved, pressed) = tokio::join!(
         raw.call("Input.dispatchMouseEvent", json!({"type": "mouseMoved", "x": x, "y": y, "button": "none"})),

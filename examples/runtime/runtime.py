@@ -17,7 +17,10 @@ before, and clicks the one upload button once (a re-claimed run replays that rec
 click). Then it checks through the site's API that exactly one new document exists whose bytes
 hash to the blob's SHA-256, saves a screenshot as evidence, and ends the run with
 `{"documentId", "url", "screenshotBlobId"}`. The site's API is reached with the same account
-(`--site-user`, `--site-password-file`); the test site is tests/fixtures/browser_site.py.
+(`--site-user`, `--site-password-file`); the test site is tests/fixtures/browser_site.py. With
+`--site-secret NAME` the browser signs in with the vault's secret of that name (`fill_secret`:
+the member's vault holds the password and the bot's grant names it), so the password never
+passes through the runtime's browser calls.
 
 The token is the bot's (`POST /v1/tokens {"botId": ...}`); the bot needs a grant on the Computer
 (`PUT /v1/computers/:id/bots/:bot`). Every call names the run's claim, so a runtime that lost its
@@ -170,8 +173,9 @@ def work(api, run, computer, site=None):
 class Site:
     """The site's own API, signed in with the account (a cookie of its own, not the browser's)."""
 
-    def __init__(self, url, user, password, project, hold_before_upload=False):
+    def __init__(self, url, user, password, project, hold_before_upload=False, secret=None):
         self.url = url.rstrip("/")
+        self.secret = secret
         self.user = user
         self.password = password
         self.project = project
@@ -225,8 +229,13 @@ def upload_to_site(api, run, computer, site, art):
         browser(api, computer, "navigate", {"session": sid, "url": f"{site.url}/login"}, retry=True)
         snap = browser(api, computer, "snapshot", {"session": sid, "format": "json"}, retry=True)
         browser(api, computer, "type", {"session": sid, "ref": find(snap, "textbox", "Username"), "text": site.user})
-        browser(api, computer, "type", {"session": sid, "ref": find(snap, "textbox", "Password"),
-                                        "text": site.password})
+        if site.secret:
+            # The vault's password, typed by the agent: neither the runtime nor its model sees it.
+            browser(api, computer, "fill_secret", {"session": sid, "ref": find(snap, "textbox", "Password"),
+                                                   "secret": site.secret})
+        else:
+            browser(api, computer, "type", {"session": sid, "ref": find(snap, "textbox", "Password"),
+                                            "text": site.password})
         browser(api, computer, "click", {"session": sid, "ref": find(snap, "button", "Sign in"),
                                          "actionId": f"sign-in-{run.id}", "runId": run.id, "runClaim": run.claim,
                                          "intent": f"sign in to {site.url} as {site.user}"}, retry=True)
@@ -296,6 +305,7 @@ def main():
     p.add_argument("--project", default="b")
     p.add_argument("--site-user", default="alice")
     p.add_argument("--site-password-file")
+    p.add_argument("--site-secret", help="sign in with this vault secret (fill_secret) instead of typing the password")
     p.add_argument("--hold-at", choices=["claim", "upload"], help=argparse.SUPPRESS)
     args = p.parse_args()
     with open(args.token_file) as f:
@@ -305,7 +315,8 @@ def main():
         if not args.site_password_file:
             p.error("--site needs --site-password-file")
         with open(args.site_password_file) as f:
-            site = Site(args.site, args.site_user, f.read().strip(), args.project, args.hold_at == "upload")
+            site = Site(args.site, args.site_user, f.read().strip(), args.project, args.hold_at == "upload",
+                        args.site_secret)
     claim = {"waitMs": 20000, "leaseMs": args.lease_ms}
     if args.bot:
         claim["botId"] = args.bot

@@ -224,7 +224,7 @@ pub fn find(name: &str) -> Option<&'static BotTool> {
     TOOLS.iter().find(|t| t.name == name)
 }
 
-static TOOLS: [BotTool; 37] = [
+static TOOLS: [BotTool; 38] = [
     BotTool {
         name: "openbot_computers_list",
         description: "Lists the Computers this bot may use, with their state.",
@@ -820,6 +820,33 @@ static TOOLS: [BotTool; 37] = [
             browser_call(a, "type", &["ref", "text", "submit", "timeoutMs"], true, |a| {
                 a.required("ref")?;
                 a.string("text").map(|_| ())
+            })
+        },
+    },
+    BotTool {
+        name: "openbot_browser_fill_secret",
+        description: "Types a secret of the vault into a field by its ref, without you ever seeing it: a password \
+                      or username into a sign-in field, a one-time code (totp) into a code field, or a text \
+                      secret into a text field, on a page of one of the secret's origins. Your grant on the \
+                      Computer must name the secret (ask your member). The answer, later snapshots and \
+                      screenshots show it masked (`[secret \"name\"]`). With submit, presses Enter after. Give \
+                      an actionId when it may change something outside (a submit that signs in).",
+        parameters: || {
+            browser_schema(
+                json!({
+                    "ref": {"type": "string", "description": REF},
+                    "secret": {"type": "string", "minLength": 1, "maxLength": 64, "pattern": "^[a-z0-9][a-z0-9._-]*$", "description": "The secret's name, as your grant lists it."},
+                    "submit": {"type": "boolean", "description": "Press Enter after."},
+                    "timeoutMs": {"type": "integer", "minimum": 1, "maximum": 60000, "description": WAIT}
+                }),
+                &["ref", "secret"],
+                true,
+            )
+        },
+        request: |a, _| {
+            browser_call(a, "fill_secret", &["ref", "secret", "submit", "timeoutMs"], true, |a| {
+                a.required("ref")?;
+                a.string("secret").map(|_| ())
             })
         },
     },
@@ -1439,11 +1466,14 @@ mod tests {
         let required = |name: &str| (find(name).map(|t| (t.parameters)())).unwrap_or_default()["required"].clone();
         assert_eq!(required("openbot_browser_open"), json!(["computerId"]));
         assert_eq!(required("openbot_browser_type"), json!(["computerId", "session", "ref", "text"]));
+        assert_eq!(required("openbot_browser_fill_secret"), json!(["computerId", "session", "ref", "secret"]));
         assert_eq!(required("openbot_browser_session_status"), json!(["computerId", "session", "origin", "probes"]));
         assert_eq!(required("openbot_browser_action"), json!(["computerId", "actionId"]));
         for t in registry().iter().filter(|t| t.name.starts_with("openbot_browser_")) {
             let p = (t.parameters)();
-            let acting = ["click", "type", "press", "select", "upload", "dialog"].iter().any(|a| t.name.ends_with(a));
+            let acting = ["click", "type", "press", "select", "upload", "dialog", "fill_secret"]
+                .iter()
+                .any(|a| t.name.ends_with(a));
             assert_eq!(p["properties"].get("actionId").is_some(), acting || t.name.ends_with("_action"), "{}", t.name);
             if acting {
                 assert!(t.description.contains("actionId"), "{}", t.name);

@@ -26,6 +26,7 @@ pub mod ports;
 mod server;
 pub mod state;
 pub mod tunnel;
+pub mod vault;
 
 pub use dev::dev;
 pub use error::NodeError;

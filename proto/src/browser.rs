@@ -268,6 +268,87 @@ tool_request!(
     }
 );
 
+tool_request!(
+    /// `fill_secret`: type a vault secret into a field by its ref. The caller names the secret;
+    /// the node that holds the Computer's link opens it and adds `fill` (a caller's `fill` is
+    /// refused), so the value reaches the agent only for this call.
+    FillSecretRequest {
+        /// The field.
+        r#ref: String,
+        /// The secret's name in the vault.
+        secret: String,
+        /// Press Enter after.
+        submit: bool,
+        /// How long to wait for a page load the submit starts (ms).
+        timeout_ms: Option<u64>,
+        /// The action record.
+        action_id: Option<String>,
+        /// The run.
+        run_id: Option<String>,
+        /// The claim of the run's attempt that acts (it must hold the run's lease).
+        run_claim: Option<String>,
+        /// The intent.
+        intent: Option<String>,
+        /// The evidence.
+        evidence: Option<Value>,
+        /// Set by the node only: the opened secret.
+        fill: Option<SecretFill>,
+    }
+);
+
+/// What the node adds to a `fill_secret` for the agent: the opened value and the checks it
+/// must make before typing it.
+#[derive(Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SecretFill {
+    /// `password`, `totp` (the value is then the current one-time code, never the seed) or
+    /// `text`.
+    pub kind: String,
+    /// The origins (`https://host[:port]`) whose pages may receive it.
+    pub origins: Vec<String>,
+    /// The value to type.
+    pub value: SecretText,
+}
+
+impl std::fmt::Debug for SecretFill {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretFill").field("kind", &self.kind).field("origins", &self.origins).finish_non_exhaustive()
+    }
+}
+
+/// A secret's clear text: never printed by `Debug` or `Display`, zeroed when dropped.
+#[derive(Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SecretText(String);
+
+impl SecretText {
+    /// Wraps a clear value.
+    pub fn new(value: String) -> Self {
+        Self(value)
+    }
+
+    /// The clear value, for typing it and masking it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for SecretText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SecretText(redacted)")
+    }
+}
+
+impl Drop for SecretText {
+    fn drop(&mut self) {
+        // SAFETY: zero bytes are valid UTF-8; the string is not read after this.
+        for b in unsafe { self.0.as_bytes_mut() } {
+            // A volatile write the optimiser keeps.
+            unsafe { std::ptr::write_volatile(b, 0) };
+        }
+    }
+}
+
 /// The probes of `session_status`: a site has no standard signal of who is signed in.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -333,6 +414,8 @@ pub enum BrowserOp {
     SessionStatus(StatusRequest),
     /// Answer a pending JavaScript dialog.
     Dialog(DialogRequest),
+    /// Type a vault secret into a field.
+    FillSecret(FillSecretRequest),
 }
 
 impl BrowserOp {
@@ -353,6 +436,7 @@ impl BrowserOp {
             Self::Screenshot(_) => "screenshot",
             Self::SessionStatus(_) => "session_status",
             Self::Dialog(_) => "dialog",
+            Self::FillSecret(_) => "fill_secret",
         }
     }
 
@@ -376,6 +460,7 @@ impl BrowserOp {
             Self::Select(r) => meta!(r),
             Self::Upload(r) => meta!(r),
             Self::Dialog(r) => meta!(r),
+            Self::FillSecret(r) => meta!(r),
             _ => None,
         }
     }
@@ -387,6 +472,7 @@ impl BrowserOp {
             Self::Click(r) | Self::Hover(r) => r.timeout_ms,
             Self::Type(r) => r.timeout_ms,
             Self::Press(r) => r.timeout_ms,
+            Self::FillSecret(r) => r.timeout_ms,
             _ => None,
         }
     }
@@ -406,6 +492,7 @@ impl BrowserOp {
             Self::Screenshot(r) => &r.session,
             Self::SessionStatus(r) => &r.session,
             Self::Dialog(r) => &r.session,
+            Self::FillSecret(r) => &r.session,
         })
     }
 
@@ -527,9 +614,30 @@ impl BrowserOp {
                 }
                 wait(r.timeout_ms)?;
             }
+            Self::FillSecret(r) => {
+                check_ref(&r.r#ref)?;
+                check_secret_name(&r.secret)?;
+                wait(r.timeout_ms)?;
+            }
             Self::Close(_) | Self::List => {}
         }
         Ok(())
+    }
+}
+
+/// The most bytes of a secret's name.
+pub const MAX_SECRET_NAME: usize = 64;
+
+/// A vault secret's name: 1 to 64 of `[a-z0-9._-]`, starting with a letter or digit.
+pub fn check_secret_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_SECRET_NAME
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+        && name.as_bytes()[0].is_ascii_alphanumeric();
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("a secret's name is 1 to {MAX_SECRET_NAME} of [a-z0-9._-], starting with a letter or digit"))
     }
 }
 

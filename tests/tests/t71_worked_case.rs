@@ -207,6 +207,7 @@ impl Runtime<'_> {
             .arg(&self.token_file)
             .arg("--site-password-file")
             .arg(&self.password_file)
+            .args(["--site-secret", "site-a"])
             .args(extra);
         Proc::spawn(cmd)
     }
@@ -275,7 +276,12 @@ async fn t10_a_report_goes_to_project_b_once_and_checked_through_faults() {
     let (s, bot) = lb.post("/v1/bots", &token, json!({"name": "reporter"})).await;
     assert_eq!(s, 201, "{bot}");
     let bot = bot["id"].as_str().expect("bot").to_string();
-    let (s, v) = lb.call(Method::PUT, &format!("/v1/computers/{computer}/bots/{bot}"), &token, Some(json!({}))).await;
+    // Issue 41: the browser signs in with the vault's password (fill_secret), named in the grant.
+    let secret = json!({"value": "wonderland", "origins": [site.url.trim_end_matches('/')], "kind": "password"});
+    let (s, v) = lb.call(Method::PUT, "/v1/secrets/site-a", &token, Some(secret)).await;
+    assert_eq!(s, 200, "{v}");
+    let grant = json!({"secrets": ["site-a"]});
+    let (s, v) = lb.call(Method::PUT, &format!("/v1/computers/{computer}/bots/{bot}"), &token, Some(grant)).await;
     assert!(s == 200 || s == 201, "{v}");
     let token_file = c.dir.path().join("bot.token");
     std::fs::write(&token_file, c.mint(json!({"botId": bot})).await).expect("token file");

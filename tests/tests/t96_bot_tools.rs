@@ -13,7 +13,7 @@ use reqwest::Method;
 use serde_json::Value;
 use serde_json::json;
 
-const TOOLS: [&str; 37] = [
+const TOOLS: [&str; 38] = [
     "openbot_computers_list",
     "openbot_computers_acquire",
     "openbot_computers_create",
@@ -42,6 +42,7 @@ const TOOLS: [&str; 37] = [
     "openbot_browser_snapshot",
     "openbot_browser_click",
     "openbot_browser_type",
+    "openbot_browser_fill_secret",
     "openbot_browser_press",
     "openbot_browser_dialog",
     "openbot_browser_select",

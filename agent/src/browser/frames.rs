@@ -192,13 +192,15 @@ pub async fn frames(cdp: &Cdp, tab: &mut Tab, target: &str) -> Result<Vec<Frame>
 
 /// The listing of the frames from `start` down (`root`: a node of that frame to list from),
 /// each frame's elements under its owner's line; at most `max`, and whether it stopped early.
-/// Each element comes with its frame (an index in `frames`).
+/// Each element comes with its frame (an index in `frames`). The nodes' names and values are
+/// masked (`masks`: the session's filled secrets) before they are listed (and cut).
 pub async fn list(
     cdp: &Cdp,
     frames: &[Frame],
     start: usize,
     root: Option<i64>,
     max: usize,
+    masks: &crate::browser::secrets::Masks,
 ) -> Result<(Vec<(Listed, usize)>, bool), BrowserError> {
     let mut listings: HashMap<usize, Vec<Listed>> = HashMap::new();
     let mut truncated = false;
@@ -215,7 +217,16 @@ pub async fn list(
             continue;
         }
         let params = if n == 0 { json!({}) } else { json!({"frameId": f.id}) };
-        let Ok(tree) = call(cdp, &f.session, "Accessibility.getFullAXTree", params).await else { continue };
+        let Ok(mut tree) = call(cdp, &f.session, "Accessibility.getFullAXTree", params).await else { continue };
+        if !masks.is_empty() {
+            for n in tree.get_mut("nodes").and_then(Value::as_array_mut).into_iter().flatten() {
+                for k in ["name", "value"] {
+                    if let Some(v) = n.get_mut(k).and_then(|x| x.get_mut("value")) {
+                        masks.json(v);
+                    }
+                }
+            }
+        }
         let (l, t) =
             listing(tree["nodes"].as_array().map_or(&[], Vec::as_slice), if n == start { root } else { None }, max);
         // A large page's tree is megabytes of JSON values: freed off this call's path.

@@ -20,10 +20,14 @@
 //! - Its Chromium reaches the network through the session's wire guard ([`wire`]), a proxy that
 //!   never sends a request twice: a recorded action's answer lists the requests it sent
 //!   (`requests`), and one whose answer was lost makes its outcome `unknown`.
+//! - `fill_secret` types a vault secret the node opened into a field, after checking the page's
+//!   origin and the field; the session then masks its value in every answer, error and
+//!   screenshot ([`secrets`]).
 
 pub mod cdp;
 pub mod download;
 pub mod page;
+pub mod secrets;
 pub mod upload;
 pub mod wire;
 pub mod wire_tls;
@@ -130,6 +134,8 @@ pub struct Session {
     pub dialogs: page::Dialogs,
     /// The downloads its pages started ([`download`]).
     pub downloads: download::Downloads,
+    /// The vault secrets filled in its tabs, masked in its answers ([`secrets`]).
+    pub secrets: secrets::Filled,
 }
 
 /// The browser of this Computer; clones share it.
@@ -202,7 +208,8 @@ impl Browser {
         self.inner.download_cap.store(cap, std::sync::atomic::Ordering::SeqCst);
     }
 
-    /// Serves one call for `caller` (`bot:<id>` or `member:<id>`).
+    /// Serves one call for `caller` (`bot:<id>` or `member:<id>`). In a session with filled
+    /// secrets, the answer's strings and an error's message are masked ([`secrets`]).
     pub async fn call(&self, op: BrowserOp, caller: &str) -> Result<Answer, BrowserError> {
         op.check().map_err(BrowserError::invalid)?;
         match op {
@@ -251,9 +258,31 @@ impl Browser {
                     // Renewed after the call too, like the desktop's own actions.
                     let _ = d.take_lease(caller);
                 }
+                // Last, once everything is in the answer (downloads, requests): no filled value
+                // leaves in it.
+                let masks = session.secrets.masks();
+                match &mut answer {
+                    Ok(a) => masks.json(&mut a.json),
+                    Err(e) => {
+                        if let Some(m) = masks.text(&e.message) {
+                            e.message = m;
+                        }
+                    }
+                }
                 answer
             }
         }
+    }
+
+    /// A test and debugging hook, not reachable over the link: evaluates `expression` in the
+    /// page of the session's tab (`tab`, or its only one) as the page's own script would, and
+    /// answers its value (by value; `awaitPromise`). Nothing is masked: a test reads back what
+    /// the page holds with it.
+    #[doc(hidden)]
+    pub async fn evaluate(&self, session: &str, tab: Option<&str>, expression: &str) -> Result<Value, BrowserError> {
+        let session = self.session(session)?;
+        let mut tabs = session.tabs.lock().await;
+        page::evaluate(&session, &mut tabs, tab, expression).await
     }
 
     fn owner(&self) -> Option<(u32, u32)> {
@@ -286,6 +315,8 @@ impl Browser {
         let mut out = Vec::new();
         for s in sessions {
             let tabs = if s.cdp.is_open() { page::tab_list(&s.cdp).await.unwrap_or_default() } else { Vec::new() };
+            let mut tabs = Value::Array(tabs);
+            s.secrets.masks().json(&mut tabs);
             out.push(json!({"session": s.id, "mode": s.mode, "profile": s.profile, "running": s.cdp.is_open(), "tabs": tabs}));
         }
         json!({"sessions": out})
@@ -296,6 +327,8 @@ impl Browser {
             let mut s = self.inner.sessions.lock().map_err(|_| BrowserError::invalid("sessions lock poisoned"))?;
             s.remove(id).ok_or_else(|| BrowserError::new(ErrorKind::NotFound, format!("no browser session {id}")))?
         };
+        // Its filled values are zeroed now, whoever still holds the session.
+        session.secrets.clear();
         if session.cdp.is_open() {
             let _ = session.cdp.call(None, "Browser.close", json!({}), Duration::from_secs(3)).await;
         }
@@ -373,6 +406,7 @@ impl Browser {
             wire,
             dialogs,
             downloads,
+            secrets: secrets::Filled::default(),
         });
         let first = {
             let mut tabs = session.tabs.lock().await;
@@ -492,6 +526,34 @@ fn make_dirs(root: &Path, profile: &str, id: &str, owner: Option<(u32, u32)>) ->
         let _ = nix::unistd::unlinkat(profile_fd.as_fd(), f, nix::unistd::UnlinkatFlags::NoRemoveDir);
     }
     Ok(dirs)
+}
+
+/// Parses a browser call's JSON (as the link carries it). A `fill_secret`'s JSON carries an
+/// opened secret, and serde's message may quote a value of the request (one of the wrong type):
+/// a message that holds any string or number of its `fill` is withheld.
+pub fn parse_op(json: &str) -> Result<BrowserOp, String> {
+    // A syntax error's message names a place, never the text.
+    let v: Value = serde_json::from_str(json).map_err(|e| format!("bad browser request: {e}"))?;
+    serde_json::from_value::<BrowserOp>(v.clone()).map_err(|e| {
+        let message = e.to_string();
+        let mut leaves = Vec::new();
+        let mut stack: Vec<&Value> = v.pointer("/args/fill").into_iter().collect();
+        while let Some(x) = stack.pop() {
+            match x {
+                Value::String(s) => leaves.push(s.clone()),
+                Value::Number(n) => leaves.push(n.to_string()),
+                Value::Array(a) => stack.extend(a),
+                Value::Object(o) => stack.extend(o.values()),
+                _ => {}
+            }
+        }
+        if leaves.iter().any(|l| !l.is_empty() && message.contains(l.as_str())) {
+            "bad browser request: a field of the fill_secret is invalid (the reason is withheld: it quotes the secret)"
+                .to_string()
+        } else {
+            format!("bad browser request: {message}")
+        }
+    })
 }
 
 /// Chromium's command line (the benchmark's baseline browser uses it too).
@@ -641,6 +703,23 @@ mod tests {
             assert_eq!((looks(&target), looks(&file)), before, "{planted}: the target changed");
             assert!(std::fs::symlink_metadata(&at).expect("lstat").file_type().is_symlink());
         }
+    }
+
+    /// Issue 41, item 2: a `fill_secret` whose JSON does not fit is refused without quoting its
+    /// secret; other requests keep serde's message.
+    #[test]
+    fn i41_2_a_bad_fill_secret_is_refused_without_its_value() {
+        let bad = r#"{"op": "fill_secret", "args": {"session": "b-1", "ref": "e1", "secret": "s",
+            "fill": {"kind": "totp", "origins": ["https://a.test"], "value": 492817}}}"#;
+        let e = parse_op(bad).expect_err("a number is not a value");
+        assert!(!e.contains("492817"), "{e}");
+        assert!(e.contains("withheld"), "{e}");
+        let e = parse_op(r#"{"op": "navigate", "args": {"session": "b-1", "url": 7}}"#).expect_err("bad");
+        assert!(e.contains("invalid type: integer `7`"), "serde's message: {e}");
+        let good = r#"{"op": "fill_secret", "args": {"session": "b-1", "ref": "e1", "secret": "s",
+            "fill": {"kind": "totp", "origins": ["https://a.test"], "value": "492817"}}}"#;
+        let op = parse_op(good).expect("a fill_secret");
+        assert!(!format!("{op:?}").contains("492817"), "its Debug is redacted: {op:?}");
     }
 
     /// Issue 36, item 3: `Default/Preferences` as a symlink to a root-owned file is replaced

@@ -90,6 +90,7 @@ pub fn acts(op: &BrowserOp) -> bool {
             | BrowserOp::Select(_)
             | BrowserOp::Upload(_)
             | BrowserOp::Dialog(_)
+            | BrowserOp::FillSecret(_)
     )
 }
 
@@ -193,6 +194,7 @@ pub async fn serve(
         BrowserOp::Screenshot(r) => r.tab.clone(),
         BrowserOp::SessionStatus(r) => r.tab.clone(),
         BrowserOp::Dialog(r) => r.tab.clone(),
+        BrowserOp::FillSecret(r) => r.tab.clone(),
         BrowserOp::Open(_) | BrowserOp::Close(_) | BrowserOp::List => return Err(failed("not a tab tool")),
     };
     // A click or hover on the tab it is most likely on (the one named, or the only one attached,
@@ -238,7 +240,7 @@ pub async fn serve(
         }
         BrowserOp::Snapshot(r) => match open_dialog {
             Some(d) => dialog_snapshot(cdp, &target, d).await.map(plain),
-            None => snapshot(cdp, tabs, &target, &r).await.map(plain),
+            None => snapshot(cdp, tabs, &target, &r, &session.secrets).await.map(plain),
         },
         BrowserOp::Dialog(r) => {
             let (tab, _) = tab_of(tabs, &target)?;
@@ -283,23 +285,10 @@ pub async fn serve(
         BrowserOp::Type(r) => {
             let (tab, _) = tab_of(tabs, &target)?;
             let (info, obj) = check_ref(cdp, tab, &r.r#ref).await?;
-            let s = tab.cdp_session.clone();
-            let frame = tab.frame.clone();
-            // Focused in its own frame (the text then goes to the focused frame).
-            let editable = function(cdp, frames::session_of(tab, &info), &obj, EDITABLE, json!([])).await?;
-            if editable != Value::Bool(true) {
-                return Err(BrowserError::invalid(format!("{} is not a text field", r.r#ref)));
-            }
-            let mut events = cdp.subscribe();
-            call(cdp, &s, "Input.insertText", json!({"text": r.text})).await?;
-            let outcome = if r.submit {
-                let enter = parse_keys("Enter").map_err(BrowserError::invalid)?;
-                acted(cdp, &mut events, &s, &frame, r.timeout_ms, key(cdp, &s, &enter)).await?.1
-            } else {
-                json!({"state": "done", "navigated": false})
-            };
+            let outcome = replace_text(cdp, tab, &info, &obj, &r.r#ref, &r.text, r.submit, r.timeout_ms).await?;
             Ok(plain(json!({"tab": target, "ref": r.r#ref, "typed": r.text.chars().count(), "outcome": outcome})))
         }
+        BrowserOp::FillSecret(r) => fill_secret(session, tabs, &target, &r).await.map(plain),
         BrowserOp::Press(r) => {
             let keys = parse_keys(&r.keys).map_err(BrowserError::invalid)?;
             let (tab, _) = tab_of(tabs, &target)?;
@@ -327,7 +316,7 @@ pub async fn serve(
             Ok(plain(json!({"tab": target, "ref": r.r#ref, "selected": got["selected"], "outcome": {"state": "done"}})))
         }
         BrowserOp::Upload(r) => upload(session, tabs, &target, &r, owner, uploads_from).await.map(plain),
-        BrowserOp::Screenshot(r) => screenshot(cdp, tabs, &target, &r).await,
+        BrowserOp::Screenshot(r) => screenshot(cdp, tabs, &target, &r, &session.secrets).await,
         BrowserOp::SessionStatus(r) => session_status(session, &r).await.map(plain),
         BrowserOp::Open(_) | BrowserOp::Close(_) | BrowserOp::List => Err(failed("not a tab tool")),
     };
@@ -750,6 +739,222 @@ async fn mouse(cdp: &Cdp, s: &str, x: f64, y: f64, click: bool) -> Result<(), Br
     moved?;
     pressed?;
     call(cdp, s, "Input.dispatchMouseEvent", event("mouseReleased", 0)).await.map(drop)
+}
+
+/// Types `text` into the checked field `info` (its object `obj`; `r` its ref), replacing what it
+/// holds, as `type` does: the field is focused in its own frame and its text selected
+/// ([`EDITABLE`]; refused, nothing typed, when it is not an editable text field), the text is
+/// inserted (it goes to the focused frame), then Enter is pressed when `submit` and the outcome
+/// settled. Answers the outcome.
+#[allow(clippy::too_many_arguments)]
+async fn replace_text(
+    cdp: &Cdp,
+    tab: &Tab,
+    info: &RefInfo,
+    obj: &str,
+    r: &str,
+    text: &str,
+    submit: bool,
+    timeout_ms: Option<u64>,
+) -> Result<Value, BrowserError> {
+    let s = tab.cdp_session.as_str();
+    let editable = function(cdp, frames::session_of(tab, info), obj, EDITABLE, json!([])).await?;
+    if editable != Value::Bool(true) {
+        return Err(BrowserError::invalid(format!("{r} is not a text field")));
+    }
+    let mut events = cdp.subscribe();
+    call(cdp, s, "Input.insertText", json!({"text": text})).await?;
+    Ok(if submit {
+        let enter = parse_keys("Enter").map_err(BrowserError::invalid)?;
+        acted(cdp, &mut events, s, &tab.frame, timeout_ms, key(cdp, s, &enter)).await?.1
+    } else {
+        json!({"state": "done", "navigated": false})
+    })
+}
+
+/// `scheme://host[:port]` of an http(s) URL or serialized origin: lower-case, without the
+/// default port (80 for http, 443 for https); `None` for anything else (an opaque origin
+/// `null`, `about:blank`, `data:`, a `chrome-error:` page).
+pub fn origin(u: &str) -> Option<String> {
+    let o = browser::origin_of(u.trim())?;
+    let (scheme, authority) = o.split_once("://")?;
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, p)) if !authority.ends_with(']') => (h, p),
+        _ => (authority, ""),
+    };
+    if host.is_empty() {
+        return None;
+    }
+    let port: Option<u16> = if port.is_empty() { None } else { Some(port.parse().ok()?) };
+    let default = if scheme == "https" { 443 } else { 80 };
+    Some(match port {
+        Some(p) if p != default => format!("{scheme}://{host}:{p}"),
+        _ => format!("{scheme}://{host}"),
+    })
+}
+
+/// A frame's document as the browser has it (`Page.getFrameTree` on the session serving it),
+/// never as the page's script tells it.
+struct FrameDoc {
+    /// Its origin ([`origin`] of its security origin, else of its URL).
+    origin: Option<String>,
+    /// What to call it in a message: its origin, else what it is instead.
+    shown: String,
+    /// Its loader (document) id.
+    loader: String,
+}
+
+/// The frame `id` in the tree `session` serves; `None` when it is not there (gone).
+async fn frame_doc(cdp: &Cdp, session: &str, id: &str) -> Result<Option<FrameDoc>, BrowserError> {
+    let tree = call(cdp, session, "Page.getFrameTree", json!({})).await?;
+    let mut stack = vec![&tree["frameTree"]];
+    while let Some(t) = stack.pop() {
+        let f = &t["frame"];
+        if f["id"] != id {
+            stack.extend(t["childFrames"].as_array().into_iter().flatten());
+            continue;
+        }
+        let security = f["securityOrigin"].as_str().filter(|s| !s.is_empty() && *s != "://");
+        let url = f["url"].as_str().unwrap_or_default();
+        let origin = origin(security.unwrap_or(url));
+        let shown = origin.clone().unwrap_or_else(|| {
+            let what = security.map(String::from).unwrap_or_else(|| {
+                url.split(['?', '#']).next().unwrap_or_default().chars().take(80).collect::<String>()
+            });
+            format!("{what:?} (no http or https origin)")
+        });
+        let loader = f["loaderId"].as_str().unwrap_or_default().to_string();
+        return Ok(Some(FrameDoc { origin, shown, loader }));
+    }
+    Ok(None)
+}
+
+/// Checks, in the page, that an element may take a secret of `kind` (`password`, `totp`,
+/// `text`): answers `{ok: true}` or `{ok: false, what, why?}` (`what`: what it is, e.g. `a search
+/// box (input type=search name=q)`; `why`: `disabled` or `read-only` for a field of the right
+/// kind). A guard against a wrong ref, not against the page (the origin check is that).
+const SECRET_FIELD: &str = r#"function(kind) {
+  const el = this, tag = el.tagName, input = tag === 'INPUT';
+  const at = n => String(el.getAttribute(n) || '');
+  const type = input ? String(el.type || 'text').toLowerCase() : '';
+  const labels = [];
+  if (el.labels) for (const l of el.labels) labels.push(l.innerText || l.textContent || '');
+  for (const i of at('aria-labelledby').split(/\s+/).filter(Boolean)) {
+    const n = el.ownerDocument.getElementById(i);
+    if (n) labels.push(n.innerText || n.textContent || '');
+  }
+  const hint = [at('name'), at('id'), at('aria-label'), at('placeholder')].concat(labels).join(' ');
+  const auto = at('autocomplete').toLowerCase().split(/\s+/);
+  const cut = s => s.length > 40 ? s.slice(0, 40) + '…' : s;
+  const parts = [tag.toLowerCase()];
+  if (input) parts.push('type=' + type);
+  for (const n of ['name', 'id', 'autocomplete']) if (at(n)) parts.push(n + '=' + cut(at(n)));
+  const named = {password: 'a password field', search: 'a search box', email: 'an email field',
+    tel: 'a telephone field', number: 'a number field', text: 'a text field', url: 'a URL field',
+    hidden: 'a hidden input', file: 'a file input', checkbox: 'a checkbox', radio: 'a radio button',
+    submit: 'a submit button', button: 'a button', reset: 'a reset button', image: 'an image button'};
+  const kindOf = input ? (named[type] || 'an input of type ' + type)
+    : tag === 'TEXTAREA' ? 'a text area' : tag === 'SELECT' ? 'a drop-down' : tag === 'BUTTON' ? 'a button'
+    : el.isContentEditable ? 'an editable region' : 'a <' + tag.toLowerCase() + '> element';
+  const what = kindOf + ' (' + parts.join(' ') + ')';
+  let ok = false;
+  if (kind === 'password') {
+    ok = input && (type === 'password' || (['text', 'email', 'tel'].includes(type)
+      && (auto.includes('username') || auto.includes('email') || /user|login|e-?mail|account|identifier/i.test(hint))));
+  } else if (kind === 'totp') {
+    ok = input && ['text', 'tel', 'number'].includes(type)
+      && (auto.includes('one-time-code') || /otp|totp|one[- ]?time|2fa|mfa|verification|security code|auth.*code/i.test(hint));
+  } else {
+    ok = tag === 'TEXTAREA' || (input
+      && !['hidden', 'file', 'checkbox', 'radio', 'button', 'submit', 'image', 'reset', 'range', 'color'].includes(type));
+  }
+  if (!ok) return {ok: false, what};
+  if (el.disabled) return {ok: false, what, why: 'disabled'};
+  if (el.readOnly) return {ok: false, what, why: 'read-only'};
+  return {ok: true, what};
+}"#;
+
+/// `fill_secret`: types the vault secret the node opened (`fill`) into the field `r.ref`, as
+/// `type` does ([`replace_text`]), once the checks pass, none of which lets anything reach the
+/// page: the ref still names its element ([`check_ref`]); the origin of the tab's page and of the
+/// field's own document (it may be in an iframe) are each among the secret's origins, as the
+/// browser has them ([`frame_doc`], not the page's script), else `Forbidden`; the element is a
+/// field of the secret's kind ([`SECRET_FIELD`]), else `InvalidRequest`. The fill is remembered
+/// by the session ([`super::secrets`]) before the value is typed, so every later answer masks
+/// it. The answer names the secret, never its value.
+///
+/// A filled tab cannot be sent to a `javascript:` URL (which could read the field and show the
+/// value in the page): `navigate` refuses every URL but http, https and `about:blank` on every
+/// tab (`computerd_proto::browser::check_url`).
+async fn fill_secret(
+    session: &Session,
+    tabs: &mut Tabs,
+    target: &str,
+    r: &browser::FillSecretRequest,
+) -> Result<Value, BrowserError> {
+    let Some(fill) = r.fill.as_ref() else {
+        return Err(BrowserError::invalid("fill_secret is sent by the node with the opened secret"));
+    };
+    let wanted = match fill.kind.as_str() {
+        "password" => "a password or username field",
+        "totp" => "a one-time code field",
+        "text" => "a text field",
+        other => {
+            return Err(BrowserError::invalid(format!("a secret's kind is password, totp or text, not {other:?}")));
+        }
+    };
+    if fill.value.expose().is_empty() {
+        return Err(BrowserError::invalid(format!("the secret {:?} is empty: there is nothing to fill", r.secret)));
+    }
+    let cdp = &session.cdp;
+    let (tab, _) = tab_of(tabs, target)?;
+    let (info, obj) = check_ref(cdp, tab, &r.r#ref).await?;
+    let allowed: Vec<String> = fill.origins.iter().filter_map(|o| origin(o)).collect();
+    let refuse = |where_: String| {
+        BrowserError::new(
+            ErrorKind::Forbidden,
+            format!(
+                "the secret {:?} may be filled only on pages of {}; {where_}: nothing was typed",
+                r.secret,
+                if fill.origins.is_empty() { "no origin".to_string() } else { fill.origins.join(", ") }
+            ),
+        )
+    };
+    let page = frame_doc(cdp, &tab.cdp_session, &tab.frame)
+        .await?
+        .ok_or_else(|| BrowserError::stale(format!("the page of {} is gone", r.r#ref)))?;
+    if !page.origin.as_ref().is_some_and(|o| allowed.contains(o)) {
+        return Err(refuse(format!("this tab's page is {}", page.shown)));
+    }
+    let field = match &info.frame {
+        None => page,
+        Some(f) => frame_doc(cdp, &f.session, &f.id).await?.ok_or_else(|| navigated(&info, &r.r#ref))?,
+    };
+    // The document whose origin was read is the ref's.
+    if field.loader != info.loader {
+        return Err(navigated(&info, &r.r#ref));
+    }
+    if !field.origin.as_ref().is_some_and(|o| allowed.contains(o)) {
+        return Err(refuse(format!("the field {} is in a frame of {}", r.r#ref, field.shown)));
+    }
+    let checked =
+        function(cdp, frames::session_of(tab, &info), &obj, SECRET_FIELD, json!([{"value": fill.kind}])).await?;
+    if checked["ok"] != true {
+        let what = checked["what"].as_str().unwrap_or("not a field");
+        return Err(BrowserError::invalid(match checked["why"].as_str() {
+            Some(why) => format!("{} is {what}, {why}: nothing was typed", r.r#ref),
+            None => format!("{} is {what}, not {wanted}", r.r#ref),
+        }));
+    }
+    session.secrets.remember(super::secrets::FilledSecret {
+        name: r.secret.clone(),
+        value: fill.value.clone(),
+        frame: info.frame.as_ref().map_or_else(|| tab.frame.clone(), |f| f.id.clone()),
+        loader: info.loader.clone(),
+        backend: info.backend,
+    });
+    let outcome = replace_text(cdp, tab, &info, &obj, &r.r#ref, fill.value.expose(), r.submit, r.timeout_ms).await?;
+    Ok(json!({"tab": target, "ref": r.r#ref, "filled": r.secret, "kind": fill.kind, "outcome": outcome}))
 }
 
 /// One key with its modifiers, as CDP takes it.
@@ -1261,11 +1466,15 @@ fn line(l: &Listed, r: Option<u32>) -> String {
     s
 }
 
+/// The tab's snapshot. In a session with filled secrets, the accessibility tree's names and
+/// values are masked before they are cut ([`super::secrets`]), and a filled element's value
+/// reads `[filled from secret "<name>"]`.
 async fn snapshot(
     cdp: &Cdp,
     tabs: &mut Tabs,
     target: &str,
     r: &browser::SnapshotRequest,
+    secrets: &super::secrets::Filled,
 ) -> Result<Value, BrowserError> {
     let (tab, next_ref) = tab_of(tabs, target)?;
     let s = tab.cdp_session.clone();
@@ -1285,7 +1494,35 @@ async fn snapshot(
     let root_backend = root.as_ref().filter(|i| i.frame.is_none()).map(|i| i.backend);
     let loader = all_frames.first().map(|f| f.loader.clone()).unwrap_or_default();
     let max = r.max_elements.unwrap_or(browser::MAX_ELEMENTS);
-    let (listed, mut truncated) = frames::list(cdp, &all_frames, start, root.as_ref().map(|i| i.backend), max).await?;
+    let masks = secrets.masks();
+    let (mut listed, mut truncated) =
+        frames::list(cdp, &all_frames, start, root.as_ref().map(|i| i.backend), max, &masks).await?;
+    if !secrets.is_empty() {
+        // A filled field that still shows the value (masked already, or a password field's
+        // bullets) names its secret instead, and the text inside it (its editor's) is left out.
+        // A field the page emptied, or that holds other text now, shows what it holds.
+        let shows_secret =
+            |v: &str| v.contains("[secret \"") || (!v.is_empty() && v.chars().all(|c| "•●*".contains(c)));
+        let mut filled_at: Option<usize> = None;
+        listed.retain_mut(|(l, f)| {
+            if let Some(d) = filled_at {
+                if l.depth > d && l.role == "text" {
+                    return false;
+                }
+                if l.depth <= d {
+                    filled_at = None;
+                }
+            }
+            if let Some(b) = l.backend
+                && shows_secret(&l.value)
+                && let Some(name) = secrets.filled_at(&all_frames[*f].id, &all_frames[*f].loader, b)
+            {
+                l.value = format!("[filled from secret {name:?}]");
+                filled_at = Some(l.depth);
+            }
+            true
+        });
+    }
     let mut refs = HashMap::new();
     let mut text = String::new();
     let mut elements = Vec::new();
@@ -1542,14 +1779,19 @@ fn dir_size(d: &std::path::Path) -> u64 {
     total
 }
 
+/// The tab's screenshot (the viewport, the full page, or an element). In a session with filled
+/// secrets, where a filled value shows is painted over ([`secret_rects`]).
 async fn screenshot(
     cdp: &Cdp,
     tabs: &mut Tabs,
     target: &str,
     r: &browser::ShotRequest,
+    secrets: &super::secrets::Filled,
 ) -> Result<Answer, BrowserError> {
     let (tab, _) = tab_of(tabs, target)?;
     let s = tab.cdp_session.clone();
+    // Where the image's top left corner is, in page coordinates (`None`: the viewport's).
+    let mut corner: Option<(f64, f64)> = None;
     let format = r.format.clone().unwrap_or_else(|| "png".into());
     let mut params = json!({"format": format, "fromSurface": true});
     if let Some(q) = r.quality {
@@ -1564,6 +1806,7 @@ async fn screenshot(
         h = c["height"].as_f64().unwrap_or(h).ceil().min(MAX_PAGE_HEIGHT);
         params["clip"] = json!({"x": 0, "y": 0, "width": w, "height": h, "scale": 1});
         params["captureBeyondViewport"] = json!(true);
+        corner = Some((0.0, 0.0));
     } else if let Some(re) = &r.r#ref {
         let (info, _) = check_ref(cdp, tab, re).await?;
         let es = frames::session_of(tab, &info).to_string();
@@ -1593,7 +1836,14 @@ async fn screenshot(
             None => (0.0, 0.0),
         };
         params["clip"] = json!({"x": x0 + dx + px, "y": y0 + dy + py, "width": w, "height": h, "scale": 1});
+        corner = Some((x0 + dx + px, y0 + dy + py));
     }
+    // Read where filled values show just before the capture (after any scrolling above).
+    let cover = if secrets.is_empty() {
+        None
+    } else {
+        Some(secret_rects(cdp, &s, &tab.frame, &secrets.masks(), corner).await?)
+    };
     let shot = call(cdp, &s, "Page.captureScreenshot", params).await?;
     let data = shot["data"].as_str().ok_or_else(|| failed("the browser sent no image"))?;
     if data.len() / 4 * 3 > MAX_IMAGE {
@@ -1602,14 +1852,224 @@ async fn screenshot(
             "the screenshot is over 16 MiB; take a part of the page (ref) or a JPEG",
         ));
     }
-    let image = base64::engine::general_purpose::STANDARD
+    let mut image = base64::engine::general_purpose::STANDARD
         .decode(data)
         .map_err(|e| failed(format!("the browser's image is not base64: {e}")))?;
+    if let Some(cover) = cover {
+        let (jpeg, quality) = (format == "jpeg", r.quality);
+        image = tokio::task::spawn_blocking(move || paint_over(&image, jpeg, quality, &cover))
+            .await
+            .map_err(|e| failed(format!("the screenshot could not be masked: {e}")))?
+            .map_err(|e| failed(format!("the screenshot could not be masked: {e}")))?;
+        if image.len() > MAX_IMAGE {
+            return Err(BrowserError::new(
+                ErrorKind::TooLarge,
+                "the screenshot is over 16 MiB; take a part of the page (ref) or a JPEG",
+            ));
+        }
+    }
     let mime = if format == "jpeg" { "image/jpeg" } else { "image/png" };
     Ok(Answer {
         json: json!({"tab": target, "width": w.round() as u64, "height": h.round() as u64, "format": format, "mimeType": mime, "size": image.len()}),
         image,
     })
+}
+
+/// Finds where the session's filled values (each in its forms: [`super::secrets::Masks`]) show
+/// in the tab's page ([`COVER`], one call in an
+/// isolated world of the page's main frame: the values never reach the page's own script, and
+/// its script cannot change what the search sees of the DOM's methods). The rectangles are in
+/// the image's CSS pixels: `corner` is where the image's top left corner is in page coordinates
+/// (a full page: `(0, 0)`; an element: its clip), `None` for the viewport. A failure fails the
+/// screenshot: an image is never sent unmasked.
+async fn secret_rects(
+    cdp: &Cdp,
+    s: &str,
+    frame: &str,
+    masks: &super::secrets::Masks,
+    corner: Option<(f64, f64)>,
+) -> Result<Cover, BrowserError> {
+    let params = json!({"frameId": frame, "worldName": "computerd-secrets", "grantUniveralAccess": false});
+    let world = call(cdp, s, "Page.createIsolatedWorld", params).await?;
+    let context = world["executionContextId"]
+        .as_i64()
+        .ok_or_else(|| failed("the screenshot could not be masked: the page gave no isolated world"))?;
+    let values = masks.needles();
+    let got = call(
+        cdp,
+        s,
+        "Runtime.callFunctionOn",
+        json!({"functionDeclaration": COVER, "executionContextId": context, "arguments": [{"value": values}], "returnByValue": true}),
+    )
+    .await?;
+    if got.get("exceptionDetails").is_some() {
+        return Err(failed("the screenshot could not be masked: the page's search for filled values failed"));
+    }
+    let v = &got["result"]["value"];
+    let dpr = v["dpr"].as_f64().filter(|d| d.is_finite() && *d > 0.0).unwrap_or(1.0);
+    let (sx, sy) = (v["sx"].as_f64().unwrap_or(0.0), v["sy"].as_f64().unwrap_or(0.0));
+    // Client (viewport) coordinates to the image's: the page's, less the image's corner.
+    let (ox, oy) = match corner {
+        None => (0.0, 0.0),
+        Some((cx, cy)) => (sx - cx, sy - cy),
+    };
+    let rects = v["rects"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| {
+            let n: Vec<f64> = r.as_array()?.iter().filter_map(Value::as_f64).collect();
+            (n.len() == 4 && n.iter().all(|x| x.is_finite())).then(|| [n[0] + ox, n[1] + oy, n[2], n[3]])
+        })
+        .collect();
+    Ok(Cover { rects, everything: v["many"] == true, scale: dpr })
+}
+
+/// Where to paint over a screenshot.
+struct Cover {
+    /// `[x, y, width, height]` in the image's CSS pixels.
+    rects: Vec<[f64; 4]>,
+    /// Too many places to list: the whole image is painted over.
+    everything: bool,
+    /// Image pixels per CSS pixel (the page's `devicePixelRatio`).
+    scale: f64,
+}
+
+/// How far beyond a value's box the paint reaches (CSS pixels): glyphs may overhang their box.
+const COVER_MARGIN: f64 = 2.0;
+
+/// Paints `cover`'s rectangles opaque black on the encoded image (PNG, or JPEG with `jpeg`) and
+/// encodes it again in the same format (a JPEG at `quality`, else 80).
+fn paint_over(image: &[u8], jpeg: bool, quality: Option<u8>, cover: &Cover) -> Result<Vec<u8>, String> {
+    let format = if jpeg { image::ImageFormat::Jpeg } else { image::ImageFormat::Png };
+    let mut img = image::load_from_memory_with_format(image, format)
+        .map_err(|e| format!("the browser's image cannot be read: {e}"))?
+        .into_rgba8();
+    let (w, h) = img.dimensions();
+    let all = [[
+        -COVER_MARGIN,
+        -COVER_MARGIN,
+        f64::from(w) / cover.scale + 2.0 * COVER_MARGIN,
+        f64::from(h) / cover.scale + 2.0 * COVER_MARGIN,
+    ]];
+    let rects: &[[f64; 4]] = if cover.everything { &all } else { &cover.rects };
+    for [x, y, rw, rh] in rects {
+        let px = |v: f64, up: bool| {
+            let v = v * cover.scale;
+            let v = if up { v.ceil() } else { v.floor() };
+            v.clamp(0.0, f64::from(u32::MAX)) as u32
+        };
+        let (x0, y0) = (px(x - COVER_MARGIN, false).min(w), px(y - COVER_MARGIN, false).min(h));
+        let (x1, y1) = (px(x + rw + COVER_MARGIN, true).min(w), px(y + rh + COVER_MARGIN, true).min(h));
+        for yy in y0..y1 {
+            for xx in x0..x1 {
+                img.put_pixel(xx, yy, image::Rgba([0, 0, 0, 255]));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let encoded = if jpeg {
+        let rgb = image::DynamicImage::ImageRgba8(img).into_rgb8();
+        image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, quality.unwrap_or(80).clamp(1, 100))
+            .encode_image(&rgb)
+    } else {
+        use image::ImageEncoder;
+        image::codecs::png::PngEncoder::new_with_quality(
+            &mut out,
+            image::codecs::png::CompressionType::Fast,
+            image::codecs::png::FilterType::Adaptive,
+        )
+        .write_image(img.as_raw(), w, h, image::ExtendedColorType::Rgba8)
+    };
+    encoded.map_err(|e| format!("the image cannot be encoded: {e}"))?;
+    Ok(out)
+}
+
+/// Finds where filled values show (run in an isolated world of the page's main frame, with the
+/// values): `{dpr, sx, sy, rects: [[x, y, width, height]], many}`, in the main frame's client
+/// (viewport) coordinates, `sx`/`sy` its scroll. It lists (a) each `<input>` or `<textarea>`
+/// whose `.value` holds a value (but `type=password`, which Chromium draws as bullets), whole,
+/// and (b) each occurrence of a value in a text node (`TreeWalker`, `Range.getClientRects`);
+/// ASCII case aside; in the document, its open shadow roots, and same-origin iframes (their
+/// rectangles offset by the iframe's content box and clipped to it), up to 8 deep. Past 100,000
+/// rectangles it answers `many` (the whole image is painted over).
+///
+/// Not covered: cross-origin (and out-of-process) iframes, whose documents this world cannot
+/// read; text drawn on a canvas, in an image or by CSS (`content:`, a placeholder); a value split
+/// across elements or text nodes (`<b>ali</b>ce`) or changed by the page (reversed, masked in
+/// part); closed shadow roots; what changes between this search and the capture (an animation).
+const COVER: &str = r#"function(values) {
+  const low = s => String(s).replace(/[A-Z]+/g, c => c.toLowerCase());
+  const needles = values.map(low).filter(v => v.length > 0);
+  const rects = [];
+  let many = false;
+  const add = (r, ox, oy, clip) => {
+    if (rects.length >= 100000) { many = true; return; }
+    if (!r || !(r.width > 0) || !(r.height > 0)) return;
+    let x0 = r.left + ox, y0 = r.top + oy, x1 = r.right + ox, y1 = r.bottom + oy;
+    if (clip) { x0 = Math.max(x0, clip[0]); y0 = Math.max(y0, clip[1]); x1 = Math.min(x1, clip[2]); y1 = Math.min(y1, clip[3]); }
+    if (x1 > x0 && y1 > y0) rects.push([x0, y0, x1 - x0, y1 - y0]);
+  };
+  const holds = s => { const l = low(s); return needles.some(n => l.includes(n)); };
+  const walk = (doc, ox, oy, clip, depth) => {
+    const roots = [doc];
+    for (let i = 0; i < roots.length; i++) {
+      for (const el of roots[i].querySelectorAll('*')) if (el.shadowRoot) roots.push(el.shadowRoot);
+    }
+    for (const root of roots) {
+      for (const el of root.querySelectorAll('input, textarea')) {
+        if (el.tagName === 'INPUT' && String(el.type).toLowerCase() === 'password') continue;
+        if (typeof el.value === 'string' && el.value && holds(el.value)) for (const r of el.getClientRects()) add(r, ox, oy, clip);
+      }
+      const tw = doc.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+      for (let n = tw.nextNode(); n; n = tw.nextNode()) {
+        const l = low(n.data);
+        for (const nd of needles) {
+          for (let i = l.indexOf(nd); i >= 0; i = l.indexOf(nd, i + nd.length)) {
+            const range = doc.createRange();
+            range.setStart(n, i);
+            range.setEnd(n, i + nd.length);
+            for (const r of range.getClientRects()) add(r, ox, oy, clip);
+          }
+        }
+      }
+      if (depth >= 8) continue;
+      for (const f of root.querySelectorAll('iframe, frame')) {
+        let d = null;
+        try { d = f.contentDocument; } catch (e) { d = null; }
+        if (!d) continue;
+        const b = f.getBoundingClientRect(), cs = doc.defaultView.getComputedStyle(f);
+        const pl = parseFloat(cs.paddingLeft) || 0, pt = parseFloat(cs.paddingTop) || 0;
+        const pr = parseFloat(cs.paddingRight) || 0, pb = parseFloat(cs.paddingBottom) || 0;
+        const fx = b.left + f.clientLeft + pl + ox, fy = b.top + f.clientTop + pt + oy;
+        let c = [fx, fy, fx + Math.max(0, f.clientWidth - pl - pr), fy + Math.max(0, f.clientHeight - pt - pb)];
+        if (clip) c = [Math.max(c[0], clip[0]), Math.max(c[1], clip[1]), Math.min(c[2], clip[2]), Math.min(c[3], clip[3])];
+        walk(d, fx, fy, c, depth + 1);
+      }
+    }
+  };
+  walk(document, 0, 0, null, 0);
+  return {dpr: window.devicePixelRatio, sx: window.scrollX, sy: window.scrollY, rects, many};
+}"#;
+
+/// [`super::Browser::evaluate`]: `expression` in the page of the tab (named, or the only one),
+/// in the page's own world; its value.
+pub async fn evaluate(
+    session: &Session,
+    tabs: &mut Tabs,
+    tab: Option<&str>,
+    expression: &str,
+) -> Result<Value, BrowserError> {
+    let cdp = &session.cdp;
+    let target = pick_tab(cdp, tab).await?;
+    let s = attach(cdp, tabs, &target).await?.cdp_session.clone();
+    let params = json!({"expression": expression, "returnByValue": true, "awaitPromise": true});
+    let got = call(cdp, &s, "Runtime.evaluate", params).await?;
+    if let Some(e) = got.get("exceptionDetails") {
+        let why = e["exception"]["description"].as_str().or(e["text"].as_str()).unwrap_or("an exception");
+        return Err(failed(format!("the expression failed: {why}")));
+    }
+    Ok(got["result"]["value"].clone())
 }
 
 /// Signed in, as the probes show it, on a scratch tab of the same profile (the session's tabs
@@ -1759,6 +2219,59 @@ mod tests {
         note_requests(&mut answer, &[e(1, Fate::Pending), pending_post], false);
         assert_eq!(answer["outcome"]["state"], "unknown", "{answer}");
         assert!(answer["outcome"]["error"].as_str().is_some_and(|m| m.contains("had not come")), "{answer}");
+    }
+
+    #[test]
+    fn origins_are_normalised() {
+        for (u, want) in [
+            ("HTTPS://Example.COM:443/login?x#y", Some("https://example.com")),
+            ("http://example.com:80", Some("http://example.com")),
+            ("http://example.com:443/", Some("http://example.com:443")),
+            ("https://example.com:8443", Some("https://example.com:8443")),
+            ("http://127.0.0.1:0080/", Some("http://127.0.0.1")),
+            ("http://[::1]:8080/a", Some("http://[::1]:8080")),
+            ("http://[::1]/", Some("http://[::1]")),
+            ("null", None),
+            ("about:blank", None),
+            ("data:text/html,x", None),
+            ("javascript:alert(1)", None),
+            ("http://example.com:99999/", None),
+            ("http://u:p@example.com/", None),
+        ] {
+            assert_eq!(origin(u).as_deref(), want, "{u}");
+        }
+    }
+
+    #[test]
+    fn a_painted_screenshot_is_black_where_told_and_keeps_its_format() {
+        let mut img = image::RgbImage::from_pixel(40, 20, image::Rgb([255, 255, 255]));
+        img.put_pixel(39, 19, image::Rgb([10, 200, 30]));
+        let mut png = Vec::new();
+        image::DynamicImage::ImageRgb8(img)
+            .write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png)
+            .expect("png");
+        // Scale 2: CSS (5, 2) 4x3 is pixels (6, 0)..(22, 14) with the margin.
+        let cover = Cover { rects: vec![[5.0, 2.0, 4.0, 3.0]], everything: false, scale: 2.0 };
+        let out = paint_over(&png, false, None, &cover).expect("painted");
+        assert_eq!(image::guess_format(&out).expect("a format"), image::ImageFormat::Png);
+        let back = image::load_from_memory(&out).expect("decodes").into_rgba8();
+        assert_eq!(back.dimensions(), (40, 20));
+        assert_eq!(back.get_pixel(6, 0).0, [0, 0, 0, 255]);
+        assert_eq!(back.get_pixel(21, 13).0, [0, 0, 0, 255]);
+        assert_eq!(back.get_pixel(22, 14).0, [255, 255, 255, 255]);
+        assert_eq!(back.get_pixel(5, 5).0, [255, 255, 255, 255]);
+        assert_eq!(back.get_pixel(39, 19).0, [10, 200, 30, 255]);
+        let mut jpeg = Vec::new();
+        image::DynamicImage::ImageRgba8(back)
+            .into_rgb8()
+            .write_to(&mut std::io::Cursor::new(&mut jpeg), image::ImageFormat::Jpeg)
+            .expect("jpeg");
+        let out = paint_over(&jpeg, true, Some(90), &Cover { rects: Vec::new(), everything: true, scale: 1.0 })
+            .expect("painted");
+        assert_eq!(image::guess_format(&out).expect("a format"), image::ImageFormat::Jpeg);
+        let back = image::load_from_memory(&out).expect("decodes").into_rgb8();
+        assert!(back.pixels().all(|p| p.0.iter().all(|c| *c < 16)), "all black");
+        assert!(paint_over(b"not an image", false, None, &cover).is_err());
     }
 
     #[test]

@@ -276,6 +276,7 @@ impl World {
             at_ms: self.clock,
             allow_root: None,
             desktop_control: None,
+            secrets: None,
             paths: None,
         });
     }

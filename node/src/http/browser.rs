@@ -33,10 +33,13 @@ use computerd_proto::ErrorKind;
 use computerd_proto::agent::DesktopCall;
 use computerd_proto::browser::BrowserOp;
 use computerd_proto::browser::DialogRequest;
+use computerd_proto::browser::FillSecretRequest;
 use computerd_proto::browser::NavigateRequest;
 use computerd_proto::browser::OpenRequest;
 use computerd_proto::browser::PressRequest;
 use computerd_proto::browser::RefRequest;
+use computerd_proto::browser::SecretFill;
+use computerd_proto::browser::SecretText;
 use computerd_proto::browser::SelectRequest;
 use computerd_proto::browser::ShotRequest;
 use computerd_proto::browser::SnapshotRequest;
@@ -225,9 +228,15 @@ async fn tool(state: &AppState, auth: Auth, id: &str, op: BrowserOp) -> Result<(
     // does not let it through.
     let caller = auth.current(state).await?;
     check_has_desktop(state, &caller, id)?;
+    // A fill_secret goes out with its secret opened here, the node that holds the link; the
+    // record keeps the request as the caller sent it (the secret's name only).
+    let opened = open_secret(state, &caller, id, &op)?;
+    let sent_op = opened.as_ref().map(|(op, _)| op).unwrap_or(&op);
+    let used = opened.as_ref().map(|(_, used)| used.clone());
     let meta = op.action().filter(|m| m.action_id.is_some());
     let Some(meta) = meta else {
-        let (mut json, image) = send(state, &caller, id, &op, write).await?;
+        let (mut json, image) = send(state, &caller, id, sent_op, write).await?;
+        note_use(state, used).await;
         record_artifacts(state, &caller, id, &op, &mut json).await?;
         return Ok((json, image));
     };
@@ -305,7 +314,7 @@ async fn tool(state: &AppState, auth: Auth, id: &str, op: BrowserOp) -> Result<(
         // Another attempt took it between the two: answer the record, send nothing.
         return replay(state);
     }
-    let sent = match send_to(agent, &caller, &op).await {
+    let sent = match send_to(agent, &caller, sent_op).await {
         Ok((mut json, image)) => match record_artifacts(state, &caller, id, &op, &mut json).await {
             Ok(()) => Ok((json, image)),
             // The page took the files: the action happened, whatever became of the records.
@@ -337,6 +346,9 @@ async fn tool(state: &AppState, auth: Auth, id: &str, op: BrowserOp) -> Result<(
         }
         Err(e) => ((ActionState::Unknown, None, Some(e.message.clone())), Err(e)),
     };
+    if answer.is_ok() {
+        note_use(state, used).await;
+    }
     let (outcome, result, error) = finish;
     let finished = Command::ActionFinish { key: key.clone(), claim, state: outcome, result, error, at_ms: now_ms() };
     if let Err(e) = propose(state, finished).await {
@@ -357,6 +369,47 @@ async fn tool(state: &AppState, auth: Auth, id: &str, op: BrowserOp) -> Result<(
             );
             Err(e)
         }
+    }
+}
+
+/// A secret a fill used: (vault's member, name).
+type UsedSecret = (String, String);
+
+/// For a `fill_secret`: the op with its secret opened (the one-time code for a TOTP seed),
+/// after the caller's right to it is checked on this node's current state, and the secret
+/// (vault, name) to note as used. `None` for any other tool.
+fn open_secret(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    op: &BrowserOp,
+) -> Result<Option<(BrowserOp, UsedSecret)>, ApiError> {
+    let BrowserOp::FillSecret(req) = op else { return Ok(None) };
+    if req.fill.is_some() {
+        return Err(ApiError::invalid("`fill` is the node's: name the secret with `secret`"));
+    }
+    let secret = state.cluster.state().read(|s| s.secret_for_fill(caller, id, &req.secret).cloned())?;
+    let key = super::secrets::data_key(state)?;
+    let kind = secret.kind.as_str();
+    let clear = key.open(&secret.owner, &secret.name, kind, &secret.sealed).map_err(|e| {
+        ApiError::new(ErrorKind::Internal, format!("the secret {:?} could not be opened: {e}", secret.name))
+    })?;
+    let value = if secret.kind == computerd_raft::sm::SecretKind::Totp {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        SecretText::new(crate::vault::totp(clear.expose(), now).map_err(|e| ApiError::new(ErrorKind::Internal, e))?)
+    } else {
+        clear
+    };
+    let mut sent = req.clone();
+    sent.fill = Some(SecretFill { kind: kind.to_string(), origins: secret.origins.clone(), value });
+    Ok(Some((BrowserOp::FillSecret(sent), (secret.owner, secret.name))))
+}
+
+/// Notes a secret's use (its `lastUsedAt`); a failure is logged, the fill stands.
+async fn note_use(state: &AppState, used: Option<UsedSecret>) {
+    let Some((owner, name)) = used else { return };
+    if let Err(e) = propose(state, Command::TouchSecret { owner, name, at_ms: now_ms() }).await {
+        tracing::warn!(error = %e.message, "a secret's use could not be noted");
     }
 }
 
@@ -468,6 +521,16 @@ macro_rules! tool_route {
         }
     };
 }
+
+tool_route!(
+    fill_secret,
+    "/v1/computers/{id}/browser/fill_secret",
+    "browser_fill_secret",
+    FillSecretRequest,
+    FillSecret,
+    "`{\"session\", \"tab\"?, \"ref\", \"secret\", \"submit\"?, \"timeoutMs\"?, \"actionId\"?, …}`: types a vault secret into a password or username field (`password`), a one-time-code field (`totp`: the current code) or a text field (`text`) of a page of one of the secret's origins. A bot needs its grant to name the secret; a member uses its own",
+    "`{\"tab\", \"ref\", \"filled\": name, \"outcome\", \"action\"?}`: never the value; from then on the session's answers, snapshots and screenshots show it masked (`[secret \"name\"]`). 403 `forbidden`: the grant names no such secret, or the page is not on one of its origins; 400: not a field of the secret's kind; 503 `unavailable`: this node holds no data key (not a voter)"
+);
 
 /// `POST /v1/computers/:id/browser/navigate`
 #[utoipa::path(post, path = "/v1/computers/{id}/browser/navigate", operation_id = "browser_navigate", tag = "browser", params(("id" = String, Path)), request_body(content = Object, description = "`{\"session\", \"tab\"?, \"url\", \"timeoutMs\"?}` (http, https, about:blank)"), responses((status = 200, description = "`{\"tab\", \"url\" (the final one), \"title\", \"status\", \"loaded\", \"redirected\", \"timedOut\", \"error\"?, \"dialog\"?, \"downloads\"?}`: a site's 4xx or 5xx is a load with its status; a load not ended within `timeoutMs` is `loaded: false, timedOut: true`; an answer that is a download (`Content-Disposition: attachment`) is no error: the page stays (`loaded: false`) and `downloads` lists it (as for `click`)", body = Object), (status = 400, body = ErrorBody), (status = 404, description = "`not_found`: no such session or tab", body = ErrorBody), (status = 409, description = "`conflict`: a dialog is open on the tab (answer it with `dialog`); `InputBusy`: a person holds the input lease", body = ErrorBody), (status = 422, description = "`ComputerUnsupported`: no browser", body = ErrorBody), (status = 502, description = "`navigation_failed`: no server answered (the name did not resolve, the connection was refused or timed out): the message names the net error and the host", body = ErrorBody)), security(("bearer" = [])))]

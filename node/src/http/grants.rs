@@ -34,6 +34,9 @@ pub struct GrantIn {
     /// then held in the member's name, as a person, once a browser opens the stream). Absent: a
     /// new grant does not allow it, an existing one keeps what it had.
     desktop_control: Option<bool>,
+    /// The secrets of the caller's vault the bot may have filled on this Computer
+    /// (`fill_secret`), by name; each must be in the vault. `[]` removes them. Absent: kept.
+    secrets: Option<Vec<String>>,
 }
 
 /// `PUT …/bots/:botId`: grants the bot the right to use the Computer (idempotent); the body,
@@ -59,6 +62,7 @@ pub async fn put(
         allow_root: b.allow_root,
         paths: b.paths,
         desktop_control: b.desktop_control,
+        secrets: b.secrets,
     };
     propose(&state, cmd).await?;
     state.cluster.read_barrier().await?;

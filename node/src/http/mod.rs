@@ -32,6 +32,7 @@ mod providers;
 mod retention;
 mod runs;
 mod schemas;
+mod secrets;
 mod sessions;
 mod tool_drain;
 mod tools;
@@ -124,6 +125,10 @@ fn groups(seen: &mut dyn FnMut(&[RoutePair])) -> Groups {
         put "/v1/computers/{id}/bots/{bot}" => grants::put,
         get "/v1/computers/{id}/bots/{bot}" => grants::get,
         delete "/v1/computers/{id}/bots/{bot}" => grants::delete,
+        get "/v1/secrets" => secrets::list,
+        put "/v1/secrets/{name}" => secrets::put,
+        get "/v1/secrets/{name}" => secrets::get,
+        delete "/v1/secrets/{name}" => secrets::delete,
         get "/v1/executions/{id}" => executions::get,
         post "/v1/executions/{id}/decision" => executions::decide,
         get "/v1/approvals" => approvals::list,
@@ -205,6 +210,7 @@ fn groups(seen: &mut dyn FnMut(&[RoutePair])) -> Groups {
         post "/v1/computers/{id}/browser/evidence" => browser::evidence,
         post "/v1/computers/{id}/browser/session_status" => browser::session_status,
         post "/v1/computers/{id}/browser/dialog" => browser::dialog,
+        post "/v1/computers/{id}/browser/fill_secret" => browser::fill_secret,
     };
     seen(&pairs);
     // Blobs: the raw bytes stream in and out (their own bound, not axum's default).

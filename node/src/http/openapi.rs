@@ -32,6 +32,7 @@ use super::ports;
 use super::providers;
 use super::retention;
 use super::runs;
+use super::secrets;
 use super::sessions;
 use super::tools;
 
@@ -63,6 +64,7 @@ impl Modify for BearerAuth {
         computers::create, computers::list, computers::get, computers::pause, computers::resume, computers::recreate,
         computers::delete, computers::stop, computers::usage, computers::sandbox, computers::acquire, computers::release,
         grants::put, grants::get, grants::list, grants::delete,
+        secrets::put, secrets::get, secrets::list, secrets::delete,
         delegations::create, delegations::list, delegations::end,
         executions::get, executions::decide,
         events::events,
@@ -79,7 +81,7 @@ impl Modify for BearerAuth {
         runs::turn, runs::claim, runs::get, runs::renew, runs::post_event, runs::finish, runs::cancel, runs::decide, runs::events,
         browser::open, browser::list, browser::close, browser::navigate, browser::snapshot, browser::click,
         browser::hover, browser::type_text, browser::press, browser::select, browser::upload, browser::evidence, browser::screenshot,
-        browser::session_status, browser::dialog, browser::action, browser::decide,
+        browser::session_status, browser::dialog, browser::fill_secret, browser::action, browser::decide,
         desktop_stream::stream, desktop_stream::view, desktop_stream::asset, desktop_stream::websocket,
         ports::put, ports::list, ports::get, ports::delete,
         agent::pair, agent::link,

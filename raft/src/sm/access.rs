@@ -103,6 +103,8 @@ pub(crate) struct GrantChange<'a> {
     pub paths: Option<&'a [String]>,
     /// Whether the bot may ask for a `control` stream of the desktop for its member.
     pub desktop_control: Option<bool>,
+    /// The secrets of the granting member's vault the bot may have filled there.
+    pub secrets: Option<&'a [String]>,
 }
 
 impl State {
@@ -204,11 +206,14 @@ impl State {
         at_ms: u64,
         change: GrantChange<'_>,
     ) -> Result<(), Reject> {
-        let GrantChange { allow_root, paths, desktop_control } = change;
+        let GrantChange { allow_root, paths, desktop_control, secrets } = change;
         let caller = self.caller_by_token_id(by)?;
         self.check_grant_rights(&caller, computer_id, bot_id)?;
         if let Some(paths) = paths {
             check_grant_paths(paths)?;
+        }
+        if let Some(names) = secrets {
+            self.check_grant_secrets(&caller.member.id, names)?;
         }
         if self.bots.get(bot_id).is_some_and(|b| b.archived_at.is_some()) {
             return Err(Reject::new(RejectKind::Invalid, "the bot is archived"));
@@ -229,6 +234,15 @@ impl State {
             && let Some(g) = self.grants.get_mut(computer_id).and_then(|g| g.get_mut(bot_id))
         {
             g.desktop_control = allow;
+        }
+        if let Some(names) = secrets
+            && let Some(g) = self.grants.get_mut(computer_id).and_then(|g| g.get_mut(bot_id))
+        {
+            let mut names = names.to_vec();
+            names.sort();
+            names.dedup();
+            g.secrets_from = (!names.is_empty()).then(|| caller.member.id.clone());
+            g.secrets = names;
         }
         Ok(())
     }
@@ -284,6 +298,8 @@ impl State {
             paths: Vec::new(),
             desktop_control: false,
             via,
+            secrets: Vec::new(),
+            secrets_from: None,
         });
         self.index_grant(computer_id, bot_id);
     }

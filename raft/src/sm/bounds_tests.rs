@@ -79,6 +79,7 @@ fn put_grant(s: &mut State, computer: &str, bot: &str) -> Response {
         at_ms: 2,
         allow_root: None,
         desktop_control: None,
+        secrets: None,
         paths: None,
     })
 }
@@ -229,6 +230,7 @@ fn grants_per_computer_are_capped_on_every_path_that_grants() {
         at_ms: 4,
         allow_root: None,
         desktop_control: None,
+        secrets: None,
         paths: None,
     };
     refused_full(&mut s, put, "hold a grant");

@@ -253,6 +253,41 @@ pub enum Command {
         /// (absent: a new grant does not allow it, an existing one keeps what it had).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         desktop_control: Option<bool>,
+        /// Sets the secrets of the caller's vault the bot may have filled there (absent: kept;
+        /// store version 4).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        secrets: Option<Vec<String>>,
+    },
+    /// Makes or replaces a secret of the caller's vault (store version 4).
+    PutSecret {
+        /// The token id of the caller (a member's).
+        by: String,
+        /// The secret's name.
+        name: String,
+        /// What it holds.
+        kind: super::SecretKind,
+        /// The origins whose pages may receive it.
+        origins: Vec<String>,
+        /// The value sealed under the cluster's data key (never the clear value).
+        sealed: String,
+        /// Unix ms.
+        at_ms: u64,
+    },
+    /// Removes a secret of the caller's vault (store version 4).
+    DeleteSecret {
+        /// The token id of the caller.
+        by: String,
+        /// The secret's name.
+        name: String,
+    },
+    /// Notes a secret's fill (store version 4).
+    TouchSecret {
+        /// The vault's member.
+        owner: String,
+        /// The secret's name.
+        name: String,
+        /// Unix ms.
+        at_ms: u64,
     },
     /// Revokes (or, by the bot itself, releases) a grant.
     DeleteGrant {
@@ -820,6 +855,9 @@ impl Command {
             Command::DecideExecution { .. } => "decide_execution",
             Command::StopComputer { .. } => "stop_computer",
             Command::PutGrant { .. } => "put_grant",
+            Command::PutSecret { .. } => "put_secret",
+            Command::DeleteSecret { .. } => "delete_secret",
+            Command::TouchSecret { .. } => "touch_secret",
             Command::DeleteGrant { .. } => "delete_grant",
             Command::Acquire { .. } => "acquire",
             Command::ExposePort { .. } => "expose_port",

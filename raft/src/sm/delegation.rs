@@ -188,6 +188,7 @@ mod tests {
             at_ms: 2,
             allow_root: None,
             desktop_control: None,
+            secrets: None,
             paths: None,
         }));
         s
@@ -244,6 +245,7 @@ mod tests {
             at_ms: 4,
             allow_root: None,
             desktop_control: None,
+            secrets: None,
             paths: None,
         }));
         let r = rejected(s.apply(&Command::EndDelegation { by: "tok_bot_c".into(), delegation_id: "dlg_x".into() }));

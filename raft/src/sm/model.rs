@@ -369,6 +369,13 @@ pub struct Grant {
     /// the parent's own grant on the Computer. `None` for a grant a member gave or approved.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub via: Option<String>,
+    /// The secrets (by name) the bot may have filled on this Computer (`fill_secret`), from
+    /// the vault of `secrets_from`. Only a member sets them; none by default.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<String>,
+    /// The member whose vault `secrets` name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secrets_from: Option<String>,
 }
 
 /// The four capabilities decided by the decider chain.

@@ -215,6 +215,7 @@ mod tests {
             at_ms: 50,
             allow_root: None,
             desktop_control: None,
+            secrets: None,
             paths: None,
         }));
         s
@@ -307,6 +308,7 @@ mod tests {
             at_ms: 90,
             allow_root: None,
             desktop_control: None,
+            secrets: None,
             paths: None,
         }));
         ok(s.apply(&expose(BOT, "cmp_1", 8001, "http", &hash(2), "apr_10")));

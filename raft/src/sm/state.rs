@@ -149,6 +149,10 @@ pub struct State {
     /// Turns' runs and their events (`runs`).
     #[serde(default)]
     pub runs: super::run_model::RunBook,
+    /// The members' vaults (`secrets`): sealed values only, at most
+    /// `secrets::MAX_SECRETS_PER_MEMBER` per member.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub secrets: super::secrets::Vaults,
     /// The store version each node said it speaks (`versions`), when above 1; at most one per
     /// node id, and a removed node's goes with it.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -388,15 +392,21 @@ impl State {
                 self.decide(by, execution_id, *outcome, reason, *at_ms)
             }
             Command::StopComputer { by, computer_id, at_ms } => self.stop(by, computer_id, *at_ms),
-            Command::PutGrant { by, computer_id, bot_id, at_ms, allow_root, paths, desktop_control } => {
+            Command::PutGrant { by, computer_id, bot_id, at_ms, allow_root, paths, desktop_control, secrets } => {
                 let change = super::access::GrantChange {
                     allow_root: *allow_root,
                     paths: paths.as_deref(),
                     desktop_control: *desktop_control,
+                    secrets: secrets.as_deref(),
                 };
                 self.put_grant(by, computer_id, bot_id, *at_ms, change)
             }
             Command::DeleteGrant { by, computer_id, bot_id } => self.delete_grant(by, computer_id, bot_id),
+            Command::PutSecret { by, name, kind, origins, sealed, at_ms } => {
+                self.put_secret(by, name, *kind, origins, sealed, *at_ms)
+            }
+            Command::DeleteSecret { by, name } => self.delete_secret(by, name),
+            Command::TouchSecret { owner, name, at_ms } => self.touch_secret(owner, name, *at_ms),
             Command::DecideApproval { by, approval_id, approve, at_ms } => {
                 self.decide_approval(by, approval_id, *approve, *at_ms)
             }

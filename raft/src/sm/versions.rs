@@ -16,8 +16,9 @@ use super::State;
 /// Versions: 1, the first gated build; 2, a create's `env`, `resources` and `metadata` (a
 /// Computer record of version 1 has no such fields: an older node would decode the create
 /// and silently drop them, and its replica would differ); 3, the `recreate` lifecycle command
-/// (an older build cannot decode its kind).
-pub const STORE_VERSION: u32 = if cfg!(feature = "upgrade-probe") { 4 } else { 3 };
+/// (an older build cannot decode its kind); 4, the vault (`PutSecret`, `DeleteSecret`,
+/// `TouchSecret`, and a grant's `secrets`).
+pub const STORE_VERSION: u32 = if cfg!(feature = "upgrade-probe") { 5 } else { 4 };
 
 impl Command {
     /// The store version that introduced this command (or, for a command whose newer form
@@ -25,7 +26,9 @@ impl Command {
     pub fn since(&self) -> u32 {
         match self {
             #[cfg(feature = "upgrade-probe")]
-            Command::UpgradeProbe { .. } => 4,
+            Command::UpgradeProbe { .. } => 5,
+            Command::PutSecret { .. } | Command::DeleteSecret { .. } | Command::TouchSecret { .. } => 4,
+            Command::PutGrant { secrets: Some(_), .. } => 4,
             Command::SubmitExecution(s) if s.execution.kind == super::ExecutionKind::Recreate => 3,
             Command::SubmitExecution(s) if s.computer.as_ref().is_some_and(|c| c.has_create_options()) => 2,
             _ => 1,

@@ -423,6 +423,7 @@ fn lists_come_from_the_indexes_a_page_at_a_time_and_grants_follow_the_bot() {
         at_ms: 50,
         allow_root: None,
         desktop_control: None,
+        secrets: None,
         paths: None,
     }));
     assert_eq!(ids(&s, "tok_bot", None, 10).0, ["cmp_1"]);

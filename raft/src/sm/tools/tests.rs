@@ -61,6 +61,7 @@ fn world() -> State {
             bot_id: "bot_1".into(),
             allow_root: None,
             desktop_control: None,
+            secrets: None,
             paths: None,
             at_ms: 1,
         }));
