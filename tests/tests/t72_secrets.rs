@@ -263,6 +263,19 @@ async fn i41_a_bot_signs_in_with_secrets_it_never_sees() {
     let (s, v) = bot.post("fill_secret", json!({"session": sid, "ref": pass, "secret": "site-a"})).await;
     assert!(s == 403 || s == 404, "a revoked grant fills nothing: {s} {v}");
 
+    // The store's whole state, as a backup holds it: the secret is there, sealed only.
+    let backup = reqwest::Client::new()
+        .get(c.url(1, "/v1/admin/backup"))
+        .bearer_auth(&c.token)
+        .send()
+        .await
+        .expect("backup");
+    assert_eq!(backup.status(), 200);
+    let backup = backup.bytes().await.expect("backup bytes");
+    let holds = |needle: &[u8]| backup.windows(needle.len()).any(|w| w == needle);
+    assert!(holds(b"site-a-user") && holds(b"\"sealed\""), "the backup holds the vault's records");
+    assert!(!holds(PASSWORD.as_bytes()) && !holds(b"alice"), "a backup holds sealed values only");
+
     // The password: in nothing the bot received, no node log or data dir, not the agent's log.
     let seen = bot.seen.borrow().join("\n");
     assert!(!seen.contains(PASSWORD), "the bot received the password");
