@@ -115,6 +115,44 @@ enum Cmd {
     /// A Computer's desktop.
     #[command(subcommand)]
     Desktop(Desktop),
+    /// Your vault: secrets a bot may have typed into a site's fields without seeing them.
+    #[command(subcommand)]
+    Secrets(Secrets),
+}
+
+#[derive(Subcommand)]
+enum Secrets {
+    /// Your secrets: names, kinds, origins and times (never a value).
+    Ls,
+    /// Put a secret (made or replaced). The value is asked for on the terminal without echo, or
+    /// read from a file or stdin; never from the command line, where other users could read it.
+    Put {
+        /// Its name (1 to 64 of a-z, 0-9, `.`, `_`, `-`).
+        name: String,
+        /// An origin whose pages may receive it (`https://site-a.example`); repeatable.
+        #[arg(long = "origin", required = true)]
+        origins: Vec<String>,
+        /// `password` (the default), `totp` (a base32 seed) or `text`.
+        #[arg(long)]
+        kind: Option<String>,
+        /// Read the value from this file (`-` for stdin); its last newline is dropped.
+        #[arg(long)]
+        value_file: Option<PathBuf>,
+    },
+    /// Delete a secret.
+    Rm {
+        /// Its name.
+        name: String,
+    },
+    /// Let a bot have secrets filled on a Computer (replaces the list; none removes them).
+    Grant {
+        /// The Computer: its id (`cmp_…`) or its name.
+        computer: String,
+        /// The bot (`bot_…`).
+        bot: String,
+        /// The secrets' names.
+        names: Vec<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -384,6 +422,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Cmd::Ports(cmd) => ports(&c, cmd, json).await,
+        Cmd::Secrets(cmd) => secrets(&c, cmd, json).await,
         Cmd::Desktop(Desktop::Screenshot { computer, output, format }) => {
             let computer = computer_id(&c, &computer).await?;
             let resp = c
@@ -730,6 +769,65 @@ async fn ports(c: &Client, cmd: Ports, json: bool) -> anyhow::Result<i32> {
             let computer = computer_id(c, &computer).await?;
             c.request(Method::DELETE, &format!("/v1/computers/{computer}/ports/{port}"), None).await?;
             show(json, &json!({"closed": port}), |_| format!("port {port} closed"));
+        }
+    }
+    Ok(0)
+}
+
+async fn secrets(c: &Client, cmd: Secrets, json: bool) -> anyhow::Result<i32> {
+    match cmd {
+        Secrets::Ls => {
+            let v = get(c, "/v1/secrets").await?;
+            show(json, &v, |v| {
+                rows(&v["secrets"], |s| {
+                    let origins: Vec<&str> = s["origins"]
+                        .as_array()
+                        .map(|a| a.iter().filter_map(Value::as_str).collect())
+                        .unwrap_or_default();
+                    format!(
+                        "{:<24} {:<8} {}",
+                        s["name"].as_str().unwrap_or(""),
+                        s["kind"].as_str().unwrap_or(""),
+                        origins.join(" ")
+                    )
+                })
+            });
+        }
+        Secrets::Put { name, origins, kind, value_file } => {
+            let value = match value_file {
+                Some(p) if p.as_os_str() == "-" => read_line(&mut std::io::stdin().lock())?,
+                Some(p) => std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))?,
+                None if std::io::stdin().is_terminal() => prompt_hidden(&format!("Value of {name}: "))?,
+                None => read_line(&mut std::io::stdin().lock())?,
+            };
+            let value = value.strip_suffix('\n').unwrap_or(&value);
+            let value = value.strip_suffix('\r').unwrap_or(value);
+            let mut body = json!({"value": value, "origins": origins});
+            if let Some(k) = kind {
+                body["kind"] = json!(k);
+            }
+            let v = c.request(Method::PUT, &format!("/v1/secrets/{}", esc(&name)), Some(&body)).await?;
+            show(json, &v, |v| {
+                format!("{} ({}) kept, sealed", v["name"].as_str().unwrap_or(""), v["kind"].as_str().unwrap_or(""))
+            });
+        }
+        Secrets::Rm { name } => {
+            c.request(Method::DELETE, &format!("/v1/secrets/{}", esc(&name)), None).await?;
+            show(json, &json!({"deleted": name}), |_| format!("{name} deleted"));
+        }
+        Secrets::Grant { computer, bot, names } => {
+            let computer = computer_id(c, &computer).await?;
+            let path = format!("/v1/computers/{computer}/bots/{}", esc(&bot));
+            let v = c.request(Method::PUT, &path, Some(&json!({"secrets": names}))).await?;
+            show(json, &v, |v| {
+                let names: Vec<&str> =
+                    v["secrets"].as_array().map(|a| a.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
+                if names.is_empty() {
+                    format!("{bot} may have no secret filled on {computer}")
+                } else {
+                    format!("{bot} may have {} filled on {computer}", names.join(", "))
+                }
+            });
         }
     }
     Ok(0)

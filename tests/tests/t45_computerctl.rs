@@ -230,3 +230,54 @@ async fn t10_login_exec_it_cp_and_a_lost_create_answer() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("an own machine is not recreated"), "{err}");
 }
+
+/// Issue 41: `computerctl secrets` puts a value asked for on the terminal without echoing it
+/// (or read from stdin), lists metadata only, names secrets in a bot's grant (an unknown name
+/// is refused), and deletes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i41_secrets_from_the_terminal_never_echoed() {
+    let c = TestCluster::start(1).await;
+    let (id, _code) = paired_computer(&c, "vaulted").await;
+    let home = c.dir.path().join("ctl-home");
+    let mut t = Pty::spawn(ctl(&home, &["login", "--url", &c.url(1, "")]));
+    t.expect("Token: ", T);
+    t.send(format!("{}\r", c.token).as_bytes());
+    t.expect("logged in to", T);
+    assert_eq!(t.wait(T), 0);
+
+    let mut t = Pty::spawn(ctl(&home, &["secrets", "put", "site-a", "--origin", "https://site-a.example"]));
+    t.expect("Value of site-a: ", T);
+    t.send(b"typed-but-never-shown\r");
+    t.expect("kept, sealed", T);
+    assert_eq!(t.wait(T), 0);
+    assert!(!t.screen().contains("typed-but-never-shown"), "the value was echoed: {}", t.screen());
+    let mut put = ctl(
+        &home,
+        &["secrets", "put", "otp", "--origin", "https://site-a.example", "--kind", "totp", "--value-file", "-"],
+    );
+    let mut child =
+        put.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).spawn().expect("spawn");
+    use std::io::Write;
+    child.stdin.take().expect("stdin").write_all(b"GEZDGNBVGY3TQOJQGEZDGNBVGY3TQOJQ\n").expect("write");
+    assert!(child.wait_with_output().expect("wait").status.success());
+
+    let out = ctl(&home, &["secrets", "ls"]).output().expect("run");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("site-a") && text.contains("password") && text.contains("otp"), "{text}");
+    assert!(!text.contains("typed-but-never-shown") && !text.contains("GEZDGNBV"), "metadata only: {text}");
+
+    let (s, bot) = c.call(Method::POST, 1, "/v1/bots", &c.token, Some(json!({"name": "filler"}))).await;
+    assert_eq!(s, 201, "{bot}");
+    let bot = bot["id"].as_str().expect("bot").to_string();
+    let out = ctl(&home, &["secrets", "grant", &id, &bot, "site-a", "nope"]).output().expect("run");
+    assert_ne!(out.status.code(), Some(0), "an unknown secret is refused");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nope"), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = ctl(&home, &["secrets", "grant", &id, &bot, "site-a", "otp"]).output().expect("run");
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let (_, g) = c.call(Method::GET, 1, &format!("/v1/computers/{id}/bots/{bot}"), &c.token, None).await;
+    assert_eq!(g["secrets"], json!(["otp", "site-a"]), "{g}");
+    let out = ctl(&home, &["secrets", "rm", "otp"]).output().expect("run");
+    assert_eq!(out.status.code(), Some(0));
+    let (_, v) = c.call(Method::GET, 1, "/v1/secrets", &c.token, None).await;
+    assert_eq!(v["secrets"].as_array().map(Vec::len), Some(1), "{v}");
+}

@@ -264,12 +264,8 @@ async fn i41_a_bot_signs_in_with_secrets_it_never_sees() {
     assert!(s == 403 || s == 404, "a revoked grant fills nothing: {s} {v}");
 
     // The store's whole state, as a backup holds it: the secret is there, sealed only.
-    let backup = reqwest::Client::new()
-        .get(c.url(1, "/v1/admin/backup"))
-        .bearer_auth(&c.token)
-        .send()
-        .await
-        .expect("backup");
+    let backup =
+        reqwest::Client::new().get(c.url(1, "/v1/admin/backup")).bearer_auth(&c.token).send().await.expect("backup");
     assert_eq!(backup.status(), 200);
     let backup = backup.bytes().await.expect("backup bytes");
     let holds = |needle: &[u8]| backup.windows(needle.len()).any(|w| w == needle);
