@@ -567,6 +567,26 @@ async fn plain_click_since(log: &Path, start: u64) -> Result<Duration> {
 /// log of the page's report of the click (the handler runs, then `fetch('/event')`; the server
 /// stamps the event with its monotonic clock).
 async fn clicks(b: &Browser, raw: &Raw, corpus: &Site, samples: usize) -> Result<Value> {
+    let mut doc = clicks_in_a_session(b, raw, corpus, samples).await?;
+    // The same without the wire guard (a test switch; the agent always runs it): what the
+    // guard's new upstream connection per request adds to the page's own report of the click.
+    eprintln!("click again, the session without its wire guard…");
+    b.set_wire_guard(false);
+    let unguarded = clicks_in_a_session(b, raw, corpus, samples).await;
+    b.set_wire_guard(true);
+    let unguarded = unguarded?;
+    println!(
+        "without the wire guard: click by ref p50 {:.2} ms, {:.2}x the floor in that run (with it: {:.2} ms, {:.2}x)",
+        unguarded["pair"]["api"]["p50Ms"].as_f64().unwrap_or(f64::NAN),
+        unguarded["overFloor"].as_f64().unwrap_or(f64::NAN),
+        doc["pair"]["api"]["p50Ms"].as_f64().unwrap_or(f64::NAN),
+        doc["overFloor"].as_f64().unwrap_or(f64::NAN),
+    );
+    doc["withoutWireGuard"] = unguarded;
+    Ok(doc)
+}
+
+async fn clicks_in_a_session(b: &Browser, raw: &Raw, corpus: &Site, samples: usize) -> Result<Value> {
     let url = format!("{}/", corpus.url);
     let log = corpus.state.join("events.jsonl");
     let opened = ours(b, json!({"op": "open", "args": {"url": url}})).await?.1;
@@ -657,8 +677,7 @@ async fn clicks_on(b: &Browser, sid: &str, raw: &Raw, url: &str, log: &Path, sam
         },
     )
     .await?;
-    let floor =
-        floor_rec.into_inner().summary("floor: a checked click in raw CDP (resolve, hit test, move+press, release)");
+    let floor = floor_rec.into_inner().summary("floor: the same CDP calls from the bench (checks, hit test, input)");
     let pair = Pair {
         part: "3",
         api: ka.summary("ours: click by ref (no actionId), to the server's log"),
@@ -696,22 +715,36 @@ async fn clicks_on(b: &Browser, sid: &str, raw: &Raw, url: &str, log: &Path, sam
     )
 }
 
-/// The least a click that checks its target does in raw CDP (the floor of part 3): the element
-/// resolved from its backend node id (what a ref holds), one page call for its centre and the hit
-/// test there (the element or one inside it), then the move and the press sent together and the
-/// release after the press. No role-and-name check, no frames, no scroll: less than ours does.
+/// The floor of part 3: the CDP calls a click by ref makes, in the same shape, straight from the
+/// bench with nothing of ours on the path: the tab list beside the element's resolution from its
+/// backend node id (what a ref holds); then, together, the document check (`Page.getFrameTree`),
+/// the element still attached, its role and name (`Accessibility.getPartialAXTree`) and one page
+/// call for its centre and the hit test there; then the move and the press together, and the
+/// release after the press. What ours adds over it is its own code: parsing, locks, checks.
 async fn checked_raw_click(raw: &Raw, backend: i64) -> Result<()> {
-    let resolved = raw.call("DOM.resolveNode", json!({"backendNodeId": backend})).await?;
+    let (targets, resolved) = tokio::join!(
+        raw.browser_call("Target.getTargets", json!({})),
+        raw.call("DOM.resolveNode", json!({"backendNodeId": backend}))
+    );
+    targets?;
+    let resolved = resolved?;
     let object = resolved["object"]["objectId"].as_str().context("DOM.resolveNode: no objectId")?;
-    let point = raw
-        .call(
+    let on = |f: &str| json!({"objectId": object, "returnByValue": true, "functionDeclaration": f});
+    let (tree, connected, ax, point) = tokio::join!(
+        raw.call("Page.getFrameTree", json!({})),
+        raw.call("Runtime.callFunctionOn", on("function() { return this.isConnected; }")),
+        raw.call("Accessibility.getPartialAXTree", json!({"backendNodeId": backend, "fetchRelatives": false})),
+        raw.call(
             "Runtime.callFunctionOn",
-            json!({"objectId": object, "returnByValue": true, "functionDeclaration": "function() { \
-                const r = this.getBoundingClientRect(); const x = r.x + r.width / 2, y = r.y + r.height / 2; \
-                const h = document.elementFromPoint(x, y); \
-                return h && (h === this || this.contains(h)) ? [x, y] : null; }"}),
+            on("function() { const r = this.getBoundingClientRect(); const x = r.x + r.width / 2, y = r.y + r.height / 2; \
+                const h = document.elementFromPoint(x, y); return h && (h === this || this.contains(h)) ? [x, y] : null; }")
         )
-        .await?;
+    );
+    tree?;
+    if connected?["result"]["value"] != true || ax?["nodes"].as_array().is_none_or(Vec::is_empty) {
+        bail!("the floor's checks failed");
+    }
+    let point = point?;
     let at = &point["result"]["value"];
     let (x, y) = (
         at[0].as_f64().context("the floor's hit test missed")?,
