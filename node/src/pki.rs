@@ -171,22 +171,11 @@ pub async fn run_revocations(cluster: Cluster, pki: Arc<Pki>, mut stop: watch::R
 /// at half-life (here with the CA's key, or through the leader with its current certificate).
 pub async fn run_upkeep(cluster: Cluster, pki: Arc<Pki>, every: Duration, mut stop: watch::Receiver<bool>) {
     while computerd_actors::tick(every, &mut stop).await {
+        if let Err(e) = ca_key_now(&cluster, &pki).await {
+            tracing::debug!(error = %e, "cannot fetch the CA's key yet");
+        }
         let view = cluster.view();
         let leader = view.leader_id.and_then(|l| view.members.iter().find(|m| m.id == l)).map(|m| m.addr.grpc.clone());
-        let voter = view.members.iter().any(|m| m.id == cluster.id() && m.voter);
-        if !pki.signs()
-            && voter
-            && let Some(addr) = &leader
-            && view.leader_id != Some(cluster.id())
-        {
-            match fetch_ca_key(&cluster, addr).await {
-                Ok(pem) => match pki.set_ca_key(&pem) {
-                    Ok(()) => tracing::info!("this voter now holds the CA's key"),
-                    Err(e) => tracing::warn!(error = %e, "the CA's key received is not the cluster's"),
-                },
-                Err(e) => tracing::debug!(error = %e, "cannot fetch the CA's key yet"),
-            }
-        }
         if pki.renew_due() {
             let renewed = if pki.signs() {
                 pki.renew_here().map_err(|e| e.to_string())
@@ -199,6 +188,34 @@ pub async fn run_upkeep(cluster: Cluster, pki: Arc<Pki>, every: Duration, mut st
                 Ok(()) => tracing::info!(not_after = pki.not_after(), "renewed this node's certificate"),
                 Err(e) => tracing::warn!(error = %e, "cannot renew this node's certificate yet"),
             }
+        }
+    }
+}
+
+/// Makes sure this node holds the CA's key when it is a voter: fetched from the leader now if it
+/// does not yet (the upkeep does it on its own schedule; the vault needs it at once). A node
+/// that is not a voter never gets it.
+pub(crate) async fn ca_key_now(cluster: &Cluster, pki: &Pki) -> Result<(), String> {
+    if pki.signs() {
+        return Ok(());
+    }
+    let view = cluster.view();
+    if !view.members.iter().any(|m| m.id == cluster.id() && m.voter) {
+        return Err("this node is not a voter".into());
+    }
+    let leader = view.leader_id.and_then(|l| view.members.iter().find(|m| m.id == l)).map(|m| m.addr.grpc.clone());
+    let Some(addr) = leader.filter(|_| view.leader_id != Some(cluster.id())) else {
+        return Err("no other leader to fetch the CA's key from".into());
+    };
+    let pem = fetch_ca_key(cluster, &addr).await?;
+    match pki.set_ca_key(&pem) {
+        Ok(()) => {
+            tracing::info!("this voter now holds the CA's key");
+            Ok(())
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "the CA's key received is not the cluster's");
+            Err(e.to_string())
         }
     }
 }

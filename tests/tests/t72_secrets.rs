@@ -283,3 +283,17 @@ async fn i41_a_bot_signs_in_with_secrets_it_never_sees() {
     assert!(!all.is_empty(), "the agent logs to the container's output");
     assert!(!all.windows(PASSWORD.len()).any(|w| w == PASSWORD.as_bytes()), "the agent's log holds the password");
 }
+
+/// A voter that joined a moment ago has not fetched the CA's key yet (its upkeep does that on
+/// its own schedule); it fetches it when the vault first needs it, so every voter seals at once.
+#[tokio::test]
+async fn i41_every_voter_seals_from_the_start() {
+    let c = TestCluster::start(3).await;
+    for node in [3u64, 2, 1] {
+        let body = json!({"value": format!("value-of-{node}"), "origins": ["https://site.example"]});
+        let (s, v) = c.call(Method::PUT, node, &format!("/v1/secrets/from-{node}"), &c.token, Some(body)).await;
+        assert_eq!(s, 200, "node {node}: {v}");
+    }
+    let (s, v) = c.call(Method::GET, 2, "/v1/secrets", &c.token, None).await;
+    assert_eq!((s, v["secrets"].as_array().map(Vec::len)), (200, Some(3)), "{v}");
+}

@@ -230,7 +230,7 @@ async fn tool(state: &AppState, auth: Auth, id: &str, op: BrowserOp) -> Result<(
     check_has_desktop(state, &caller, id)?;
     // A fill_secret goes out with its secret opened here, the node that holds the link; the
     // record keeps the request as the caller sent it (the secret's name only).
-    let opened = open_secret(state, &caller, id, &op)?;
+    let opened = open_secret(state, &caller, id, &op).await?;
     let sent_op = opened.as_ref().map(|(op, _)| op).unwrap_or(&op);
     let used = opened.as_ref().map(|(_, used)| used.clone());
     let meta = op.action().filter(|m| m.action_id.is_some());
@@ -378,7 +378,7 @@ type UsedSecret = (String, String);
 /// For a `fill_secret`: the op with its secret opened (the one-time code for a TOTP seed),
 /// after the caller's right to it is checked on this node's current state, and the secret
 /// (vault, name) to note as used. `None` for any other tool.
-fn open_secret(
+async fn open_secret(
     state: &AppState,
     caller: &Caller,
     id: &str,
@@ -389,7 +389,7 @@ fn open_secret(
         return Err(ApiError::invalid("`fill` is the node's: name the secret with `secret`"));
     }
     let secret = state.cluster.state().read(|s| s.secret_for_fill(caller, id, &req.secret).cloned())?;
-    let key = super::secrets::data_key(state)?;
+    let key = super::secrets::data_key(state).await?;
     let kind = secret.kind.as_str();
     let clear = key.open(&secret.owner, &secret.name, kind, &secret.sealed).map_err(|e| {
         ApiError::new(ErrorKind::Internal, format!("the secret {:?} could not be opened: {e}", secret.name))

@@ -68,8 +68,17 @@ pub fn parse_kind(kind: Option<&str>) -> Result<SecretKind, ApiError> {
     }
 }
 
-/// The data key of this node, or `503 unavailable` saying why not.
-pub fn data_key(state: &AppState) -> Result<DataKey, ApiError> {
+/// The data key of this node, or `503 unavailable` saying why not. A voter that has not fetched
+/// the CA's key yet (just joined or promoted) fetches it now.
+pub async fn data_key(state: &AppState) -> Result<DataKey, ApiError> {
+    if let Err(e) = crate::pki::ca_key_now(&state.cluster, &state.pki).await {
+        return Err(ApiError::new(
+            ErrorKind::Unavailable,
+            format!(
+                "this node holds no data key, so it cannot seal or open secrets ({e}): use a voter (see docs/secrets.md)"
+            ),
+        ));
+    }
     DataKey::of_node(&state.pki).map_err(|e| ApiError::new(ErrorKind::Unavailable, e))
 }
 
@@ -108,7 +117,8 @@ pub async fn put(
     for o in &b.origins {
         computerd_raft::sm::check_secret_origin(o)?;
     }
-    let sealed = data_key(&state)?
+    let sealed = data_key(&state)
+        .await?
         .seal(&caller.member.id, &name, kind.as_str(), &b.value)
         .map_err(|e| ApiError::new(ErrorKind::Internal, e))?;
     drop(b.value);
