@@ -4,6 +4,7 @@
 //! Used by the integration tests in `tests/tests/` and by the benchmarks in `bench/`.
 
 pub mod agent;
+pub mod browser;
 pub mod chromium;
 pub mod cluster;
 pub mod ctl;

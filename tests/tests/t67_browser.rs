@@ -14,11 +14,9 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use computerd_tests::TestCluster;
 use computerd_tests::agent::wait_state;
-use computerd_tests::docker::Containers;
-use computerd_tests::docker::DESKTOP_IMAGE;
-use computerd_tests::docker::IMAGE;
-use computerd_tests::docker::docker_provider;
-use computerd_tests::docker::ensure_desktop_image;
+use computerd_tests::browser::desktop_computer;
+use computerd_tests::browser::find;
+use computerd_tests::browser::start_site;
 use computerd_tests::rfb::Viewer;
 use computerd_tests::wait::wait_for;
 use reqwest::Method;
@@ -26,7 +24,6 @@ use serde_json::Value;
 use serde_json::json;
 use sha2::Digest;
 
-const SITE: &str = include_str!("../fixtures/browser_site.py");
 const REPORT: &str = "%PDF-1.4\n% quarterly report for project B\n";
 
 struct Api<'a> {
@@ -71,46 +68,15 @@ impl Api<'_> {
     }
 }
 
-fn find(snap: &Value, role: &str, name: &str) -> String {
-    snap["elements"]
-        .as_array()
-        .and_then(|a| a.iter().find(|e| e["role"] == role && e["name"] == name))
-        .and_then(|e| e["ref"].as_str())
-        .unwrap_or_else(|| panic!("no {role} {name:?} in:\n{}", snap["text"].as_str().unwrap_or_default()))
-        .to_string()
-}
-
 #[tokio::test]
 async fn t10_a_bot_uploads_a_report_through_the_browser() {
-    ensure_desktop_image();
     let c = TestCluster::start(1).await;
-    let templates = json!({"templates": {
-        "default": {"image": IMAGE, "cpus": 1.0, "memoryMb": 512, "pids": 256},
-        "desktop": {"image": DESKTOP_IMAGE, "cpus": 1.0, "memoryMb": 1536, "pids": 1024},
-    }});
-    let provider = docker_provider(&c, templates).await;
-    let mut cleanup = Containers::default();
-    let body = json!({"commandKey": "web", "name": "web", "desktop": true, "source": {"_tag": "Provider", "provider": provider}});
-    let (s, v) = c.call(Method::POST, 1, "/v1/computers", &c.token, Some(body)).await;
-    assert_eq!(s, 202, "{v}");
-    let id = v["resource"]["id"].as_str().expect("id").to_string();
-    cleanup.track(&id);
-    wait_state(&c, &id, "running").await;
+    let (id, _cleanup) = desktop_computer(&c, "web").await;
     let api = Api { c: &c, id: id.clone() };
 
-    // The site, inside the sandbox (its network is the host's: port 0, told back).
-    api.put_file("browser_site.py", SITE).await;
+    // The site, inside the sandbox.
     api.put_file("report.pdf", REPORT).await;
-    let (s, v) =
-        api.post(&c.token, "sessions", json!({"command": "python3 browser_site.py 0 site", "yieldTimeMs": 5000})).await;
-    assert_eq!(s, 200, "{v}");
-    let out = v["output"].as_str().unwrap_or_default();
-    let port: u16 = out
-        .lines()
-        .find_map(|l| l.strip_prefix("listening on "))
-        .and_then(|p| p.trim().parse().ok())
-        .unwrap_or_else(|| panic!("the site did not start: {v}"));
-    let site = format!("http://127.0.0.1:{port}");
+    let site = start_site(&c, &id).await;
 
     // A bot with a grant drives the browser.
     let bot = c.create_bot(1, "web-bot").await.expect("bot").1["id"].as_str().expect("bot id").to_string();

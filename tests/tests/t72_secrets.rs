@@ -12,17 +12,13 @@
 //!   log and snapshots: sealed values only), and not in the agent's log.
 
 use computerd_tests::TestCluster;
-use computerd_tests::agent::wait_state;
-use computerd_tests::docker::Containers;
-use computerd_tests::docker::DESKTOP_IMAGE;
-use computerd_tests::docker::IMAGE;
-use computerd_tests::docker::docker_provider;
-use computerd_tests::docker::ensure_desktop_image;
+use computerd_tests::browser::desktop_computer;
+use computerd_tests::browser::find;
+use computerd_tests::browser::start_site;
 use reqwest::Method;
 use serde_json::Value;
 use serde_json::json;
 
-const SITE: &str = include_str!("../fixtures/browser_site.py");
 /// The site's password (`browser_site.py`'s account alice / wonderland).
 const PASSWORD: &str = "wonderland";
 
@@ -50,15 +46,6 @@ impl Bot<'_> {
     }
 }
 
-fn find(snap: &Value, role: &str, name: &str) -> String {
-    snap["elements"]
-        .as_array()
-        .and_then(|a| a.iter().find(|e| e["role"] == role && e["name"] == name))
-        .and_then(|e| e["ref"].as_str())
-        .unwrap_or_else(|| panic!("no {role} {name:?} in:\n{}", snap["text"].as_str().unwrap_or_default()))
-        .to_string()
-}
-
 /// Files under `dir` whose bytes hold `needle`.
 fn files_holding(dir: &std::path::Path, needle: &[u8]) -> Vec<String> {
     let mut hits = Vec::new();
@@ -83,43 +70,9 @@ fn files_holding(dir: &std::path::Path, needle: &[u8]) -> Vec<String> {
 
 #[tokio::test]
 async fn i41_a_bot_signs_in_with_secrets_it_never_sees() {
-    ensure_desktop_image();
     let c = TestCluster::start(1).await;
-    let templates = json!({"templates": {
-        "default": {"image": IMAGE, "cpus": 1.0, "memoryMb": 512, "pids": 256},
-        "desktop": {"image": DESKTOP_IMAGE, "cpus": 1.0, "memoryMb": 1536, "pids": 1024},
-    }});
-    let provider = docker_provider(&c, templates).await;
-    let mut cleanup = Containers::default();
-    let body = json!({"commandKey": "vault", "name": "vault", "desktop": true, "source": {"_tag": "Provider", "provider": provider}});
-    let (s, v) = c.call(Method::POST, 1, "/v1/computers", &c.token, Some(body)).await;
-    assert_eq!(s, 202, "{v}");
-    let id = v["resource"]["id"].as_str().expect("id").to_string();
-    cleanup.track(&id);
-    wait_state(&c, &id, "running").await;
-
-    // The site, inside the sandbox (its network is the host's: port 0, told back).
-    let (s, v) = c
-        .call(
-            Method::PUT,
-            1,
-            &format!("/v1/computers/{id}/files?path=browser_site.py"),
-            &c.token,
-            Some(json!({"content": SITE})),
-        )
-        .await;
-    assert_eq!(s, 200, "{v}");
-    let start = json!({"command": "python3 browser_site.py 0 site", "yieldTimeMs": 5000});
-    let (s, v) = c.call(Method::POST, 1, &format!("/v1/computers/{id}/sessions"), &c.token, Some(start)).await;
-    assert_eq!(s, 200, "{v}");
-    let port: u16 = v["output"]
-        .as_str()
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("listening on "))
-        .and_then(|p| p.trim().parse().ok())
-        .unwrap_or_else(|| panic!("the site did not start: {v}"));
-    let site = format!("http://127.0.0.1:{port}");
+    let (id, _cleanup) = desktop_computer(&c, "vault").await;
+    let site = start_site(&c, &id).await;
 
     // The member's vault: write-only.
     let put = |name: &str, body: Value| {

@@ -230,9 +230,8 @@ async fn tool(state: &AppState, auth: Auth, id: &str, op: BrowserOp) -> Result<(
     check_has_desktop(state, &caller, id)?;
     // A fill_secret goes out with its secret opened here, the node that holds the link; the
     // record keeps the request as the caller sent it (the secret's name only).
-    let opened = open_secret(state, &caller, id, &op).await?;
-    let sent_op = opened.as_ref().map(|(op, _)| op).unwrap_or(&op);
-    let used = opened.as_ref().map(|(_, used)| used.clone());
+    let (opened, used) = open_secret(state, &caller, id, &op).await?.unzip();
+    let sent_op = opened.as_ref().unwrap_or(&op);
     let meta = op.action().filter(|m| m.action_id.is_some());
     let Some(meta) = meta else {
         let (mut json, image) = send(state, &caller, id, sent_op, write).await?;

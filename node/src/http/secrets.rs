@@ -134,7 +134,7 @@ pub async fn put(
         },
     )
     .await?;
-    let s = state.cluster.state().read(|s| s.secrets.get(&caller.member.id).and_then(|v| v.get(&name)).map(view));
+    let s = state.cluster.state().read(|s| s.secret(&caller.member.id, &name).map(view));
     s.map(Json).ok_or_else(|| ApiError::not_found("no such secret"))
 }
 
@@ -152,7 +152,7 @@ pub async fn list(State(state): State<AppState>, auth: Auth) -> Result<Json<Valu
 pub async fn get(State(state): State<AppState>, auth: Auth, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
     let caller = auth.current(&state).await?;
     member_only(&caller)?;
-    let s = state.cluster.state().read(|s| s.secrets.get(&caller.member.id).and_then(|v| v.get(&name)).map(view));
+    let s = state.cluster.state().read(|s| s.secret(&caller.member.id, &name).map(view));
     s.map(Json).ok_or_else(|| ApiError::not_found(format!("no secret named {name:?} in your vault")))
 }
 

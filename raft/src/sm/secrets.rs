@@ -200,7 +200,7 @@ impl State {
         }
         for n in names {
             check_name(n)?;
-            if !self.secrets.get(member_id).is_some_and(|v| v.contains_key(n)) {
+            if self.secret(member_id, n).is_none() {
                 return Err(Reject::new(
                     RejectKind::NotFound,
                     format!("no secret named {n:?} in your vault: PUT /v1/secrets/{n} first"),
@@ -208,6 +208,11 @@ impl State {
             }
         }
         Ok(())
+    }
+
+    /// A secret of `member_id`'s vault.
+    pub fn secret(&self, member_id: &str, name: &str) -> Option<&Secret> {
+        self.secrets.get(member_id).and_then(|v| v.get(name))
     }
 
     /// The caller's own secrets (metadata and sealed value; the API shows the metadata only).
@@ -238,9 +243,7 @@ impl State {
                 }
             }
         };
-        self.secrets
-            .get(owner)
-            .and_then(|v| v.get(name))
+        self.secret(owner, name)
             .ok_or_else(|| Reject::new(RejectKind::NotFound, format!("no secret named {name:?} in the vault")))
     }
 }
