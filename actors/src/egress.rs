@@ -41,74 +41,7 @@ pub const BLOCKED_V6: [&str; 2] = ["fc00::/7", "fe80::/10"];
 /// The comment that marks an agent-port rule (kept when another provider refills the chain).
 const AGENT_MARK: &str = "computerd-agent";
 
-/// An IP range.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Cidr {
-    /// The range's first address.
-    pub addr: IpAddr,
-    /// Its prefix length.
-    pub prefix: u8,
-}
-
-impl std::fmt::Display for Cidr {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.addr, self.prefix)
-    }
-}
-
-impl Cidr {
-    /// Parses `address/prefix` (the address must be the range's first, no host bits set).
-    pub fn parse(s: &str) -> Result<Cidr, String> {
-        let (a, p) = s.split_once('/').ok_or_else(|| format!("{s:?} is not a CIDR range (address/prefix)"))?;
-        let addr: IpAddr = a.parse().map_err(|_| format!("{s:?}: {a:?} is not an IP address"))?;
-        let max = if addr.is_ipv4() { 32 } else { 128 };
-        let prefix: u8 = p
-            .parse()
-            .ok()
-            .filter(|p| *p <= max)
-            .ok_or_else(|| format!("{s:?}: the prefix must be a number from 0 to {max}"))?;
-        let c = Cidr { addr, prefix };
-        if c.first() != addr {
-            return Err(format!("{s:?} has host bits set: did you mean {}?", Cidr { addr: c.first(), prefix }));
-        }
-        Ok(c)
-    }
-
-    fn bits(addr: IpAddr) -> (u128, u8) {
-        match addr {
-            IpAddr::V4(a) => (u32::from(a) as u128, 32),
-            IpAddr::V6(a) => (u128::from(a), 128),
-        }
-    }
-
-    fn mask(&self) -> u128 {
-        let (_, width) = Cidr::bits(self.addr);
-        let all = if width == 32 { u32::MAX as u128 } else { u128::MAX };
-        if self.prefix == 0 { 0 } else { all & !(all >> self.prefix) }
-    }
-
-    fn first(&self) -> IpAddr {
-        let (v, _) = Cidr::bits(self.addr);
-        match self.addr {
-            IpAddr::V4(_) => IpAddr::V4(((v & self.mask()) as u32).into()),
-            IpAddr::V6(_) => IpAddr::V6((v & self.mask()).into()),
-        }
-    }
-
-    /// Whether `ip` is in the range.
-    pub fn contains(&self, ip: IpAddr) -> bool {
-        ip.is_ipv4() == self.addr.is_ipv4() && (Cidr::bits(ip).0 & self.mask()) == Cidr::bits(self.addr).0
-    }
-
-    /// Whether the whole of `other` is in this range.
-    pub fn covers(&self, other: &Cidr) -> bool {
-        other.prefix >= self.prefix && self.contains(other.addr)
-    }
-
-    fn is_v4(&self) -> bool {
-        self.addr.is_ipv4()
-    }
-}
+pub use computerd_proto::egress::Cidr;
 
 /// Every blocked range.
 pub fn blocked() -> Vec<Cidr> {

@@ -8,6 +8,7 @@ pub mod channel;
 pub mod deadline;
 pub mod desktop;
 pub mod durable;
+pub mod egress;
 mod error;
 pub mod mcp;
 pub mod mux;
