@@ -15,7 +15,9 @@
 #      bookworm-security, when the host uses them) and install, without recommends: python3
 #      with pip and venv, nodejs and npm, git, curl, wget, ca-certificates, build-essential, jq,
 #      ripgrep, unzip, zip, procps, util-linux (setsid), less, vim-tiny and nano,
-#      openssh-client, sqlite3, openssl, netbase, tzdata. A dpkg filter
+#      openssh-client, sqlite3, openssl, netbase, tzdata, and iptables (for the egress gateway,
+#      which runs the same image with NET_ADMIN; a sandbox has no NET_ADMIN, so its own
+#      iptables can change nothing). A dpkg filter
 #      (/etc/dpkg/dpkg.cfg.d/computerd-slim, kept in the image) leaves out docs (except
 #      copyright files), man/info pages and translations other than English;
 #   3. the same dead weight is deleted from the debootstrap'd base packages, plus apt lists and
@@ -80,6 +82,7 @@ PACKAGES=(
     build-essential
     jq ripgrep unzip zip sqlite3
     tzdata
+    iptables
 )
 
 AGENT=""
@@ -443,6 +446,7 @@ smoke '^curl [0-9]' curl --version
 smoke '^GNU Wget' wget --version
 smoke '^ripgrep [0-9]' rg --version
 smoke '^jq-' jq --version
+smoke '^iptables v1' iptables --version
 smoke '^[0-9]+\.[0-9]+' sqlite3 --version
 smoke '^setsid from util-linux' setsid --version
 smoke '^OpenSSH' ssh -V

@@ -239,6 +239,7 @@ impl ComputerActorState {
                             env: computer.env.clone(),
                             resources: computer.resources,
                             metadata: computer.metadata.clone(),
+                            egress: computer.egress.clone(),
                         }
                     };
                     match exe.kind {

@@ -425,6 +425,7 @@ mod tests {
             env: Default::default(),
             resources: None,
             metadata: Default::default(),
+            egress: None,
         };
         let b = p.create_body(&spec);
         assert_eq!(b["snapshot"], "snap");

@@ -75,7 +75,11 @@ use crate::provider::Provider;
 use crate::provider::ProviderError;
 use crate::provider::SandboxInfo;
 
+mod gateway;
 mod template_check;
+pub use gateway::LABEL_GATEWAY;
+pub use gateway::NO_GATEWAY;
+pub use gateway::gateway_name;
 pub use template_check::TEMPLATE_INVALID;
 
 /// The image used when no template names one.
@@ -141,6 +145,10 @@ pub struct Template {
     /// container; a recreate onto a template with the volume migrates it).
     #[serde(default = "default_true")]
     pub runtime_volume: bool,
+    /// Static names of the template's sandboxes, name → IP address (Docker's extra hosts; an
+    /// egress gateway resolves them itself).
+    #[serde(default)]
+    pub hosts: std::collections::BTreeMap<String, String>,
 }
 
 fn default_true() -> bool {
@@ -166,6 +174,7 @@ impl Template {
             pids: default_pids(),
             allow_private: Vec::new(),
             runtime_volume: true,
+            hosts: Default::default(),
         }
     }
 
@@ -177,6 +186,7 @@ impl Template {
             pids: default_pids(),
             allow_private: Vec::new(),
             runtime_volume: true,
+            hosts: Default::default(),
         }
     }
 }
@@ -277,6 +287,17 @@ impl DockerConfig {
                 }
                 crate::egress::parse_allowed(&t.allow_private)
                     .map_err(|e| format!("docker provider config: template {name:?}: allowPrivate: {e}"))?;
+            }
+            if t.hosts.len() > 64 {
+                return Err(format!("docker provider config: template {name:?}: hosts names at most 64 names"));
+            }
+            for (host, ip) in &t.hosts {
+                let named = matches!(computerd_proto::egress::Target::parse(host), Ok(computerd_proto::egress::Target::Name(_)));
+                if !named || ip.parse::<std::net::IpAddr>().is_err() {
+                    return Err(format!(
+                        "docker provider config: template {name:?}: hosts maps host names to IP addresses, not {host:?} to {ip:?}"
+                    ));
+                }
             }
             let ok = !t.image.is_empty()
                 && t.cpus > 0.0
@@ -848,6 +869,9 @@ impl DockerProvider {
                 memory: Some((memory_mb as i64) << 20),
                 pids_limit: Some(t.pids as i64),
                 network_mode: Some(network.to_string()),
+                // A sandbox behind a gateway shares the gateway's /etc/hosts (Docker refuses
+                // extra hosts with another container's network).
+                extra_hosts: (!network.starts_with("container:")).then(|| gateway::extra_hosts(&t.hosts)),
                 init: Some(true),
                 binds,
                 mounts: t.runtime_volume.then(|| vec![runtime]),
@@ -874,7 +898,17 @@ impl Provider for DockerProvider {
         if t.runtime_volume {
             self.ensure_runtime_volume(docker, &spec.computer_id).await?;
         }
-        self.create_and_start(docker, spec, &t, size, &network).await
+        let Some(policy) = &spec.egress else {
+            return self.create_and_start(docker, spec, &t, size, &network).await;
+        };
+        let gateway = self.ensure_gateway(docker, &spec.computer_id, &t, &network, policy).await?;
+        let made = self.create_and_start(docker, spec, &t, size, &format!("container:{gateway}")).await;
+        if let Err(ProviderError::NotSent(_) | ProviderError::Rejected(_) | ProviderError::Refused { .. }) = &made
+            && let Err(e) = self.remove_gateway(&spec.computer_id).await
+        {
+            tracing::warn!(computer = %spec.computer_id, error = %e, "the egress gateway of a refused create could not be removed");
+        }
+        made
     }
 
     fn reference_of(&self, computer_id: &str) -> Option<String> {
@@ -886,7 +920,12 @@ impl Provider for DockerProvider {
         let size = within(&t, spec.resources.as_ref()).map_err(ProviderError::NotSent)?;
         self.check_image(&t.image).await?;
         let docker = self.docker().await?;
-        let network = self.network(docker, &t).await?;
+        let mut network = self.network(docker, &t).await?;
+        if let Some(policy) = &spec.egress {
+            // The gateway stays (or is made): the new sandbox joins it.
+            let gateway = self.ensure_gateway(docker, &spec.computer_id, &t, &network, policy).await?;
+            network = format!("container:{gateway}");
+        }
         let volume = runtime_volume(&spec.computer_id);
         let name = container_name(&spec.computer_id);
         // The old sandbox as the engine has it now (gone: only the volume carries over).
@@ -966,6 +1005,7 @@ impl Provider for DockerProvider {
             let Some(id) = c.id else { continue };
             self.delete(&id, command_key).await?;
         }
+        self.remove_gateway(computer_id).await?;
         match docker
             .remove_volume(&runtime_volume(computer_id), None::<bollard::query_parameters::RemoveVolumeOptions>)
             .await
@@ -997,6 +1037,19 @@ impl Provider for DockerProvider {
             Err(DockerError::DockerResponseServerError { status_code: 404, .. }) => Ok(()),
             Err(e) => Err(classify(e)),
         }
+    }
+
+    async fn set_egress(
+        &self,
+        _sandbox: &str,
+        computer_id: &str,
+        policy: &computerd_proto::egress::EgressPolicy,
+    ) -> Result<(), ProviderError> {
+        self.set_gateway_policy(computer_id, policy).await
+    }
+
+    async fn egress_stats(&self, computer_id: &str) -> Result<Option<serde_json::Value>, ProviderError> {
+        self.gateway_stats(computer_id).await
     }
 
     async fn inspect(&self, computer_id: &str) -> Result<Option<SandboxInfo>, ProviderError> {
@@ -1115,6 +1168,7 @@ mod tests {
             env: Default::default(),
             resources: None,
             metadata: Default::default(),
+            egress: None,
         };
         let body = p.container_body(&spec, &Template::default_image(), (1.0, 1024), SANDBOX_NETWORK);
         let env = body.env.unwrap_or_default();
@@ -1158,6 +1212,7 @@ mod tests {
             env: Default::default(),
             resources: Some(ask(Some(4.0), None)),
             metadata: Default::default(),
+            egress: None,
         };
         // Refused before anything is sent: the engine is not asked.
         let refused = p.create(&spec).await.expect_err("over the ceiling");

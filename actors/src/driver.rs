@@ -331,6 +331,7 @@ mod tests {
             env: Default::default(),
             resources: None,
             metadata: Default::default(),
+            egress: None,
         }
     }
 

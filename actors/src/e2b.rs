@@ -352,6 +352,7 @@ mod tests {
             env: Default::default(),
             resources: None,
             metadata: Default::default(),
+            egress: None,
         };
         let b = p.new_sandbox(&spec);
         assert_eq!(b["templateID"], "tpl");

@@ -73,6 +73,29 @@ fn secret(p: &ProviderRecord, key: &str) -> String {
     p.secrets.get(key).and_then(|v| v.as_str()).unwrap_or_default().to_string()
 }
 
+/// Whether a provider can hold a Computer of `template` to `policy` (its create asks for one, or
+/// a change of a running Computer's): the docker kind can, through an egress gateway, unless
+/// its sandboxes share the host's network (`network: host`, where no gateway can stand between
+/// them and it). E2B and Daytona sandboxes cannot yet: their adapters do not pass a policy on.
+/// The error is the `ComputerUnsupported` message.
+pub fn check_egress(p: &ProviderRecord, policy: &computerd_proto::egress::EgressPolicy) -> Result<(), String> {
+    let cfg: serde_json::Map<String, serde_json::Value> = p.config.clone().into_iter().collect();
+    match p.kind {
+        ProviderKind::Docker => {
+            let c = DockerConfig::parse(&cfg)?;
+            if c.network.as_deref() == Some("host") {
+                return Err("egress: this provider's sandboxes use the host's network (\"network\": \"host\"), so no gateway can stand between them and it; use a provider with its own network".into());
+            }
+            Ok(())
+        }
+        ProviderKind::E2b | ProviderKind::Daytona => Err(format!(
+            "egress: this build does not pass an egress policy on to {} sandboxes yet; only docker sandboxes take one",
+            if p.kind == ProviderKind::E2b { "E2B" } else { "Daytona" }
+        )),
+        ProviderKind::Fake => policy.compile().map(|_| ()),
+    }
+}
+
 /// Checks a create's `resources` against provider record `p` before anything is stored (issue
 /// 39, item 5): a docker template's `cpus` and `memoryMb` are the ceilings (and the defaults);
 /// E2B's template and Daytona's snapshot fix a sandbox's CPUs and memory, so both refuse them;

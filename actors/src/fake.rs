@@ -216,6 +216,7 @@ mod tests {
             env: Default::default(),
             resources: None,
             metadata: Default::default(),
+            egress: None,
         };
         let p = fake(&dir, json!({"create": "lost", "pause": "not_sent", "resume": "reject"}));
         assert!(matches!(p.create(&spec).await, Err(ProviderError::Lost(_))));

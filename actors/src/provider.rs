@@ -36,6 +36,8 @@ pub struct CreateSpec {
     pub resources: Option<Resources>,
     /// The creator's labels, passed on where the provider has a place for them.
     pub metadata: BTreeMap<String, String>,
+    /// Where the sandbox may connect (`None`: anywhere the provider lets it).
+    pub egress: Option<computerd_proto::egress::EgressPolicy>,
 }
 
 /// Name/value pairs as a JSON object of strings: a remote provider's env, metadata or labels.
@@ -184,6 +186,25 @@ pub trait Provider: Send + Sync {
     /// runtime volume, and a sandbox a failed recreate kept). By default, [`Provider::delete`].
     async fn delete_computer(&self, sandbox: &str, _computer_id: &str, command_key: &str) -> Result<(), ProviderError> {
         self.delete(sandbox, command_key).await
+    }
+    /// Applies a new egress policy to the running (or paused) sandbox of Computer
+    /// `computer_id`: new connections follow it at once, open ones it now denies are cut. An
+    /// error changed nothing. By default the provider cannot.
+    async fn set_egress(
+        &self,
+        _sandbox: &str,
+        _computer_id: &str,
+        _policy: &computerd_proto::egress::EgressPolicy,
+    ) -> Result<(), ProviderError> {
+        Err(ProviderError::Refused {
+            kind: "ComputerUnsupported".into(),
+            message: "this provider cannot change a sandbox's egress while it runs".into(),
+        })
+    }
+    /// What enforces Computer `computer_id`'s egress counted (connections let through, denied
+    /// with the latest ones, cut by a change), if the provider can tell.
+    async fn egress_stats(&self, _computer_id: &str) -> Result<Option<serde_json::Value>, ProviderError> {
+        Ok(None)
     }
     /// Looks up the sandbox of a Computer (by its labels), to settle an unknown outcome.
     async fn inspect(&self, computer_id: &str) -> Result<Option<SandboxInfo>, ProviderError>;

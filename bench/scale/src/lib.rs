@@ -212,6 +212,7 @@ impl World {
             env: Default::default(),
             resources: None,
             metadata: Default::default(),
+            egress: None,
         });
         Command::SubmitExecution(Box::new(Submit {
             by: self.owner.clone(),

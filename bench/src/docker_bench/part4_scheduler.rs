@@ -101,6 +101,7 @@ fn planned_state(n: usize, base: u64) -> State {
             env: Default::default(),
             resources: None,
             metadata: Default::default(),
+            egress: None,
         };
         let last_work = deadline - PAUSE_AFTER_SECS * 1000;
         s.computers.insert(id.clone(), c);

@@ -83,6 +83,7 @@ pub fn computer_view(s: &computerd_raft::sm::State, c: &Computer) -> Value {
         "env": c.env,
         "resources": c.resources,
         "metadata": c.metadata,
+        "egress": c.egress,
     });
     if c.state == ComputerState::Starting {
         v["starting"] = starting(s, c);
@@ -216,6 +217,12 @@ pub struct NewComputer {
     /// (`GET /v1/computers?metadata.k=v`), and passed to E2B (`metadata`) and Daytona (`labels`).
     #[serde(default)]
     metadata: Option<BTreeMap<String, String>>,
+    /// Where the sandbox may connect (docker providers with their own network; see
+    /// `PUT /v1/computers/:id/egress`). A docker sandbox created with a policy sits behind an
+    /// egress gateway from the start, so its policy can change while it runs; one created
+    /// without cannot (`{"default": "allow"}` filters nothing and keeps that door open).
+    #[serde(default)]
+    egress: Option<super::egress::EgressIn>,
 }
 
 /// `resources` of a create.
@@ -383,6 +390,7 @@ pub async fn create(
         Some(r) => check_resources(r)?,
         None => None,
     };
+    let egress = b.egress.map(super::egress::EgressIn::policy).transpose()?;
     match &source {
         Source::Paired if !env.is_empty() => {
             return Err(ApiError::invalid(
@@ -392,7 +400,18 @@ pub async fn create(
         Source::Paired if b.resources.is_some() => {
             return Err(ApiError::invalid("resources apply to provider sandboxes: an own machine has its own"));
         }
+        Source::Paired if egress.is_some() => {
+            return Err(ApiError::new(
+                computerd_proto::ErrorKind::ComputerUnsupported,
+                "an own machine's egress is its own: egress applies to provider sandboxes",
+            ));
+        }
         Source::Provider { provider, template } => {
+            if let Some(policy) = &egress
+                && let Some(p) = state.cluster.state().read(|s| s.providers.get(provider).cloned())
+            {
+                super::egress::check_provider(&p, policy)?;
+            }
             if let Some(r) = &resources {
                 // The ceilings are the provider's (its record as this node has applied it; one
                 // not known here yet is refused by the store).
@@ -428,6 +447,9 @@ pub async fn create(
     if !metadata.is_empty() {
         normalized["metadata"] = json!(metadata);
     }
+    if let Some(p) = &egress {
+        normalized["egress"] = json!(p);
+    }
     let now = now_ms();
     let computer = Computer {
         id: new_id("cmp"),
@@ -448,6 +470,7 @@ pub async fn create(
         env,
         resources,
         metadata,
+        egress,
     };
     let mut exe = new_execution(&b.command_key, body_hash(&normalized), ExecutionKind::Create, &computer.id, now);
     // An own machine pairs with a code shown to its creator; a sandbox whose provider starts our

@@ -32,6 +32,7 @@ mod providers;
 mod retention;
 mod runs;
 mod schemas;
+mod egress;
 mod secrets;
 mod sessions;
 mod tool_drain;
@@ -116,6 +117,8 @@ fn groups(seen: &mut dyn FnMut(&[RoutePair])) -> Groups {
         post "/v1/computers/{id}/stop" => computers::stop,
         get "/v1/computers/{id}/usage" => computers::usage,
         get "/v1/computers/{id}/sandbox" => computers::sandbox,
+        put "/v1/computers/{id}/egress" => egress::put,
+        get "/v1/computers/{id}/egress" => egress::get,
         post "/v1/computers/{id}/acquire" => computers::acquire,
         post "/v1/computers/{id}/release" => computers::release,
         post "/v1/bots/{bot}/delegations" => delegations::create,

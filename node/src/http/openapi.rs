@@ -32,6 +32,7 @@ use super::ports;
 use super::providers;
 use super::retention;
 use super::runs;
+use super::egress;
 use super::secrets;
 use super::sessions;
 use super::tools;
@@ -65,6 +66,7 @@ impl Modify for BearerAuth {
         computers::delete, computers::stop, computers::usage, computers::sandbox, computers::acquire, computers::release,
         grants::put, grants::get, grants::list, grants::delete,
         secrets::put, secrets::get, secrets::list, secrets::delete,
+        egress::put, egress::get,
         delegations::create, delegations::list, delegations::end,
         executions::get, executions::decide,
         events::events,

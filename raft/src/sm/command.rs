@@ -232,6 +232,18 @@ pub enum Command {
         /// Unix ms.
         at_ms: u64,
     },
+    /// Sets (or, `None`, clears) where a Computer's sandbox may connect (store version 5). A
+    /// member who may use the Computer sets it; the provider has already applied it.
+    SetEgress {
+        /// The token id of the caller.
+        by: String,
+        /// Computer id.
+        computer_id: String,
+        /// The policy.
+        policy: Option<computerd_proto::egress::EgressPolicy>,
+        /// Unix ms.
+        at_ms: u64,
+    },
     /// Grants a bot the right to use a Computer.
     PutGrant {
         /// The token id of the caller.
@@ -854,6 +866,7 @@ impl Command {
             Command::MarkUnknown { .. } => "mark_unknown",
             Command::DecideExecution { .. } => "decide_execution",
             Command::StopComputer { .. } => "stop_computer",
+            Command::SetEgress { .. } => "set_egress",
             Command::PutGrant { .. } => "put_grant",
             Command::PutSecret { .. } => "put_secret",
             Command::DeleteSecret { .. } => "delete_secret",

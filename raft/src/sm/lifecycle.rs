@@ -650,6 +650,36 @@ impl State {
         Ok(())
     }
 
+    /// `SetEgress`: a member who may use a provider Computer sets where its sandbox may connect
+    /// (the route has had the provider apply it first). A bot cannot: it asks, through the
+    /// `computers.egress` capability.
+    pub(crate) fn set_egress(
+        &mut self,
+        by: &str,
+        computer_id: &str,
+        policy: Option<&computerd_proto::egress::EgressPolicy>,
+        at: u64,
+    ) -> Result<(), Reject> {
+        let caller = self.caller_by_token_id(by)?;
+        let c = self.visible_computer(&caller, computer_id)?;
+        if caller.bot.is_some() {
+            return Err(Reject::new(RejectKind::Forbidden, "only a member may set a computer's egress"));
+        }
+        caller.check_writable()?;
+        if c.source == Source::Paired {
+            return Err(Reject::new(RejectKind::Invalid, "an own machine's egress is its own: egress applies to provider sandboxes"));
+        }
+        if let Some(p) = policy {
+            p.compile().map_err(|e| Reject::new(RejectKind::Invalid, e))?;
+        }
+        if let Some(c) = self.computers.get_mut(computer_id) {
+            c.egress = policy.cloned();
+        }
+        let data = serde_json::json!({"policy": policy, "by": caller.member.id});
+        self.push_event(at, "EgressSet", computer_id, None, data);
+        Ok(())
+    }
+
     /// Stop on an unknown-outcome pause: the Computer becomes `failed` (the sandbox may still run).
     pub(crate) fn stop(&mut self, by: &str, computer_id: &str, at: u64) -> Result<(), Reject> {
         let caller = self.caller_by_token_id(by)?;

@@ -144,6 +144,11 @@ pub struct Computer {
     /// provider where it has a place for them.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub metadata: BTreeMap<String, String>,
+    /// Where its sandbox may connect (a provider sandbox's; `None`: anywhere the provider lets
+    /// it). A docker sandbox created with one sits behind an egress gateway, so the policy can
+    /// change while it runs (`SetEgress`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<computerd_proto::egress::EgressPolicy>,
 }
 
 impl Computer {

@@ -353,6 +353,7 @@ mod tests {
             env: Default::default(),
             resources: None,
             metadata: Default::default(),
+            egress: None,
         }
     }
 

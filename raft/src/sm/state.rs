@@ -392,6 +392,9 @@ impl State {
                 self.decide(by, execution_id, *outcome, reason, *at_ms)
             }
             Command::StopComputer { by, computer_id, at_ms } => self.stop(by, computer_id, *at_ms),
+            Command::SetEgress { by, computer_id, policy, at_ms } => {
+                self.set_egress(by, computer_id, policy.as_ref(), *at_ms)
+            }
             Command::PutGrant { by, computer_id, bot_id, at_ms, allow_root, paths, desktop_control, secrets } => {
                 let change = super::access::GrantChange {
                     allow_root: *allow_root,

@@ -96,5 +96,6 @@ pub fn computer(id: &str, owner: &str, source: super::model::Source) -> super::m
         env: Default::default(),
         resources: None,
         metadata: Default::default(),
+        egress: None,
     }
 }

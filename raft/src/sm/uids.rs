@@ -164,6 +164,7 @@ mod tests {
             env: Default::default(),
             resources: None,
             metadata: Default::default(),
+            egress: None,
         });
         Command::SubmitExecution(Box::new(Submit {
             by: OWNER.into(),

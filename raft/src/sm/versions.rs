@@ -17,8 +17,9 @@ use super::State;
 /// Computer record of version 1 has no such fields: an older node would decode the create
 /// and silently drop them, and its replica would differ); 3, the `recreate` lifecycle command
 /// (an older build cannot decode its kind); 4, the vault (`PutSecret`, `DeleteSecret`,
-/// `TouchSecret`, and a grant's `secrets`).
-pub const STORE_VERSION: u32 = if cfg!(feature = "upgrade-probe") { 5 } else { 4 };
+/// `TouchSecret`, and a grant's `secrets`); 5, egress policies (`SetEgress`, and a create
+/// whose Computer carries `egress`).
+pub const STORE_VERSION: u32 = if cfg!(feature = "upgrade-probe") { 6 } else { 5 };
 
 impl Command {
     /// The store version that introduced this command (or, for a command whose newer form
@@ -26,7 +27,9 @@ impl Command {
     pub fn since(&self) -> u32 {
         match self {
             #[cfg(feature = "upgrade-probe")]
-            Command::UpgradeProbe { .. } => 5,
+            Command::UpgradeProbe { .. } => 6,
+            Command::SetEgress { .. } => 5,
+            Command::SubmitExecution(s) if s.computer.as_ref().is_some_and(|c| c.egress.is_some()) => 5,
             Command::PutSecret { .. } | Command::DeleteSecret { .. } | Command::TouchSecret { .. } => 4,
             Command::PutGrant { secrets: Some(_), .. } => 4,
             Command::SubmitExecution(s) if s.execution.kind == super::ExecutionKind::Recreate => 3,
@@ -117,5 +120,59 @@ mod tests {
         let mut s = State::default();
         s.apply(&Command::NodeSpeaks { node_id: 1, version: 2 });
         assert_eq!((s.behind([1, 2], env.since()), s.behind([1], 1)), (vec![2], vec![]), "node 2 runs an older build");
+    }
+
+    /// Issue 41, item 3: an egress policy is version 5, on a create and on its own; only a member
+    /// who may use the Computer sets it, and a bad policy or an own machine changes nothing.
+    #[test]
+    fn i41_egress_needs_version_5_and_a_member() {
+        use crate::sm::Execution;
+        use crate::sm::ExecutionKind;
+        use crate::sm::Source;
+        use crate::sm::Submit;
+        use crate::sm::testing;
+        use computerd_proto::egress::DefaultAction;
+        use computerd_proto::egress::EgressPolicy;
+        let policy = EgressPolicy { default: DefaultAction::Deny, allow: vec!["allowed.test".into()], deny: vec![] };
+        let source = Source::Provider { provider: "cpp_1".into(), template: None };
+        let mut c = testing::computer("cmp_1", "mem_o", source);
+        c.env.insert("A".into(), "b".into());
+        c.egress = Some(policy.clone());
+        let create = Command::SubmitExecution(Box::new(Submit {
+            by: testing::OWNER.into(),
+            execution: Execution::pending("exe_1", "k", "h", ExecutionKind::Create, "cmp_1", 1),
+            computer: Some(c.clone()),
+            approval_id: "apr_1".into(),
+            reason: None,
+            at_ms: 1,
+        }));
+        assert_eq!(create.since(), 5, "a create with a policy, even with version-2 options");
+        let set = |by: &str, id: &str, p: &EgressPolicy| Command::SetEgress {
+            by: by.into(),
+            computer_id: id.into(),
+            policy: Some(p.clone()),
+            at_ms: 9,
+        };
+        assert_eq!(set(testing::OWNER, "cmp_1", &policy).since(), 5);
+        const { assert!(STORE_VERSION >= 5, "this build speaks egress") };
+
+        let mut s = testing::world();
+        c.egress = None;
+        c.state = crate::sm::ComputerState::Running;
+        s.computers.insert("cmp_1".into(), c);
+        let mut paired = testing::computer("cmp_2", "mem_o", Source::Paired);
+        paired.state = crate::sm::ComputerState::Running;
+        s.computers.insert("cmp_2".into(), paired);
+        let events = s.events.len();
+        let r = testing::rejected(s.apply(&set("tok_bot", "cmp_1", &policy)));
+        assert_eq!(r.kind, crate::sm::RejectKind::Forbidden, "{r:?}");
+        let bad = EgressPolicy { default: DefaultAction::Deny, allow: vec!["not a name".into()], deny: vec![] };
+        testing::rejected(s.apply(&set(testing::OWNER, "cmp_1", &bad)));
+        testing::rejected(s.apply(&set(testing::OWNER, "cmp_2", &policy)));
+        assert_eq!((s.computers["cmp_1"].egress.as_ref(), s.events.len()), (None, events), "refusals change nothing");
+        testing::ok(s.apply(&set(testing::OWNER, "cmp_1", &policy)));
+        assert_eq!(s.computers["cmp_1"].egress.as_ref(), Some(&policy));
+        let last = s.events.iter().last().expect("an event");
+        assert_eq!((last.kind.as_str(), last.data["policy"]["allow"][0].as_str()), ("EgressSet", Some("allowed.test")));
     }
 }

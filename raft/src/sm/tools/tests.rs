@@ -36,6 +36,7 @@ fn computer(id: &str) -> Computer {
         env: Default::default(),
         resources: None,
         metadata: Default::default(),
+        egress: None,
     }
 }
 

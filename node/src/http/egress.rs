@@ -1,0 +1,156 @@
+//! `PUT/GET /v1/computers/:id/egress`: where a Computer's sandbox may connect.
+//!
+//! A member who may use the Computer sets the policy; the provider applies it first (a docker
+//! sandbox's egress gateway answers once the new rules hold and the connections they deny are
+//! cut), and then it is stored. So a refused or failed change leaves both as they were. A `GET`
+//! answers the stored policy and, from the gateway, what it let through, denied (with the
+//! latest denials: host, port, time) and cut.
+
+use axum::Json;
+use axum::extract::Path;
+use axum::extract::State;
+use computerd_proto::ErrorKind;
+use computerd_proto::egress::EgressPolicy;
+use computerd_raft::sm::Command;
+use computerd_raft::sm::ComputerState;
+use computerd_raft::sm::Provider as ProviderRecord;
+use computerd_raft::sm::Source;
+use serde::Deserialize;
+use serde_json::Value;
+use serde_json::json;
+
+use super::ApiError;
+use super::AppState;
+use super::Auth;
+#[allow(unused_imports)]
+use super::schemas::ErrorBody;
+use super::util::Body;
+use super::util::propose;
+use crate::ids::now_ms;
+
+/// An egress policy (the body of `PUT …/egress`, and `egress` of a create).
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EgressIn {
+    /// `allow` or `deny`: what a connection no entry names gets.
+    #[schema(example = "deny")]
+    default: String,
+    /// Let through: host names (`pypi.org`), wildcards (`*.example.com`: names under it, not
+    /// itself), IP addresses and CIDR ranges; at most 128. Names are matched on TLS SNI and
+    /// HTTP `Host`; other protocols go by address.
+    #[serde(default)]
+    allow: Vec<String>,
+    /// Refused, before `allow` is looked at: the same kinds of entries; at most 128.
+    #[serde(default)]
+    deny: Vec<String>,
+}
+
+impl EgressIn {
+    /// The policy, checked (a 400 names the entry).
+    pub fn policy(self) -> Result<EgressPolicy, ApiError> {
+        let default = match self.default.as_str() {
+            "allow" => computerd_proto::egress::DefaultAction::Allow,
+            "deny" => computerd_proto::egress::DefaultAction::Deny,
+            other => return Err(ApiError::invalid(format!("default must be \"allow\" or \"deny\", not {other:?}"))),
+        };
+        let p = EgressPolicy { default, allow: self.allow, deny: self.deny };
+        p.compile().map_err(ApiError::invalid)?;
+        Ok(p)
+    }
+}
+
+/// Whether provider `p` can hold a Computer to `policy` (a 422 `ComputerUnsupported` if not).
+pub fn check_provider(p: &ProviderRecord, policy: &EgressPolicy) -> Result<(), ApiError> {
+    computerd_actors::factory::check_egress(p, policy).map_err(|e| ApiError::new(ErrorKind::ComputerUnsupported, e))
+}
+
+/// `PUT /v1/computers/:id/egress`
+#[utoipa::path(put, path = "/v1/computers/{id}/egress", operation_id = "computers_egress_put", tag = "computers", params(("id" = String, Path)), request_body = EgressIn, responses((status = 200, description = "`{\"policy\"}`: applied by the provider, then stored", body = Object), (status = 400, body = ErrorBody), (status = 403, description = "A bot, or a read-only token", body = ErrorBody), (status = 409, description = "No sandbox yet, or one created without a policy (no gateway)", body = ErrorBody), (status = 422, description = "ComputerUnsupported: an own machine, or a provider that cannot", body = ErrorBody)), security(("bearer" = [])))]
+pub async fn put(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path(id): Path<String>,
+    body: Body<EgressIn>,
+) -> Result<Json<Value>, ApiError> {
+    let caller = auth.for_write(&state).await?;
+    if caller.bot.is_some() {
+        return Err(ApiError::new(
+            ErrorKind::Forbidden,
+            "only a member sets a Computer's egress: a bot cannot widen where its own sandbox may connect",
+        ));
+    }
+    let Json(b) = body?;
+    let policy = b.policy()?;
+    let (computer, provider) = state.cluster.state().read(|s| {
+        let c = s.visible_computer(&caller, &id)?.clone();
+        let p = match &c.source {
+            Source::Provider { provider, .. } => s.providers.get(provider).cloned(),
+            Source::Paired => None,
+        };
+        Ok::<_, computerd_raft::sm::Reject>((c, p))
+    })?;
+    let Some(provider) = provider else {
+        return Err(ApiError::new(
+            ErrorKind::ComputerUnsupported,
+            "an own machine's egress is its own: egress applies to provider sandboxes",
+        ));
+    };
+    check_provider(&provider, &policy)?;
+    let sandbox = match (&computer.sandbox, computer.state) {
+        (Some(s), ComputerState::Running | ComputerState::Paused) if computer.active_execution.is_none() => s.clone(),
+        _ => {
+            return Err(ApiError::new(
+                ErrorKind::Conflict,
+                "the computer's sandbox is not running or paused with no execution under way: change its egress once it is",
+            ));
+        }
+    };
+    let (adapter, timeout) = state.providers.build(&provider);
+    let applied = tokio::time::timeout(timeout, adapter.set_egress(&sandbox, &computer.id, &policy))
+        .await
+        .map_err(|_| ApiError::new(ErrorKind::ComputerExecutionFailed, "the provider did not answer"))?;
+    if let Err(e) = applied {
+        return Err(match e {
+            computerd_actors::provider::ProviderError::Refused { kind, message }
+                if kind == computerd_actors::docker::NO_GATEWAY =>
+            {
+                ApiError::new(ErrorKind::Conflict, message)
+            }
+            computerd_actors::provider::ProviderError::Refused { kind, message } if kind == "ComputerUnsupported" => {
+                ApiError::new(ErrorKind::ComputerUnsupported, message)
+            }
+            other => ApiError::new(ErrorKind::ComputerExecutionFailed, other.to_string()),
+        });
+    }
+    propose(
+        &state,
+        Command::SetEgress { by: caller.token.id.clone(), computer_id: id, policy: Some(policy.clone()), at_ms: now_ms() },
+    )
+    .await?;
+    Ok(Json(json!({"policy": policy})))
+}
+
+/// `GET /v1/computers/:id/egress`
+#[utoipa::path(get, path = "/v1/computers/{id}/egress", operation_id = "computers_egress_get", tag = "computers", params(("id" = String, Path)), responses((status = 200, description = "`{\"policy\", \"enforcement\"}`: the stored policy (null: none), and what the gateway counted (`allowed`, `denied`, `cut`, `recent`: the latest denials with host, port and time), or null", body = Object)), security(("bearer" = [])))]
+pub async fn get(State(state): State<AppState>, auth: Auth, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let caller = auth.current(&state).await?;
+    let (computer, provider) = state.cluster.state().read(|s| {
+        let c = s.visible_computer(&caller, &id)?.clone();
+        let p = match &c.source {
+            Source::Provider { provider, .. } => s.providers.get(provider).cloned(),
+            Source::Paired => None,
+        };
+        Ok::<_, computerd_raft::sm::Reject>((c, p))
+    })?;
+    let mut enforcement = Value::Null;
+    if let Some(provider) = provider.filter(|_| computer.egress.is_some()) {
+        let (adapter, timeout) = state.providers.build(&provider);
+        match tokio::time::timeout(timeout, adapter.egress_stats(&computer.id)).await {
+            Ok(Ok(Some(stats))) => enforcement = stats,
+            Ok(Ok(None)) => {}
+            Ok(Err(e)) => enforcement = json!({"error": e.to_string()}),
+            Err(_) => enforcement = json!({"error": "the provider did not answer"}),
+        }
+    }
+    Ok(Json(json!({"policy": computer.egress, "enforcement": enforcement})))
+}
