@@ -7,6 +7,11 @@
 //!   agent's settings as `env` and `labels` naming the Computer and the command key. Daytona's
 //!   own auto-stop is off (`autoStopInterval: 0`), auto-archive at its maximum (`0`) and
 //!   auto-delete off (`-1`), because `pauseAfter` is ours.
+//! - **egress** ([`network`]): at create only, as `networkAllowList` (at most 5 CIDR ranges,
+//!   with `serverUrl`'s addresses among them so the agent's link stays up) under
+//!   `"default": "deny"`; Daytona has no deny list and takes no names in it, and changes to a
+//!   running sandbox are not made here, so those are refused (`ComputerUnsupported`, naming the
+//!   limit).
 //! - **pause** = `POST /sandbox/{id}/stop`: files are kept, processes are not (the Computer's
 //!   `pauseKeeps` says `files`). On start the entrypoint runs again and the agent links again
 //!   with the credential it kept on disk.
@@ -263,6 +268,24 @@ impl DaytonaProvider {
         b
     }
 
+    /// `serverUrl`'s addresses, as single-address ranges.
+    async fn server_ranges(&self) -> Result<Vec<String>, ProviderError> {
+        let (host, port) = crate::docker::server_host_port(&self.config.server_url);
+        let addrs: Vec<std::net::IpAddr> = match host.trim_start_matches('[').trim_end_matches(']').parse() {
+            Ok(ip) => vec![ip],
+            Err(_) => tokio::net::lookup_host((host.as_str(), port))
+                .await
+                .map_err(|e| ProviderError::NotSent(format!("egress: serverUrl's address: {host}: {e}")))?
+                .map(|a| a.ip())
+                .collect(),
+        };
+        let mut out: Vec<String> =
+            addrs.iter().map(|ip| format!("{ip}/{}", if ip.is_ipv4() { 32 } else { 128 })).collect();
+        out.sort();
+        out.dedup();
+        Ok(out)
+    }
+
     async fn expect_ok(&self, method: http::Method, path: String, gone_ok: bool) -> Result<(), ProviderError> {
         let a = self.call(method, &path, None).await?;
         match a.status {
@@ -271,6 +294,53 @@ impl DaytonaProvider {
             _ => Err(refusal(&a, false)),
         }
     }
+}
+
+/// The most ranges Daytona's `networkAllowList` takes.
+pub const MAX_ALLOW_LIST: usize = 5;
+
+/// Daytona's create fields for `policy`, whose sandboxes' agents dial from `server` (ranges):
+/// `{}` for a policy that lets everything through, else `networkAllowList`. An error names what
+/// Daytona cannot hold.
+pub fn network(
+    policy: &computerd_proto::egress::EgressPolicy,
+    server: &[String],
+) -> Result<serde_json::Map<String, Value>, String> {
+    use computerd_proto::egress::DefaultAction;
+    use computerd_proto::egress::Target;
+    let c = policy.compile()?;
+    if let Some((entry, _)) =
+        policy.allow.iter().chain(&policy.deny).zip(c.allow.iter().chain(&c.deny)).find(|(_, t)| !matches!(t, Target::Range(_)))
+    {
+        return Err(format!(
+            "egress: Daytona's networkAllowList takes CIDR ranges only (at most {MAX_ALLOW_LIST}), not the name {entry:?}"
+        ));
+    }
+    if !policy.deny.is_empty() {
+        return Err("egress: Daytona has no deny list; say what is allowed under \"default\": \"deny\"".into());
+    }
+    let mut out = serde_json::Map::new();
+    if c.default == DefaultAction::Allow {
+        return Ok(out);
+    }
+    let mut ranges: Vec<String> = c.allow.iter().map(|t| match t {
+        Target::Range(r) => r.to_string(),
+        _ => String::new(),
+    }).collect();
+    for s in server {
+        if !ranges.contains(s) {
+            ranges.push(s.clone());
+        }
+    }
+    if ranges.len() > MAX_ALLOW_LIST {
+        return Err(format!(
+            "egress: Daytona's networkAllowList takes at most {MAX_ALLOW_LIST} ranges, and this policy needs {} (with serverUrl's {} for the agent's link)",
+            ranges.len(),
+            server.len()
+        ));
+    }
+    out.insert("networkAllowList".into(), json!(ranges.join(",")));
+    Ok(out)
 }
 
 #[async_trait]
@@ -283,7 +353,15 @@ impl Provider for DaytonaProvider {
                 "resources: a Daytona sandbox's CPUs and memory are fixed by its snapshot".into(),
             ));
         }
-        let a = self.call(http::Method::POST, "/sandbox", Some(&self.create_body(spec))).await?;
+        let mut body = self.create_body(spec);
+        if let Some(policy) = &spec.egress {
+            let server = self.server_ranges().await?;
+            let fields = network(policy, &server).map_err(ProviderError::NotSent)?;
+            if let Some(b) = body.as_object_mut() {
+                b.extend(fields);
+            }
+        }
+        let a = self.call(http::Method::POST, "/sandbox", Some(&body)).await?;
         if !(200..=299).contains(&a.status) {
             return Err(refusal(&a, true));
         }
@@ -402,6 +480,28 @@ mod tests {
     }
 
     /// Issue 37, item 14: the call deadline is above Daytona's own 30 s wait on create and start.
+    /// Issue 41, item 3: ranges under "default": "deny" become networkAllowList with the
+    /// cluster's address; names, deny lists and more than 5 ranges are refused, naming the limit.
+    #[test]
+    fn i41_egress_maps_to_daytona_allow_list_or_is_refused() {
+        use computerd_proto::egress::DefaultAction;
+        use computerd_proto::egress::EgressPolicy;
+        let p = |default, allow: &[&str], deny: &[&str]| EgressPolicy {
+            default,
+            allow: allow.iter().map(|s| s.to_string()).collect(),
+            deny: deny.iter().map(|s| s.to_string()).collect(),
+        };
+        let server = vec!["198.51.100.7/32".to_string()];
+        let m = network(&p(DefaultAction::Deny, &["10.1.0.0/16", "203.0.113.9"], &[]), &server).expect("ranges");
+        assert_eq!(m["networkAllowList"], json!("10.1.0.0/16,203.0.113.9/32,198.51.100.7/32"));
+        assert!(network(&p(DefaultAction::Allow, &[], &[]), &server).expect("open").is_empty());
+        let e = network(&p(DefaultAction::Deny, &["pypi.org"], &[]), &server).expect_err("a name");
+        assert!(e.contains("CIDR ranges only") && e.contains("pypi.org"), "{e}");
+        assert!(network(&p(DefaultAction::Allow, &[], &["10.0.0.0/8"]), &server).expect_err("deny").contains("no deny list"));
+        let six = ["10.1.0.0/16", "10.2.0.0/16", "10.3.0.0/16", "10.4.0.0/16", "10.5.0.0/16"];
+        assert!(network(&p(DefaultAction::Deny, &six, &[]), &server).expect_err("six").contains("at most 5"));
+    }
+
     #[test]
     fn i37_14_the_deadline_is_above_the_servers_own_wait() {
         let err =

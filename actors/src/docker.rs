@@ -371,7 +371,7 @@ pub async fn bridge_address(endpoint: Option<&str>) -> Result<std::net::IpAddr, 
 }
 
 /// The host and port of a `serverUrl` (`http(s)://host[:port][/...]`; 80 or 443 by default).
-fn server_host_port(url: &str) -> (String, u16) {
+pub(crate) fn server_host_port(url: &str) -> (String, u16) {
     let (rest, default) = match url.strip_prefix("https://") {
         Some(r) => (r, 443),
         None => (url.strip_prefix("http://").unwrap_or(url), 80),

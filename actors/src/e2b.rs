@@ -18,6 +18,12 @@
 //! - **resume** = `POST /sandboxes/{id}/connect`, which also resumes a paused sandbox. So it is
 //!   called only here, inside a resume execution, never to read.
 //! - **delete** = `DELETE /sandboxes/{id}` (kill); 404 means it is gone already.
+//! - **egress** ([`network`]): a create's policy goes in `network` (`allowOut`: names, addresses
+//!   and ranges; `denyOut`: addresses and ranges); a change is `PUT /sandboxes/{id}/network`.
+//!   E2B lets `allowOut` win over `denyOut`, where ours denies first, so a policy whose meaning
+//!   would change is refused (`ComputerUnsupported`) rather than passed on: names in `deny`, and
+//!   a `deny` list under `"default": "deny"`. Under `"default": "deny"` the cluster's host
+//!   (`serverUrl`'s) is added to `allowOut`, so the agent's link stays up.
 //! - **inspect** = `GET /v2/sandboxes?metadata=computerd.computer=<id>` (running and paused);
 //!   **list** (the sandbox watch) = the same without the filter, page by page (`X-Next-Token`).
 //!
@@ -179,21 +185,55 @@ impl E2bProvider {
     }
 
     /// The body of a create.
-    fn new_sandbox(&self, spec: &CreateSpec) -> Value {
+    fn new_sandbox(&self, spec: &CreateSpec) -> Result<Value, ProviderError> {
         let template = spec.template.clone().or_else(|| self.config.template.clone());
         let env = string_object(sandbox_env(spec, &self.config.server_url, self.config.ca_cert.as_deref()));
         // The creator's metadata, then ours (the create route keeps `computerd.` for us).
         let mut metadata = string_object(&spec.metadata);
         metadata.insert(META_COMPUTER.into(), json!(spec.computer_id));
         metadata.insert(META_KEY.into(), json!(spec.command_key));
-        json!({
+        let mut body = json!({
             "templateID": template.unwrap_or_else(|| DEFAULT_TEMPLATE.into()),
             "timeout": self.config.sandbox_timeout(),
             "autoPause": true,
             "autoResume": {"enabled": false},
             "metadata": metadata,
             "envVars": env,
-        })
+        });
+        if let Some(p) = &spec.egress {
+            body["network"] = network(p, &self.config.server_url).map_err(ProviderError::NotSent)?;
+        }
+        Ok(body)
+    }
+}
+
+/// E2B's `network` for `policy`, whose sandboxes' agents dial `server_url`; an error names what
+/// E2B cannot hold as ours means it.
+pub fn network(policy: &computerd_proto::egress::EgressPolicy, server_url: &str) -> Result<Value, String> {
+    use computerd_proto::egress::DefaultAction;
+    use computerd_proto::egress::Target;
+    let c = policy.compile()?;
+    if let Some(name) = policy.deny.iter().zip(&c.deny).find(|(_, t)| !matches!(t, Target::Range(_))) {
+        return Err(format!(
+            "egress: E2B's denyOut takes addresses and ranges only, not the name {:?}",
+            name.0
+        ));
+    }
+    match c.default {
+        // Under "allow", our allow entries change nothing (deny comes first): only deny goes.
+        DefaultAction::Allow => Ok(json!({"denyOut": policy.deny})),
+        DefaultAction::Deny if !policy.deny.is_empty() => Err(
+            "egress: E2B lets allowOut win over denyOut, so under \"default\": \"deny\" a deny list cannot narrow allow there; leave deny empty"
+                .into(),
+        ),
+        DefaultAction::Deny => {
+            let mut allow = policy.allow.clone();
+            let (host, _) = crate::docker::server_host_port(server_url);
+            if !allow.contains(&host) {
+                allow.push(host);
+            }
+            Ok(json!({"allowOut": allow, "denyOut": ["0.0.0.0/0"]}))
+        }
     }
 }
 
@@ -212,7 +252,7 @@ impl Provider for E2bProvider {
                 "resources: an E2B sandbox's CPUs and memory are fixed by its template".into(),
             ));
         }
-        let a = self.call(http::Method::POST, "/sandboxes", Some(&self.new_sandbox(spec))).await?;
+        let a = self.call(http::Method::POST, "/sandboxes", Some(&self.new_sandbox(spec)?)).await?;
         if a.status != 201 && a.status != 200 {
             return Err(refusal(&a, true));
         }
@@ -245,6 +285,24 @@ impl Provider for E2bProvider {
             200..=299 => Ok(()),
             // Gone already: the effect wanted holds.
             404 => Ok(()),
+            _ => Err(refusal(&a, false)),
+        }
+    }
+
+    async fn set_egress(
+        &self,
+        sandbox: &str,
+        _computer_id: &str,
+        policy: &computerd_proto::egress::EgressPolicy,
+    ) -> Result<(), ProviderError> {
+        check_id(sandbox)?;
+        let body = network(policy, &self.config.server_url).map_err(|message| ProviderError::Refused {
+            kind: "ComputerUnsupported".into(),
+            message,
+        })?;
+        let a = self.call(http::Method::PUT, &format!("/sandboxes/{sandbox}/network"), Some(&body)).await?;
+        match a.status {
+            200..=299 => Ok(()),
             _ => Err(refusal(&a, false)),
         }
     }
@@ -354,7 +412,7 @@ mod tests {
             metadata: Default::default(),
             egress: None,
         };
-        let b = p.new_sandbox(&spec);
+        let b = p.new_sandbox(&spec).expect("a body");
         assert_eq!(b["templateID"], "tpl");
         assert_eq!((b["autoPause"].clone(), b["autoResume"]["enabled"].clone()), (json!(true), json!(false)));
         assert_eq!(b["metadata"], json!({"computerd.computer": "cmp_1", "computerd.command-key": "k1"}));
@@ -365,12 +423,36 @@ mod tests {
         let mut spec = spec;
         spec.env.insert("GREETING".into(), "hi".into());
         spec.metadata.insert("team".into(), "a".into());
-        let b = p.new_sandbox(&spec);
+        let b = p.new_sandbox(&spec).expect("a body");
         assert_eq!(
             (b["envVars"]["GREETING"].clone(), b["envVars"]["COMPUTER_AGENT_PAIR"].clone()),
             (json!("hi"), json!("code"))
         );
         assert_eq!(b["metadata"], json!({"team": "a", "computerd.computer": "cmp_1", "computerd.command-key": "k1"}));
+    }
+
+    /// Issue 41, item 3: a policy goes to E2B as it means, or is refused naming why.
+    #[test]
+    fn i41_egress_maps_to_e2b_network_or_is_refused() {
+        use computerd_proto::egress::DefaultAction;
+        use computerd_proto::egress::EgressPolicy;
+        let p = |default, allow: &[&str], deny: &[&str]| EgressPolicy {
+            default,
+            allow: allow.iter().map(|s| s.to_string()).collect(),
+            deny: deny.iter().map(|s| s.to_string()).collect(),
+        };
+        let url = "https://cd.example.com:8443";
+        assert_eq!(
+            network(&p(DefaultAction::Deny, &["pypi.org", "10.1.0.0/16"], &[]), url).expect("deny"),
+            json!({"allowOut": ["pypi.org", "10.1.0.0/16", "cd.example.com"], "denyOut": ["0.0.0.0/0"]}),
+            "the agent's link stays open"
+        );
+        assert_eq!(
+            network(&p(DefaultAction::Allow, &["pypi.org"], &["203.0.113.0/24"]), url).expect("allow"),
+            json!({"denyOut": ["203.0.113.0/24"]})
+        );
+        assert!(network(&p(DefaultAction::Allow, &[], &["ads.test"]), url).expect_err("a name").contains("ads.test"));
+        assert!(network(&p(DefaultAction::Deny, &["*.a.test"], &["10.0.0.1"]), url).expect_err("narrowing").contains("allowOut win"));
     }
 
     #[test]

@@ -76,7 +76,8 @@ fn secret(p: &ProviderRecord, key: &str) -> String {
 /// Whether a provider can hold a Computer of `template` to `policy` (its create asks for one, or
 /// a change of a running Computer's): the docker kind can, through an egress gateway, unless
 /// its sandboxes share the host's network (`network: host`, where no gateway can stand between
-/// them and it). E2B and Daytona sandboxes cannot yet: their adapters do not pass a policy on.
+/// them and it); E2B can, unless its rules would mean something else (`e2b::network`); Daytona
+/// takes ranges only, at create (`daytona::network`).
 /// The error is the `ComputerUnsupported` message.
 pub fn check_egress(p: &ProviderRecord, policy: &computerd_proto::egress::EgressPolicy) -> Result<(), String> {
     let cfg: serde_json::Map<String, serde_json::Value> = p.config.clone().into_iter().collect();
@@ -88,10 +89,12 @@ pub fn check_egress(p: &ProviderRecord, policy: &computerd_proto::egress::Egress
             }
             Ok(())
         }
-        ProviderKind::E2b | ProviderKind::Daytona => Err(format!(
-            "egress: this build does not pass an egress policy on to {} sandboxes yet; only docker sandboxes take one",
-            if p.kind == ProviderKind::E2b { "E2B" } else { "Daytona" }
-        )),
+        ProviderKind::E2b => {
+            let c = crate::e2b::E2bConfig::parse(&cfg)?;
+            crate::e2b::network(policy, &c.server_url).map(|_| ())
+        }
+        // (serverUrl's addresses are added at create, within the same limit of 5.)
+        ProviderKind::Daytona => crate::daytona::network(policy, &[]).map(|_| ()),
         ProviderKind::Fake => policy.compile().map(|_| ()),
     }
 }

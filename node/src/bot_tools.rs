@@ -1121,6 +1121,12 @@ mod tests {
         ),
         ("get", "/v1/computers/{id}/usage", "an operator's view of use and cost"),
         ("get", "/v1/computers/{id}/sandbox", "an operator's view of the provider's sandbox"),
+        ("put", "/v1/computers/{id}/egress", "a member sets where a sandbox may connect: a bot never widens its own egress"),
+        (
+            "get",
+            "/v1/computers/{id}/egress",
+            "the owner's policy and the gateway's counts; a refused request already names its host (403 from the gateway)",
+        ),
         ("get", "/v1/computers/{id}/bots", "grants are given by members: a bot never grants itself"),
         ("put", "/v1/computers/{id}/bots/{bot}", "grants are given by members: a bot never grants itself"),
         ("get", "/v1/computers/{id}/bots/{bot}", "grants are given by members: a bot never grants itself"),

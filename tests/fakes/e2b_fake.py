@@ -31,7 +31,9 @@ Implemented (auth header ``X-API-Key``; every error body is ``{"code": <status>,
   killed; the journal gets a line with method "TIMER" and effect "timeout_pause" / "timeout_kill".
   Connect only extends the TTL of a running sandbox (spec: "TTL is only extended"): endAt = max(endAt,
   now + timeout); a resumed one gets endAt = now + timeout.
-Left out: templates, snapshots, fork, metrics, logs, network updates, volumes, secrets, teams, access
+  PUT    /sandboxes/{id}/network    SandboxNetworkUpdate (allowOut, denyOut, allowInternetAccess) -> 204 |
+                                    409 not running | 404; recorded (journal ``network``), not applied
+Left out: templates, snapshots, fork, metrics, logs, volumes, secrets, teams, access
 tokens; envd (the in-sandbox daemon: the SDK's files/commands API cannot work against a fake sandbox);
 traffic-triggered auto-resume (``autoResume`` is stored and reported in ``lifecycle`` only); network/mcp/
 iam/volumeMounts are validated but have no effect; no per-team timeout ceiling.
@@ -133,6 +135,8 @@ SCHEMAS = {
     "ConnectSandboxV2": _obj({"timeout": INT32_MIN0, "memory": BOOL}),
     "ResumedSandbox": _obj({"timeout": INT32_MIN0, "autoPause": BOOL, "memory": BOOL}),
     "SandboxTimeoutRequest": _obj({"timeout": INT32_MIN0}, ["timeout"]),
+    "SandboxNetworkUpdate": _obj({"allowOut": {"t": "array", "items": STR}, "denyOut": {"t": "array", "items": STR},
+                                  "allowInternetAccess": {"t": "boolean", "nullable": True}}),
     "SandboxPauseRequest": _obj({"memory": BOOL, "requireHealthyGuest": BOOL}),
     # nested models, exported for the SDK cross-check
     "SandboxAutoResumeConfig": AUTO_RESUME,
@@ -451,7 +455,9 @@ class Fake:
 # --------------------------------------------------------------------------------------------------
 
 class Result:
-    def __init__(self, status, body=None, effect=None, sandbox=None, metadata=None, headers=None, env_vars=None):
+    def __init__(self, status, body=None, effect=None, sandbox=None, metadata=None, headers=None, env_vars=None,
+                 network=None):
+        self.network = network
         self.status = status
         self.body = body
         self.effect = effect
@@ -474,6 +480,7 @@ ROUTES = [
     ("POST", re.compile(rf"^/sandboxes/{SB}/connect$"), "connect_v1"),
     ("POST", re.compile(rf"^/v2/sandboxes/{SB}/connect$"), "connect_v2"),
     ("POST", re.compile(rf"^/sandboxes/{SB}/timeout$"), "timeout"),
+    ("PUT", re.compile(rf"^/sandboxes/{SB}/network$"), "network"),
 ]
 
 
@@ -581,6 +588,8 @@ class Handler(BaseHTTPRequestHandler):
             entry["metadata"] = res.metadata
         if res.env_vars is not None:
             entry["envVars"] = res.env_vars  # a create's, as it got them
+        if res.network is not None:
+            entry["network"] = res.network  # a create's or a network update's
 
         if fault and fault["fault"] == "lose_answer":
             entry["fault"] = "lose_answer"
@@ -701,7 +710,7 @@ class Handler(BaseHTTPRequestHandler):
                 fake.idempotency[idem_key] = sid
             log(f"created {sid} from {template} ({sb.image})")
             return Result(201, sb.sandbox_json(), effect="create", sandbox=sid, metadata=dict(sb.metadata),
-                          env_vars=dict(sb.env_vars))
+                          env_vars=dict(sb.env_vars), network=req.get("network"))
 
     def list_common(self, params, states, v2):
         fake = self.fake
@@ -834,6 +843,16 @@ class Handler(BaseHTTPRequestHandler):
                 raise ApiError(404, f"Sandbox \"{sid}\" is not running")
             sb.end_at = time.time() + req["timeout"]
             return Result(204, effect="timeout", sandbox=sid, metadata=dict(sb.metadata))
+
+    def r_network(self, sid, _params, raw):
+        fake = self.fake
+        req = self.body(raw, "SandboxNetworkUpdate", True)
+        with fake.lock:
+            sb = fake.get(sid)
+            if sb.state != "running":
+                raise ApiError(409, f"Sandbox \"{sid}\" is not running")
+            sb.network = req
+            return Result(204, effect="network", sandbox=sid, metadata=dict(sb.metadata), network=req)
 
 
 def main():

@@ -135,6 +135,8 @@ impl Drop for Containers {
             for c in containers_of(id) {
                 let _ = Command::new("docker").args(["rm", "-f", "-v", &c]).output();
             }
+            // Its egress gateway (after the sandbox that shares its network).
+            let _ = Command::new("docker").args(["rm", "-f", &format!("computerd-{id}-egress")]).output();
             // Its runtime volume (kept by the engine apart from any container).
             let _ = Command::new("docker").args(["volume", "rm", "-f", &format!("computerd-runtime-{id}")]).output();
         }

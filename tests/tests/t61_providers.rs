@@ -294,6 +294,50 @@ async fn i37_13_an_e2b_409_that_is_not_already_paused_fails_the_pause() {
     assert_eq!(c.settle(1, &exe, &c.token).await["state"], "succeeded");
 }
 
+/// Issue 41, item 3: an E2B Computer's egress policy goes to E2B as its `network` (`allowOut`
+/// with the cluster's host added, so the agent's link stays up; `denyOut` all), and a change is
+/// `PUT /sandboxes/{id}/network`; a policy E2B would read otherwise (a name to deny) is refused
+/// with `ComputerUnsupported` and sends nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i41_egress_goes_to_e2b_as_its_network() {
+    let fake = FakeService::start("e2b", KEY);
+    let c = TestCluster::start(1).await;
+    let p = provider(&c, &fake, json!({})).await;
+    let body = json!({
+        "commandKey": "egress-e2b", "source": {"_tag": "Provider", "provider": p},
+        "egress": {"default": "deny", "allow": ["pypi.org", "*.pythonhosted.org"]},
+    });
+    let (st, v) = c.call(Method::POST, 1, "/v1/computers", &c.token, Some(body)).await;
+    assert_eq!(st, 202, "{v}");
+    let id = v["resource"]["id"].as_str().expect("id").to_string();
+    wait_state(&c, &id, "running").await;
+    let journal = fake.journal().await;
+    let made = journal.iter().find(|e| e["effect"] == "create").expect("a create");
+    assert_eq!(
+        made["network"],
+        json!({"allowOut": ["pypi.org", "*.pythonhosted.org", "127.0.0.1"], "denyOut": ["0.0.0.0/0"]}),
+        "{made}"
+    );
+    let url = format!("/v1/computers/{id}/egress");
+    let bad = json!({"default": "allow", "deny": ["ads.example.com"]});
+    let (st, v) = c.call(Method::PUT, 1, &url, &c.token, Some(bad)).await;
+    assert_eq!((st, v["error"]["kind"].as_str()), (422, Some("ComputerUnsupported")), "{v}");
+    assert!(v["error"]["message"].as_str().unwrap_or_default().contains("ads.example.com"), "{v}");
+    let change = json!({"default": "allow", "deny": ["203.0.113.0/24"]});
+    let (st, v) = c.call(Method::PUT, 1, &url, &c.token, Some(change)).await;
+    assert_eq!(st, 200, "{v}");
+    let updates: Vec<Value> =
+        fake.journal().await.into_iter().filter(|e| e["effect"] == "network").map(|e| e["network"].clone()).collect();
+    assert_eq!(updates, vec![json!({"denyOut": ["203.0.113.0/24"]})], "one update, the good one");
+    let (_, v) = c.call(Method::GET, 1, &url, &c.token, None).await;
+    assert_eq!(v["policy"]["deny"], json!(["203.0.113.0/24"]), "{v}");
+    // The sandbox's agent is still linked: a command runs.
+    assert_eq!(run(&c, 1, &id, "echo linked").await["output"].as_str().map(str::trim), Some("linked"));
+    all_valid(&fake).await;
+    let exe = lifecycle(&c, 1, &id, "", "egress-e2b-del").await;
+    assert_eq!(c.settle(1, &exe, &c.token).await["state"], "succeeded");
+}
+
 /// Each fake answers its service's official Python SDK as the service does.
 #[test]
 fn t40_the_fakes_answer_the_official_sdks() {
