@@ -8,6 +8,9 @@
 //!   running and keep their output while the link is down.
 //! - [`users`]: the accounts calls run as (`user` by default in a sandbox, `root` on request),
 //!   and running a call's file work on a thread holding only its account's rights.
+//! - [`egress`]: the egress gateway of a sandbox's network namespace (`computer-agent
+//!   egress-gateway`): the filter rules, a transparent proxy deciding connections by the policy,
+//!   and its control socket.
 //! - [`desktop`]: the display the agent owns (or a paired machine's, opted in): screenshots
 //!   and input actions, one caller at a time.
 //! - [`browser`]: Chromium over CDP on a pipe: browser sessions, snapshots with self-checking
@@ -25,6 +28,7 @@
 
 pub mod browser;
 pub mod desktop;
+pub mod egress;
 pub mod files;
 pub mod layout;
 pub mod link;

@@ -1,6 +1,7 @@
 //! `computer-agent --server URL [--pair CODE] --state DIR`: pairs once, then keeps the link up.
 //! `computer-agent load-runtime --archive FILE|- --into DIR [--expect-snapshot HEX]`: loads a
 //! runtime archive (`runtime_load`).
+//! `computer-agent egress-gateway serve|set POLICY|stats`: the egress gateway (`egress`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -102,6 +103,10 @@ async fn main() -> std::process::ExitCode {
     // `computer-agent load-runtime …`: the runtime loader, a command of its own (no link).
     if std::env::args_os().nth(1).is_some_and(|a| a == "load-runtime") {
         return computer_agent::runtime_load::command(std::env::args_os().skip(1));
+    }
+    // `computer-agent egress-gateway …`: the egress gateway of a sandbox's network namespace.
+    if std::env::args_os().nth(1).is_some_and(|a| a == "egress-gateway") {
+        return computer_agent::egress::command(std::env::args_os().skip(1)).await;
     }
     computerd_proto::mux::keep_freed_memory();
     tracing_subscriber::fmt()
