@@ -114,7 +114,7 @@ async fn i41_egress_by_name_through_the_gateway() {
     let bad = json!({"commandKey": "egress-bad", "source": {"_tag": "Provider", "provider": provider},
                      "egress": {"default": "deny", "allow": ["not a name"]}});
     let (s, v) = dev.call(Method::POST, "/v1/computers", Some(bad)).await;
-    assert_eq!((s, v["error"]["kind"].as_str()), (400, Some("InvalidArgument")), "{v}");
+    assert_eq!((s, v["error"]["kind"].as_str()), (400, Some("invalid_request")), "{v}");
 
     let mut cleanup = Containers::default();
     let body = json!({"commandKey": "egress-1", "name": "egress", "source": {"_tag": "Provider", "provider": provider},
@@ -159,7 +159,7 @@ async fn i41_egress_by_name_through_the_gateway() {
                       "yieldTimeMs": 1000, "user": "user"});
     let (s, v) = dev.call(Method::POST, &format!("/v1/computers/{id}/sessions"), Some(long)).await;
     assert_eq!((s, &v["running"]), (200, &json!(true)), "{v}");
-    let slow_session = v["id"].as_str().expect("session id").to_string();
+    let slow_session = v["sessionId"].as_str().expect("session id").to_string();
 
     // A change: other.test allowed, allowed.test no more. It holds when the PUT answers.
     let started = Instant::now();
