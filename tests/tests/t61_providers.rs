@@ -313,9 +313,11 @@ async fn i41_egress_goes_to_e2b_as_its_network() {
     wait_state(&c, &id, "running").await;
     let journal = fake.journal().await;
     let made = journal.iter().find(|e| e["effect"] == "create").expect("a create");
+    let url = c.url(1, "");
+    let server = url.trim_start_matches("http://").rsplit_once(':').map(|(h, _)| h).expect("host:port");
     assert_eq!(
         made["network"],
-        json!({"allowOut": ["pypi.org", "*.pythonhosted.org", "127.0.0.1"], "denyOut": ["0.0.0.0/0"]}),
+        json!({"allowOut": ["pypi.org", "*.pythonhosted.org", server], "denyOut": ["0.0.0.0/0"]}),
         "{made}"
     );
     let url = format!("/v1/computers/{id}/egress");
