@@ -1121,7 +1121,11 @@ mod tests {
         ),
         ("get", "/v1/computers/{id}/usage", "an operator's view of use and cost"),
         ("get", "/v1/computers/{id}/sandbox", "an operator's view of the provider's sandbox"),
-        ("put", "/v1/computers/{id}/egress", "a member sets where a sandbox may connect: a bot never widens its own egress"),
+        (
+            "put",
+            "/v1/computers/{id}/egress",
+            "a member sets where a sandbox may connect; a bot's program asks through the API (computers.egress, approved by a member), not a model's tool",
+        ),
         (
             "get",
             "/v1/computers/{id}/egress",

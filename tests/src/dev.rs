@@ -106,7 +106,12 @@ impl Dev {
 
     /// One call with the owner token: status and JSON body (`Null` when none).
     pub async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
-        let mut r = self.http.request(method, format!("{}{path}", self.base)).bearer_auth(&self.token);
+        self.call_as(&self.token, method, path, body).await
+    }
+
+    /// One call with `token`: status and JSON body (`Null` when none).
+    pub async fn call_as(&self, token: &str, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        let mut r = self.http.request(method, format!("{}{path}", self.base)).bearer_auth(token);
         r = r.timeout(Duration::from_secs(40));
         if let Some(b) = body {
             r = r.json(&b);

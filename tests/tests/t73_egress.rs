@@ -6,7 +6,8 @@
 //! With `{"default": "deny", "allow": ["allowed.test"]}`: `allowed.test` answers over HTTP and
 //! HTTPS; `other.test` and the bare address are refused; root in a member's root session cannot
 //! undo the rules; a change takes effect within 2 s of the `PUT`, and cuts an open connection
-//! to a host it now denies; the gateway counts the denials; the agent's link keeps working
+//! to a host it now denies; the gateway counts the denials; a bot's change waits for a member's
+//! approval (`computers.egress`) and takes effect with it; the agent's link keeps working
 //! throughout (every step is a session call through it); a delete removes the gateway.
 
 use std::io::BufRead;
@@ -190,6 +191,26 @@ async fn i41_egress_by_name_through_the_gateway() {
     assert!(recent.iter().any(|d| d["host"] == "other.test" && d["port"] == json!(http)), "{v}");
     let (_, c) = dev.call(Method::GET, &format!("/v1/computers/{id}"), None).await;
     assert_eq!(c["egress"]["allow"], json!(["other.test"]), "{c}");
+
+    // A bot asks (capability computers.egress); nothing changes until a member approves.
+    let (s, bot) = dev.call(Method::POST, "/v1/bots", Some(json!({"name": "egress-bot"}))).await;
+    assert_eq!(s, 201, "{bot}");
+    let bot_id = bot["id"].as_str().expect("bot id").to_string();
+    let (s, t) = dev.call(Method::POST, "/v1/tokens", Some(json!({"name": "b", "botId": bot_id}))).await;
+    assert_eq!(s, 201, "{t}");
+    let bot_token = t["secret"].as_str().expect("secret").to_string();
+    let (s, g) = dev.call(Method::PUT, &format!("/v1/computers/{id}/bots/{bot_id}"), None).await;
+    assert_eq!(s, 200, "{g}");
+    let both = json!({"default": "deny", "allow": ["allowed.test", "other.test"]});
+    let (s, v) = dev.call_as(&bot_token, Method::PUT, &format!("/v1/computers/{id}/egress"), Some(both.clone())).await;
+    assert_eq!((s, &v["state"]), (202, &json!("pending")), "{v}");
+    let approval = v["approvalId"].as_str().expect("approval id").to_string();
+    assert_eq!(curl(&dev, &id, &format!("http://allowed.test:{http}/")).await, "403", "not before a member decides");
+    let (s, v) = dev.call(Method::POST, &format!("/v1/approvals/{approval}"), Some(json!({"decision": "approve"}))).await;
+    assert_eq!((s, &v["state"]), (200, &json!("approved")), "{v}");
+    assert_eq!(curl(&dev, &id, &format!("http://allowed.test:{http}/")).await, "200", "applied on approval");
+    let (_, v) = dev.call(Method::GET, &format!("/v1/computers/{id}/egress"), None).await;
+    assert_eq!(v["policy"], both, "{v}");
 
     // A delete takes the gateway with the sandbox.
     let (s, v) =

@@ -65,10 +65,25 @@ pub async fn decide(
 ) -> Result<Json<Value>, ApiError> {
     let caller = auth.for_write(&state).await?;
     let Json(b) = body?;
+    let approve = b.decision == ApprovalDecision::Approve;
+    // A bot's egress request: the policy is applied before the approval is recorded, so an
+    // approval that could not take effect stays pending (and says why).
+    let asked = state.cluster.state().read(|s| {
+        s.approvals
+            .get(&id)
+            .filter(|a| a.state == "pending" && a.capability == computerd_raft::sm::Capability::Egress)
+            .and_then(|a| a.egress.clone().map(|p| (a.target.clone(), p)))
+    });
+    if approve
+        && let Some((computer, policy)) = &asked
+    {
+        caller.check_writable()?;
+        super::egress::apply(&state, &caller, computer, policy).await?;
+    }
     let cmd = Command::DecideApproval {
         by: caller.token.id.clone(),
         approval_id: id.clone(),
-        approve: b.decision == ApprovalDecision::Approve,
+        approve,
         at_ms: now_ms(),
     };
     propose(&state, cmd).await?;

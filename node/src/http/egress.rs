@@ -1,6 +1,8 @@
 //! `PUT/GET /v1/computers/:id/egress`: where a Computer's sandbox may connect.
 //!
-//! A member who may use the Computer sets the policy; the provider applies it first (a docker
+//! A member who may use the Computer sets the policy; a bot asks (capability `computers.egress`:
+//! by default a pending approval holding the policy, applied when a member approves it, in
+//! `approvals::decide`). The provider applies it first (a docker
 //! sandbox's egress gateway answers once the new rules hold and the connections they deny are
 //! cut), and then it is stored. So a refused or failed change leaves both as they were. A `GET`
 //! answers the stored policy and, from the gateway, what it let through, denied (with the
@@ -9,10 +11,14 @@
 use axum::Json;
 use axum::extract::Path;
 use axum::extract::State;
+use axum::http::StatusCode;
 use computerd_proto::ErrorKind;
 use computerd_proto::egress::EgressPolicy;
+use computerd_raft::sm::Caller;
+use computerd_raft::sm::Capability;
 use computerd_raft::sm::Command;
 use computerd_raft::sm::ComputerState;
+use computerd_raft::sm::Effect;
 use computerd_raft::sm::Provider as ProviderRecord;
 use computerd_raft::sm::Source;
 use serde::Deserialize;
@@ -26,6 +32,7 @@ use super::Auth;
 use super::schemas::ErrorBody;
 use super::util::Body;
 use super::util::propose;
+use crate::ids::new_id;
 use crate::ids::now_ms;
 
 /// An egress policy (the body of `PUT …/egress`, and `egress` of a create).
@@ -65,24 +72,56 @@ pub fn check_provider(p: &ProviderRecord, policy: &EgressPolicy) -> Result<(), A
 }
 
 /// `PUT /v1/computers/:id/egress`
-#[utoipa::path(put, path = "/v1/computers/{id}/egress", operation_id = "computers_egress_put", tag = "computers", params(("id" = String, Path)), request_body = EgressIn, responses((status = 200, description = "`{\"policy\"}`: applied by the provider, then stored", body = Object), (status = 400, body = ErrorBody), (status = 403, description = "A bot, or a read-only token", body = ErrorBody), (status = 409, description = "No sandbox yet, or one created without a policy (no gateway)", body = ErrorBody), (status = 422, description = "ComputerUnsupported: an own machine, or a provider that cannot", body = ErrorBody)), security(("bearer" = [])))]
+#[utoipa::path(put, path = "/v1/computers/{id}/egress", operation_id = "computers_egress_put", tag = "computers", params(("id" = String, Path)), request_body = EgressIn, responses((status = 200, description = "`{\"policy\"}`: applied by the provider, then stored", body = Object), (status = 202, description = "A bot's request, waiting for a member: `{\"approvalId\", \"state\": \"pending\", \"policy\"}` (capability `computers.egress`)", body = Object), (status = 400, body = ErrorBody), (status = 403, description = "A read-only token, or a rule denies the bot", body = ErrorBody), (status = 409, description = "No sandbox yet, or one created without a policy (no gateway)", body = ErrorBody), (status = 422, description = "ComputerUnsupported: an own machine, or a provider that cannot", body = ErrorBody)), security(("bearer" = [])))]
 pub async fn put(
     State(state): State<AppState>,
     auth: Auth,
     Path(id): Path<String>,
     body: Body<EgressIn>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<(StatusCode, Json<Value>), ApiError> {
     let caller = auth.for_write(&state).await?;
-    if caller.bot.is_some() {
-        return Err(ApiError::new(
-            ErrorKind::Forbidden,
-            "only a member sets a Computer's egress: a bot cannot widen where its own sandbox may connect",
-        ));
-    }
     let Json(b) = body?;
     let policy = b.policy()?;
+    if caller.bot.is_some() {
+        // A bot asks, unless a rule lets it set egress without asking.
+        let decided = state.cluster.state().read(|s| {
+            s.visible_computer(&caller, &id)?;
+            Ok::<_, computerd_raft::sm::Reject>(computerd_raft::sm::decide(&s.rules(), Capability::Egress, &caller, &id))
+        })?;
+        match decided {
+            computerd_raft::sm::Decided::Effect(Effect::Allow) => {}
+            computerd_raft::sm::Decided::Effect(Effect::Ask) => {
+                let approval_id = new_id("apr");
+                let cmd = Command::RequestEgress {
+                    by: caller.token.id.clone(),
+                    computer_id: id,
+                    policy: policy.clone(),
+                    approval_id: approval_id.clone(),
+                    reason: None,
+                    at_ms: now_ms(),
+                };
+                propose(&state, cmd).await?;
+                let v = json!({"approvalId": approval_id, "state": "pending", "policy": policy});
+                return Ok((StatusCode::ACCEPTED, Json(v)));
+            }
+            _ => {
+                return Err(ApiError::new(
+                    ErrorKind::Forbidden,
+                    "computers.egress is denied to this bot: only a member sets a Computer's egress",
+                ));
+            }
+        }
+    }
+    apply(&state, &caller, &id, &policy).await?;
+    Ok((StatusCode::OK, Json(json!({"policy": policy}))))
+}
+
+/// Has the provider apply `policy` to Computer `id`'s sandbox, then stores it as `caller`'s
+/// change: a refusal or failure of either leaves the sandbox's policy as it was (the provider's
+/// is applied only when its checks pass; the store re-checks `caller`'s right).
+pub async fn apply(state: &AppState, caller: &Caller, id: &str, policy: &EgressPolicy) -> Result<(), ApiError> {
     let (computer, provider) = state.cluster.state().read(|s| {
-        let c = s.visible_computer(&caller, &id)?.clone();
+        let c = s.visible_computer(caller, id)?.clone();
         let p = match &c.source {
             Source::Provider { provider, .. } => s.providers.get(provider).cloned(),
             Source::Paired => None,
@@ -95,7 +134,7 @@ pub async fn put(
             "an own machine's egress is its own: egress applies to provider sandboxes",
         ));
     };
-    check_provider(&provider, &policy)?;
+    check_provider(&provider, policy)?;
     let sandbox = match (&computer.sandbox, computer.state) {
         (Some(s), ComputerState::Running | ComputerState::Paused) if computer.active_execution.is_none() => s.clone(),
         _ => {
@@ -106,7 +145,7 @@ pub async fn put(
         }
     };
     let (adapter, timeout) = state.providers.build(&provider);
-    let applied = tokio::time::timeout(timeout, adapter.set_egress(&sandbox, &computer.id, &policy))
+    let applied = tokio::time::timeout(timeout, adapter.set_egress(&sandbox, &computer.id, policy))
         .await
         .map_err(|_| ApiError::new(ErrorKind::ComputerExecutionFailed, "the provider did not answer"))?;
     if let Err(e) = applied {
@@ -122,12 +161,14 @@ pub async fn put(
             other => ApiError::new(ErrorKind::ComputerExecutionFailed, other.to_string()),
         });
     }
-    propose(
-        &state,
-        Command::SetEgress { by: caller.token.id.clone(), computer_id: id, policy: Some(policy.clone()), at_ms: now_ms() },
-    )
-    .await?;
-    Ok(Json(json!({"policy": policy})))
+    let cmd = Command::SetEgress {
+        by: caller.token.id.clone(),
+        computer_id: id.to_string(),
+        policy: Some(policy.clone()),
+        at_ms: now_ms(),
+    };
+    propose(state, cmd).await?;
+    Ok(())
 }
 
 /// `GET /v1/computers/:id/egress`

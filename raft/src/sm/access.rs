@@ -438,6 +438,7 @@ impl State {
                 decided_at: None,
                 reason: reason.map(String::from),
                 created_at: at_ms,
+                egress: None,
             },
         );
         let computer_id = if capability == Capability::Create {

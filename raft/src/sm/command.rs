@@ -244,6 +244,22 @@ pub enum Command {
         /// Unix ms.
         at_ms: u64,
     },
+    /// A bot asks for a Computer's egress policy to change (`computers.egress`, store version
+    /// 5): it waits as an approval; a member's approval applies it (the route, then `SetEgress`).
+    RequestEgress {
+        /// The bot's token id.
+        by: String,
+        /// Computer id.
+        computer_id: String,
+        /// The policy asked for.
+        policy: computerd_proto::egress::EgressPolicy,
+        /// The approval's id.
+        approval_id: String,
+        /// Why (the bot's words), if given.
+        reason: Option<String>,
+        /// Unix ms.
+        at_ms: u64,
+    },
     /// Grants a bot the right to use a Computer.
     PutGrant {
         /// The token id of the caller.
@@ -867,6 +883,7 @@ impl Command {
             Command::DecideExecution { .. } => "decide_execution",
             Command::StopComputer { .. } => "stop_computer",
             Command::SetEgress { .. } => "set_egress",
+            Command::RequestEgress { .. } => "request_egress",
             Command::PutGrant { .. } => "put_grant",
             Command::PutSecret { .. } => "put_secret",
             Command::DeleteSecret { .. } => "delete_secret",

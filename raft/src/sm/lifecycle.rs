@@ -650,9 +650,44 @@ impl State {
         Ok(())
     }
 
+    /// `RequestEgress`: a bot that may operate a provider Computer asks for its egress policy to
+    /// become `policy`. The capability `computers.egress` decides: a denial is refused, an ask
+    /// parks the policy in a pending approval (a member's approval applies it), and an allow is
+    /// refused here because the route sets it directly then.
+    pub(crate) fn request_egress(
+        &mut self,
+        by: &str,
+        computer_id: &str,
+        policy: &computerd_proto::egress::EgressPolicy,
+        approval_id: &str,
+        reason: Option<&str>,
+        at: u64,
+    ) -> Result<(), Reject> {
+        let caller = self.caller_by_token_id(by)?;
+        if caller.bot.is_none() {
+            return Err(Reject::new(RejectKind::Invalid, "a member sets egress with PUT; only a bot asks"));
+        }
+        self.check_operate(&caller, computer_id)?;
+        let c = self.computers.get(computer_id).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such computer"))?;
+        if c.source == Source::Paired {
+            return Err(Reject::new(RejectKind::Invalid, "an own machine's egress is its own: egress applies to provider sandboxes"));
+        }
+        policy.compile().map_err(|e| Reject::new(RejectKind::Invalid, e))?;
+        match self.decide_capability(&caller, Capability::Egress, computer_id)? {
+            Effect::Ask => {}
+            _ => return Err(Reject::new(RejectKind::Conflict, "a rule lets this bot set egress without asking: PUT sets it")),
+        }
+        self.check_approval_room_within(&caller, MAX_PENDING_APPROVALS_PER_MEMBER)?;
+        self.open_approval(approval_id, Capability::Egress, computer_id, &caller, None, reason, at);
+        if let Some(a) = self.approvals.get_mut(approval_id) {
+            a.egress = Some(policy.clone());
+        }
+        Ok(())
+    }
+
     /// `SetEgress`: a member who may use a provider Computer sets where its sandbox may connect
-    /// (the route has had the provider apply it first). A bot cannot: it asks, through the
-    /// `computers.egress` capability.
+    /// (the route has had the provider apply it first). A bot cannot unless a rule lets it
+    /// without asking: it asks, through the `computers.egress` capability (`RequestEgress`).
     pub(crate) fn set_egress(
         &mut self,
         by: &str,
@@ -662,8 +697,9 @@ impl State {
     ) -> Result<(), Reject> {
         let caller = self.caller_by_token_id(by)?;
         let c = self.visible_computer(&caller, computer_id)?;
-        if caller.bot.is_some() {
-            return Err(Reject::new(RejectKind::Forbidden, "only a member may set a computer's egress"));
+        // A bot sets it only where a rule lets it without asking (`computers.egress: allow`).
+        if caller.bot.is_some() && self.decide_capability(&caller, Capability::Egress, computer_id)? != Effect::Allow {
+            return Err(Reject::new(RejectKind::Forbidden, "only a member may set a computer's egress; a bot asks"));
         }
         caller.check_writable()?;
         if c.source == Source::Paired {

@@ -398,6 +398,9 @@ pub enum Capability {
     /// Give a port a public address (target: computer id).
     #[serde(rename = "computers.expose")]
     Expose,
+    /// Change where a Computer's sandbox may connect (target: computer id; store version 5).
+    #[serde(rename = "computers.egress")]
+    Egress,
 }
 
 /// What a rule decides.
@@ -467,6 +470,9 @@ pub struct Approval {
     pub reason: Option<String>,
     /// Unix ms.
     pub created_at: u64,
+    /// The egress policy a bot asked for (`computers.egress`), applied when a member approves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<computerd_proto::egress::EgressPolicy>,
 }
 
 /// One exposed port.

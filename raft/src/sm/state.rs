@@ -395,6 +395,9 @@ impl State {
             Command::SetEgress { by, computer_id, policy, at_ms } => {
                 self.set_egress(by, computer_id, policy.as_ref(), *at_ms)
             }
+            Command::RequestEgress { by, computer_id, policy, approval_id, reason, at_ms } => {
+                self.request_egress(by, computer_id, policy, approval_id, reason.as_deref(), *at_ms)
+            }
             Command::PutGrant { by, computer_id, bot_id, at_ms, allow_root, paths, desktop_control, secrets } => {
                 let change = super::access::GrantChange {
                     allow_root: *allow_root,

@@ -17,8 +17,8 @@ use super::State;
 /// Computer record of version 1 has no such fields: an older node would decode the create
 /// and silently drop them, and its replica would differ); 3, the `recreate` lifecycle command
 /// (an older build cannot decode its kind); 4, the vault (`PutSecret`, `DeleteSecret`,
-/// `TouchSecret`, and a grant's `secrets`); 5, egress policies (`SetEgress`, and a create
-/// whose Computer carries `egress`).
+/// `TouchSecret`, and a grant's `secrets`); 5, egress policies (`SetEgress`, `RequestEgress`
+/// with the `computers.egress` capability, and a create whose Computer carries `egress`).
 pub const STORE_VERSION: u32 = if cfg!(feature = "upgrade-probe") { 6 } else { 5 };
 
 impl Command {
@@ -28,7 +28,7 @@ impl Command {
         match self {
             #[cfg(feature = "upgrade-probe")]
             Command::UpgradeProbe { .. } => 6,
-            Command::SetEgress { .. } => 5,
+            Command::SetEgress { .. } | Command::RequestEgress { .. } => 5,
             Command::SubmitExecution(s) if s.computer.as_ref().is_some_and(|c| c.egress.is_some()) => 5,
             Command::PutSecret { .. } | Command::DeleteSecret { .. } | Command::TouchSecret { .. } => 4,
             Command::PutGrant { secrets: Some(_), .. } => 4,
@@ -131,6 +131,7 @@ mod tests {
         use crate::sm::Source;
         use crate::sm::Submit;
         use crate::sm::testing;
+        use crate::sm::Capability;
         use computerd_proto::egress::DefaultAction;
         use computerd_proto::egress::EgressPolicy;
         let policy = EgressPolicy { default: DefaultAction::Deny, allow: vec!["allowed.test".into()], deny: vec![] };
@@ -174,5 +175,36 @@ mod tests {
         assert_eq!(s.computers["cmp_1"].egress.as_ref(), Some(&policy));
         let last = s.events.iter().last().expect("an event");
         assert_eq!((last.kind.as_str(), last.data["policy"]["allow"][0].as_str()), ("EgressSet", Some("allowed.test")));
+
+        // A bot asks: a pending approval holds the policy; a member cannot "ask".
+        let ask = |by: &str, apr: &str| Command::RequestEgress {
+            by: by.into(),
+            computer_id: "cmp_1".into(),
+            policy: policy.clone(),
+            approval_id: apr.into(),
+            reason: None,
+            at_ms: 10,
+        };
+        assert_eq!(ask("tok_bot", "apr_e").since(), 5);
+        testing::rejected(s.apply(&ask("tok_bot", "apr_e")));
+        testing::ok(s.apply(&Command::PutGrant {
+            by: testing::OWNER.into(),
+            computer_id: "cmp_1".into(),
+            bot_id: "bot_1".into(),
+            at_ms: 10,
+            allow_root: None,
+            paths: None,
+            desktop_control: None,
+            secrets: None,
+        }));
+        testing::ok(s.apply(&ask("tok_bot", "apr_e")));
+        let a = &s.approvals["apr_e"];
+        assert_eq!((a.state.as_str(), a.capability, a.egress.as_ref()), ("pending", Capability::Egress, Some(&policy)));
+        assert_eq!(testing::rejected(s.apply(&ask(testing::OWNER, "apr_m"))).kind, crate::sm::RejectKind::Invalid);
+        assert_eq!(
+            testing::rejected(s.apply(&set("tok_bot", "cmp_1", &policy))).kind,
+            crate::sm::RejectKind::Forbidden,
+            "with the default rules a bot asks, it never sets"
+        );
     }
 }
