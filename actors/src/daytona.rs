@@ -309,8 +309,12 @@ pub fn network(
     use computerd_proto::egress::DefaultAction;
     use computerd_proto::egress::Target;
     let c = policy.compile()?;
-    if let Some((entry, _)) =
-        policy.allow.iter().chain(&policy.deny).zip(c.allow.iter().chain(&c.deny)).find(|(_, t)| !matches!(t, Target::Range(_)))
+    if let Some((entry, _)) = policy
+        .allow
+        .iter()
+        .chain(&policy.deny)
+        .zip(c.allow.iter().chain(&c.deny))
+        .find(|(_, t)| !matches!(t, Target::Range(_)))
     {
         return Err(format!(
             "egress: Daytona's networkAllowList takes CIDR ranges only (at most {MAX_ALLOW_LIST}), not the name {entry:?}"
@@ -323,10 +327,14 @@ pub fn network(
     if c.default == DefaultAction::Allow {
         return Ok(out);
     }
-    let mut ranges: Vec<String> = c.allow.iter().map(|t| match t {
-        Target::Range(r) => r.to_string(),
-        _ => String::new(),
-    }).collect();
+    let mut ranges: Vec<String> = c
+        .allow
+        .iter()
+        .map(|t| match t {
+            Target::Range(r) => r.to_string(),
+            _ => String::new(),
+        })
+        .collect();
     for s in server {
         if !ranges.contains(s) {
             ranges.push(s.clone());
@@ -497,7 +505,11 @@ mod tests {
         assert!(network(&p(DefaultAction::Allow, &[], &[]), &server).expect("open").is_empty());
         let e = network(&p(DefaultAction::Deny, &["pypi.org"], &[]), &server).expect_err("a name");
         assert!(e.contains("CIDR ranges only") && e.contains("pypi.org"), "{e}");
-        assert!(network(&p(DefaultAction::Allow, &[], &["10.0.0.0/8"]), &server).expect_err("deny").contains("no deny list"));
+        assert!(
+            network(&p(DefaultAction::Allow, &[], &["10.0.0.0/8"]), &server)
+                .expect_err("deny")
+                .contains("no deny list")
+        );
         let six = ["10.1.0.0/16", "10.2.0.0/16", "10.3.0.0/16", "10.4.0.0/16", "10.5.0.0/16"];
         assert!(network(&p(DefaultAction::Deny, &six, &[]), &server).expect_err("six").contains("at most 5"));
     }

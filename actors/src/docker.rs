@@ -292,7 +292,10 @@ impl DockerConfig {
                 return Err(format!("docker provider config: template {name:?}: hosts names at most 64 names"));
             }
             for (host, ip) in &t.hosts {
-                let named = matches!(computerd_proto::egress::Target::parse(host), Ok(computerd_proto::egress::Target::Name(_)));
+                let named = matches!(
+                    computerd_proto::egress::Target::parse(host),
+                    Ok(computerd_proto::egress::Target::Name(_))
+                );
                 if !named || ip.parse::<std::net::IpAddr>().is_err() {
                     return Err(format!(
                         "docker provider config: template {name:?}: hosts maps host names to IP addresses, not {host:?} to {ip:?}"

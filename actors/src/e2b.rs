@@ -214,10 +214,7 @@ pub fn network(policy: &computerd_proto::egress::EgressPolicy, server_url: &str)
     use computerd_proto::egress::Target;
     let c = policy.compile()?;
     if let Some(name) = policy.deny.iter().zip(&c.deny).find(|(_, t)| !matches!(t, Target::Range(_))) {
-        return Err(format!(
-            "egress: E2B's denyOut takes addresses and ranges only, not the name {:?}",
-            name.0
-        ));
+        return Err(format!("egress: E2B's denyOut takes addresses and ranges only, not the name {:?}", name.0));
     }
     match c.default {
         // Under "allow", our allow entries change nothing (deny comes first): only deny goes.
@@ -296,10 +293,8 @@ impl Provider for E2bProvider {
         policy: &computerd_proto::egress::EgressPolicy,
     ) -> Result<(), ProviderError> {
         check_id(sandbox)?;
-        let body = network(policy, &self.config.server_url).map_err(|message| ProviderError::Refused {
-            kind: "ComputerUnsupported".into(),
-            message,
-        })?;
+        let body = network(policy, &self.config.server_url)
+            .map_err(|message| ProviderError::Refused { kind: "ComputerUnsupported".into(), message })?;
         let a = self.call(http::Method::PUT, &format!("/sandboxes/{sandbox}/network"), Some(&body)).await?;
         match a.status {
             200..=299 => Ok(()),
@@ -452,7 +447,11 @@ mod tests {
             json!({"denyOut": ["203.0.113.0/24"]})
         );
         assert!(network(&p(DefaultAction::Allow, &[], &["ads.test"]), url).expect_err("a name").contains("ads.test"));
-        assert!(network(&p(DefaultAction::Deny, &["*.a.test"], &["10.0.0.1"]), url).expect_err("narrowing").contains("allowOut win"));
+        assert!(
+            network(&p(DefaultAction::Deny, &["*.a.test"], &["10.0.0.1"]), url)
+                .expect_err("narrowing")
+                .contains("allowOut win")
+        );
     }
 
     #[test]

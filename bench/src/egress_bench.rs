@@ -147,26 +147,72 @@ fn main() -> Result<()> {
     let direct = format!("egress-bench-direct-{tag}");
     made.containers.push(direct.clone());
     docker(&[
-        "run", "-d", "--name", &direct, "--network", &made.network, "--add-host", &add_host, "--cap-drop", "ALL",
-        IMAGE, "sleep", "infinity",
+        "run",
+        "-d",
+        "--name",
+        &direct,
+        "--network",
+        &made.network,
+        "--add-host",
+        &add_host,
+        "--cap-drop",
+        "ALL",
+        IMAGE,
+        "sleep",
+        "infinity",
     ])?;
     let gateway = format!("egress-bench-gateway-{tag}");
     made.containers.push(gateway.clone());
     let cpus = std::env::var("BENCH_GATEWAY_CPUS").unwrap_or_else(|_| "0.5".into());
     let config = format!(r#"COMPUTERD_EGRESS_CONFIG={{"link":[],"hosts":{{"bench.test":"{host}"}}}}"#);
     docker(&[
-        "run", "-d", "--name", &gateway, "--network", &made.network, "--add-host", &add_host, "--cap-drop", "ALL",
-        "--cap-add", "NET_ADMIN", "--cap-add", "NET_RAW", "--cpus", &cpus, "--memory", "128m", "--pids-limit", "64",
-        "--security-opt", "no-new-privileges", "-e", &config, "-v", &mount, IMAGE,
-        "/usr/local/bin/computer-agent", "egress-gateway", "serve",
+        "run",
+        "-d",
+        "--name",
+        &gateway,
+        "--network",
+        &made.network,
+        "--add-host",
+        &add_host,
+        "--cap-drop",
+        "ALL",
+        "--cap-add",
+        "NET_ADMIN",
+        "--cap-add",
+        "NET_RAW",
+        "--cpus",
+        &cpus,
+        "--memory",
+        "128m",
+        "--pids-limit",
+        "64",
+        "--security-opt",
+        "no-new-privileges",
+        "-e",
+        &config,
+        "-v",
+        &mount,
+        IMAGE,
+        "/usr/local/bin/computer-agent",
+        "egress-gateway",
+        "serve",
     ])?;
     let policy = r#"{"default":"deny","allow":["bench.test"]}"#;
     docker(&["exec", &gateway, "/usr/local/bin/computer-agent", "egress-gateway", "set", policy])?;
     let behind = format!("egress-bench-egress-{tag}");
     made.containers.push(behind.clone());
     docker(&[
-        "run", "-d", "--name", &behind, "--network", &format!("container:{gateway}"), "--cap-drop", "ALL", IMAGE,
-        "sleep", "infinity",
+        "run",
+        "-d",
+        "--name",
+        &behind,
+        "--network",
+        &format!("container:{gateway}"),
+        "--cap-drop",
+        "ALL",
+        IMAGE,
+        "sleep",
+        "infinity",
     ])?;
 
     let port_s = port.to_string();

@@ -89,7 +89,6 @@ impl Cidr {
     }
 }
 
-
 /// What a connection that no entry names gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -141,7 +140,8 @@ impl Target {
             Some(rest) => (true, rest),
             None => (false, lower.as_str()),
         };
-        check_name(name).map_err(|why| format!("{s:?} is not a host name, *.wildcard, IP address or CIDR range: {why}"))?;
+        check_name(name)
+            .map_err(|why| format!("{s:?} is not a host name, *.wildcard, IP address or CIDR range: {why}"))?;
         Ok(if wild { Target::Suffix(format!(".{name}")) } else { Target::Name(name.to_string()) })
     }
 
@@ -249,7 +249,8 @@ impl Compiled {
     pub fn decide(&self, ip: IpAddr, name: Option<&str>) -> Decision {
         let name = name.map(|n| n.trim_end_matches('.').to_ascii_lowercase());
         // A name that is an address literal is that address.
-        let named_ip = name.as_deref().and_then(|n| n.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>().ok());
+        let named_ip =
+            name.as_deref().and_then(|n| n.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>().ok());
         let name = name.filter(|_| named_ip.is_none());
         let ips = [Some(ip), named_ip];
         let ips = ips.iter().flatten();
@@ -298,18 +299,31 @@ mod tests {
     fn entries_parse_or_are_named() {
         assert_eq!(Target::parse("PyPI.org.").expect("a name"), Target::Name("pypi.org".into()));
         assert_eq!(Target::parse("*.example.com").expect("a wildcard"), Target::Suffix(".example.com".into()));
-        assert_eq!(Target::parse("10.1.0.0/16").expect("a range").to_owned(), Target::Range(Cidr::parse("10.1.0.0/16").expect("r")));
-        assert_eq!(Target::parse("203.0.113.7").expect("an ip"), Target::Range(Cidr::parse("203.0.113.7/32").expect("r")));
-        for bad in ["", "*", "*.", "a..b", "-a.com", "a_b.com", "10.0.0.1/40", "10.0.0.1/8", "*.10.0.0.1", "é.com", "1.2.3"] {
+        assert_eq!(
+            Target::parse("10.1.0.0/16").expect("a range").to_owned(),
+            Target::Range(Cidr::parse("10.1.0.0/16").expect("r"))
+        );
+        assert_eq!(
+            Target::parse("203.0.113.7").expect("an ip"),
+            Target::Range(Cidr::parse("203.0.113.7/32").expect("r"))
+        );
+        for bad in
+            ["", "*", "*.", "a..b", "-a.com", "a_b.com", "10.0.0.1/40", "10.0.0.1/8", "*.10.0.0.1", "é.com", "1.2.3"]
+        {
             assert!(Target::parse(bad).is_err(), "{bad:?} should be refused");
         }
-        let long = EgressPolicy { default: DefaultAction::Deny, allow: vec!["a.com".into(); MAX_ENTRIES + 1], deny: vec![] };
+        let long =
+            EgressPolicy { default: DefaultAction::Deny, allow: vec!["a.com".into(); MAX_ENTRIES + 1], deny: vec![] };
         assert!(long.compile().expect_err("too many").contains("at most"));
     }
 
     #[test]
     fn deny_wins_then_allow_then_default() {
-        let p = policy(DefaultAction::Deny, &["allowed.test", "*.example.com", "203.0.113.0/24"], &["bad.example.com", "203.0.113.9"]);
+        let p = policy(
+            DefaultAction::Deny,
+            &["allowed.test", "*.example.com", "203.0.113.0/24"],
+            &["bad.example.com", "203.0.113.9"],
+        );
         let any = ip("198.51.100.1");
         assert_eq!(p.decide(any, Some("Allowed.Test.")), Decision::Name);
         assert_eq!(p.decide(any, Some("a.example.com")), Decision::Name);
@@ -318,7 +332,11 @@ mod tests {
         assert_eq!(p.decide(any, Some("other.test")), Decision::Deny);
         assert_eq!(p.decide(any, None), Decision::Deny);
         assert_eq!(p.decide(ip("203.0.113.5"), None), Decision::Address);
-        assert_eq!(p.decide(ip("203.0.113.9"), Some("allowed.test")), Decision::Deny, "a denied address whatever the name");
+        assert_eq!(
+            p.decide(ip("203.0.113.9"), Some("allowed.test")),
+            Decision::Deny,
+            "a denied address whatever the name"
+        );
         assert_eq!(p.decide(any, Some("203.0.113.5")), Decision::Deny, "an allowed literal sent elsewhere");
         assert_eq!(p.decide(ip("203.0.113.5"), Some("203.0.113.5")), Decision::Address);
         let open = policy(DefaultAction::Allow, &[], &["*.tracker.test"]);

@@ -147,11 +147,13 @@ async fn i41_egress_by_name_through_the_gateway() {
     // A name the sandbox points elsewhere still goes where the gateway resolves it: an allowed
     // name cannot carry a connection to another host.
     let (answer, code) =
-        sh(&dev, &id, &format!("curl -s --max-time 15 http://allowed.test:{http}/ -H 'Host: other.test'"), "user").await;
+        sh(&dev, &id, &format!("curl -s --max-time 15 http://allowed.test:{http}/ -H 'Host: other.test'"), "user")
+            .await;
     assert!(code != 0 || !answer.contains("hello"), "a Host of another name is that name's: {answer}");
 
     // Root cannot undo the rules.
-    let (out, code) = sh(&dev, &id, "iptables -t nat -F; iptables -F; iptables -P OUTPUT ACCEPT; echo done", "root").await;
+    let (out, code) =
+        sh(&dev, &id, "iptables -t nat -F; iptables -F; iptables -P OUTPUT ACCEPT; echo done", "root").await;
     assert!(out.contains("Permission denied") || out.contains("not permitted"), "{out} ({code})");
     assert_eq!(curl(&dev, &id, &format!("http://other.test:{http}/")).await, "403", "still refused after root tried");
 
@@ -206,7 +208,8 @@ async fn i41_egress_by_name_through_the_gateway() {
     assert_eq!((s, &v["state"]), (202, &json!("pending")), "{v}");
     let approval = v["approvalId"].as_str().expect("approval id").to_string();
     assert_eq!(curl(&dev, &id, &format!("http://allowed.test:{http}/")).await, "403", "not before a member decides");
-    let (s, v) = dev.call(Method::POST, &format!("/v1/approvals/{approval}"), Some(json!({"decision": "approve"}))).await;
+    let (s, v) =
+        dev.call(Method::POST, &format!("/v1/approvals/{approval}"), Some(json!({"decision": "approve"}))).await;
     assert_eq!((s, &v["state"]), (200, &json!("approved")), "{v}");
     assert_eq!(curl(&dev, &id, &format!("http://allowed.test:{http}/")).await, "200", "applied on approval");
     let (_, v) = dev.call(Method::GET, &format!("/v1/computers/{id}/egress"), None).await;

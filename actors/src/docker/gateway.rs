@@ -65,9 +65,9 @@ impl DockerProvider {
         if let Ok(ip) = host.parse::<std::net::IpAddr>() {
             return Ok(vec![std::net::SocketAddr::new(ip, port).to_string()]);
         }
-        let found = tokio::net::lookup_host((host.as_str(), port))
-            .await
-            .map_err(|e| ProviderError::NotSent(format!("the egress gateway needs serverUrl's address: {host}: {e}")))?;
+        let found = tokio::net::lookup_host((host.as_str(), port)).await.map_err(|e| {
+            ProviderError::NotSent(format!("the egress gateway needs serverUrl's address: {host}: {e}"))
+        })?;
         let mut out: Vec<String> = found.map(|a| a.to_string()).collect();
         out.sort();
         out.dedup();
@@ -155,7 +155,12 @@ impl DockerProvider {
     }
 
     /// Sets `policy` in gateway `id` (`egress-gateway set`, which answers once it holds).
-    pub(super) async fn gateway_set(&self, docker: &Docker, id: &str, policy: &EgressPolicy) -> Result<(), ProviderError> {
+    pub(super) async fn gateway_set(
+        &self,
+        docker: &Docker,
+        id: &str,
+        policy: &EgressPolicy,
+    ) -> Result<(), ProviderError> {
         let json = serde_json::to_string(policy).map_err(|e| ProviderError::NotSent(e.to_string()))?;
         let (code, _out, err) = self.gateway_exec(docker, id, &["set", &json]).await?;
         if code == 0 {
@@ -166,7 +171,12 @@ impl DockerProvider {
     }
 
     /// Runs `computer-agent egress-gateway <args>` in gateway `id`: its exit code, stdout and stderr.
-    async fn gateway_exec(&self, docker: &Docker, id: &str, args: &[&str]) -> Result<(i64, String, String), ProviderError> {
+    async fn gateway_exec(
+        &self,
+        docker: &Docker,
+        id: &str,
+        args: &[&str],
+    ) -> Result<(i64, String, String), ProviderError> {
         let mut cmd = vec![AGENT_PATH.to_string(), "egress-gateway".to_string()];
         cmd.extend(args.iter().map(|a| a.to_string()));
         let config = bollard::models::ExecConfig {
@@ -216,7 +226,11 @@ impl DockerProvider {
     }
 
     /// Sets a running Computer's policy in its gateway.
-    pub(super) async fn set_gateway_policy(&self, computer_id: &str, policy: &EgressPolicy) -> Result<(), ProviderError> {
+    pub(super) async fn set_gateway_policy(
+        &self,
+        computer_id: &str,
+        policy: &EgressPolicy,
+    ) -> Result<(), ProviderError> {
         let docker = self.docker().await?;
         let Some(id) = self.gateway_of(docker, computer_id).await? else {
             return Err(ProviderError::Refused {

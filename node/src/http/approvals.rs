@@ -74,18 +74,12 @@ pub async fn decide(
             .filter(|a| a.state == "pending" && a.capability == computerd_raft::sm::Capability::Egress)
             .and_then(|a| a.egress.clone().map(|p| (a.target.clone(), p)))
     });
-    if approve
-        && let Some((computer, policy)) = &asked
-    {
+    if approve && let Some((computer, policy)) = &asked {
         caller.check_writable()?;
         super::egress::apply(&state, &caller, computer, policy).await?;
     }
-    let cmd = Command::DecideApproval {
-        by: caller.token.id.clone(),
-        approval_id: id.clone(),
-        approve,
-        at_ms: now_ms(),
-    };
+    let cmd =
+        Command::DecideApproval { by: caller.token.id.clone(), approval_id: id.clone(), approve, at_ms: now_ms() };
     propose(&state, cmd).await?;
     state.cluster.read_barrier().await?;
     let a = state.cluster.state().read(|s| s.approvals.get(&id).cloned());

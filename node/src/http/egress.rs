@@ -86,7 +86,12 @@ pub async fn put(
         // A bot asks, unless a rule lets it set egress without asking.
         let decided = state.cluster.state().read(|s| {
             s.visible_computer(&caller, &id)?;
-            Ok::<_, computerd_raft::sm::Reject>(computerd_raft::sm::decide(&s.rules(), Capability::Egress, &caller, &id))
+            Ok::<_, computerd_raft::sm::Reject>(computerd_raft::sm::decide(
+                &s.rules(),
+                Capability::Egress,
+                &caller,
+                &id,
+            ))
         })?;
         match decided {
             computerd_raft::sm::Decided::Effect(Effect::Allow) => {}

@@ -670,12 +670,20 @@ impl State {
         self.check_operate(&caller, computer_id)?;
         let c = self.computers.get(computer_id).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such computer"))?;
         if c.source == Source::Paired {
-            return Err(Reject::new(RejectKind::Invalid, "an own machine's egress is its own: egress applies to provider sandboxes"));
+            return Err(Reject::new(
+                RejectKind::Invalid,
+                "an own machine's egress is its own: egress applies to provider sandboxes",
+            ));
         }
         policy.compile().map_err(|e| Reject::new(RejectKind::Invalid, e))?;
         match self.decide_capability(&caller, Capability::Egress, computer_id)? {
             Effect::Ask => {}
-            _ => return Err(Reject::new(RejectKind::Conflict, "a rule lets this bot set egress without asking: PUT sets it")),
+            _ => {
+                return Err(Reject::new(
+                    RejectKind::Conflict,
+                    "a rule lets this bot set egress without asking: PUT sets it",
+                ));
+            }
         }
         self.check_approval_room_within(&caller, MAX_PENDING_APPROVALS_PER_MEMBER)?;
         self.open_approval(approval_id, Capability::Egress, computer_id, &caller, None, reason, at);
@@ -703,7 +711,10 @@ impl State {
         }
         caller.check_writable()?;
         if c.source == Source::Paired {
-            return Err(Reject::new(RejectKind::Invalid, "an own machine's egress is its own: egress applies to provider sandboxes"));
+            return Err(Reject::new(
+                RejectKind::Invalid,
+                "an own machine's egress is its own: egress applies to provider sandboxes",
+            ));
         }
         if let Some(p) = policy {
             p.compile().map_err(|e| Reject::new(RejectKind::Invalid, e))?;

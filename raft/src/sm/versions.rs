@@ -126,12 +126,12 @@ mod tests {
     /// who may use the Computer sets it, and a bad policy or an own machine changes nothing.
     #[test]
     fn i41_egress_needs_version_5_and_a_member() {
+        use crate::sm::Capability;
         use crate::sm::Execution;
         use crate::sm::ExecutionKind;
         use crate::sm::Source;
         use crate::sm::Submit;
         use crate::sm::testing;
-        use crate::sm::Capability;
         use computerd_proto::egress::DefaultAction;
         use computerd_proto::egress::EgressPolicy;
         let policy = EgressPolicy { default: DefaultAction::Deny, allow: vec!["allowed.test".into()], deny: vec![] };
