@@ -330,9 +330,10 @@ pub fn network(
     let mut ranges: Vec<String> = c
         .allow
         .iter()
-        .map(|t| match t {
-            Target::Range(r) => r.to_string(),
-            _ => String::new(),
+        .filter_map(|t| match t {
+            Target::Range(r) => Some(r.to_string()),
+            // (Names were refused above.)
+            _ => None,
         })
         .collect();
     for s in server {

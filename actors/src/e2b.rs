@@ -293,8 +293,10 @@ impl Provider for E2bProvider {
         policy: &computerd_proto::egress::EgressPolicy,
     ) -> Result<(), ProviderError> {
         check_id(sandbox)?;
-        let body = network(policy, &self.config.server_url)
-            .map_err(|message| ProviderError::Refused { kind: "ComputerUnsupported".into(), message })?;
+        let body = network(policy, &self.config.server_url).map_err(|message| ProviderError::Refused {
+            kind: computerd_proto::ErrorKind::ComputerUnsupported.as_str().into(),
+            message,
+        })?;
         let a = self.call(http::Method::PUT, &format!("/sandboxes/{sandbox}/network"), Some(&body)).await?;
         match a.status {
             200..=299 => Ok(()),

@@ -197,7 +197,7 @@ pub trait Provider: Send + Sync {
         _policy: &computerd_proto::egress::EgressPolicy,
     ) -> Result<(), ProviderError> {
         Err(ProviderError::Refused {
-            kind: "ComputerUnsupported".into(),
+            kind: computerd_proto::ErrorKind::ComputerUnsupported.as_str().into(),
             message: "this provider cannot change a sandbox's egress while it runs".into(),
         })
     }

@@ -250,13 +250,11 @@ fn main() -> Result<()> {
 
     println!("egress-bench: {} connections of each kind, load {}", conn[0].len(), computerd_bench::report::loadavg());
     println!("{:<28} {:>10} {:>10} {:>10}", "", "direct", "egress", "egress - direct");
-    for (name, v) in [("connect p50 (ms)", &mut conn), ("request p50 (ms)", &mut req)] {
-        let (a, b) = (percentile(&mut v[0], 50.0), percentile(&mut v[1], 50.0));
-        println!("{name:<28} {a:>10.3} {b:>10.3} {:>+10.3}", b - a);
-    }
-    for (name, v) in [("connect p99 (ms)", &mut conn), ("request p99 (ms)", &mut req)] {
-        let (a, b) = (percentile(&mut v[0], 99.0), percentile(&mut v[1], 99.0));
-        println!("{name:<28} {a:>10.3} {b:>10.3} {:>+10.3}", b - a);
+    for p in [50.0, 99.0] {
+        for (what, v) in [("connect", &mut conn), ("request", &mut req)] {
+            let (a, b) = (percentile(&mut v[0], p), percentile(&mut v[1], p));
+            println!("{:<28} {a:>10.3} {b:>10.3} {:>+10.3}", format!("{what} p{p} (ms)"), b - a);
+        }
     }
     let (a, b) = (percentile(&mut mbps[0], 50.0), percentile(&mut mbps[1], 50.0));
     println!("{:<28} {a:>10.0} {b:>10.0} {:>9.2}x", "throughput median (MB/s)", b / a);

@@ -88,9 +88,7 @@ impl DockerProvider {
         let name = gateway_name(computer_id);
         match docker.inspect_container(&name, None).await {
             Ok(c) => {
-                let ours = c.config.as_ref().and_then(|c| c.labels.as_ref()).and_then(|l| l.get(LABEL_GATEWAY))
-                    == Some(&computer_id.to_string());
-                if !ours {
+                if !serves(&c, computer_id) {
                     return Err(ProviderError::NotSent(format!(
                         "a container named {name} exists and is not this computer's egress gateway"
                     )));
@@ -215,11 +213,7 @@ impl DockerProvider {
     /// The gateway of `computer_id`, if it has one (its container id).
     pub(super) async fn gateway_of(&self, docker: &Docker, computer_id: &str) -> Result<Option<String>, ProviderError> {
         match docker.inspect_container(&gateway_name(computer_id), None).await {
-            Ok(c) => {
-                let ours = c.config.as_ref().and_then(|c| c.labels.as_ref()).and_then(|l| l.get(LABEL_GATEWAY))
-                    == Some(&computer_id.to_string());
-                Ok(c.id.filter(|_| ours))
-            }
+            Ok(c) => Ok(c.id.clone().filter(|_| serves(&c, computer_id))),
             Err(DockerError::DockerResponseServerError { status_code: 404, .. }) => Ok(None),
             Err(e) => Err(super::read_failed(e, "looking for the egress gateway")),
         }
@@ -262,6 +256,12 @@ impl DockerProvider {
             None => Ok(()),
         }
     }
+}
+
+/// Whether container `c` is the egress gateway of `computer_id` (by its label).
+fn serves(c: &bollard::models::ContainerInspectResponse, computer_id: &str) -> bool {
+    c.config.as_ref().and_then(|c| c.labels.as_ref()).and_then(|l| l.get(LABEL_GATEWAY)).map(String::as_str)
+        == Some(computer_id)
 }
 
 /// Docker's `ExtraHosts` of a template's `hosts` (`name:address`).
