@@ -775,7 +775,7 @@ pub async fn sandbox(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let caller = auth.current(&state).await?;
-    let (computer, provider) = with_provider(&state, &caller, &id)?;
+    let (computer, provider) = super::util::with_provider(&state, &caller, &id)?;
     let Some(provider) = provider else {
         return Err(ApiError::new(computerd_proto::ErrorKind::ComputerUnsupported, "an own machine has no sandbox"));
     };
@@ -790,23 +790,6 @@ pub async fn sandbox(
         }
         None => json!({"found": false, "recorded": computer.sandbox}),
     }))
-}
-
-/// Computer `id` as `caller` may see it, with its provider's record (`None` for an own machine,
-/// or a provider this node does not know yet).
-pub fn with_provider(
-    state: &AppState,
-    caller: &Caller,
-    id: &str,
-) -> Result<(Computer, Option<computerd_raft::sm::Provider>), ApiError> {
-    Ok(state.cluster.state().read(|s| {
-        let c = s.visible_computer(caller, id)?.clone();
-        let p = match &c.source {
-            Source::Provider { provider, .. } => s.providers.get(provider).cloned(),
-            Source::Paired => None,
-        };
-        Ok::<_, computerd_raft::sm::Reject>((c, p))
-    })?)
 }
 
 /// `POST /v1/computers/:id/stop`: on a pause of unknown outcome, marks the Computer failed.

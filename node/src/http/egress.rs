@@ -124,7 +124,7 @@ pub async fn put(
 /// change: a refusal or failure of either leaves the sandbox's policy as it was (the provider's
 /// is applied only when its checks pass; the store re-checks `caller`'s right).
 pub async fn apply(state: &AppState, caller: &Caller, id: &str, policy: &EgressPolicy) -> Result<(), ApiError> {
-    let (computer, provider) = super::computers::with_provider(state, caller, id)?;
+    let (computer, provider) = super::util::with_provider(state, caller, id)?;
     let Some(provider) = provider else {
         return Err(ApiError::new(
             ErrorKind::ComputerUnsupported,
@@ -174,7 +174,7 @@ pub async fn apply(state: &AppState, caller: &Caller, id: &str, policy: &EgressP
 #[utoipa::path(get, path = "/v1/computers/{id}/egress", operation_id = "computers_egress_get", tag = "computers", params(("id" = String, Path)), responses((status = 200, description = "`{\"policy\", \"enforcement\"}`: the stored policy (null: none), and what the gateway counted (`allowed`, `denied`, `cut`, `recent`: the latest denials with host, port and time), or null", body = Object)), security(("bearer" = [])))]
 pub async fn get(State(state): State<AppState>, auth: Auth, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     let caller = auth.current(&state).await?;
-    let (computer, provider) = super::computers::with_provider(&state, &caller, &id)?;
+    let (computer, provider) = super::util::with_provider(&state, &caller, &id)?;
     let mut enforcement = Value::Null;
     if let Some(provider) = provider.filter(|_| computer.egress.is_some()) {
         let (adapter, timeout) = state.providers.build(&provider);

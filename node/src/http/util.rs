@@ -52,6 +52,23 @@ pub fn check_id(id: &str, prefix: &str, what: &str) -> Result<(), ApiError> {
     }
 }
 
+/// Computer `id` as `caller` may see it, with its provider's record (`None` for an own machine,
+/// or a provider this node does not know yet).
+pub fn with_provider(
+    state: &AppState,
+    caller: &computerd_raft::sm::Caller,
+    id: &str,
+) -> Result<(computerd_raft::sm::Computer, Option<computerd_raft::sm::Provider>), ApiError> {
+    Ok(state.cluster.state().read(|s| {
+        let c = s.visible_computer(caller, id)?.clone();
+        let p = match &c.source {
+            computerd_raft::sm::Source::Provider { provider, .. } => s.providers.get(provider).cloned(),
+            computerd_raft::sm::Source::Paired => None,
+        };
+        Ok::<_, computerd_raft::sm::Reject>((c, p))
+    })?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
