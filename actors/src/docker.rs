@@ -1055,6 +1055,14 @@ impl Provider for DockerProvider {
         self.gateway_stats(computer_id).await
     }
 
+    async fn egress_denials(
+        &self,
+        computer_id: &str,
+        since_ms: u64,
+    ) -> Result<Option<futures::stream::BoxStream<'static, computerd_proto::egress::Denied>>, ProviderError> {
+        self.gateway_denials(computer_id, since_ms).await
+    }
+
     async fn inspect(&self, computer_id: &str) -> Result<Option<SandboxInfo>, ProviderError> {
         let list = self.labelled(format!("{LABEL_COMPUTER}={computer_id}")).await?;
         Ok(list.iter().find(|c| is_named_for(c, computer_id)).or(list.first()).map(info))

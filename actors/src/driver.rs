@@ -332,6 +332,7 @@ mod tests {
             resources: None,
             metadata: Default::default(),
             egress: None,
+            egress_denied_through: 0,
         }
     }
 

@@ -21,6 +21,7 @@ pub mod docker;
 pub mod driver;
 pub mod e2b;
 pub mod egress;
+pub mod egress_watch;
 pub mod factory;
 pub mod fake;
 pub mod http_call;

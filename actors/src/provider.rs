@@ -206,6 +206,17 @@ pub trait Provider: Send + Sync {
     async fn egress_stats(&self, _computer_id: &str) -> Result<Option<serde_json::Value>, ProviderError> {
         Ok(None)
     }
+    /// The connections Computer `computer_id`'s egress enforcement refuses from `since_ms` on
+    /// (its clock; a few from the same second before may come too), as they happen, if the
+    /// provider can tell (`None`: it cannot, or nothing enforces a policy there). The stream
+    /// ends when the enforcement goes or its output breaks.
+    async fn egress_denials(
+        &self,
+        _computer_id: &str,
+        _since_ms: u64,
+    ) -> Result<Option<futures::stream::BoxStream<'static, computerd_proto::egress::Denied>>, ProviderError> {
+        Ok(None)
+    }
     /// Looks up the sandbox of a Computer (by its labels), to settle an unknown outcome.
     async fn inspect(&self, computer_id: &str) -> Result<Option<SandboxInfo>, ProviderError>;
     /// The reference a Computer's sandbox has when none was recorded (a create whose answer was

@@ -185,6 +185,12 @@ pub async fn run(
         watch_every,
         stop_rx.clone(),
     ));
+    // Connections refused by sandboxes' egress gateways, as events, by the leader.
+    let egress_watch = tokio::spawn(computerd_actors::egress_watch::run_egress_watch(
+        cluster.clone(),
+        providers.clone(),
+        stop_rx.clone(),
+    ));
     // Providers' own expiry (E2B's timeout) kept ahead of running Computers, by the leader.
     let keep_alive = tokio::spawn(computerd_actors::keep_alive::run_keep_alive(
         cluster.clone(),
@@ -336,6 +342,7 @@ pub async fn run(
     let _ = scheduler.await;
     let _ = watch.await;
     let _ = keep_alive.await;
+    let _ = egress_watch.await;
     let _ = revocations.await;
     let _ = upkeep.await;
     // The agents' links end, and record their ends, while the store still runs.

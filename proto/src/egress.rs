@@ -277,6 +277,55 @@ impl Compiled {
     }
 }
 
+/// A connection the gateway refused. The gateway prints each as one line on its standard
+/// output ([`Denied::line`]); the provider reads them back ([`Denied::from_line`]) for the
+/// Computer's `EgressDenied` events.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Denied {
+    /// The name it carried, else its destination address (at most [`MAX_HOST`] bytes: the
+    /// name comes from the sandbox).
+    pub host: String,
+    /// Its destination port.
+    pub port: u16,
+    /// When (Unix milliseconds, the gateway's clock).
+    pub at: u64,
+}
+
+/// The longest host a [`Denied`] carries (a DNS name's limit); longer ones are cut.
+pub const MAX_HOST: usize = 253;
+
+/// The `event` field of a denial's line.
+const DENIED_EVENT: &str = "egress.denied";
+
+impl Denied {
+    /// A denial with its host cut to [`MAX_HOST`] bytes (on a character boundary).
+    pub fn new(host: &str, port: u16, at: u64) -> Denied {
+        let mut end = host.len().min(MAX_HOST);
+        while !host.is_char_boundary(end) {
+            end -= 1;
+        }
+        Denied { host: host[..end].to_string(), port, at }
+    }
+
+    /// The gateway's output line: `{"event":"egress.denied","host":…,"port":…,"at":…}`.
+    pub fn line(&self) -> String {
+        serde_json::json!({"event": DENIED_EVENT, "host": self.host, "port": self.port, "at": self.at}).to_string()
+    }
+
+    /// A denial read back from one output line (`None`: another line, or not one).
+    pub fn from_line(line: &str) -> Option<Denied> {
+        #[derive(Deserialize)]
+        struct Line {
+            event: String,
+            host: String,
+            port: u16,
+            at: u64,
+        }
+        let l: Line = serde_json::from_str(line.trim()).ok()?;
+        (l.event == DENIED_EVENT).then(|| Denied::new(&l.host, l.port, l.at))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -356,5 +405,19 @@ mod tests {
         assert_eq!(open.decide_address(ip("192.0.2.1")), Some(Decision::Address));
         let open_names = policy(DefaultAction::Allow, &[], &["ads.test"]);
         assert_eq!(open_names.decide_address(ip("192.0.2.1")), None);
+    }
+
+    #[test]
+    fn a_denial_goes_out_as_a_line_and_comes_back_with_its_host_bounded() {
+        let d = Denied::new("other.test", 8080, 1_700_000_000_123);
+        assert_eq!(Denied::from_line(&d.line()), Some(d));
+        let long = format!("{}é", "a".repeat(MAX_HOST - 1));
+        let cut = Denied::new(&long, 1, 2);
+        assert_eq!(cut.host.len(), MAX_HOST - 1, "cut before the character that would cross the limit");
+        let line = serde_json::json!({"event": "egress.denied", "host": "x".repeat(4000), "port": 443, "at": 1}).to_string();
+        assert_eq!(Denied::from_line(&line).map(|d| d.host.len()), Some(MAX_HOST));
+        for other in ["", "not json", r#"{"event":"egress.allowed","host":"a","port":1,"at":1}"#, r#"{"event":"egress.denied","host":"a","port":70000,"at":1}"#] {
+            assert_eq!(Denied::from_line(other), None, "{other}");
+        }
     }
 }

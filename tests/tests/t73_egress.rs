@@ -193,6 +193,20 @@ async fn i41_egress_by_name_through_the_gateway() {
     assert!(recent.iter().any(|d| d["host"] == "other.test" && d["port"] == json!(http)), "{v}");
     let (_, c) = dev.call(Method::GET, &format!("/v1/computers/{id}"), None).await;
     assert_eq!(c["egress"]["allow"], json!(["other.test"]), "{c}");
+    // The refusals are events too: the leader's watch follows the gateway's log and reports
+    // each window's count with a sample.
+    let denied = wait_for("the refusals as events", Duration::from_secs(20), || async {
+        let (_, v) = dev.call(Method::GET, "/v1/events?limit=1000", None).await;
+        let events: Vec<Value> = v["events"].as_array().cloned().unwrap_or_default();
+        let denied: Vec<Value> =
+            events.into_iter().filter(|e| e["type"] == "EgressDenied" && e["computerId"] == json!(id)).collect();
+        let count: u64 = denied.iter().map(|e| e["data"]["count"].as_u64().unwrap_or(0)).sum();
+        (count >= 4).then_some(denied)
+    })
+    .await;
+    let samples: Vec<&Value> = denied.iter().flat_map(|e| e["data"]["sample"].as_array().into_iter().flatten()).collect();
+    assert!(samples.iter().any(|d| d["host"] == "other.test" && d["port"] == json!(http)), "{denied:?}");
+    assert!(samples.iter().any(|d| d["host"] == json!(host)), "the bare address: {denied:?}");
 
     // A bot asks (capability computers.egress); nothing changes until a member approves.
     let (s, bot) = dev.call(Method::POST, "/v1/bots", Some(json!({"name": "egress-bot"}))).await;

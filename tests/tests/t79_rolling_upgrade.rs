@@ -92,7 +92,7 @@ async fn i37_18_a_rolling_upgrade_loses_nothing_and_a_newer_command_waits_for_ev
         (st == 200).then_some((st, v))
     })
     .await;
-    // This build speaks store version 5; the probe build is one ahead.
+    // This build speaks store version 6; the probe build is one ahead.
     assert_eq!(v["storeVersion"], 6, "{v}");
     stop.store(true, Ordering::Relaxed);
     workload.await.expect("workload");

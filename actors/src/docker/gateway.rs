@@ -17,6 +17,10 @@
 //! change (the command answers once the new rules hold and the connections they deny are cut).
 //! A recreate keeps the gateway, and the new sandbox joins it; a delete of the Computer removes
 //! it after the sandbox.
+//!
+//! The gateway prints each connection it refuses as a line on its standard output
+//! ([`computerd_proto::egress::Denied::line`]); its log is bounded ([`GATEWAY_LOG`]), and the
+//! leader's egress watch follows it ([`DockerProvider::gateway_denials`]).
 
 use std::collections::BTreeMap;
 
@@ -26,8 +30,10 @@ use bollard::models::ContainerCreateBody;
 use bollard::models::HostConfig;
 use bollard::query_parameters::CreateContainerOptionsBuilder;
 use bollard::query_parameters::RemoveContainerOptionsBuilder;
+use computerd_proto::egress::Denied;
 use computerd_proto::egress::EgressPolicy;
 use futures::StreamExt;
+use futures::stream::BoxStream;
 
 use super::AGENT_PATH;
 use super::DockerProvider;
@@ -43,6 +49,12 @@ pub const NO_GATEWAY: &str = "egress_no_gateway";
 const GATEWAY_CAPS: [&str; 2] = ["NET_ADMIN", "NET_RAW"];
 /// The gateway's memory ceiling, MiB.
 const GATEWAY_MEMORY_MB: i64 = 128;
+
+/// The gateway's log: docker's `json-file`, at most two files of 1 MiB (its lines are the
+/// connections it refused; the egress watch follows them as they come).
+const GATEWAY_LOG: [(&str, &str); 2] = [("max-size", "1m"), ("max-file", "2")];
+/// The longest output line of a gateway kept for reading (longer ones are skipped).
+const MAX_LINE: usize = 4096;
 
 /// The gateway container of Computer `computer_id`.
 pub fn gateway_name(computer_id: &str) -> String {
@@ -122,6 +134,10 @@ impl DockerProvider {
                 cap_drop: Some(vec!["ALL".into()]),
                 cap_add: Some(GATEWAY_CAPS.iter().map(|c| c.to_string()).collect()),
                 security_opt: Some(vec!["no-new-privileges".into()]),
+                log_config: Some(bollard::models::HostConfigLogConfig {
+                    typ: Some("json-file".into()),
+                    config: Some(GATEWAY_LOG.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+                }),
                 ..Default::default()
             }),
             ..Default::default()
@@ -248,6 +264,36 @@ impl DockerProvider {
             .map_err(|e| ProviderError::Rejected(format!("the egress gateway's stats are not JSON: {e}")))
     }
 
+    /// The connections the gateway of `computer_id` refuses from `since_ms` on (its log from
+    /// that second, then followed), if it has one. The stream ends with the gateway.
+    pub(super) async fn gateway_denials(
+        &self,
+        computer_id: &str,
+        since_ms: u64,
+    ) -> Result<Option<BoxStream<'static, Denied>>, ProviderError> {
+        let docker = self.docker().await?;
+        let Some(id) = self.gateway_of(docker, computer_id).await? else { return Ok(None) };
+        let since = i32::try_from(since_ms / 1000).unwrap_or(i32::MAX);
+        let opts = bollard::query_parameters::LogsOptionsBuilder::new().follow(true).stdout(true).since(since).build();
+        let chunks = docker.logs(&id, Some(opts));
+        let lines = futures::stream::unfold((chunks, Lines::default()), |(mut chunks, mut lines)| async move {
+            loop {
+                if let Some(line) = lines.next() {
+                    return Some((line, (chunks, lines)));
+                }
+                match chunks.next().await? {
+                    Ok(bollard::container::LogOutput::StdOut { message }) => lines.push(&message),
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::debug!(error = %e, "an egress gateway's log ended");
+                        return None;
+                    }
+                }
+            }
+        });
+        Ok(Some(lines.filter_map(|l| std::future::ready(Denied::from_line(&l))).boxed()))
+    }
+
     /// Removes the gateway of `computer_id` (after its sandbox), if it has one.
     pub(super) async fn remove_gateway(&self, computer_id: &str) -> Result<(), ProviderError> {
         let docker = self.docker().await?;
@@ -259,6 +305,44 @@ impl DockerProvider {
 }
 
 /// Whether container `c` is the egress gateway of `computer_id` (by its label).
+/// Whole lines out of a gateway's output chunks (a line longer than [`MAX_LINE`] is skipped).
+#[derive(Default)]
+struct Lines {
+    partial: Vec<u8>,
+    skipping: bool,
+    ready: std::collections::VecDeque<String>,
+}
+
+impl Lines {
+    fn push(&mut self, bytes: &[u8]) {
+        for part in bytes.split_inclusive(|b| *b == b'\n') {
+            let (body, ends) = match part.strip_suffix(b"\n") {
+                Some(body) => (body, true),
+                None => (part, false),
+            };
+            if !self.skipping {
+                if self.partial.len() + body.len() > MAX_LINE {
+                    self.partial.clear();
+                    self.skipping = true;
+                } else {
+                    self.partial.extend_from_slice(body);
+                }
+            }
+            if ends {
+                if !self.skipping {
+                    self.ready.push_back(String::from_utf8_lossy(&self.partial).into_owned());
+                }
+                self.partial.clear();
+                self.skipping = false;
+            }
+        }
+    }
+
+    fn next(&mut self) -> Option<String> {
+        self.ready.pop_front()
+    }
+}
+
 fn serves(c: &bollard::models::ContainerInspectResponse, computer_id: &str) -> bool {
     c.config.as_ref().and_then(|c| c.labels.as_ref()).and_then(|l| l.get(LABEL_GATEWAY)).map(String::as_str)
         == Some(computer_id)
@@ -275,5 +359,24 @@ async fn remove(docker: &Docker, id: &str) -> Result<(), ProviderError> {
     match docker.remove_container(id, Some(rm)).await {
         Ok(()) | Err(DockerError::DockerResponseServerError { status_code: 404, .. }) => Ok(()),
         Err(e) => Err(classify(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_chunks_become_whole_lines_and_an_overlong_one_is_skipped() {
+        let mut l = Lines::default();
+        l.push(b"one\ntw");
+        assert_eq!(l.next().as_deref(), Some("one"));
+        assert_eq!(l.next(), None, "half a line waits");
+        l.push(b"o\n");
+        assert_eq!(l.next().as_deref(), Some("two"));
+        l.push(&vec![b'x'; MAX_LINE + 1]);
+        l.push(b"tail\nthree\n");
+        assert_eq!(l.next().as_deref(), Some("three"), "the overlong line is skipped, the next kept");
+        assert_eq!(l.next(), None);
     }
 }

@@ -34,6 +34,7 @@ use std::time::Duration;
 
 use computerd_proto::egress::Compiled;
 use computerd_proto::egress::Decision;
+use computerd_proto::egress::Denied;
 use computerd_proto::egress::EgressPolicy;
 use computerd_proto::egress::Target;
 use serde::Serialize;
@@ -174,17 +175,6 @@ pub struct Handle {
     done: tokio::sync::oneshot::Receiver<()>,
 }
 
-/// A refused connection, as `stats` lists it.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct Denied {
-    /// The name it carried, else its destination address.
-    pub host: String,
-    /// Its destination port.
-    pub port: u16,
-    /// When (Unix milliseconds).
-    pub at: u64,
-}
-
 /// The counts `stats` gives.
 #[derive(Debug, Default)]
 struct Counts {
@@ -265,24 +255,14 @@ impl Gateway {
 
     /// Counts and reports a refused connection.
     fn record_denied(&self, host: &str, port: u16) {
-        let d = Denied { host: host.to_string(), port, at: super::now_ms() };
-        {
-            let mut c = lock(&self.counts);
-            c.denied += 1;
-            if c.recent.len() == RECENT {
-                c.recent.pop_front();
-            }
-            c.recent.push_back(d.clone());
+        let d = Denied::new(host, port, super::now_ms());
+        super::say_out(&d.line());
+        let mut c = lock(&self.counts);
+        c.denied += 1;
+        if c.recent.len() == RECENT {
+            c.recent.pop_front();
         }
-        #[derive(Serialize)]
-        struct Event<'a> {
-            event: &'static str,
-            #[serde(flatten)]
-            denied: &'a Denied,
-        }
-        if let Ok(line) = serde_json::to_string(&Event { event: "egress.denied", denied: &d }) {
-            super::say_out(&line);
-        }
+        c.recent.push_back(d);
     }
 
     /// Refuses a connection: `403` to an HTTP request, else a reset.

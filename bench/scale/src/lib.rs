@@ -213,6 +213,7 @@ impl World {
             resources: None,
             metadata: Default::default(),
             egress: None,
+            egress_denied_through: 0,
         });
         Command::SubmitExecution(Box::new(Submit {
             by: self.owner.clone(),

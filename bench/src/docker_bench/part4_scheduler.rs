@@ -102,6 +102,7 @@ fn planned_state(n: usize, base: u64) -> State {
             resources: None,
             metadata: Default::default(),
             egress: None,
+            egress_denied_through: 0,
         };
         let last_work = deadline - PAUSE_AFTER_SECS * 1000;
         s.computers.insert(id.clone(), c);

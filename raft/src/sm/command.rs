@@ -244,6 +244,22 @@ pub enum Command {
         /// Unix ms.
         at_ms: u64,
     },
+    /// Connections a Computer's egress gateway refused (store version 6), as the leader's egress
+    /// watch read them: `count` of them up to `through_ms`, with a sample. Only denials after
+    /// the Computer's last recorded `through_ms` are news; a report with nothing newer is a
+    /// no-op (a new leader's watch resumes there, and a repeat records nothing twice).
+    EgressDenied {
+        /// Computer id.
+        computer_id: String,
+        /// How many were refused in this report (at least the sample's length).
+        count: u64,
+        /// Some of them (at most [`crate::sm::MAX_DENIED_SAMPLE`]).
+        sample: Vec<computerd_proto::egress::Denied>,
+        /// The time of the latest (the gateway's clock, Unix ms).
+        through_ms: u64,
+        /// Unix ms.
+        at_ms: u64,
+    },
     /// A bot asks for a Computer's egress policy to change (`computers.egress`, store version
     /// 5): it waits as an approval; a member's approval applies it (the route, then `SetEgress`).
     RequestEgress {
@@ -884,6 +900,7 @@ impl Command {
             Command::StopComputer { .. } => "stop_computer",
             Command::SetEgress { .. } => "set_egress",
             Command::RequestEgress { .. } => "request_egress",
+            Command::EgressDenied { .. } => "egress_denied",
             Command::PutGrant { .. } => "put_grant",
             Command::PutSecret { .. } => "put_secret",
             Command::DeleteSecret { .. } => "delete_secret",

@@ -24,6 +24,9 @@ use super::response::RejectKind;
 use super::state::State;
 use super::usage::SpanEnd;
 
+/// The most refused connections one `EgressDenied` report samples.
+pub const MAX_DENIED_SAMPLE: usize = 8;
+
 /// What a provider call ended with, as reported by the driver.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -724,6 +727,36 @@ impl State {
         }
         let data = serde_json::json!({"policy": policy, "by": caller.member.id});
         self.push_event(at, "EgressSet", computer_id, None, data);
+        Ok(())
+    }
+
+    /// `EgressDenied`: connections the Computer's egress gateway refused, up to `through` (the
+    /// gateway's clock). Recorded as one `EgressDenied` event with the count and a sample (only
+    /// the sample's denials after the last recorded time), unless nothing in it is newer than
+    /// what was recorded (a repeat, or an old leader's late report): then nothing changes.
+    pub(crate) fn egress_denied(
+        &mut self,
+        computer_id: &str,
+        count: u64,
+        sample: &[computerd_proto::egress::Denied],
+        through: u64,
+        at: u64,
+    ) -> Result<(), Reject> {
+        let c = self.computers.get_mut(computer_id).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such computer"))?;
+        if sample.len() > MAX_DENIED_SAMPLE || (count as usize) < sample.len() || count == 0 {
+            return Err(Reject::new(
+                RejectKind::Invalid,
+                format!("a denial report has 1 to {} samples, and counts at least them", MAX_DENIED_SAMPLE),
+            ));
+        }
+        let since = c.egress_denied_through;
+        if through <= since {
+            return Ok(());
+        }
+        c.egress_denied_through = through;
+        let sample: Vec<_> = sample.iter().filter(|d| d.at > since && d.at <= through).collect();
+        let data = serde_json::json!({"count": count, "sample": sample, "through": through});
+        self.push_event(at, "EgressDenied", computer_id, None, data);
         Ok(())
     }
 

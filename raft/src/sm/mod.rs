@@ -71,6 +71,7 @@ pub use join::JoinSecretKind;
 pub use join::JoinState;
 pub use join::MAX_JOIN_TOKENS;
 pub use join::MAX_REMOVED_NODES;
+pub use lifecycle::MAX_DENIED_SAMPLE;
 pub use lifecycle::Outcome;
 pub use lifecycle::Submit;
 pub use limits::CEILING_BOTS;

@@ -149,6 +149,10 @@ pub struct Computer {
     /// change while it runs (`SetEgress`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<computerd_proto::egress::EgressPolicy>,
+    /// The time (the gateway's clock, Unix ms) of the latest refused connection recorded as an
+    /// `EgressDenied` event: the egress watch resumes after it, and a report not past it is old.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub egress_denied_through: u64,
 }
 
 impl Computer {
@@ -786,4 +790,8 @@ impl Delegations {
         }
         Some(d)
     }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }

@@ -354,6 +354,7 @@ mod tests {
             resources: None,
             metadata: Default::default(),
             egress: None,
+            egress_denied_through: 0,
         }
     }
 

@@ -395,6 +395,9 @@ impl State {
             Command::SetEgress { by, computer_id, policy, at_ms } => {
                 self.set_egress(by, computer_id, policy.as_ref(), *at_ms)
             }
+            Command::EgressDenied { computer_id, count, sample, through_ms, at_ms } => {
+                self.egress_denied(computer_id, *count, sample, *through_ms, *at_ms)
+            }
             Command::RequestEgress { by, computer_id, policy, approval_id, reason, at_ms } => {
                 self.request_egress(by, computer_id, policy, approval_id, reason.as_deref(), *at_ms)
             }

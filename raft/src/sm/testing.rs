@@ -97,5 +97,6 @@ pub fn computer(id: &str, owner: &str, source: super::model::Source) -> super::m
         resources: None,
         metadata: Default::default(),
         egress: None,
+        egress_denied_through: 0,
     }
 }

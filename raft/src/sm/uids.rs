@@ -165,6 +165,7 @@ mod tests {
             resources: None,
             metadata: Default::default(),
             egress: None,
+            egress_denied_through: 0,
         });
         Command::SubmitExecution(Box::new(Submit {
             by: OWNER.into(),

@@ -18,8 +18,9 @@ use super::State;
 /// and silently drop them, and its replica would differ); 3, the `recreate` lifecycle command
 /// (an older build cannot decode its kind); 4, the vault (`PutSecret`, `DeleteSecret`,
 /// `TouchSecret`, and a grant's `secrets`); 5, egress policies (`SetEgress`, `RequestEgress`
-/// with the `computers.egress` capability, and a create whose Computer carries `egress`).
-pub const STORE_VERSION: u32 = if cfg!(feature = "upgrade-probe") { 6 } else { 5 };
+/// with the `computers.egress` capability, and a create whose Computer carries `egress`); 6,
+/// the egress gateway's refused connections as events (`EgressDenied`).
+pub const STORE_VERSION: u32 = if cfg!(feature = "upgrade-probe") { 7 } else { 6 };
 
 impl Command {
     /// The store version that introduced this command (or, for a command whose newer form
@@ -27,7 +28,8 @@ impl Command {
     pub fn since(&self) -> u32 {
         match self {
             #[cfg(feature = "upgrade-probe")]
-            Command::UpgradeProbe { .. } => 6,
+            Command::UpgradeProbe { .. } => 7,
+            Command::EgressDenied { .. } => 6,
             Command::SetEgress { .. } | Command::RequestEgress { .. } => 5,
             Command::SubmitExecution(s) if s.computer.as_ref().is_some_and(|c| c.egress.is_some()) => 5,
             Command::PutSecret { .. } | Command::DeleteSecret { .. } | Command::TouchSecret { .. } => 4,
@@ -206,5 +208,53 @@ mod tests {
             crate::sm::RejectKind::Forbidden,
             "with the default rules a bot asks, it never sets"
         );
+    }
+
+    /// Issue 41, item 3: refused connections become one `EgressDenied` event per report, with a
+    /// sample of those after the last recorded time; a repeat or an older report records nothing.
+    #[test]
+    fn i41_egress_denials_are_events_recorded_once() {
+        use crate::sm::Source;
+        use crate::sm::testing;
+        use computerd_proto::egress::Denied;
+        let report = |count: u64, sample: Vec<Denied>, through: u64| Command::EgressDenied {
+            computer_id: "cmp_1".into(),
+            count,
+            sample,
+            through_ms: through,
+            at_ms: 50,
+        };
+        let d = |host: &str, at: u64| Denied::new(host, 80, at);
+        assert_eq!(report(1, vec![d("a.test", 1)], 1).since(), 6);
+        const { assert!(STORE_VERSION >= 6, "this build speaks denial events") };
+        let mut s = testing::world();
+        let source = Source::Provider { provider: "cpp_1".into(), template: None };
+        s.computers.insert("cmp_1".into(), testing::computer("cmp_1", "mem_o", source));
+        let events = s.events.len();
+        for bad in [report(0, vec![], 5), report(1, vec![d("a.test", 4), d("b.test", 5)], 5), report(99, vec![d("x", 1); 9], 5)] {
+            assert_eq!(testing::rejected(s.apply(&bad)).kind, crate::sm::RejectKind::Invalid);
+        }
+        let mut gone = report(1, vec![d("a.test", 1)], 1);
+        if let Command::EgressDenied { computer_id, .. } = &mut gone {
+            *computer_id = "cmp_gone".into();
+        }
+        assert_eq!(testing::rejected(s.apply(&gone)).kind, crate::sm::RejectKind::NotFound);
+        assert_eq!(s.events.len(), events, "refusals change nothing");
+
+        testing::ok(s.apply(&report(3, vec![d("a.test", 10), d("b.test", 20)], 20)));
+        let last = s.events.back().expect("an event").clone();
+        assert_eq!((last.kind.as_str(), last.computer_id.as_str()), ("EgressDenied", "cmp_1"));
+        assert_eq!((last.data["count"].as_u64(), last.data["through"].as_u64()), (Some(3), Some(20)));
+        assert_eq!(last.data["sample"][1]["host"], "b.test");
+        assert_eq!(s.computers["cmp_1"].egress_denied_through, 20);
+        // The same report again (a new leader's watch read it too), or an older one: nothing.
+        testing::ok(s.apply(&report(3, vec![d("a.test", 10), d("b.test", 20)], 20)));
+        testing::ok(s.apply(&report(1, vec![d("c.test", 15)], 15)));
+        assert_eq!(s.events.len(), events + 1);
+        // A report that overlaps: only the sample past what was recorded is shown.
+        testing::ok(s.apply(&report(2, vec![d("b.test", 20), d("c.test", 30)], 30)));
+        let last = s.events.back().expect("an event");
+        assert_eq!(last.data["sample"].as_array().map(|a| a.len()), Some(1));
+        assert_eq!(last.data["sample"][0]["host"], "c.test");
     }
 }

@@ -37,6 +37,7 @@ fn computer(id: &str) -> Computer {
         resources: None,
         metadata: Default::default(),
         egress: None,
+        egress_denied_through: 0,
     }
 }
 
