@@ -414,9 +414,15 @@ mod tests {
         let long = format!("{}é", "a".repeat(MAX_HOST - 1));
         let cut = Denied::new(&long, 1, 2);
         assert_eq!(cut.host.len(), MAX_HOST - 1, "cut before the character that would cross the limit");
-        let line = serde_json::json!({"event": "egress.denied", "host": "x".repeat(4000), "port": 443, "at": 1}).to_string();
+        let line =
+            serde_json::json!({"event": "egress.denied", "host": "x".repeat(4000), "port": 443, "at": 1}).to_string();
         assert_eq!(Denied::from_line(&line).map(|d| d.host.len()), Some(MAX_HOST));
-        for other in ["", "not json", r#"{"event":"egress.allowed","host":"a","port":1,"at":1}"#, r#"{"event":"egress.denied","host":"a","port":70000,"at":1}"#] {
+        for other in [
+            "",
+            "not json",
+            r#"{"event":"egress.allowed","host":"a","port":1,"at":1}"#,
+            r#"{"event":"egress.denied","host":"a","port":70000,"at":1}"#,
+        ] {
             assert_eq!(Denied::from_line(other), None, "{other}");
         }
     }

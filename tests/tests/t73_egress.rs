@@ -204,7 +204,8 @@ async fn i41_egress_by_name_through_the_gateway() {
         (count >= 4).then_some(denied)
     })
     .await;
-    let samples: Vec<&Value> = denied.iter().flat_map(|e| e["data"]["sample"].as_array().into_iter().flatten()).collect();
+    let samples: Vec<&Value> =
+        denied.iter().flat_map(|e| e["data"]["sample"].as_array().into_iter().flatten()).collect();
     assert!(samples.iter().any(|d| d["host"] == "other.test" && d["port"] == json!(http)), "{denied:?}");
     assert!(samples.iter().any(|d| d["host"] == json!(host)), "the bare address: {denied:?}");
 

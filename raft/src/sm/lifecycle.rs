@@ -742,7 +742,8 @@ impl State {
         through: u64,
         at: u64,
     ) -> Result<(), Reject> {
-        let c = self.computers.get_mut(computer_id).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such computer"))?;
+        let c =
+            self.computers.get_mut(computer_id).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such computer"))?;
         if sample.len() > MAX_DENIED_SAMPLE || (count as usize) < sample.len() || count == 0 {
             return Err(Reject::new(
                 RejectKind::Invalid,

@@ -231,7 +231,11 @@ mod tests {
         let source = Source::Provider { provider: "cpp_1".into(), template: None };
         s.computers.insert("cmp_1".into(), testing::computer("cmp_1", "mem_o", source));
         let events = s.events.len();
-        for bad in [report(0, vec![], 5), report(1, vec![d("a.test", 4), d("b.test", 5)], 5), report(99, vec![d("x", 1); 9], 5)] {
+        for bad in [
+            report(0, vec![], 5),
+            report(1, vec![d("a.test", 4), d("b.test", 5)], 5),
+            report(99, vec![d("x", 1); 9], 5),
+        ] {
             assert_eq!(testing::rejected(s.apply(&bad)).kind, crate::sm::RejectKind::Invalid);
         }
         let mut gone = report(1, vec![d("a.test", 1)], 1);
