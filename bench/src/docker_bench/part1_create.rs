@@ -6,6 +6,8 @@ use std::time::Duration;
 use std::time::Instant;
 
 use anyhow::Result;
+use reqwest::StatusCode;
+use serde_json::json;
 use computerd_bench::api::Api;
 use computerd_bench::report::Pair;
 use computerd_bench::report::Recorder;
@@ -95,6 +97,35 @@ impl Env<'_> {
         wait_state(self.api, &computer, "running").await?;
         Ok((Baseline { container, computer }, started, t0.elapsed()))
     }
+
+    /// The first-command baseline: `docker run -d` of the same image with the same limits
+    /// (sleeping: no agent is needed to exec), then `docker exec bash -lc true` in it. Answers
+    /// the container and the time from the run to the command's end.
+    pub async fn raw_run_exec(&self, key: &str) -> Result<(String, Duration)> {
+        let name = format!("computerd-bench-{}-{key}", self.run);
+        let label = format!("{LABEL_BENCH}={}", self.run);
+        let (cpus, memory, pids) = (CPUS.to_string(), format!("{MEMORY_MB}m"), PIDS.to_string());
+        let args = [
+            "run", "-d", "--name", &name, "--label", &label, "--init", "--network", "host", "--cpus", &cpus,
+            "--memory", &memory, "--pids-limit", &pids, "--workdir", "/root", "--entrypoint", "sleep", IMAGE,
+            "infinity",
+        ];
+        let t0 = Instant::now();
+        let container = docker(&args).await?;
+        docker(&["exec", &container, "bash", "-lc", "true"]).await?;
+        Ok((container, t0.elapsed()))
+    }
+
+    /// computerd's first command: a session `true` in Computer `id` until it exits.
+    pub async fn api_first_command(&self, id: &str) -> Result<Duration> {
+        let t0 = Instant::now();
+        let path = format!("/v1/computers/{id}/sessions");
+        let v = self.api.post(&path, json!({"command": "true", "yieldTimeMs": 10_000}), StatusCode::OK).await?;
+        if v["running"] != false || v["exitCode"] != 0 {
+            anyhow::bail!("expected `true` to exit 0: {}", computerd_bench::report::excerpt(&v));
+        }
+        Ok(t0.elapsed())
+    }
 }
 
 /// Logs a failed untimed step (removing a sample's sandbox) and goes on.
@@ -107,6 +138,8 @@ pub fn warn_on<T>(what: &str, r: Result<T>) {
 /// Part 1 results, with the times to the first answer.
 pub struct CreateResults {
     pub pair: Pair,
+    /// Create → the first command's end, against `docker run -d` + `docker exec`.
+    pub first: Pair,
     pub api_accepted: Summary,
     pub raw_started: Summary,
 }
@@ -116,6 +149,7 @@ pub struct CreateResults {
 pub async fn part_create(env: &Env<'_>, cleanup: &mut Cleanup, samples: usize) -> CreateResults {
     let (mut api, mut raw, mut accepted, mut started) =
         (Recorder::default(), Recorder::default(), Recorder::default(), Recorder::default());
+    let (mut api_first, mut raw_first) = (Recorder::default(), Recorder::default());
     for i in 0..samples {
         match env.raw_create(&format!("raw-{i}")).await {
             Ok((b, s, d)) => {
@@ -129,10 +163,21 @@ pub async fn part_create(env: &Env<'_>, cleanup: &mut Cleanup, samples: usize) -
             }
             Err(e) => raw.record(Err(e), ERROR_PAUSE).await,
         }
+        match env.raw_run_exec(&format!("raw-exec-{i}")).await {
+            Ok((container, d)) => {
+                raw_first.ok(d);
+                warn_on("remove a baseline container", docker(&["rm", "-f", "-v", &container]).await);
+            }
+            Err(e) => raw_first.record(Err(e), ERROR_PAUSE).await,
+        }
         match env.api_create(cleanup, &format!("api-{i}")).await {
             Ok((id, a, d)) => {
                 api.ok(d);
                 accepted.ok(a);
+                match env.api_first_command(&id).await {
+                    Ok(c) => api_first.ok(d + c),
+                    Err(e) => api_first.record(Err(e), ERROR_PAUSE).await,
+                }
                 warn_on("delete a Computer", delete(env.api, &id, &format!("api-{i}-delete")).await);
             }
             Err(e) => api.record(Err(e), ERROR_PAUSE).await,
@@ -144,6 +189,11 @@ pub async fn part_create(env: &Env<'_>, cleanup: &mut Cleanup, samples: usize) -
             part: "1",
             api: api.summary("API  POST /v1/computers -> running (agent linked)"),
             raw: raw.summary("raw  docker run -d same container -> agent linked"),
+        },
+        first: Pair {
+            part: "1c",
+            api: api_first.summary("API  POST /v1/computers -> `true` exited"),
+            raw: raw_first.summary("raw  docker run -d + exec bash -lc true"),
         },
         api_accepted: accepted.summary("API  POST /v1/computers -> 202"),
         raw_started: started.summary("raw  docker run -d -> returned"),
