@@ -1047,8 +1047,9 @@ impl Provider for DockerProvider {
         _sandbox: &str,
         computer_id: &str,
         policy: &computerd_proto::egress::EgressPolicy,
+        revision: u64,
     ) -> Result<(), ProviderError> {
-        self.set_gateway_policy(computer_id, policy).await
+        self.set_gateway_policy(computer_id, policy, revision).await
     }
 
     async fn egress_stats(&self, computer_id: &str) -> Result<Option<serde_json::Value>, ProviderError> {

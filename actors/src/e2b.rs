@@ -291,6 +291,7 @@ impl Provider for E2bProvider {
         sandbox: &str,
         _computer_id: &str,
         policy: &computerd_proto::egress::EgressPolicy,
+        _revision: u64,
     ) -> Result<(), ProviderError> {
         check_id(sandbox)?;
         let body = network(policy, &self.config.server_url).map_err(|message| ProviderError::Refused {

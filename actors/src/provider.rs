@@ -187,14 +187,17 @@ pub trait Provider: Send + Sync {
     async fn delete_computer(&self, sandbox: &str, _computer_id: &str, command_key: &str) -> Result<(), ProviderError> {
         self.delete(sandbox, command_key).await
     }
-    /// Applies a new egress policy to the running (or paused) sandbox of Computer
-    /// `computer_id`: new connections follow it at once, open ones it now denies are cut. An
-    /// error changed nothing. By default the provider cannot.
+    /// Applies a new egress policy, of the store's revision `revision`, to the running (or
+    /// paused) sandbox of Computer `computer_id`: new connections follow it at once, open ones
+    /// it now denies are cut. Where the provider keeps revisions (the docker gateway), one older
+    /// than the policy in force is ignored, so racing changes end at the latest. An error
+    /// changed nothing. By default the provider cannot.
     async fn set_egress(
         &self,
         _sandbox: &str,
         _computer_id: &str,
         _policy: &computerd_proto::egress::EgressPolicy,
+        _revision: u64,
     ) -> Result<(), ProviderError> {
         Err(ProviderError::Refused {
             kind: computerd_proto::ErrorKind::ComputerUnsupported.as_str().into(),

@@ -173,6 +173,15 @@ async fn i41_egress_by_name_through_the_gateway() {
     assert_eq!(curl(&dev, &id, &format!("http://allowed.test:{http}/")).await, "403");
     let took = started.elapsed();
     assert!(took < Duration::from_secs(2), "the change took effect in {took:?}");
+    // A late change of an older revision (a racing PUT that lost) cannot undo it: the gateway
+    // keeps the later one in force.
+    let open = r#"{"default":"allow","allow":[],"deny":[]}"#;
+    let late = Command::new("docker")
+        .args(["exec", &gateway, "/usr/local/bin/computer-agent", "egress-gateway", "set", open, "0"])
+        .output()
+        .expect("docker exec");
+    assert!(String::from_utf8_lossy(&late.stdout).contains(r#""stale":true"#), "{late:?}");
+    assert_eq!(curl(&dev, &id, &format!("http://allowed.test:{http}/")).await, "403", "the later policy stayed");
     // The open download was cut.
     let ended = wait_for("the open download to be cut", Duration::from_secs(10), || async {
         let (_, v) = dev.call(Method::GET, &format!("/v1/computers/{id}/sessions/{slow_session}"), None).await;

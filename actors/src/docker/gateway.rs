@@ -108,7 +108,9 @@ impl DockerProvider {
                 let running = c.state.as_ref().and_then(|s| s.running).unwrap_or(false);
                 let id = c.id.unwrap_or(name.clone());
                 if running {
-                    self.gateway_set(docker, &id, policy).await?;
+                    // A recreate's: revision 0 is ignored where a later change is in force (that is
+                    // the stored policy, which the spec carries).
+                    self.gateway_set(docker, &id, policy, 0).await?;
                     return Ok(id);
                 }
                 remove(docker, &id).await?;
@@ -148,7 +150,7 @@ impl DockerProvider {
             other => other,
         })?;
         let started = match docker.start_container(&created.id, None).await {
-            Ok(()) => self.gateway_set(docker, &created.id, policy).await,
+            Ok(()) => self.gateway_set(docker, &created.id, policy, 0).await,
             Err(e) => Err(classify(e)),
         };
         match started {
@@ -168,15 +170,18 @@ impl DockerProvider {
         }
     }
 
-    /// Sets `policy` in gateway `id` (`egress-gateway set`, which answers once it holds).
+    /// Sets `policy` of store revision `revision` in gateway `id` (`egress-gateway set`, which
+    /// answers once it holds, or that a later revision is in force and stays).
     pub(super) async fn gateway_set(
         &self,
         docker: &Docker,
         id: &str,
         policy: &EgressPolicy,
+        revision: u64,
     ) -> Result<(), ProviderError> {
         let json = serde_json::to_string(policy).map_err(|e| ProviderError::NotSent(e.to_string()))?;
-        let (code, _out, err) = self.gateway_exec(docker, id, &["set", &json]).await?;
+        let revision = revision.to_string();
+        let (code, _out, err) = self.gateway_exec(docker, id, &["set", &json, &revision]).await?;
         if code == 0 {
             Ok(())
         } else {
@@ -240,6 +245,7 @@ impl DockerProvider {
         &self,
         computer_id: &str,
         policy: &EgressPolicy,
+        revision: u64,
     ) -> Result<(), ProviderError> {
         let docker = self.docker().await?;
         let Some(id) = self.gateway_of(docker, computer_id).await? else {
@@ -248,7 +254,7 @@ impl DockerProvider {
                 message: "this sandbox was created without an egress policy, so nothing stands between it and the network to change: create the Computer with \"egress\" (\"default\": \"allow\" filters nothing) to change it while it runs".into(),
             });
         };
-        self.gateway_set(docker, &id, policy).await
+        self.gateway_set(docker, &id, policy, revision).await
     }
 
     /// What the gateway of `computer_id` counted (`egress-gateway stats`), if it has one.

@@ -4,8 +4,9 @@
 //!
 //! One request per connection, one JSON line each way:
 //!
-//! - `{"op":"set","policy":{...}}` → `{"policy":{...},"cut":n}` once the rules are in place, the
-//!   proxy uses the policy and the `n` open connections it refuses are cut; or
+//! - `{"op":"set","policy":{...},"revision":r}` → `{"policy":{...},"cut":n}` once the rules are
+//!   in place, the proxy uses the policy and the `n` open connections it refuses are cut;
+//!   `{"stale":true}` when a policy of a later revision is in force (nothing changed); or
 //!   `{"error":"..."}` (a policy that does not compile, rules that failed: nothing changed).
 //! - `{"op":"stats"}` → `{"policy":{...}|null,"allowed":n,"denied":n,"cut":n,"recent":[{"host",
 //!   "port","at"}...]}` (the last [`RECENT`](super::proxy::RECENT) refusals, newest last).
@@ -48,6 +49,9 @@ pub enum Request {
     Set {
         /// The policy.
         policy: EgressPolicy,
+        /// Its revision (the store's): an older one than the policy in force is ignored.
+        #[serde(default)]
+        revision: u64,
     },
     /// The policy and the counts.
     Stats,
@@ -97,8 +101,9 @@ async fn answer(gateway: Arc<Gateway>, stream: UnixStream) {
     let error = |e: String| serde_json::json!({ "error": e }).to_string();
     let mut out = match read {
         Ok(Ok(_)) => match serde_json::from_str::<Request>(&line) {
-            Ok(Request::Set { policy }) => match gateway.set(policy.clone()).await {
-                Ok(cut) => serde_json::to_string(&Set { policy, cut }).unwrap_or_else(|e| error(e.to_string())),
+            Ok(Request::Set { policy, revision }) => match gateway.set(policy.clone(), revision).await {
+                Ok(Some(cut)) => serde_json::to_string(&Set { policy, cut }).unwrap_or_else(|e| error(e.to_string())),
+                Ok(None) => serde_json::json!({ "stale": true }).to_string(),
                 Err(e) => error(e),
             },
             Ok(Request::Stats) => gateway.stats(),
@@ -159,7 +164,7 @@ mod tests {
     fn requests_are_one_json_object_each() {
         let set: Request =
             serde_json::from_str(r#"{"op":"set","policy":{"default":"deny","allow":["allowed.test"]}}"#).expect("set");
-        assert!(matches!(&set, Request::Set { policy } if policy.allow == ["allowed.test"]));
+        assert!(matches!(&set, Request::Set { policy, .. } if policy.allow == ["allowed.test"]));
         assert_eq!(serde_json::from_str::<Request>(r#"{"op":"stats"}"#).expect("stats"), Request::Stats);
         assert_eq!(serde_json::to_string(&Request::Stats).expect("json"), r#"{"op":"stats"}"#);
         assert!(serde_json::from_str::<Request>(r#"{"op":"set","policy":{"default":"maybe"}}"#).is_err());
@@ -184,7 +189,7 @@ mod tests {
         assert!(stats["recent"].as_array().is_some_and(Vec::is_empty));
         // Refused before any rule is touched (it does not compile).
         let bad = EgressPolicy { default: Default::default(), allow: vec!["not a name".into()], deny: vec![] };
-        let err = request(&path, &Request::Set { policy: bad }).await.expect_err("refused");
+        let err = request(&path, &Request::Set { policy: bad, revision: 0 }).await.expect_err("refused");
         assert!(err.contains("not a name"), "{err}");
     }
 

@@ -133,6 +133,9 @@ enum Op {
     Set {
         /// The policy, JSON.
         policy: String,
+        /// Its revision: a policy of a later one in force stays (the answer is `{"stale":true}`).
+        #[arg(default_value_t = 0)]
+        revision: u64,
     },
     /// Print the policy and the counts of allowed, denied and cut connections, with the last
     /// denied ones (JSON).
@@ -153,12 +156,12 @@ pub async fn command(args: impl IntoIterator<Item = OsString>) -> ExitCode {
     };
     match cmd.op {
         Op::Serve => serve(&cmd.socket).await,
-        Op::Set { policy } => {
+        Op::Set { policy, revision } => {
             let parsed = serde_json::from_str::<computerd_proto::egress::EgressPolicy>(&policy)
                 .map_err(|e| format!("the policy is not valid JSON of a policy: {e}"))
                 .and_then(|p| p.compile().map(|_| p));
             match parsed {
-                Ok(p) => answer(control::request(&cmd.socket, &control::Request::Set { policy: p }).await),
+                Ok(p) => answer(control::request(&cmd.socket, &control::Request::Set { policy: p, revision }).await),
                 Err(e) => answer(Err(e)),
             }
         }

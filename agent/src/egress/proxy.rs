@@ -192,7 +192,8 @@ pub struct Gateway {
     nameservers: Vec<SocketAddr>,
     registry: Mutex<Registry<Handle>>,
     counts: Mutex<Counts>,
-    changes: tokio::sync::Mutex<()>,
+    /// One change at a time; the revision of the policy in force (0: the first, or none).
+    changes: tokio::sync::Mutex<u64>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -208,16 +209,22 @@ impl Gateway {
             nameservers,
             registry: Mutex::new(Registry::default()),
             counts: Mutex::new(Counts::default()),
-            changes: tokio::sync::Mutex::new(()),
+            changes: tokio::sync::Mutex::new(0),
         }
     }
 
-    /// Sets the policy: the rules first (their failure changes nothing), then the proxy's
-    /// policy, then the open connections it refuses are cut. The number cut.
-    pub async fn set(&self, policy: EgressPolicy) -> Result<usize, String> {
+    /// Sets the policy of revision `revision`: the rules first (their failure changes nothing),
+    /// then the proxy's policy, then the open connections it refuses are cut. The number cut, or
+    /// `None` when a policy of a later revision is already in force (a late change is ignored,
+    /// so racing changes end at the store's latest). A policy of the same revision is set again.
+    pub async fn set(&self, policy: EgressPolicy, revision: u64) -> Result<Option<usize>, String> {
         let compiled = policy.compile()?;
-        let _one_at_a_time = self.changes.lock().await;
+        let mut held = self.changes.lock().await;
+        if revision < *held {
+            return Ok(None);
+        }
         super::rules::install_v4(Some(&compiled), &self.link).await?;
+        *held = revision;
         let handles = lock(&self.registry).replace(Arc::new(Active { policy, compiled }));
         for h in &handles {
             h.cut.store(true, Ordering::SeqCst);
@@ -228,7 +235,7 @@ impl Gateway {
         for h in handles {
             let _ = tokio::time::timeout(CUT_WAIT, h.done).await;
         }
-        Ok(n)
+        Ok(Some(n))
     }
 
     /// `stats`: `{"policy", "allowed", "denied", "cut", "recent"}` (JSON text).

@@ -214,6 +214,7 @@ impl World {
             metadata: Default::default(),
             egress: None,
             egress_denied_through: 0,
+            egress_revision: 0,
         });
         Command::SubmitExecution(Box::new(Submit {
             by: self.owner.clone(),

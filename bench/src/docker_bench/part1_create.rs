@@ -6,12 +6,12 @@ use std::time::Duration;
 use std::time::Instant;
 
 use anyhow::Result;
-use reqwest::StatusCode;
-use serde_json::json;
 use computerd_bench::api::Api;
 use computerd_bench::report::Pair;
 use computerd_bench::report::Recorder;
 use computerd_bench::report::Summary;
+use reqwest::StatusCode;
+use serde_json::json;
 
 use crate::ERROR_PAUSE;
 use crate::POLL_EVERY;
@@ -106,8 +106,26 @@ impl Env<'_> {
         let label = format!("{LABEL_BENCH}={}", self.run);
         let (cpus, memory, pids) = (CPUS.to_string(), format!("{MEMORY_MB}m"), PIDS.to_string());
         let args = [
-            "run", "-d", "--name", &name, "--label", &label, "--init", "--network", "host", "--cpus", &cpus,
-            "--memory", &memory, "--pids-limit", &pids, "--workdir", "/root", "--entrypoint", "sleep", IMAGE,
+            "run",
+            "-d",
+            "--name",
+            &name,
+            "--label",
+            &label,
+            "--init",
+            "--network",
+            "host",
+            "--cpus",
+            &cpus,
+            "--memory",
+            &memory,
+            "--pids-limit",
+            &pids,
+            "--workdir",
+            "/root",
+            "--entrypoint",
+            "sleep",
+            IMAGE,
             "infinity",
         ];
         let t0 = Instant::now();

@@ -103,6 +103,7 @@ fn planned_state(n: usize, base: u64) -> State {
             metadata: Default::default(),
             egress: None,
             egress_denied_through: 0,
+            egress_revision: 0,
         };
         let last_work = deadline - PAUSE_AFTER_SECS * 1000;
         s.computers.insert(id.clone(), c);

@@ -472,6 +472,7 @@ pub async fn create(
         metadata,
         egress,
         egress_denied_through: 0,
+        egress_revision: 0,
     };
     let mut exe = new_execution(&b.command_key, body_hash(&normalized), ExecutionKind::Create, &computer.id, now);
     // An own machine pairs with a code shown to its creator; a sandbox whose provider starts our

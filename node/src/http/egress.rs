@@ -142,7 +142,11 @@ pub async fn apply(state: &AppState, caller: &Caller, id: &str, policy: &EgressP
         }
     };
     let (adapter, timeout) = state.providers.build(&provider);
-    let applied = tokio::time::timeout(timeout, adapter.set_egress(&sandbox, &computer.id, policy))
+    // The revision this change makes. The gateway ignores one older than it holds; the store
+    // takes it only as the next: of two racing changes the second to commit is refused, and
+    // puts the first's policy back in force.
+    let revision = computer.egress_revision + 1;
+    let applied = tokio::time::timeout(timeout, adapter.set_egress(&sandbox, &computer.id, policy, revision))
         .await
         .map_err(|_| ApiError::new(ErrorKind::ComputerExecutionFailed, "the provider did not answer"))?;
     if let Err(e) = applied {
@@ -160,14 +164,42 @@ pub async fn apply(state: &AppState, caller: &Caller, id: &str, policy: &EgressP
             other => ApiError::new(ErrorKind::ComputerExecutionFailed, other.to_string()),
         });
     }
+    // Checked only once every node speaks store version 6 (during an upgrade, unchecked).
+    let members: Vec<u64> = state.cluster.view().members.iter().map(|m| m.id).collect();
+    let checked = state.cluster.state().read(|s| s.behind(members, 6).is_empty());
     let cmd = Command::SetEgress {
         by: caller.token.id.clone(),
         computer_id: id.to_string(),
         policy: Some(policy.clone()),
+        revision: checked.then_some(revision),
         at_ms: now_ms(),
     };
-    propose(state, cmd).await?;
-    Ok(())
+    match state.cluster.propose(computerd_raft::sm::Request::new(cmd)).await? {
+        computerd_raft::sm::Response::Rejected(r) if r.kind == computerd_raft::sm::RejectKind::Conflict && checked => {
+            // Another change committed first, and this one may have reached the sandbox after
+            // it: the stored policy is put back in force (at its revision, so a later change
+            // already there stays).
+            let stored =
+                state.cluster.state().read(|s| s.computers.get(id).map(|c| (c.egress.clone(), c.egress_revision)));
+            if let Some((Some(p), rev)) = stored {
+                match tokio::time::timeout(timeout, adapter.set_egress(&sandbox, id, &p, rev)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        tracing::warn!(computer_id = %id, error = %e, "cannot put the stored egress policy back in force")
+                    }
+                    Err(_) => {
+                        tracing::warn!(computer_id = %id, "the provider did not answer putting the stored egress policy back")
+                    }
+                }
+            }
+            Err(ApiError::new(
+                ErrorKind::Conflict,
+                format!("{}; the stored policy is in force: read it and try again", r.message),
+            ))
+        }
+        computerd_raft::sm::Response::Rejected(r) => Err(r.into()),
+        _ => Ok(()),
+    }
 }
 
 /// `GET /v1/computers/:id/egress`

@@ -241,6 +241,11 @@ pub enum Command {
         computer_id: String,
         /// The policy.
         policy: Option<computerd_proto::egress::EgressPolicy>,
+        /// The revision this change makes (store version 6): the Computer's current one plus
+        /// one, else it is refused (another change came first; the route then puts the stored
+        /// policy back in force). `None` (version 5): the next, unchecked.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        revision: Option<u64>,
         /// Unix ms.
         at_ms: u64,
     },

@@ -704,10 +704,18 @@ impl State {
         by: &str,
         computer_id: &str,
         policy: Option<&computerd_proto::egress::EgressPolicy>,
+        revision: Option<u64>,
         at: u64,
     ) -> Result<(), Reject> {
         let caller = self.caller_by_token_id(by)?;
         let c = self.visible_computer(&caller, computer_id)?;
+        let next = c.egress_revision + 1;
+        if revision.is_some_and(|r| r != next) {
+            return Err(Reject::new(
+                RejectKind::Conflict,
+                format!("the computer's egress changed meanwhile (its revision is now {})", c.egress_revision),
+            ));
+        }
         // A bot sets it only where a rule lets it without asking (`computers.egress: allow`).
         if caller.bot.is_some() && self.decide_capability(&caller, Capability::Egress, computer_id)? != Effect::Allow {
             return Err(Reject::new(RejectKind::Forbidden, "only a member may set a computer's egress; a bot asks"));
@@ -724,8 +732,9 @@ impl State {
         }
         if let Some(c) = self.computers.get_mut(computer_id) {
             c.egress = policy.cloned();
+            c.egress_revision = next;
         }
-        let data = serde_json::json!({"policy": policy, "by": caller.member.id});
+        let data = serde_json::json!({"policy": policy, "by": caller.member.id, "revision": next});
         self.push_event(at, "EgressSet", computer_id, None, data);
         Ok(())
     }

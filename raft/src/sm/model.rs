@@ -153,6 +153,10 @@ pub struct Computer {
     /// `EgressDenied` event: the egress watch resumes after it, and a report not past it is old.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub egress_denied_through: u64,
+    /// How many times its egress policy was set after create (`SetEgress`): the docker gateway
+    /// keeps the revision in force and ignores older ones, so racing changes end at the stored one.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub egress_revision: u64,
 }
 
 impl Computer {

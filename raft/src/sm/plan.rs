@@ -355,6 +355,7 @@ mod tests {
             metadata: Default::default(),
             egress: None,
             egress_denied_through: 0,
+            egress_revision: 0,
         }
     }
 

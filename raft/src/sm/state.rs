@@ -392,8 +392,8 @@ impl State {
                 self.decide(by, execution_id, *outcome, reason, *at_ms)
             }
             Command::StopComputer { by, computer_id, at_ms } => self.stop(by, computer_id, *at_ms),
-            Command::SetEgress { by, computer_id, policy, at_ms } => {
-                self.set_egress(by, computer_id, policy.as_ref(), *at_ms)
+            Command::SetEgress { by, computer_id, policy, revision, at_ms } => {
+                self.set_egress(by, computer_id, policy.as_ref(), *revision, *at_ms)
             }
             Command::EgressDenied { computer_id, count, sample, through_ms, at_ms } => {
                 self.egress_denied(computer_id, *count, sample, *through_ms, *at_ms)

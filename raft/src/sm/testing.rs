@@ -98,5 +98,6 @@ pub fn computer(id: &str, owner: &str, source: super::model::Source) -> super::m
         metadata: Default::default(),
         egress: None,
         egress_denied_through: 0,
+        egress_revision: 0,
     }
 }

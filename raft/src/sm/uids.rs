@@ -166,6 +166,7 @@ mod tests {
             metadata: Default::default(),
             egress: None,
             egress_denied_through: 0,
+            egress_revision: 0,
         });
         Command::SubmitExecution(Box::new(Submit {
             by: OWNER.into(),

@@ -19,7 +19,8 @@ use super::State;
 /// (an older build cannot decode its kind); 4, the vault (`PutSecret`, `DeleteSecret`,
 /// `TouchSecret`, and a grant's `secrets`); 5, egress policies (`SetEgress`, `RequestEgress`
 /// with the `computers.egress` capability, and a create whose Computer carries `egress`); 6,
-/// the egress gateway's refused connections as events (`EgressDenied`).
+/// the egress gateway's refused connections as events (`EgressDenied`), and revisions of a
+/// Computer's egress policy (`SetEgress`'s `revision`).
 pub const STORE_VERSION: u32 = if cfg!(feature = "upgrade-probe") { 7 } else { 6 };
 
 impl Command {
@@ -29,7 +30,7 @@ impl Command {
         match self {
             #[cfg(feature = "upgrade-probe")]
             Command::UpgradeProbe { .. } => 7,
-            Command::EgressDenied { .. } => 6,
+            Command::EgressDenied { .. } | Command::SetEgress { revision: Some(_), .. } => 6,
             Command::SetEgress { .. } | Command::RequestEgress { .. } => 5,
             Command::SubmitExecution(s) if s.computer.as_ref().is_some_and(|c| c.egress.is_some()) => 5,
             Command::PutSecret { .. } | Command::DeleteSecret { .. } | Command::TouchSecret { .. } => 4,
@@ -154,6 +155,7 @@ mod tests {
             by: by.into(),
             computer_id: id.into(),
             policy: Some(p.clone()),
+            revision: None,
             at_ms: 9,
         };
         assert_eq!(set(testing::OWNER, "cmp_1", &policy).since(), 5);
@@ -175,6 +177,26 @@ mod tests {
         assert_eq!((s.computers["cmp_1"].egress.as_ref(), s.events.len()), (None, events), "refusals change nothing");
         testing::ok(s.apply(&set(testing::OWNER, "cmp_1", &policy)));
         assert_eq!(s.computers["cmp_1"].egress.as_ref(), Some(&policy));
+        assert_eq!(s.computers["cmp_1"].egress_revision, 1, "an unchecked change (version 5) is the next revision");
+        // Revisions (version 6): only the next one is taken; a change that lost a race is refused.
+        let at = |revision: u64| Command::SetEgress {
+            by: testing::OWNER.into(),
+            computer_id: "cmp_1".into(),
+            policy: Some(policy.clone()),
+            revision: Some(revision),
+            at_ms: 9,
+        };
+        assert_eq!(at(2).since(), 6);
+        testing::ok(s.apply(&at(2)));
+        for stale in [2, 1, 4] {
+            assert_eq!(
+                testing::rejected(s.apply(&at(stale))).kind,
+                crate::sm::RejectKind::Conflict,
+                "revision {stale}"
+            );
+        }
+        assert_eq!(s.computers["cmp_1"].egress_revision, 2);
+        assert_eq!(s.events.back().map(|e| e.data["revision"].clone()), Some(serde_json::json!(2)));
         let last = s.events.iter().last().expect("an event");
         assert_eq!((last.kind.as_str(), last.data["policy"]["allow"][0].as_str()), ("EgressSet", Some("allowed.test")));
 

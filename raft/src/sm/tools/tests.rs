@@ -38,6 +38,7 @@ fn computer(id: &str) -> Computer {
         metadata: Default::default(),
         egress: None,
         egress_denied_through: 0,
+        egress_revision: 0,
     }
 }
 
