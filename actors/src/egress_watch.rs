@@ -145,12 +145,13 @@ async fn gather<S: futures::Stream<Item = Denied> + Unpin + futures::stream::Fus
     let mut add = |r: &mut Report, d: Denied| {
         r.count += 1;
         r.through = r.through.max(d.at);
-        if r.sample.len() < MAX_DENIED_SAMPLE {
-            if r.sample.iter().any(|s| s.host == d.host && s.port == d.port) {
+        // Distinct hosts and ports first; repeats kept aside, only as many as could fill it.
+        if r.sample.iter().any(|s| s.host == d.host && s.port == d.port) {
+            if extra.len() < MAX_DENIED_SAMPLE {
                 extra.push(d);
-            } else {
-                r.sample.push(d);
             }
+        } else if r.sample.len() < MAX_DENIED_SAMPLE {
+            r.sample.push(d);
         }
     };
     add(&mut r, first);

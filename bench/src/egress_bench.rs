@@ -144,59 +144,47 @@ fn main() -> Result<()> {
 
     let mount = format!("{agent}:/usr/local/bin/computer-agent:ro");
     let add_host = format!("bench.test:{host}");
+    // Both containers: on the bench's network, naming the server, with no capabilities but
+    // those added.
+    let network = made.network.clone();
+    let run = |name: &str, rest: &[&str]| -> Result<String> {
+        let mut args = vec!["run", "-d", "--name", name, "--network", &network, "--add-host", &add_host];
+        args.extend(["--cap-drop", "ALL"]);
+        args.extend(rest);
+        docker(&args)
+    };
     let direct = format!("egress-bench-direct-{tag}");
     made.containers.push(direct.clone());
-    docker(&[
-        "run",
-        "-d",
-        "--name",
-        &direct,
-        "--network",
-        &made.network,
-        "--add-host",
-        &add_host,
-        "--cap-drop",
-        "ALL",
-        IMAGE,
-        "sleep",
-        "infinity",
-    ])?;
+    run(&direct, &[IMAGE, "sleep", "infinity"])?;
     let gateway = format!("egress-bench-gateway-{tag}");
     made.containers.push(gateway.clone());
     let cpus = std::env::var("BENCH_GATEWAY_CPUS").unwrap_or_else(|_| "0.5".into());
     let config = format!(r#"COMPUTERD_EGRESS_CONFIG={{"link":[],"hosts":{{"bench.test":"{host}"}}}}"#);
-    docker(&[
-        "run",
-        "-d",
-        "--name",
+    run(
         &gateway,
-        "--network",
-        &made.network,
-        "--add-host",
-        &add_host,
-        "--cap-drop",
-        "ALL",
-        "--cap-add",
-        "NET_ADMIN",
-        "--cap-add",
-        "NET_RAW",
-        "--cpus",
-        &cpus,
-        "--memory",
-        "128m",
-        "--pids-limit",
-        "64",
-        "--security-opt",
-        "no-new-privileges",
-        "-e",
-        &config,
-        "-v",
-        &mount,
-        IMAGE,
-        "/usr/local/bin/computer-agent",
-        "egress-gateway",
-        "serve",
-    ])?;
+        &[
+            "--cap-add",
+            "NET_ADMIN",
+            "--cap-add",
+            "NET_RAW",
+            "--cpus",
+            &cpus,
+            "--memory",
+            "128m",
+            "--pids-limit",
+            "64",
+            "--security-opt",
+            "no-new-privileges",
+            "-e",
+            &config,
+            "-v",
+            &mount,
+            IMAGE,
+            "/usr/local/bin/computer-agent",
+            "egress-gateway",
+            "serve",
+        ],
+    )?;
     let policy = r#"{"default":"deny","allow":["bench.test"]}"#;
     docker(&["exec", &gateway, "/usr/local/bin/computer-agent", "egress-gateway", "set", policy])?;
     let behind = format!("egress-bench-egress-{tag}");

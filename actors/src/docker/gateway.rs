@@ -310,7 +310,6 @@ impl DockerProvider {
     }
 }
 
-/// Whether container `c` is the egress gateway of `computer_id` (by its label).
 /// Whole lines out of a gateway's output chunks (a line longer than [`MAX_LINE`] is skipped).
 #[derive(Default)]
 struct Lines {
@@ -349,6 +348,7 @@ impl Lines {
     }
 }
 
+/// Whether container `c` is the egress gateway of `computer_id` (by its label).
 fn serves(c: &bollard::models::ContainerInspectResponse, computer_id: &str) -> bool {
     c.config.as_ref().and_then(|c| c.labels.as_ref()).and_then(|l| l.get(LABEL_GATEWAY)).map(String::as_str)
         == Some(computer_id)

@@ -164,9 +164,10 @@ pub async fn apply(state: &AppState, caller: &Caller, id: &str, policy: &EgressP
             other => ApiError::new(ErrorKind::ComputerExecutionFailed, other.to_string()),
         });
     }
-    // Checked only once every node speaks store version 6 (during an upgrade, unchecked).
+    // Checked only once every node speaks the store version of revisions (during an upgrade,
+    // unchecked, as before).
     let members: Vec<u64> = state.cluster.view().members.iter().map(|m| m.id).collect();
-    let checked = state.cluster.state().read(|s| s.behind(members, 6).is_empty());
+    let checked = state.cluster.state().read(|s| s.behind(members, computerd_raft::sm::EGRESS_REVISIONS).is_empty());
     let cmd = Command::SetEgress {
         by: caller.token.id.clone(),
         computer_id: id.to_string(),

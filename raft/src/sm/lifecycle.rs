@@ -753,10 +753,12 @@ impl State {
     ) -> Result<(), Reject> {
         let c =
             self.computers.get_mut(computer_id).ok_or_else(|| Reject::new(RejectKind::NotFound, "no such computer"))?;
-        if sample.len() > MAX_DENIED_SAMPLE || (count as usize) < sample.len() || count == 0 {
+        if sample.len() > MAX_DENIED_SAMPLE || count < sample.len() as u64 || count == 0 {
             return Err(Reject::new(
                 RejectKind::Invalid,
-                format!("a denial report has 1 to {} samples, and counts at least them", MAX_DENIED_SAMPLE),
+                format!(
+                    "a denial report counts at least one refusal and its samples, of which it has at most {MAX_DENIED_SAMPLE}"
+                ),
             ));
         }
         let since = c.egress_denied_through;

@@ -127,4 +127,5 @@ pub use usage::FoldedUsage;
 pub use usage::MAX_SPANS_PER_COMPUTER;
 pub use usage::SpanEnd;
 pub use usage::UsageSpan;
+pub use versions::EGRESS_REVISIONS;
 pub use versions::STORE_VERSION;

@@ -23,6 +23,9 @@ use super::State;
 /// Computer's egress policy (`SetEgress`'s `revision`).
 pub const STORE_VERSION: u32 = if cfg!(feature = "upgrade-probe") { 7 } else { 6 };
 
+/// The store version whose `SetEgress` carries a checked `revision`.
+pub const EGRESS_REVISIONS: u32 = 6;
+
 impl Command {
     /// The store version that introduced this command (or, for a command whose newer form
     /// carries fields an older build would drop, that form).
@@ -30,7 +33,8 @@ impl Command {
         match self {
             #[cfg(feature = "upgrade-probe")]
             Command::UpgradeProbe { .. } => 7,
-            Command::EgressDenied { .. } | Command::SetEgress { revision: Some(_), .. } => 6,
+            Command::EgressDenied { .. } => 6,
+            Command::SetEgress { revision: Some(_), .. } => EGRESS_REVISIONS,
             Command::SetEgress { .. } | Command::RequestEgress { .. } => 5,
             Command::SubmitExecution(s) if s.computer.as_ref().is_some_and(|c| c.egress.is_some()) => 5,
             Command::PutSecret { .. } | Command::DeleteSecret { .. } | Command::TouchSecret { .. } => 4,
