@@ -137,6 +137,40 @@ fn call_name(kind: ExecutionKind) -> &'static str {
     }
 }
 
+/// What a pool claim answered.
+enum PoolAnswer {
+    /// The create took this pool entry's sandbox and is finished.
+    Claimed(String),
+    /// No ready sandbox: the create is made cold.
+    Miss,
+    /// Refused (a stale claim, lost rights) or unanswered: this run ends here.
+    Refused,
+}
+
+/// What a create or recreate of execution `exe` asks of the provider.
+fn create_spec(
+    exe: &computerd_raft::sm::Execution,
+    computer: &computerd_raft::sm::Computer,
+    first_uid: Option<u32>,
+) -> CreateSpec {
+    let (template, desktop) = match &computer.source {
+        Source::Provider { template, .. } => (exe.template.clone().or_else(|| template.clone()), computer.desktop),
+        Source::Paired => (None, false),
+    };
+    CreateSpec {
+        computer_id: computer.id.clone(),
+        command_key: exe.command_key.clone(),
+        template,
+        desktop,
+        pairing_code: exe.pairing_code.clone(),
+        first_uid,
+        env: computer.env.clone(),
+        resources: computer.resources,
+        metadata: computer.metadata.clone(),
+        egress: computer.egress.clone(),
+    }
+}
+
 /// The deadline of a recreate's provider call (at least): a migration loads and verifies up to
 /// 8 GiB and 100,000 files.
 pub const RECREATE_DEADLINE: Duration = Duration::from_secs(20 * 60);
@@ -189,6 +223,36 @@ impl ComputerActorState {
                 return;
             }
         };
+        // A create its provider's warm pool can serve claims a ready sandbox there: one store
+        // command dispatches and finishes it, so nothing is sent and nothing is in doubt.
+        if exe.kind == ExecutionKind::Create
+            && let Some((adapter, _)) = &adapter
+        {
+            let spec = create_spec(&exe, &computer, first_uid);
+            if let Some(key) = adapter.pool_key(&spec) {
+                let provider = provider.as_ref().map(|p| p.id.clone()).unwrap_or_default();
+                match self.pool_claim(exe_id, &claim, &key).await {
+                    PoolAnswer::Claimed(pool_id) => {
+                        metrics::counter!("computerd_pool_claims_total", "provider" => provider, "key" => key)
+                            .increment(1);
+                        let sandbox = self.args.cluster.state().read(|s| s.computers.get(&computer.id)?.sandbox.clone());
+                        tracing::info!(pool_id = %pool_id, "the create claimed a pooled sandbox");
+                        // Its Computer's name (the pool keeper names it too if this fails).
+                        if let Some(sandbox) = sandbox
+                            && let Err(e) = adapter.pool_claimed(&sandbox, &computer.id).await
+                        {
+                            tracing::warn!(pool_id = %pool_id, error = %e, "the claimed sandbox keeps its pool name for now");
+                        }
+                        return;
+                    }
+                    PoolAnswer::Miss => {
+                        metrics::counter!("computerd_pool_misses_total", "provider" => provider, "key" => key)
+                            .increment(1);
+                    }
+                    PoolAnswer::Refused => return,
+                }
+            }
+        }
         match self.dispatch(exe_id, &claim).await {
             Some(true) => {}
             Some(false) => return,
@@ -222,26 +286,7 @@ impl ComputerActorState {
                             }
                         },
                     };
-                    let spec = || {
-                        let (template, desktop) = match &computer.source {
-                            Source::Provider { template, .. } => {
-                                (exe.template.clone().or_else(|| template.clone()), computer.desktop)
-                            }
-                            Source::Paired => (None, false),
-                        };
-                        CreateSpec {
-                            computer_id: computer.id.clone(),
-                            command_key: exe.command_key.clone(),
-                            template,
-                            desktop,
-                            pairing_code: exe.pairing_code.clone(),
-                            first_uid,
-                            env: computer.env.clone(),
-                            resources: computer.resources,
-                            metadata: computer.metadata.clone(),
-                            egress: computer.egress.clone(),
-                        }
-                    };
+                    let spec = || create_spec(&exe, &computer, first_uid);
                     match exe.kind {
                         ExecutionKind::Create => adapter.create(&spec()).await.map(Some),
                         ExecutionKind::Recreate => adapter.recreate(&sandbox, &spec()).await.map(Some),
@@ -277,6 +322,24 @@ impl ComputerActorState {
         };
         tracing::info!(outcome = ?outcome, "provider call ended");
         self.finish(exe_id, &claim, outcome).await;
+    }
+
+    /// Claims a ready sandbox of pool `key` for create `exe_id` (a lost answer is asked again
+    /// with the same claim: the store answers a repeat as stale, and the execution's state
+    /// then tells whether the first was taken).
+    async fn pool_claim(&self, exe_id: &str, claim: &str, key: &str) -> PoolAnswer {
+        let cmd = Command::PoolClaim { execution_id: exe_id.into(), claim: claim.into(), key: key.into(), at_ms: now_ms() };
+        match self.propose(cmd).await {
+            Some(Response::Id(pool_id)) => PoolAnswer::Claimed(pool_id),
+            Some(Response::Rejected(r)) if r.kind == computerd_raft::sm::RejectKind::NotFound => PoolAnswer::Miss,
+            Some(Response::Rejected(r)) => {
+                tracing::info!(reason = %r.message, "the pool claim was refused");
+                PoolAnswer::Refused
+            }
+            // No answer: whether it was taken shows in the store; a takeover settles the rest
+            // (a claimed create is finished; an unclaimed one is still undispatched).
+            Some(Response::Ok) | None => PoolAnswer::Refused,
+        }
     }
 
     /// Records the dispatch mark before the call is sent; answers whether to send it (`None`:

@@ -334,6 +334,7 @@ mod tests {
             egress: None,
             egress_denied_through: 0,
             egress_revision: 0,
+            pooled: false,
         }
     }
 

@@ -29,6 +29,7 @@ pub mod idle;
 pub mod keep_alive;
 pub mod link;
 pub mod liveness;
+pub mod pool_keeper;
 pub mod provider;
 pub mod sandbox_watch;
 pub mod session;

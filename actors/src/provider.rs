@@ -161,6 +161,31 @@ pub struct SandboxInfo {
     pub state: String,
 }
 
+/// The warm pool a provider's config asks for, per template key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolWant {
+    /// The template key creates name (`default` and `desktop` for creates that name none).
+    pub key: String,
+    /// Whether its sandboxes have a desktop.
+    pub desktop: bool,
+    /// How many sandboxes it keeps ready.
+    pub size: u32,
+}
+
+/// A pooled sandbox as the provider lists it (made ahead of any create, its agent waiting for
+/// an identity; or claimed by a Computer already).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pooled {
+    /// The pool id it was made with (its label).
+    pub pool_id: String,
+    /// The provider's reference (a container id).
+    pub sandbox: String,
+    /// Its name now: a claimed one carries its Computer's.
+    pub name: String,
+    /// When it was made (Unix ms).
+    pub created_ms: u64,
+}
+
 /// A sandbox provider adapter.
 #[async_trait]
 pub trait Provider: Send + Sync {
@@ -219,6 +244,30 @@ pub trait Provider: Send + Sync {
         _since_ms: u64,
     ) -> Result<Option<futures::stream::BoxStream<'static, computerd_proto::egress::Denied>>, ProviderError> {
         Ok(None)
+    }
+    /// The warm pools this provider's config asks for (none by default).
+    fn pools(&self) -> Vec<PoolWant> {
+        Vec::new()
+    }
+    /// The pool key that can serve a create of `spec` (`None`: it must be made cold): its
+    /// template has a pool of the same desktop, and nothing in it needs the sandbox made for it
+    /// (an egress policy, resources other than the template's).
+    fn pool_key(&self, _spec: &CreateSpec) -> Option<String> {
+        None
+    }
+    /// Makes and starts one sandbox of pool `key`, labelled with `pool_id`, whose agent waits
+    /// for its identity with `token`; answers its reference. A refusal leaves none.
+    async fn pool_start(&self, _key: &str, _pool_id: &str, _token: &str) -> Result<String, ProviderError> {
+        Err(ProviderError::NotSent("this provider keeps no warm pool".into()))
+    }
+    /// Gives pooled sandbox `sandbox`, claimed by Computer `computer_id`, that Computer's name
+    /// (idempotent: done already, it changes nothing).
+    async fn pool_claimed(&self, _sandbox: &str, _computer_id: &str) -> Result<(), ProviderError> {
+        Ok(())
+    }
+    /// Every pooled sandbox the provider holds, claimed or not.
+    async fn pool_list(&self) -> Result<Vec<Pooled>, ProviderError> {
+        Ok(Vec::new())
     }
     /// Looks up the sandbox of a Computer (by its labels), to settle an unknown outcome.
     async fn inspect(&self, computer_id: &str) -> Result<Option<SandboxInfo>, ProviderError>;

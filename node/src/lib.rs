@@ -22,6 +22,7 @@ mod limits;
 pub mod link_handshake;
 pub mod owner;
 mod pki;
+pub mod pool;
 pub mod ports;
 mod server;
 pub mod state;

@@ -191,6 +191,12 @@ pub async fn run(
         providers.clone(),
         stop_rx.clone(),
     ));
+    // Warm pools kept at their sizes, by the leader.
+    let pool_keeper = tokio::spawn(computerd_actors::pool_keeper::run_pool_keeper(
+        cluster.clone(),
+        providers.clone(),
+        stop_rx.clone(),
+    ));
     // Providers' own expiry (E2B's timeout) kept ahead of running Computers, by the leader.
     let keep_alive = tokio::spawn(computerd_actors::keep_alive::run_keep_alive(
         cluster.clone(),
@@ -343,6 +349,7 @@ pub async fn run(
     let _ = watch.await;
     let _ = keep_alive.await;
     let _ = egress_watch.await;
+    let _ = pool_keeper.await;
     let _ = revocations.await;
     let _ = upkeep.await;
     // The agents' links end, and record their ends, while the store still runs.

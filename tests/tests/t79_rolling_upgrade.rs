@@ -92,8 +92,8 @@ async fn i37_18_a_rolling_upgrade_loses_nothing_and_a_newer_command_waits_for_ev
         (st == 200).then_some((st, v))
     })
     .await;
-    // This build speaks store version 6; the probe build is one ahead.
-    assert_eq!(v["storeVersion"], 7, "{v}");
+    // This build speaks store version 7; the probe build is one ahead.
+    assert_eq!(v["storeVersion"], 8, "{v}");
     stop.store(true, Ordering::Relaxed);
     workload.await.expect("workload");
     let acked = acked.lock().expect("acked").clone();

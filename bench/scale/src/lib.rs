@@ -215,6 +215,7 @@ impl World {
             egress: None,
             egress_denied_through: 0,
             egress_revision: 0,
+            pooled: false,
         });
         Command::SubmitExecution(Box::new(Submit {
             by: self.owner.clone(),

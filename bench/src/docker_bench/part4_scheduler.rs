@@ -104,6 +104,7 @@ fn planned_state(n: usize, base: u64) -> State {
             egress: None,
             egress_denied_through: 0,
             egress_revision: 0,
+            pooled: false,
         };
         let last_work = deadline - PAUSE_AFTER_SECS * 1000;
         s.computers.insert(id.clone(), c);

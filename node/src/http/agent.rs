@@ -1,5 +1,6 @@
 //! The agent's routes: pairing (`POST /v1/agent/pair`, the code is the credential) and the link
-//! (`GET /v1/agent/link`, a WebSocket).
+//! (`GET /v1/agent/link`, a WebSocket), and a pooled sandbox's wait for its identity
+//! (`GET /v1/agent/pool`, a WebSocket).
 
 use axum::Json;
 use axum::extract::State;
@@ -50,4 +51,10 @@ pub async fn link(State(state): State<AppState>, ws: WebSocketUpgrade) -> Respon
     ws.max_message_size(1 << 20)
         .read_buffer_size(4 * 1024)
         .on_upgrade(move |socket| crate::link_handshake::handle(state, socket))
+}
+
+/// `GET /v1/agent/pool`: upgrades to a pooled agent's wait for its identity.
+#[utoipa::path(get, path = "/v1/agent/pool", operation_id = "agent_pool", tag = "agent", responses((status = 101, description = "WebSocket upgrade; the first message is `{\"poolId\", \"token\", \"protocol\"}`, the one answer `{\"computerId\", \"pairingCode\", \"env\", \"firstUid\"}` once a create claims the sandbox, or `{\"error\"}`")))]
+pub async fn pool(State(state): State<AppState>, ws: WebSocketUpgrade) -> Response {
+    ws.max_message_size(4096).read_buffer_size(4 * 1024).on_upgrade(move |socket| crate::pool::wait(state, socket))
 }

@@ -84,6 +84,8 @@ pub fn computer_view(s: &computerd_raft::sm::State, c: &Computer) -> Value {
         "resources": c.resources,
         "metadata": c.metadata,
         "egress": c.egress,
+        // Whether its sandbox came from its provider's warm pool.
+        "pooled": c.pooled,
     });
     if c.state == ComputerState::Starting {
         v["starting"] = starting(s, c);
@@ -135,6 +137,10 @@ pub fn receipt(s: &computerd_raft::sm::State, e: &Execution, caller: &Caller, no
     });
     if let Some(t) = &e.template {
         v["template"] = t.clone().into();
+    }
+    // A create served by a warm pool says so.
+    if e.kind == ExecutionKind::Create && e.state == ExecutionState::Succeeded {
+        v["pooled"] = s.computers.get(&e.computer_id).is_some_and(|c| c.pooled).into();
     }
     let mine = e.requester.token_id == caller.token.id
         || (e.requester.member_id == caller.member.id && e.requester.bot_id.is_none() && caller.bot.is_none());
@@ -473,6 +479,7 @@ pub async fn create(
         egress,
         egress_denied_through: 0,
         egress_revision: 0,
+        pooled: false,
     };
     let mut exe = new_execution(&b.command_key, body_hash(&normalized), ExecutionKind::Create, &computer.id, now);
     // An own machine pairs with a code shown to its creator; a sandbox whose provider starts our

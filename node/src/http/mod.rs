@@ -243,7 +243,7 @@ fn groups(seen: &mut dyn FnMut(&[RoutePair])) -> Groups {
     seen(&pairs);
     let (pairing, pairs) = group! { post "/v1/agent/pair" => agent::pair };
     seen(&pairs);
-    let (link, pairs) = group! { get "/v1/agent/link" => agent::link };
+    let (link, pairs) = group! { get "/v1/agent/link" => agent::link, get "/v1/agent/pool" => agent::pool };
     seen(&pairs);
     seen(&mcp::ROUTES);
     let (streams, pairs) = group! {

@@ -265,6 +265,38 @@ pub enum Command {
         /// Unix ms.
         at_ms: u64,
     },
+    /// A pooled sandbox runs (store version 7): the pool keeper records it, unready and
+    /// unclaimed.
+    PoolAdd {
+        /// The entry.
+        entry: super::pool::PoolEntry,
+    },
+    /// The agent of a pooled sandbox waits, showing its token (store version 7).
+    PoolReady {
+        /// `pool_…`
+        pool_id: String,
+        /// Hex SHA-256 of the token it showed.
+        token_hash: String,
+        /// Unix ms.
+        at_ms: u64,
+    },
+    /// A create claims a ready pooled sandbox of `key` (store version 7): dispatched and
+    /// finished with it at once; answers the pool entry's id. A miss changes nothing.
+    PoolClaim {
+        /// The create execution.
+        execution_id: String,
+        /// Its claim.
+        claim: String,
+        /// The pool key.
+        key: String,
+        /// Unix ms.
+        at_ms: u64,
+    },
+    /// The pool keeper forgets an entry (store version 7).
+    PoolRemove {
+        /// `pool_…`
+        pool_id: String,
+    },
     /// A bot asks for a Computer's egress policy to change (`computers.egress`, store version
     /// 5): it waits as an approval; a member's approval applies it (the route, then `SetEgress`).
     RequestEgress {
@@ -906,6 +938,10 @@ impl Command {
             Command::SetEgress { .. } => "set_egress",
             Command::RequestEgress { .. } => "request_egress",
             Command::EgressDenied { .. } => "egress_denied",
+            Command::PoolAdd { .. } => "pool_add",
+            Command::PoolReady { .. } => "pool_ready",
+            Command::PoolClaim { .. } => "pool_claim",
+            Command::PoolRemove { .. } => "pool_remove",
             Command::PutGrant { .. } => "put_grant",
             Command::PutSecret { .. } => "put_secret",
             Command::DeleteSecret { .. } => "delete_secret",

@@ -447,7 +447,7 @@ impl State {
         );
     }
 
-    fn finish_succeeded(&mut self, exe_id: &str, sandbox: Option<String>, at: u64) {
+    pub(crate) fn finish_succeeded(&mut self, exe_id: &str, sandbox: Option<String>, at: u64) {
         let Some(e) = self.executions.get_mut(exe_id) else { return };
         e.state = ExecutionState::Succeeded;
         e.finished_at = Some(at);

@@ -157,6 +157,9 @@ pub struct Computer {
     /// keeps the revision in force and ignores older ones, so racing changes end at the stored one.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub egress_revision: u64,
+    /// Whether its sandbox came from a warm pool (store version 7).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub pooled: bool,
 }
 
 impl Computer {
@@ -798,4 +801,8 @@ impl Delegations {
 
 fn is_zero(n: &u64) -> bool {
     *n == 0
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }

@@ -106,6 +106,9 @@ pub struct State {
     /// first stamped entry). Idle-pause deadlines are read against it only.
     #[serde(default)]
     pub clock: u64,
+    /// Warm pools' sandboxes by pool id (`pool`): bounded per provider and in all.
+    #[serde(default)]
+    pub pool: BTreeMap<String, super::pool::PoolEntry>,
     /// The binding-UID ranges of sandboxes on shared kernels (`uids`).
     #[serde(default)]
     pub uid_ranges: super::uids::UidRanges,
@@ -265,6 +268,9 @@ impl State {
             Command::RunEvent { by, run_id, claim, kind, data } => {
                 Some(self.run_event(by, run_id, claim, kind, data).map(Some))
             }
+            Command::PoolClaim { execution_id, claim, key, at_ms } => {
+                Some(self.pool_claim(execution_id, claim, key, *at_ms).map(Some))
+            }
             Command::LinkUp { computer_id, credential_hash, node_id, at_ms } => {
                 Some(self.link_up(computer_id, credential_hash, *node_id, *at_ms).map(|g| Some(g.to_string())))
             }
@@ -339,6 +345,7 @@ impl State {
             | Command::RunStart { .. }
             | Command::RunClaim { .. }
             | Command::RunEvent { .. }
+            | Command::PoolClaim { .. }
             | Command::LinkUp { .. } => Err(Reject::new(RejectKind::Invalid, "handled in apply")),
             Command::ActionDispatch { key, claim, at_ms, deadline_ms } => {
                 self.action_dispatch(key, claim, *at_ms, *deadline_ms)
@@ -395,6 +402,9 @@ impl State {
             Command::SetEgress { by, computer_id, policy, revision, at_ms } => {
                 self.set_egress(by, computer_id, policy.as_ref(), *revision, *at_ms)
             }
+            Command::PoolAdd { entry } => self.pool_add(entry),
+            Command::PoolReady { pool_id, token_hash, at_ms } => self.pool_ready(pool_id, token_hash, *at_ms),
+            Command::PoolRemove { pool_id } => self.pool_remove(pool_id),
             Command::EgressDenied { computer_id, count, sample, through_ms, at_ms } => {
                 self.egress_denied(computer_id, *count, sample, *through_ms, *at_ms)
             }

@@ -99,5 +99,6 @@ pub fn computer(id: &str, owner: &str, source: super::model::Source) -> super::m
         egress: None,
         egress_denied_through: 0,
         egress_revision: 0,
+        pooled: false,
     }
 }

@@ -20,8 +20,9 @@ use super::State;
 /// `TouchSecret`, and a grant's `secrets`); 5, egress policies (`SetEgress`, `RequestEgress`
 /// with the `computers.egress` capability, and a create whose Computer carries `egress`); 6,
 /// the egress gateway's refused connections as events (`EgressDenied`), and revisions of a
-/// Computer's egress policy (`SetEgress`'s `revision`).
-pub const STORE_VERSION: u32 = if cfg!(feature = "upgrade-probe") { 7 } else { 6 };
+/// Computer's egress policy (`SetEgress`'s `revision`); 7, warm pools (`PoolAdd`, `PoolReady`,
+/// `PoolClaim`, `PoolRemove`, and a Computer's `pooled`).
+pub const STORE_VERSION: u32 = if cfg!(feature = "upgrade-probe") { 8 } else { 7 };
 
 /// The store version whose `SetEgress` carries a checked `revision`.
 pub const EGRESS_REVISIONS: u32 = 6;
@@ -32,7 +33,10 @@ impl Command {
     pub fn since(&self) -> u32 {
         match self {
             #[cfg(feature = "upgrade-probe")]
-            Command::UpgradeProbe { .. } => 7,
+            Command::UpgradeProbe { .. } => 8,
+            Command::PoolAdd { .. } | Command::PoolReady { .. } | Command::PoolClaim { .. } | Command::PoolRemove { .. } => {
+                7
+            }
             Command::EgressDenied { .. } => 6,
             Command::SetEgress { revision: Some(_), .. } => EGRESS_REVISIONS,
             Command::SetEgress { .. } | Command::RequestEgress { .. } => 5,

@@ -39,6 +39,7 @@ fn computer(id: &str) -> Computer {
         egress: None,
         egress_denied_through: 0,
         egress_revision: 0,
+        pooled: false,
     }
 }
 
