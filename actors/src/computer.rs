@@ -235,7 +235,8 @@ impl ComputerActorState {
                     PoolAnswer::Claimed(pool_id) => {
                         metrics::counter!("computerd_pool_claims_total", "provider" => provider, "key" => key)
                             .increment(1);
-                        let sandbox = self.args.cluster.state().read(|s| s.computers.get(&computer.id)?.sandbox.clone());
+                        let sandbox =
+                            self.args.cluster.state().read(|s| s.computers.get(&computer.id)?.sandbox.clone());
                         tracing::info!(pool_id = %pool_id, "the create claimed a pooled sandbox");
                         // Its Computer's name (the pool keeper names it too if this fails).
                         if let Some(sandbox) = sandbox
@@ -328,7 +329,8 @@ impl ComputerActorState {
     /// with the same claim: the store answers a repeat as stale, and the execution's state
     /// then tells whether the first was taken).
     async fn pool_claim(&self, exe_id: &str, claim: &str, key: &str) -> PoolAnswer {
-        let cmd = Command::PoolClaim { execution_id: exe_id.into(), claim: claim.into(), key: key.into(), at_ms: now_ms() };
+        let cmd =
+            Command::PoolClaim { execution_id: exe_id.into(), claim: claim.into(), key: key.into(), at_ms: now_ms() };
         match self.propose(cmd).await {
             Some(Response::Id(pool_id)) => PoolAnswer::Claimed(pool_id),
             Some(Response::Rejected(r)) if r.kind == computerd_raft::sm::RejectKind::NotFound => PoolAnswer::Miss,

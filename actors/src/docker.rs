@@ -30,7 +30,12 @@
 //!   link-local range) opens those ranges to the template's sandboxes (see egress below);
 //! - `egress`: `"node"` (the default: the node installs the egress rules of its own networks, and
 //!   a node that cannot, not root or without `iptables`, refuses the provider) or `"operator"`
-//!   (the operator enforces egress from the sandbox network; the node installs nothing).
+//!   (the operator enforces egress from the sandbox network; the node installs nothing);
+//! - `pool`: `{"<template key>": {"size", "desktop"}}`, the warm pools (see [`pool`]): sandboxes
+//!   made ahead of any create, named `computerd-pool-<pool id>` and labelled [`LABEL_POOL`], which
+//!   a Computer claims whole and renames `computerd-<computer id>`. A claimed pooled container is
+//!   its Computer's sandbox as a created one is: listed, inspected, recreated (onto the volume it
+//!   mounts, `computerd-runtime-<pool id>`) and deleted (with that volume) by its name.
 //!
 //! Hardening (every sandbox): all capabilities are dropped but [`SANDBOX_CAPS`] (no `NET_RAW`,
 //! so no raw sockets or spoofed packets; no `MKNOD`, `SYS_CHROOT`, `SETFCAP`, `SETPCAP`,
@@ -71,15 +76,28 @@ use serde::Deserialize;
 use tokio::sync::OnceCell;
 
 use crate::provider::CreateSpec;
+use crate::provider::PoolWant;
+use crate::provider::Pooled;
 use crate::provider::Provider;
 use crate::provider::ProviderError;
 use crate::provider::SandboxInfo;
 
 mod gateway;
+pub mod pool;
 mod template_check;
 pub use gateway::LABEL_GATEWAY;
 pub use gateway::NO_GATEWAY;
 pub use gateway::gateway_name;
+pub use pool::LABEL_POOL;
+pub use pool::LABEL_POOL_KEY;
+pub use pool::LABEL_POOL_PROVIDER;
+pub use pool::MAX_POOL_KEYS;
+pub use pool::MAX_POOL_SIZE;
+pub use pool::MAX_POOL_TOTAL;
+pub use pool::POOL_ID_ENV;
+pub use pool::POOL_TOKEN_ENV;
+pub use pool::PoolConfig;
+pub use pool::pool_container_name;
 pub use template_check::TEMPLATE_INVALID;
 
 /// The image used when no template names one.
@@ -240,6 +258,9 @@ pub struct DockerConfig {
     /// Who enforces egress from the provider's networks: `node` (default) or `operator`.
     #[serde(default)]
     pub egress: Option<String>,
+    /// The warm pools by template key ([`pool`]).
+    #[serde(default)]
+    pub pool: HashMap<String, PoolConfig>,
 }
 
 impl DockerConfig {
@@ -313,6 +334,7 @@ impl DockerConfig {
                 ));
             }
         }
+        pool::check(&c)?;
         Ok(c)
     }
 
@@ -501,9 +523,45 @@ pub fn runtime_volume(computer_id: &str) -> String {
     format!("computerd-runtime-{computer_id}")
 }
 
-/// Whether an inspected container mounts the runtime volume `volume`.
-fn mounts_volume(c: &bollard::models::ContainerInspectResponse, volume: &str) -> bool {
-    c.mounts.iter().flatten().any(|m| m.name.as_deref() == Some(volume))
+/// The volume mounted at [`RUNTIME_MOUNT`] among a container's mounts, if any.
+fn runtime_mount(mounts: Option<&Vec<bollard::models::MountPoint>>) -> Option<String> {
+    mounts.into_iter().flatten().find(|m| m.destination.as_deref() == Some(RUNTIME_MOUNT)).and_then(|m| m.name.clone())
+}
+
+/// The runtime volume of an inspected pooled container no Computer claimed yet (still named
+/// [`pool_container_name`] of its pool id), if it mounts one.
+fn unclaimed_pool_volume(c: &bollard::models::ContainerInspectResponse) -> Option<String> {
+    let pool_id = c.config.as_ref()?.labels.as_ref()?.get(LABEL_POOL)?;
+    let name = c.name.as_deref()?.trim_start_matches('/');
+    (name == pool_container_name(pool_id)).then(|| runtime_mount(c.mounts.as_ref())).flatten()
+}
+
+/// Removes container `id` with its anonymous volumes (gone already: done).
+async fn remove_container(docker: &Docker, id: &str) -> Result<(), ProviderError> {
+    let rm = RemoveContainerOptionsBuilder::new().force(true).v(true).build();
+    match docker.remove_container(id, Some(rm)).await {
+        Ok(()) | Err(DockerError::DockerResponseServerError { status_code: 404, .. }) => Ok(()),
+        Err(e) => Err(classify(e)),
+    }
+}
+
+/// Removes volume `name` (gone already: done).
+async fn remove_volume(docker: &Docker, name: &str) -> Result<(), ProviderError> {
+    match docker.remove_volume(name, None::<bollard::query_parameters::RemoveVolumeOptions>).await {
+        Ok(()) | Err(DockerError::DockerResponseServerError { status_code: 404, .. }) => Ok(()),
+        Err(e) => Err(classify(e)),
+    }
+}
+
+/// Who a sandbox container is made for (a Computer's create, or a pool): its name, labels,
+/// runtime volume (mounted at [`RUNTIME_MOUNT`] when the template keeps one) and environment
+/// (name, value).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Owner {
+    name: String,
+    labels: HashMap<String, String>,
+    volume: String,
+    env: Vec<(String, String)>,
 }
 
 /// A failure of a recreate once the old sandbox is stopped: it is kept, stopped.
@@ -787,30 +845,49 @@ impl DockerProvider {
         }
     }
 
-    /// Makes a Computer's volume for its tool runtime, labelled with the Computer (making an
-    /// existing one answers it). Nothing else has changed yet: a failure sends nothing.
-    async fn ensure_runtime_volume(&self, docker: &Docker, computer_id: &str) -> Result<(), ProviderError> {
+    /// Makes a volume for a tool runtime, `volume`, labelled `label`=`value` (the Computer, or
+    /// the pool id); making an existing one answers it. Nothing else has changed yet: a failure
+    /// sends nothing.
+    async fn ensure_volume(
+        &self,
+        docker: &Docker,
+        volume: &str,
+        labels: HashMap<String, String>,
+    ) -> Result<(), ProviderError> {
         let request = bollard::models::VolumeCreateRequest {
-            name: Some(runtime_volume(computer_id)),
-            labels: Some(HashMap::from([(LABEL_COMPUTER.to_string(), computer_id.to_string())])),
+            name: Some(volume.to_string()),
+            labels: Some(labels),
             ..Default::default()
         };
         docker.create_volume(request).await.map(|_| ()).map_err(|e| read_failed(e, "the runtime volume"))
     }
 
-    /// Creates and starts the sandbox container of `spec`, named for its Computer; a refused
-    /// start removes it, so a refusal leaves none.
+    /// Who the sandbox of a create of `spec` is made for: named for its Computer, labelled with
+    /// it and the command key, on its runtime volume, with the create's env and the agent's.
+    fn create_owner(&self, spec: &CreateSpec) -> Owner {
+        Owner {
+            name: container_name(&spec.computer_id),
+            labels: HashMap::from([
+                (LABEL_COMPUTER.to_string(), spec.computer_id.clone()),
+                (LABEL_KEY.to_string(), spec.command_key.clone()),
+            ]),
+            volume: runtime_volume(&spec.computer_id),
+            env: crate::provider::sandbox_env(spec, &self.config.server_url, self.config.ca_cert.as_deref()),
+        }
+    }
+
+    /// Creates and starts a sandbox container for `owner`; a refused start removes it, so a
+    /// refusal leaves none.
     async fn create_and_start(
         &self,
         docker: &Docker,
-        spec: &CreateSpec,
+        owner: &Owner,
         t: &Template,
         size: (f64, u64),
         network: &str,
     ) -> Result<String, ProviderError> {
-        let name = container_name(&spec.computer_id);
-        let opts = CreateContainerOptionsBuilder::new().name(&name).build();
-        let body = self.container_body(spec, t, size, network);
+        let opts = CreateContainerOptionsBuilder::new().name(&owner.name).build();
+        let body = self.container_body(owner, t, size, network);
         let created = docker.create_container(Some(opts), body).await.map_err(classify)?;
         match docker.start_container(&created.id, None).await {
             Ok(()) => Ok(created.id),
@@ -834,30 +911,23 @@ impl DockerProvider {
         }
     }
 
-    /// The container of a create. `cpus` and `memory_mb` are the sandbox's ([`within`]).
+    /// The container of a sandbox for `owner`. `cpus` and `memory_mb` are the sandbox's
+    /// ([`within`]).
     fn container_body(
         &self,
-        spec: &CreateSpec,
+        owner: &Owner,
         t: &Template,
         (cpus, memory_mb): (f64, u64),
         network: &str,
     ) -> ContainerCreateBody {
-        let env = crate::provider::sandbox_env(spec, &self.config.server_url, self.config.ca_cert.as_deref())
-            .into_iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
-        let labels = HashMap::from([
-            (LABEL_COMPUTER.to_string(), spec.computer_id.clone()),
-            (LABEL_KEY.to_string(), spec.command_key.clone()),
-        ]);
-        let mut env: Vec<String> = env;
+        let mut env: Vec<String> = owner.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
         if t.runtime_volume {
             env.push(format!("COMPUTER_AGENT_RUNTIME_VOLUME={RUNTIME_MOUNT}"));
         }
         let binds = self.config.agent_binary.as_ref().map(|b| vec![format!("{b}:{AGENT_PATH}:ro")]);
         let runtime = bollard::models::Mount {
             target: Some(RUNTIME_MOUNT.into()),
-            source: Some(runtime_volume(&spec.computer_id)),
+            source: Some(owner.volume.clone()),
             typ: Some(bollard::models::MountType::VOLUME),
             ..Default::default()
         };
@@ -865,7 +935,7 @@ impl DockerProvider {
             image: Some(t.image.clone()),
             cmd: Some(vec![AGENT_PATH.to_string()]),
             env: Some(env),
-            labels: Some(labels),
+            labels: Some(owner.labels.clone()),
             working_dir: Some("/root".into()),
             host_config: Some(HostConfig {
                 nano_cpus: Some((cpus * 1e9) as i64),
@@ -898,14 +968,20 @@ impl Provider for DockerProvider {
         self.check_image(&t.image).await?;
         let docker = self.docker().await?;
         let network = self.network(docker, &t).await?;
+        let owner = self.create_owner(spec);
         if t.runtime_volume {
-            self.ensure_runtime_volume(docker, &spec.computer_id).await?;
+            self.ensure_volume(
+                docker,
+                &owner.volume,
+                HashMap::from([(LABEL_COMPUTER.to_string(), spec.computer_id.clone())]),
+            )
+            .await?;
         }
         let Some(policy) = &spec.egress else {
-            return self.create_and_start(docker, spec, &t, size, &network).await;
+            return self.create_and_start(docker, &owner, &t, size, &network).await;
         };
         let gateway = self.ensure_gateway(docker, &spec.computer_id, &t, &network, policy).await?;
-        let made = self.create_and_start(docker, spec, &t, size, &format!("container:{gateway}")).await;
+        let made = self.create_and_start(docker, &owner, &t, size, &format!("container:{gateway}")).await;
         if let Err(ProviderError::NotSent(_) | ProviderError::Rejected(_) | ProviderError::Refused { .. }) = &made
             && let Err(e) = self.remove_gateway(&spec.computer_id).await
         {
@@ -929,7 +1005,6 @@ impl Provider for DockerProvider {
             let gateway = self.ensure_gateway(docker, &spec.computer_id, &t, &network, policy).await?;
             network = format!("container:{gateway}");
         }
-        let volume = runtime_volume(&spec.computer_id);
         let name = container_name(&spec.computer_id);
         // The old sandbox as the engine has it now (gone: only the volume carries over).
         let old = match docker.inspect_container(sandbox, None).await {
@@ -937,21 +1012,40 @@ impl Provider for DockerProvider {
             Err(DockerError::DockerResponseServerError { status_code: 404, .. }) => None,
             Err(e) => return Err(read_failed(e, "inspecting the old sandbox")),
         };
-        if let Some(c) = &old
-            && c.config.as_ref().and_then(|c| c.labels.as_ref()).and_then(|l| l.get(LABEL_COMPUTER))
-                != Some(&spec.computer_id)
-        {
-            return Err(ProviderError::NotSent(format!("the container {sandbox} is not this computer's sandbox")));
+        if let Some(c) = &old {
+            let labels = c.config.as_ref().and_then(|c| c.labels.as_ref());
+            let labelled = labels.and_then(|l| l.get(LABEL_COMPUTER)) == Some(&spec.computer_id);
+            // A pooled sandbox is its Computer's once the claim named it so.
+            let claimed = labels.is_some_and(|l| l.contains_key(LABEL_POOL))
+                && c.name.as_deref().map(|n| n.trim_start_matches('/')) == Some(name.as_str());
+            if !(labelled || claimed) {
+                return Err(ProviderError::NotSent(format!("the container {sandbox} is not this computer's sandbox")));
+            }
         }
         if !t.runtime_volume {
             return Err(ProviderError::NotSent(
                 "a recreate keeps the tool runtime in the Computer's runtime volume: the template must have runtimeVolume".into(),
             ));
         }
-        self.ensure_runtime_volume(docker, &spec.computer_id).await?;
+        // The volume carried over: the one the old sandbox mounts (a pooled one's is its pool
+        // id's), else the Computer's own (made if missing).
+        let mounted = old.as_ref().and_then(|c| runtime_mount(c.mounts.as_ref()));
+        let mut owner = self.create_owner(spec);
+        match mounted {
+            Some(v) => owner.volume = v,
+            None => {
+                self.ensure_volume(
+                    docker,
+                    &owner.volume,
+                    HashMap::from([(LABEL_COMPUTER.to_string(), spec.computer_id.clone())]),
+                )
+                .await?
+            }
+        }
+        let volume = owner.volume.clone();
         let Some(old) = old else {
             // Nothing to stop or move: a new sandbox on the kept volume.
-            return self.create_and_start(docker, spec, &t, size, &network).await;
+            return self.create_and_start(docker, &owner, &t, size, &network).await;
         };
         let old_id = old.id.clone().unwrap_or_else(|| sandbox.to_string());
         let state = old.state.as_ref().and_then(|s| s.status).map(|s| s.to_string()).unwrap_or_default();
@@ -965,7 +1059,7 @@ impl Provider for DockerProvider {
             Err(e) => return Err(classify(e)),
         }
         // From here the old sandbox is stopped: a failure keeps it so, for another try.
-        if !mounts_volume(&old, &volume) {
+        if runtime_mount(old.mounts.as_ref()).is_none() {
             self.migrate(&old_id, &t, &volume).await?;
         }
         // The new sandbox takes the Computer's container name; the old one steps aside.
@@ -976,7 +1070,7 @@ impl Provider for DockerProvider {
             let opts = bollard::query_parameters::RenameContainerOptionsBuilder::new().name(&aside).build();
             docker.rename_container(&old_id, opts).await.map_err(|e| recreate_failed(&old_id, classify(e)))?;
         }
-        match self.create_and_start(docker, spec, &t, size, &network).await {
+        match self.create_and_start(docker, &owner, &t, size, &network).await {
             Ok(new) => {
                 let rm = RemoveContainerOptionsBuilder::new().force(true).build();
                 if let Err(e) = docker.remove_container(&old_id, Some(rm)).await {
@@ -1000,22 +1094,33 @@ impl Provider for DockerProvider {
         }
     }
 
-    async fn delete_computer(&self, sandbox: &str, computer_id: &str, command_key: &str) -> Result<(), ProviderError> {
-        self.delete(sandbox, command_key).await?;
+    async fn delete_computer(&self, sandbox: &str, computer_id: &str, _command_key: &str) -> Result<(), ProviderError> {
         let docker = self.docker().await?;
-        // A sandbox a failed recreate kept, stopped.
-        for c in self.labelled(format!("{LABEL_COMPUTER}={computer_id}")).await? {
+        // The runtime volumes that go too: the Computer's own, and the one each of its sandboxes
+        // mounts (a pooled sandbox's is its pool id's), read before the sandboxes go.
+        let mut volumes = BTreeSet::from([runtime_volume(computer_id)]);
+        if !sandbox.is_empty() {
+            match docker.inspect_container(sandbox, None).await {
+                Ok(c) => volumes.extend(runtime_mount(c.mounts.as_ref())),
+                Err(DockerError::DockerResponseServerError { status_code: 404, .. }) => {}
+                Err(e) => return Err(read_failed(e, "inspecting the sandbox")),
+            }
+        }
+        remove_container(docker, sandbox).await?;
+        // A sandbox a failed recreate kept, stopped (a pooled one, set aside, bears the
+        // Computer's name only).
+        let mut kept = self.labelled(format!("{LABEL_COMPUTER}={computer_id}")).await?;
+        kept.extend(self.pooled_of(computer_id).await?);
+        for c in kept {
             let Some(id) = c.id else { continue };
-            self.delete(&id, command_key).await?;
+            volumes.extend(runtime_mount(c.mounts.as_ref()));
+            remove_container(docker, &id).await?;
         }
         self.remove_gateway(computer_id).await?;
-        match docker
-            .remove_volume(&runtime_volume(computer_id), None::<bollard::query_parameters::RemoveVolumeOptions>)
-            .await
-        {
-            Ok(()) | Err(DockerError::DockerResponseServerError { status_code: 404, .. }) => Ok(()),
-            Err(e) => Err(classify(e)),
+        for volume in volumes {
+            remove_volume(docker, &volume).await?;
         }
+        Ok(())
     }
 
     async fn pause(&self, sandbox: &str, _command_key: &str) -> Result<(), ProviderError> {
@@ -1033,12 +1138,19 @@ impl Provider for DockerProvider {
     }
 
     async fn delete(&self, sandbox: &str, _command_key: &str) -> Result<(), ProviderError> {
-        let rm = RemoveContainerOptionsBuilder::new().force(true).v(true).build();
-        match self.docker().await?.remove_container(sandbox, Some(rm)).await {
-            Ok(()) => Ok(()),
+        let docker = self.docker().await?;
+        // An unclaimed pooled sandbox's runtime volume is its own alone: it goes with it (a
+        // Computer's goes with the Computer, `delete_computer`).
+        let own_volume = match docker.inspect_container(sandbox, None).await {
+            Ok(c) => unclaimed_pool_volume(&c),
             // Already gone: the effect wanted holds.
-            Err(DockerError::DockerResponseServerError { status_code: 404, .. }) => Ok(()),
-            Err(e) => Err(classify(e)),
+            Err(DockerError::DockerResponseServerError { status_code: 404, .. }) => return Ok(()),
+            Err(e) => return Err(read_failed(e, "inspecting the sandbox")),
+        };
+        remove_container(docker, sandbox).await?;
+        match own_volume {
+            Some(volume) => remove_volume(docker, &volume).await,
+            None => Ok(()),
         }
     }
 
@@ -1066,11 +1178,18 @@ impl Provider for DockerProvider {
 
     async fn inspect(&self, computer_id: &str) -> Result<Option<SandboxInfo>, ProviderError> {
         let list = self.labelled(format!("{LABEL_COMPUTER}={computer_id}")).await?;
-        Ok(list.iter().find(|c| is_named_for(c, computer_id)).or(list.first()).map(info))
+        if let Some(c) = list.iter().find(|c| is_named_for(c, computer_id)) {
+            return Ok(Some(info(c)));
+        }
+        // A claimed pooled sandbox bears its Computer's name, not its label.
+        let pooled = self.pooled_named(pool::exact_name_filter(&container_name(computer_id))).await?;
+        Ok(pooled.iter().find(|c| is_named_for(c, computer_id)).or(list.first()).map(info))
     }
 
     async fn list(&self) -> Result<Option<HashMap<String, SandboxInfo>>, ProviderError> {
+        // Two lists: the engine ANDs label filters.
         let list = self.labelled(LABEL_COMPUTER.to_string()).await?;
+        let pooled = self.labelled(LABEL_POOL.to_string()).await?;
         self.refresh_egress(self.docker().await?).await;
         // A recreate's old sandbox may stand beside the new one for a moment (or stay, stopped,
         // when its removal failed): the one named for the Computer is its sandbox.
@@ -1082,24 +1201,68 @@ impl Provider for DockerProvider {
             }
             by_computer.insert(id.clone(), info(c));
         }
+        // A claimed pooled sandbox, named for its Computer (unclaimed ones are no Computer's).
+        for c in &pooled {
+            let claimed = c.names.iter().flatten().find_map(|n| pool::claimed_by(n).filter(|(_, aside)| !aside));
+            if let Some((id, _)) = claimed {
+                by_computer.insert(id, info(c));
+            }
+        }
         Ok(Some(by_computer))
+    }
+
+    fn pools(&self) -> Vec<PoolWant> {
+        self.config.pools()
+    }
+
+    fn pool_key(&self, spec: &CreateSpec) -> Option<String> {
+        self.config.pool_key(spec)
+    }
+
+    async fn pool_start(
+        &self,
+        provider_id: &str,
+        key: &str,
+        pool_id: &str,
+        token: &str,
+    ) -> Result<String, ProviderError> {
+        self.start_pooled(provider_id, key, pool_id, token).await
+    }
+
+    async fn pool_claimed(&self, sandbox: &str, computer_id: &str) -> Result<(), ProviderError> {
+        self.claim_pooled(sandbox, computer_id).await
+    }
+
+    async fn pool_list(&self, provider_id: &str) -> Result<Vec<Pooled>, ProviderError> {
+        self.list_pooled(provider_id).await
     }
 }
 
 impl DockerProvider {
-    /// The sandboxes (containers labelled with a Computer id) whose agents pin `ca_pem`, the
-    /// private CA of the cluster that made them, as (Computer id, container). No label names the
-    /// cluster, but the CA `computerd dev` hands its agents is its data dir's own (made there),
-    /// so `computerd dev --down` finds its sandboxes this way, and no one else's.
+    /// The sandboxes (containers labelled with a Computer id, and pooled ones) whose agents pin
+    /// `ca_pem`, the private CA of the cluster that made them, as (Computer id, container); an
+    /// unclaimed pooled one is keyed by its pool id (its runtime volume is
+    /// `runtime_volume(pool id)`, so `delete_computer` with that key removes it whole). No label
+    /// names the cluster, but the CA `computerd dev` hands its agents is its data dir's own (made
+    /// there), so `computerd dev --down` finds its sandboxes this way, and no one else's.
     pub async fn pinning(&self, ca_pem: &str) -> Result<Vec<(String, SandboxInfo)>, ProviderError> {
         let docker = self.docker().await?;
         let wanted = format!("COMPUTER_AGENT_CA_PEM={ca_pem}");
-        let mut found = Vec::new();
+        let mut candidates = Vec::new();
         for c in self.labelled(LABEL_COMPUTER.to_string()).await? {
-            let (Some(id), Some(computer)) = (c.id.as_deref(), c.labels.as_ref().and_then(|l| l.get(LABEL_COMPUTER)))
-            else {
-                continue;
-            };
+            if let Some(computer) = c.labels.as_ref().and_then(|l| l.get(LABEL_COMPUTER)) {
+                candidates.push((computer.clone(), c));
+            }
+        }
+        for c in self.labelled(LABEL_POOL.to_string()).await? {
+            let claimed = c.names.iter().flatten().find_map(|n| pool::claimed_by(n)).map(|(id, _)| id);
+            if let Some(key) = claimed.or_else(|| c.labels.as_ref().and_then(|l| l.get(LABEL_POOL)).cloned()) {
+                candidates.push((key, c));
+            }
+        }
+        let mut found = Vec::new();
+        for (key, c) in candidates {
+            let Some(id) = c.id.as_deref() else { continue };
             let env = match docker.inspect_container(id, None).await {
                 Ok(i) => i.config.and_then(|c| c.env).unwrap_or_default(),
                 // Removed meanwhile.
@@ -1107,7 +1270,7 @@ impl DockerProvider {
                 Err(e) => return Err(classify(e)),
             };
             if env.contains(&wanted) {
-                found.push((computer.clone(), info(&c)));
+                found.push((key, info(&c)));
             }
         }
         Ok(found)
@@ -1182,7 +1345,7 @@ mod tests {
             metadata: Default::default(),
             egress: None,
         };
-        let body = p.container_body(&spec, &Template::default_image(), (1.0, 1024), SANDBOX_NETWORK);
+        let body = p.container_body(&p.create_owner(&spec), &Template::default_image(), (1.0, 1024), SANDBOX_NETWORK);
         let env = body.env.unwrap_or_default();
         assert!(env.contains(&format!("COMPUTER_AGENT_CA_PEM={pem}")), "{env:?}");
         assert!(!env.iter().any(|e| e.starts_with("COMPUTER_AGENT_INSECURE")), "{env:?}");
@@ -1234,7 +1397,7 @@ mod tests {
         spec.env.insert("GREETING".into(), "hello world".into());
         spec.env.insert("HOME".into(), "/elsewhere".into());
         let size = within(&small, spec.resources.as_ref()).expect("within");
-        let body = p.container_body(&spec, &small, size, SANDBOX_NETWORK);
+        let body = p.container_body(&p.create_owner(&spec), &small, size, SANDBOX_NETWORK);
         let env = body.env.unwrap_or_default();
         assert!(env.contains(&"GREETING=hello world".to_string()), "{env:?}");
         assert!(env.contains(&"COMPUTER_AGENT_PAIR=code".to_string()), "{env:?}");
@@ -1281,6 +1444,162 @@ mod tests {
         assert!(
             cfg(serde_json::json!({"serverUrl": "http://x", "egress": "none"})).is_err_and(|e| e.contains("egress"))
         );
+    }
+
+    fn pooled_cfg() -> DockerConfig {
+        cfg(serde_json::json!({"serverUrl": "https://172.17.0.1:8080",
+            "caCert": "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+            "templates": {"small": {"image": "i", "memoryMb": 256}, "nopool": {"image": "i"}, "shown": {"image": "d"}},
+            "pool": {"default": {"size": 2}, "desktop": {"size": 1}, "small": {"size": 3},
+                "nopool": {"size": 0}, "shown": {"size": 1, "desktop": true}}}))
+        .expect("ok")
+    }
+
+    fn plain_spec(template: Option<&str>, desktop: bool) -> CreateSpec {
+        CreateSpec {
+            computer_id: "cmp_1".into(),
+            command_key: "k".into(),
+            template: template.map(String::from),
+            desktop,
+            pairing_code: Some("code".into()),
+            first_uid: Some(265_536),
+            env: Default::default(),
+            resources: None,
+            metadata: Default::default(),
+            egress: None,
+        }
+    }
+
+    #[test]
+    fn pool_config_is_checked() {
+        let with = |pool: serde_json::Value| {
+            cfg(serde_json::json!({"serverUrl": "http://x",
+                "templates": {"a": {"image": "i"}, "b": {"image": "i"}, "c": {"image": "i"}},
+                "pool": pool}))
+        };
+        assert!(with(serde_json::json!({"a": {"size": 8}})).is_ok());
+        let over = with(serde_json::json!({"a": {"size": 9}})).expect_err("over the size ceiling");
+        assert!(over.contains("\"a\"") && over.contains("at most 8"), "{over}");
+        let total = with(serde_json::json!({"a": {"size": 8}, "b": {"size": 8}, "c": {"size": 1}})).expect_err("total");
+        assert!(total.contains("add up to 17") && total.contains("at most 16"), "{total}");
+        assert!(with(serde_json::json!({"a": {"size": 8}, "b": {"size": 8}, "c": {"size": 0}})).is_ok());
+        let unknown = with(serde_json::json!({"gpu": {"size": 1}})).expect_err("no such template");
+        assert!(unknown.contains("\"gpu\"") && unknown.contains("names no template"), "{unknown}");
+        assert!(with(serde_json::json!({"default": {"size": 1}, "desktop": {"size": 1}})).is_ok());
+        assert!(with(serde_json::json!({"a": {"size": 1, "warm": true}})).is_err(), "unknown pool fields are refused");
+        assert!(with(serde_json::json!({"a": {}})).is_err(), "size is required");
+        let dead = with(serde_json::json!({"default": {"size": 1, "desktop": true}})).expect_err("serves nothing");
+        assert!(dead.contains("desktop must be false"), "{dead}");
+        let dead = with(serde_json::json!({"desktop": {"size": 1, "desktop": false}})).expect_err("serves nothing");
+        assert!(dead.contains("desktop must be true"), "{dead}");
+        let templates: serde_json::Map<_, _> =
+            (0..9).map(|i| (format!("t{i}"), serde_json::json!({"image": "i"}))).collect();
+        let pool: serde_json::Map<_, _> = (0..9).map(|i| (format!("t{i}"), serde_json::json!({"size": 0}))).collect();
+        let many = cfg(serde_json::json!({"serverUrl": "http://x", "templates": templates, "pool": pool}));
+        assert!(many.is_err_and(|e| e.contains("9 keys") && e.contains("at most 8")));
+
+        // `desktop` defaults to the key being `desktop`; size 0 keeps no pool.
+        let c = pooled_cfg();
+        let want = |key: &str, desktop: bool, size: u32| PoolWant { key: key.into(), desktop, size };
+        assert_eq!(
+            c.pools(),
+            [want("default", false, 2), want("desktop", true, 1), want("shown", true, 1), want("small", false, 3)]
+        );
+        let p = DockerProvider::new(c, Duration::from_secs(1));
+        assert_eq!(Provider::pools(&p).len(), 4);
+        assert_eq!(p.config.pool_template("small").map(|t| t.memory_mb), Ok(256));
+        assert_eq!(p.config.pool_template("desktop").map(|t| t.image), Ok(DESKTOP_IMAGE.to_string()));
+        assert_eq!(p.config.pool_template("default").map(|t| t.image), Ok(DEFAULT_IMAGE.to_string()));
+        assert!(matches!(p.config.pool_template("gpu"), Err(ProviderError::NotSent(_))));
+        assert!(cfg(serde_json::json!({"serverUrl": "http://x"})).expect("ok").pools().is_empty());
+    }
+
+    #[test]
+    fn pool_keys_serve_only_creates_a_pooled_sandbox_fits() {
+        let p = DockerProvider::new(pooled_cfg(), Duration::from_secs(1));
+        let key = |spec: &CreateSpec| Provider::pool_key(&p, spec);
+        assert_eq!(key(&plain_spec(None, false)).as_deref(), Some("default"));
+        assert_eq!(key(&plain_spec(None, true)).as_deref(), Some("desktop"));
+        assert_eq!(key(&plain_spec(Some("small"), false)).as_deref(), Some("small"), "a template's pool");
+        assert_eq!(key(&plain_spec(Some("shown"), true)).as_deref(), Some("shown"));
+        assert_eq!(key(&plain_spec(Some("small"), true)), None, "a desktop the pool has not");
+        assert_eq!(key(&plain_spec(Some("shown"), false)), None, "a desktop the create did not ask");
+        assert_eq!(key(&plain_spec(Some("nopool"), false)), None, "size 0");
+        assert_eq!(key(&plain_spec(Some("gpu"), false)), None, "no such template: the create refuses it");
+        let mut spec = plain_spec(Some("small"), false);
+        spec.egress = Some(serde_json::from_value(serde_json::json!({"default": "allow"})).expect("policy"));
+        assert_eq!(key(&spec), None, "an egress policy needs a gateway made with the sandbox");
+        let mut spec = plain_spec(Some("small"), false);
+        spec.resources = Some(crate::provider::Resources { cpus: Some(0.5), memory_mb: None });
+        assert_eq!(key(&spec), None, "resources of its own");
+        let none = DockerProvider::new(cfg(serde_json::json!({"serverUrl": "http://x"})).expect("ok"), Duration::ZERO);
+        assert_eq!(Provider::pool_key(&none, &plain_spec(None, false)), None, "no pool configured");
+    }
+
+    #[test]
+    fn a_pooled_container_waits_for_its_identity() {
+        let p = DockerProvider::new(pooled_cfg(), Duration::from_secs(1));
+        let owner = p.pool_owner("cpp_1", "small", false, "p1", "tok");
+        assert_eq!(owner.name, "computerd-pool-p1");
+        assert_eq!(owner.name, pool_container_name("p1"));
+        assert_eq!(owner.volume, "computerd-runtime-p1");
+        let t = p.config.pool_template("small").expect("template");
+        let body = p.container_body(&owner, &t, (t.cpus, t.memory_mb), SANDBOX_NETWORK);
+        let labels = body.labels.clone().unwrap_or_default();
+        assert_eq!(
+            labels,
+            HashMap::from([
+                (LABEL_POOL.to_string(), "p1".to_string()),
+                (LABEL_POOL_KEY.to_string(), "small".to_string()),
+                (LABEL_POOL_PROVIDER.to_string(), "cpp_1".to_string())
+            ]),
+            "the pool's labels, no Computer's"
+        );
+        let env = body.env.clone().unwrap_or_default();
+        for want in [
+            "COMPUTER_AGENT_POOL_ID=p1",
+            "COMPUTER_AGENT_POOL_TOKEN=tok",
+            "COMPUTER_AGENT_SERVER=https://172.17.0.1:8080",
+            "COMPUTER_AGENT_USER=user",
+            &format!("COMPUTER_AGENT_RUNTIME_VOLUME={RUNTIME_MOUNT}"),
+        ] {
+            assert!(env.iter().any(|e| e == want), "{want}: {env:?}");
+        }
+        assert!(env.iter().any(|e| e.starts_with("COMPUTER_AGENT_CA_PEM=")), "{env:?}");
+        for absent in ["COMPUTER_AGENT_PAIR", "COMPUTER_AGENT_MCP_FIRST_UID", "COMPUTER_AGENT_DESKTOP"] {
+            assert!(!env.iter().any(|e| e.starts_with(absent)), "{absent}: {env:?}");
+        }
+        let host = body.host_config.expect("host config");
+        let mounts = host.mounts.unwrap_or_default();
+        assert_eq!(mounts.len(), 1);
+        assert_eq!(
+            (mounts[0].source.as_deref(), mounts[0].target.as_deref()),
+            (Some("computerd-runtime-p1"), Some(RUNTIME_MOUNT))
+        );
+        assert_eq!(host.memory, Some(256 << 20), "the template's size");
+        assert_eq!(host.cap_drop, Some(vec!["ALL".to_string()]));
+
+        // A desktop pool's agent keeps a desktop.
+        let desk = p.pool_owner("cpp_1", "desktop", true, "p2", "tok2");
+        assert!(desk.env.iter().any(|(k, _)| k == "COMPUTER_AGENT_DESKTOP"), "{:?}", desk.env);
+        // A create's sandbox keeps the Computer's labels, name and volume.
+        let created = p.create_owner(&plain_spec(None, false));
+        assert_eq!((created.name.as_str(), created.volume.as_str()), ("computerd-cmp_1", "computerd-runtime-cmp_1"));
+        assert_eq!(created.labels.get(LABEL_COMPUTER).map(String::as_str), Some("cmp_1"));
+        assert!(!created.labels.contains_key(LABEL_POOL));
+        assert!(created.env.iter().any(|(k, v)| k == "COMPUTER_AGENT_PAIR" && v == "code"));
+    }
+
+    #[test]
+    fn pooled_names_say_who_claimed_them() {
+        assert_eq!(pool::claimed_by("/computerd-cmp_1"), Some(("cmp_1".to_string(), false)));
+        assert_eq!(pool::claimed_by("computerd-cmp_1"), Some(("cmp_1".to_string(), false)));
+        assert_eq!(pool::claimed_by("/computerd-cmp_1-replaced-0123456789ab"), Some(("cmp_1".to_string(), true)));
+        assert_eq!(pool::claimed_by("/computerd-pool-p1"), None, "unclaimed");
+        assert_eq!(pool::claimed_by("/computerd-"), None);
+        assert_eq!(pool::claimed_by("/other"), None);
+        assert_eq!(pool::exact_name_filter("computerd-cmp_1"), "^/computerd-cmp_1$");
+        assert_eq!(pool::exact_name_filter("a.b"), "^/a\\.b$");
     }
 
     #[test]

@@ -75,9 +75,9 @@ pub async fn run_pool_keeper(cluster: Cluster, providers: ProviderFactory, mut s
             adapters.clear();
             continue;
         }
-        let records: Vec<ProviderRecord> = cluster.state().read(|s| {
-            s.providers.values().filter(|p| p.kind == ProviderKind::Docker).cloned().collect()
-        });
+        let records: Vec<ProviderRecord> = cluster
+            .state()
+            .read(|s| s.providers.values().filter(|p| p.kind == ProviderKind::Docker).cloned().collect());
         adapters.retain(|id, a| records.iter().any(|r| &r.id == id && *r == a.record));
         for record in records {
             let a = adapters.entry(record.id.clone()).or_insert_with(|| Adapter {
@@ -128,7 +128,7 @@ async fn pass(cluster: &Cluster, a: &mut Adapter) {
     // The provider's pooled sandboxes as it has them (for the sweep and the dead ones).
     let sweep = a.swept.is_none_or(|t| t.elapsed() >= SWEEP_EVERY);
     let listed = if sweep {
-        match a.adapter.pool_list().await {
+        match a.adapter.pool_list(&provider).await {
             Ok(l) => {
                 a.swept = Some(Instant::now());
                 Some(l)
@@ -148,7 +148,7 @@ async fn pass(cluster: &Cluster, a: &mut Adapter) {
     let mut kept: HashMap<&str, u32> = HashMap::new();
     for e in entries.iter().filter(|e| e.claimed_by.is_none()) {
         let late = e.ready_at.is_none() && now.saturating_sub(e.created_at) > patience;
-        let gone = listed.as_ref().is_some_and(|l| !l.iter().any(|p| p.pool_id == e.id));
+        let gone = listed.as_ref().is_some_and(|l| !l.iter().any(|p| p.pool_id == e.id && p.running));
         let size = wants.iter().find(|w| w.key == e.key).map_or(0, |w| w.size);
         let n = kept.entry(e.key.as_str()).or_default();
         if late || gone || *n >= size {
@@ -194,7 +194,7 @@ async fn pass(cluster: &Cluster, a: &mut Adapter) {
     }
     let short = wants.iter().find(|w| kept.get(w.key.as_str()).copied().unwrap_or(0) < w.size);
     if let Some(w) = short {
-        a.fill = Some(tokio::spawn(fill(cluster.clone(), a.adapter.clone(), provider, w.key.clone())));
+        a.fill = Some(tokio::spawn(fill(cluster.clone(), a.adapter.clone(), provider.clone(), w.key.clone())));
     }
 }
 
@@ -202,7 +202,7 @@ async fn pass(cluster: &Cluster, a: &mut Adapter) {
 async fn fill(cluster: Cluster, adapter: Arc<dyn Provider>, provider: String, key: String) -> bool {
     let id = format!("pool_{}", hex::encode(rand::random::<[u8; 12]>()));
     let token = hex::encode(rand::random::<[u8; 32]>());
-    let sandbox = match adapter.pool_start(&key, &id, &token).await {
+    let sandbox = match adapter.pool_start(&provider, &key, &id, &token).await {
         Ok(s) => s,
         Err(e) => {
             tracing::warn!(provider = %provider, key = %key, error = %e, "cannot make a pooled sandbox");

@@ -184,6 +184,8 @@ pub struct Pooled {
     pub name: String,
     /// When it was made (Unix ms).
     pub created_ms: u64,
+    /// Whether it runs (or is paused): one that exited serves no one.
+    pub running: bool,
 }
 
 /// A sandbox provider adapter.
@@ -255,9 +257,16 @@ pub trait Provider: Send + Sync {
     fn pool_key(&self, _spec: &CreateSpec) -> Option<String> {
         None
     }
-    /// Makes and starts one sandbox of pool `key`, labelled with `pool_id`, whose agent waits
-    /// for its identity with `token`; answers its reference. A refusal leaves none.
-    async fn pool_start(&self, _key: &str, _pool_id: &str, _token: &str) -> Result<String, ProviderError> {
+    /// Makes and starts one sandbox of pool `key` for provider record `provider_id`, labelled
+    /// with both and `pool_id`, whose agent waits for its identity with `token`; answers its
+    /// reference. A refusal leaves none.
+    async fn pool_start(
+        &self,
+        _provider_id: &str,
+        _key: &str,
+        _pool_id: &str,
+        _token: &str,
+    ) -> Result<String, ProviderError> {
         Err(ProviderError::NotSent("this provider keeps no warm pool".into()))
     }
     /// Gives pooled sandbox `sandbox`, claimed by Computer `computer_id`, that Computer's name
@@ -265,8 +274,9 @@ pub trait Provider: Send + Sync {
     async fn pool_claimed(&self, _sandbox: &str, _computer_id: &str) -> Result<(), ProviderError> {
         Ok(())
     }
-    /// Every pooled sandbox the provider holds, claimed or not.
-    async fn pool_list(&self) -> Result<Vec<Pooled>, ProviderError> {
+    /// Every pooled sandbox the provider holds for provider record `provider_id` (another
+    /// record, or another cluster, on the same engine has its own), claimed or not.
+    async fn pool_list(&self, _provider_id: &str) -> Result<Vec<Pooled>, ProviderError> {
         Ok(Vec::new())
     }
     /// Looks up the sandbox of a Computer (by its labels), to settle an unknown outcome.

@@ -3,6 +3,8 @@
 //! gRPC calls (sessions, files) over that link, multiplexed by HTTP/2.
 //!
 //! - [`pairing`]: trading a one-time pairing code for a machine credential, kept in the state dir.
+//! - [`pool`]: a warm sandbox's wait for an identity (`/v1/agent/pool`): the assignment (its
+//!   pairing code, its sessions' environment), kept across restarts.
 //! - [`link`]: the link loop: dial, authenticate, serve, reconnect with jittered backoff.
 //! - [`sessions`]: processes (with or without a PTY) and their bounded output buffers; they keep
 //!   running and keep their output while the link is down.
@@ -36,6 +38,7 @@ pub mod mcp;
 pub mod nofollow;
 pub mod output;
 pub mod pairing;
+pub mod pool;
 pub mod ports;
 pub mod runtime_load;
 pub mod service;

@@ -1,4 +1,7 @@
 //! `computer-agent --server URL [--pair CODE] --state DIR`: pairs once, then keeps the link up.
+//! `computer-agent --server URL --pool-id ID --pool-token TOKEN --state DIR`: a warm sandbox:
+//! starts what needs no identity (the desktop, the browser), waits in the pool for one
+//! (`pool`), then pairs with the code it is given.
 //! `computer-agent load-runtime --archive FILE|- --into DIR [--expect-snapshot HEX]`: loads a
 //! runtime archive (`runtime_load`).
 //! `computer-agent egress-gateway serve|set POLICY|stats`: the egress gateway (`egress`).
@@ -10,6 +13,7 @@ use std::sync::atomic::AtomicU64;
 use clap::Parser;
 use computer_agent::link;
 use computer_agent::pairing;
+use computer_agent::pool;
 use computer_agent::service::AgentService;
 use computer_agent::sessions::Sessions;
 
@@ -35,6 +39,20 @@ struct Cli {
     /// and DIR holds a credential (a restarted sandbox), the stored credential is used.
     #[arg(long, env = "COMPUTER_AGENT_PAIR")]
     pair: Option<String>,
+    /// Start as a warm sandbox of this pool (with --pool-token): do what needs no identity, then
+    /// wait for one at the server (`/v1/agent/pool`) and pair with the code it gives. A DIR that
+    /// holds a credential (claimed before a restart) uses it without waiting.
+    #[arg(long, env = "COMPUTER_AGENT_POOL_ID", requires = "pool_token", conflicts_with = "pair")]
+    pool_id: Option<String>,
+    /// The pool's secret, proving this sandbox is one of it (never shown).
+    #[arg(
+        long,
+        env = "COMPUTER_AGENT_POOL_TOKEN",
+        requires = "pool_id",
+        conflicts_with = "pair",
+        hide_env_values = true
+    )]
+    pool_token: Option<String>,
     /// Where the machine credential is kept.
     #[arg(long, env = "COMPUTER_AGENT_STATE")]
     state: PathBuf,
@@ -144,12 +162,38 @@ async fn main() -> std::process::ExitCode {
         (Some(r), None) => r.clone(),
         (None, None) => cli.state.join("runtime"),
     };
-    let isolation = computer_agent::mcp::bindings::Isolation::of_agent(cli.mcp_first_uid, cli.shared_uid_bindings);
+    // What a claim from the warm pool gave (the sessions' environment, the bindings' first UID),
+    // kept for an agent restarted after it.
+    let claim = match pool::load_claim(&cli.state) {
+        Ok(c) => c.unwrap_or_default(),
+        Err(why) => {
+            eprintln!("computer-agent: {why}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    // A warm sandbox waits for its identity, unless it was claimed before a restart.
+    let waiting = match (&cli.pool_id, &cli.pool_token) {
+        (Some(id), Some(token)) => match pairing::load(&cli.state) {
+            Ok(c) => {
+                eprintln!("computer-agent: claimed before as {}; using the stored credential", c.computer_id);
+                None
+            }
+            Err(pairing::PairError::NotPaired) => Some((id.clone(), token.clone())),
+            Err(e) => {
+                eprintln!("computer-agent: {e}");
+                return std::process::ExitCode::from(2);
+            }
+        },
+        _ => None,
+    };
+    let mut first_uid = claim.first_uid.unwrap_or(cli.mcp_first_uid);
     // Before pairing writes the credential: the state is the agent's alone (and the bindings'
-    // group's, to pass through to the runtime).
-    if let Err(e) = computer_agent::layout::protect(&cli.state, isolation.group()) {
-        eprintln!("computer-agent: cannot protect the state dir {}: {e}", cli.state.display());
-        return std::process::ExitCode::from(2);
+    // group's, to pass through to the runtime). A warm sandbox learns the bindings' first UID
+    // with its identity, and protects the state then.
+    if waiting.is_none()
+        && let Err(code) = protect_state(&cli.state, first_uid, cli.shared_uid_bindings)
+    {
+        return code;
     }
     let idle_limit = std::time::Duration::try_from_secs_f64(cli.session_idle_secs).ok().filter(|d| !d.is_zero());
     let Some(idle_limit) = idle_limit else {
@@ -165,16 +209,17 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
-    let cred = match &cli.pair {
-        Some(code) => match pair_patiently(&dial, code, &cli.state).await {
+    let cred = match (&waiting, &cli.pair) {
+        (Some(_), _) => None,
+        (None, Some(code)) => match pair_patiently(&dial, code, &cli.state).await {
             Ok(c) => {
                 eprintln!("computer-agent: paired as {}", c.computer_id);
-                c
+                Some(c)
             }
             Err(e) => match pairing::load(&cli.state) {
                 Ok(c) => {
                     eprintln!("computer-agent: {e}; using the stored credential of {}", c.computer_id);
-                    c
+                    Some(c)
                 }
                 Err(_) => {
                     eprintln!("computer-agent: {e}");
@@ -182,8 +227,8 @@ async fn main() -> std::process::ExitCode {
                 }
             },
         },
-        None => match pairing::load(&cli.state) {
-            Ok(c) => c,
+        (None, None) => match pairing::load(&cli.state) {
+            Ok(c) => Some(c),
             Err(e) => {
                 eprintln!("computer-agent: {e}");
                 return std::process::ExitCode::from(2);
@@ -198,8 +243,6 @@ async fn main() -> std::process::ExitCode {
         eprintln!("computer-agent: cannot make the workspace {}: {e}", workdir.display());
         return std::process::ExitCode::from(2);
     }
-    let sessions = Sessions::default();
-    sessions.start_reaper(idle_limit);
     let limits = computer_agent::mcp::runner::RunLimits {
         deadline: std::time::Duration::from_secs(cli.mcp_deadline_secs.max(1)),
         ..Default::default()
@@ -208,14 +251,6 @@ async fn main() -> std::process::ExitCode {
         retention: std::time::Duration::from_secs(cli.tool_result_retention_secs),
         ..Default::default()
     };
-    let tools = computer_agent::mcp::bindings::Tools::new(runtime, workdir.clone(), limits, cli.mcp_first_uid)
-        .with_isolation(isolation)
-        .with_result_limits(results);
-    // A binding's UID must be able to pass through to the runtime; if it cannot, installs are
-    // refused naming the directory in the way.
-    if let Some(why) = tools.check_reach().await {
-        tracing::warn!(reason = %why, "tool packages cannot run here");
-    }
     use computer_agent::desktop::Desktop;
     use computer_agent::desktop::Scope;
     use computer_agent::desktop::xserver;
@@ -260,6 +295,64 @@ async fn main() -> std::process::ExitCode {
         }
         _ => None,
     };
+    // The identity: the one found above, or, for a warm sandbox, the one the pool gives it now
+    // (its desktop and browser are up already).
+    let (cred, env) = match (cred, waiting) {
+        (Some(c), _) => (c, claim.env),
+        (None, waiting) => {
+            let Some((pool_id, token)) = waiting else {
+                eprintln!("computer-agent: {}", pairing::PairError::NotPaired);
+                return std::process::ExitCode::from(2);
+            };
+            eprintln!("computer-agent: waiting in the pool as {pool_id}");
+            let assignment = match pool::wait(&dial, &pool_id, &token).await {
+                Ok(a) => a,
+                Err(why) => {
+                    eprintln!("computer-agent: {why}");
+                    return std::process::ExitCode::from(3);
+                }
+            };
+            eprintln!("computer-agent: claimed as {}", assignment.computer_id);
+            if let Some(uid) = assignment.first_uid {
+                first_uid = uid;
+            }
+            if let Err(code) = protect_state(&cli.state, first_uid, cli.shared_uid_bindings) {
+                return code;
+            }
+            // Kept before pairing: once the credential is stored, a restart no longer waits.
+            if let Err(why) = pool::save_claim(&cli.state, &pool::Claim::from(&assignment)) {
+                eprintln!("computer-agent: {why}");
+                return std::process::ExitCode::from(2);
+            }
+            match pair_patiently(&dial, &assignment.pairing_code, &cli.state).await {
+                Ok(c) => {
+                    eprintln!("computer-agent: paired as {}", c.computer_id);
+                    if c.computer_id != assignment.computer_id {
+                        eprintln!(
+                            "computer-agent: the pool claimed this sandbox as {} but it paired as {}",
+                            assignment.computer_id, c.computer_id
+                        );
+                    }
+                    (c, assignment.env)
+                }
+                Err(e) => {
+                    eprintln!("computer-agent: {e}");
+                    return std::process::ExitCode::from(3);
+                }
+            }
+        }
+    };
+    let sessions = Sessions::default().with_base_env(env);
+    sessions.start_reaper(idle_limit);
+    let isolation = computer_agent::mcp::bindings::Isolation::of_agent(first_uid, cli.shared_uid_bindings);
+    let tools = computer_agent::mcp::bindings::Tools::new(runtime, workdir.clone(), limits, first_uid)
+        .with_isolation(isolation)
+        .with_result_limits(results);
+    // A binding's UID must be able to pass through to the runtime; if it cannot, installs are
+    // refused naming the directory in the way.
+    if let Some(why) = tools.check_reach().await {
+        tracing::warn!(reason = %why, "tool packages cannot run here");
+    }
     let svc = AgentService {
         sessions,
         workdir,
@@ -280,6 +373,16 @@ async fn main() -> std::process::ExitCode {
             std::process::ExitCode::from(1)
         }
     }
+}
+
+/// Leaves the state dir to the agent (and to the tool bindings' group of `first_uid`, to pass
+/// through to the runtime): before pairing writes the credential.
+fn protect_state(state: &std::path::Path, first_uid: u32, shared: bool) -> Result<(), std::process::ExitCode> {
+    let isolation = computer_agent::mcp::bindings::Isolation::of_agent(first_uid, shared);
+    computer_agent::layout::protect(state, isolation.group()).map_err(|e| {
+        eprintln!("computer-agent: cannot protect the state dir {}: {e}", state.display());
+        std::process::ExitCode::from(2)
+    })
 }
 
 /// Pairs, waiting out a server that cannot be reached yet (a sandbox may start before its

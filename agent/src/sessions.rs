@@ -2,6 +2,7 @@
 //! output in a bounded buffer. A session lives in the agent, so it keeps running and keeps its
 //! output while the link (or the node) is away. Sessions unused for 30 minutes are ended.
 
+use std::collections::BTreeMap;
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::os::fd::OwnedFd;
@@ -247,6 +248,9 @@ pub struct Sessions {
     ended_changed: Arc<Notify>,
     /// How many sessions' commands are running now.
     running: Arc<tokio::sync::watch::Sender<u32>>,
+    /// The environment every session gets over the agent's own (a pooled sandbox's Computer's,
+    /// given with its assignment); a session's own environment wins over it.
+    base_env: Arc<BTreeMap<String, String>>,
 }
 
 fn signal_name(sig: i32) -> String {
@@ -272,6 +276,15 @@ fn spawn_reader<R: tokio::io::AsyncRead + Unpin + Send + 'static>(s: Arc<Session
 }
 
 impl Sessions {
+    /// The same with `env` as the environment of every session started from now on: over the
+    /// agent's inherited environment (without its own `COMPUTER_AGENT_*` settings, which this
+    /// cannot set either), under the account's identity (`HOME`, `USER`, …) and the session's
+    /// own environment.
+    pub fn with_base_env(mut self, env: BTreeMap<String, String>) -> Self {
+        self.base_env = Arc::new(env);
+        self
+    }
+
     /// Starts the reaper: a session no call used for `limit` is ended (its process group killed).
     /// It looks every quarter of the limit (at most every minute).
     pub fn start_reaper(&self, limit: Duration) {
@@ -320,6 +333,10 @@ impl Sessions {
             if k.to_string_lossy().starts_with("COMPUTER_AGENT_") {
                 cmd.env_remove(k);
             }
+        }
+        // The Computer's environment, as a sandbox started for it has it in its own.
+        for (k, v) in self.base_env.iter().filter(|(k, _)| !k.starts_with("COMPUTER_AGENT_")) {
+            cmd.env(k, v);
         }
         if let Some(a) = &spec.account {
             cmd.env("HOME", &a.home).env("USER", &a.name).env("LOGNAME", &a.name).env("SHELL", &a.shell);
@@ -710,6 +727,26 @@ mod tests {
         assert!(r.running);
         let r = s.kill("k", "", 1000).await.expect("kill");
         assert_eq!((r.running, r.signal.as_deref()), (false, Some("SIGKILL")));
+    }
+
+    #[tokio::test]
+    async fn the_base_env_reaches_a_session_and_its_own_env_wins() {
+        let base = BTreeMap::from([
+            ("POOL_GREETING".to_string(), "hello".to_string()),
+            ("POOL_SHARED".to_string(), "from-the-computer".to_string()),
+            ("COMPUTER_AGENT_SNEAKY".to_string(), "no".to_string()),
+        ]);
+        let s = Sessions::default().with_base_env(base);
+        let mut t = spec(r#"echo "$POOL_GREETING|$POOL_SHARED|${COMPUTER_AGENT_SNEAKY-unset}""#);
+        t.env.insert("POOL_SHARED".into(), "from-the-session".into());
+        let r = s.start("e", t, Duration::from_secs(10), 1000).await.expect("start");
+        assert_eq!(r.chunk.text, "hello|from-the-session|unset\n", "{r:?}");
+        // Without a session's own, the base's value stands; a clone shares the base.
+        let r = s.clone().start("f", spec("echo $POOL_SHARED"), Duration::from_secs(10), 1000).await.expect("start");
+        assert_eq!(r.chunk.text, "from-the-computer\n");
+        let plain = Sessions::default();
+        let r = plain.start("g", spec("echo ${POOL_GREETING-none}"), Duration::from_secs(10), 1000).await;
+        assert_eq!(r.expect("start").chunk.text, "none\n");
     }
 
     #[tokio::test]

@@ -346,11 +346,12 @@ async fn http2_faults_never_bring_a_second_send() {
     }
     // Loaded again afterwards: a re-sent request would have come by now.
     load(&b, &sid, format!("{base}/form"), "Form").await;
-    let s = state.lock().expect("lock");
-    assert!(s.effects.values().all(|n| *n == 1), "every effect once: {:?}", s.effects);
-    assert_eq!(s.effects.get("store without its file"), None, "each upload came with its file: {:?}", s.effects);
-    assert_eq!(s.effects.len(), 12, "{:?}", s.effects);
-    drop(s);
+    {
+        let s = state.lock().expect("lock");
+        assert!(s.effects.values().all(|n| *n == 1), "every effect once: {:?}", s.effects);
+        assert_eq!(s.effects.get("store without its file"), None, "each upload came with its file: {:?}", s.effects);
+        assert_eq!(s.effects.len(), 12, "{:?}", s.effects);
+    }
     call(&b, json!({"op": "close", "args": {"session": sid}})).await;
 }
 

@@ -12,12 +12,12 @@ use std::time::Duration;
 
 use axum::extract::ws::Message;
 use axum::extract::ws::WebSocket;
-use futures::SinkExt;
 use computerd_proto::LINK_PROTOCOL;
 use computerd_raft::sm::Command;
 use computerd_raft::sm::Request;
 use computerd_raft::sm::Response;
 use computerd_raft::sm::hash_secret;
+use futures::SinkExt;
 
 use crate::ids::now_ms;
 use crate::state::AppState;
@@ -72,7 +72,8 @@ pub async fn wait(state: AppState, mut socket: WebSocket) {
     if hello.protocol.unwrap_or(1) != LINK_PROTOCOL {
         return refuse(socket, &format!("incompatible agent: this node speaks link protocol {LINK_PROTOCOL}")).await;
     }
-    let cmd = Command::PoolReady { pool_id: hello.pool_id.clone(), token_hash: hash_secret(&hello.token), at_ms: now_ms() };
+    let cmd =
+        Command::PoolReady { pool_id: hello.pool_id.clone(), token_hash: hash_secret(&hello.token), at_ms: now_ms() };
     match Box::pin(state.cluster.propose(Request::new(cmd))).await {
         Ok(Response::Rejected(r)) => {
             tracing::info!(pool_id = %hello.pool_id, "pooled agent refused");

@@ -542,6 +542,7 @@ fn connection_has(h: &HeaderMap, token: &str) -> bool {
 }
 
 /// What came of sending a request once.
+#[allow(clippy::enum_variant_names)] // `NotSent` says what happened, as the provider errors do
 enum Sent {
     Answer(Response<Incoming>),
     /// Nothing of it was written.
@@ -553,6 +554,7 @@ enum Sent {
 /// Sends `parts` and `body` once on `io`, a new connection: in HTTP/2 when `h2` (the absolute
 /// URI gives `:scheme` and `:authority`), else in HTTP/1.1 (origin-form, then `Connection:
 /// close` unless it is an upgrade).
+#[allow(clippy::too_many_arguments)] // one request's parts and how to send it
 async fn send_once<T>(
     io: T,
     h2: bool,

@@ -267,8 +267,13 @@ mod tests {
 
         let early = Command::PoolRemove { pool_id: "pool_1".into() };
         assert_eq!(rejected(s.apply(&early)).kind, RejectKind::Conflict, "the agent has not paired yet");
-        ok(s.apply(&Command::RedeemPairing { code: "code-cmp_a".into(), credential_hash: hash_secret("cred"), at_ms: 4 }));
-        let up = Command::LinkUp { computer_id: "cmp_a".into(), credential_hash: hash_secret("cred"), node_id: 1, at_ms: 5 };
+        ok(s.apply(&Command::RedeemPairing {
+            code: "code-cmp_a".into(),
+            credential_hash: hash_secret("cred"),
+            at_ms: 4,
+        }));
+        let up =
+            Command::LinkUp { computer_id: "cmp_a".into(), credential_hash: hash_secret("cred"), node_id: 1, at_ms: 5 };
         ok(s.apply(&up));
         assert_eq!(s.computers["cmp_a"].state, ComputerState::Running);
         ok(s.apply(&Command::PoolRemove { pool_id: "pool_1".into() }));

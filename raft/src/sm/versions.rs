@@ -34,9 +34,10 @@ impl Command {
         match self {
             #[cfg(feature = "upgrade-probe")]
             Command::UpgradeProbe { .. } => 8,
-            Command::PoolAdd { .. } | Command::PoolReady { .. } | Command::PoolClaim { .. } | Command::PoolRemove { .. } => {
-                7
-            }
+            Command::PoolAdd { .. }
+            | Command::PoolReady { .. }
+            | Command::PoolClaim { .. }
+            | Command::PoolRemove { .. } => 7,
             Command::EgressDenied { .. } => 6,
             Command::SetEgress { revision: Some(_), .. } => EGRESS_REVISIONS,
             Command::SetEgress { .. } | Command::RequestEgress { .. } => 5,
