@@ -11,9 +11,10 @@
 //!   they are settled (`PoolRemove`: the agent linked, or the Computer is gone);
 //! - **removes** unclaimed sandboxes that are not running, never became ready within
 //!   [`READY_PATIENCE`], or are more than the size asks (the config shrank);
-//! - every [`SWEEP_EVERY`], and on the first pass of a new leader, **sweeps** the provider's
-//!   pooled sandboxes that no entry names and no Computer's name was given (a crash between
-//!   making one and recording it), once they are [`READY_PATIENCE`] old.
+//! - every [`SWEEP_EVERY`] while the provider has a pool or entries (the first time on a new
+//!   leader's first pass), **sweeps** the provider's pooled sandboxes that no entry names and no
+//!   Computer's name was given (a crash between making one and recording it), once they are
+//!   [`READY_PATIENCE`] old.
 
 use std::collections::HashMap;
 use std::collections::HashSet;
@@ -98,7 +99,9 @@ async fn pass(cluster: &Cluster, a: &mut Adapter) {
     let provider = a.record.id.clone();
     let wants = a.adapter.pools();
     let entries: Vec<PoolEntry> = cluster.state().read(|s| s.pool_of(&provider).cloned().collect());
-    if wants.is_empty() && entries.is_empty() && a.swept.is_some() {
+    // A provider with no pool and no entries has nothing to keep (a pool's leftovers are swept
+    // while it has one).
+    if wants.is_empty() && entries.is_empty() {
         return;
     }
     // A finished fill: a failure quiets the provider's fills for a while.
@@ -128,11 +131,10 @@ async fn pass(cluster: &Cluster, a: &mut Adapter) {
     // The provider's pooled sandboxes as it has them (for the sweep and the dead ones).
     let sweep = a.swept.is_none_or(|t| t.elapsed() >= SWEEP_EVERY);
     let listed = if sweep {
+        // Tried again after SWEEP_EVERY either way (an engine that is down is not asked every pass).
+        a.swept = Some(Instant::now());
         match a.adapter.pool_list(&provider).await {
-            Ok(l) => {
-                a.swept = Some(Instant::now());
-                Some(l)
-            }
+            Ok(l) => Some(l),
             Err(e) => {
                 tracing::warn!(provider = %provider, error = %e, "cannot list the pooled sandboxes");
                 None

@@ -20,14 +20,18 @@ use crate::docker::IMAGE;
 use crate::docker::MEMORY_MB;
 use crate::docker::PIDS;
 
-/// Registers the docker provider; answers its id.
-pub async fn docker_provider(api: &Api, agent: &Path) -> Result<String> {
-    let config = json!({
+/// Registers the docker provider, with a warm pool of `pool` sandboxes of its default template
+/// (0: none); answers its id.
+pub async fn docker_provider(api: &Api, agent: &Path, pool: u32) -> Result<String> {
+    let mut config = json!({
         "serverUrl": api.base,
         "network": "host",
         "agentBinary": agent.to_string_lossy(),
         "templates": {"default": {"image": IMAGE, "cpus": CPUS, "memoryMb": MEMORY_MB, "pids": PIDS}},
     });
+    if pool > 0 {
+        config["pool"] = json!({"default": {"size": pool}});
+    }
     let body = json!({"kind": "docker", "name": "docker", "config": config});
     let v = api.post("/v1/computer-providers", body, StatusCode::CREATED).await.context("register the provider")?;
     v["id"].as_str().map(String::from).with_context(|| format!("no provider id in {}", excerpt(&v)))

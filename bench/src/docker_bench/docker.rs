@@ -107,13 +107,15 @@ pub struct Cleanup {
     /// The value of [`LABEL_BENCH`] on this run's baseline containers.
     pub run: String,
     computers: Vec<String>,
+    /// Providers whose pooled sandboxes go too.
+    pub pools: Vec<String>,
     done: bool,
 }
 
 impl Cleanup {
     pub fn new() -> Self {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        Cleanup { run: format!("{}-{}", std::process::id(), now.as_millis()), computers: Vec::new(), done: false }
+        Cleanup { run: format!("{}-{}", std::process::id(), now.as_millis()), computers: Vec::new(), pools: Vec::new(), done: false }
     }
 
     pub fn track(&mut self, computer: &str) {
@@ -146,11 +148,29 @@ impl Cleanup {
             })),
             Err(e) => errors.push(format!("{e:#}")),
         }
+        for provider in &self.pools {
+            let filter = format!("label=computerd.pool-provider={provider}");
+            match docker_blocking(&["ps", "-aq", "--no-trunc", "--filter", &filter]) {
+                Ok(out) => ids.extend(out.lines().filter(|l| !l.is_empty()).map(String::from)),
+                Err(e) => errors.push(format!("{e:#}")),
+            }
+        }
         let mut removed = 0;
         for id in &ids {
             match docker_blocking(&["rm", "-f", "-v", id]) {
                 Ok(_) => removed += 1,
                 Err(e) => errors.push(format!("{e:#}")),
+            }
+        }
+        // The pooled sandboxes' runtime volumes (a Computer's goes with its delete).
+        for provider in &self.pools {
+            let filter = format!("label=computerd.pool-provider={provider}");
+            if let Ok(out) = docker_blocking(&["volume", "ls", "-q", "--filter", &filter]) {
+                for v in out.lines().filter(|l| !l.is_empty()) {
+                    if let Err(e) = docker_blocking(&["volume", "rm", "-f", v]) {
+                        errors.push(format!("{e:#}"));
+                    }
+                }
             }
         }
         (removed, errors)

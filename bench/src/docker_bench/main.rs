@@ -18,6 +18,12 @@
 //!    **1c, create → first command**, in the same rounds: the same create, then a session `true`
 //!    until it exits, against `docker run -d` of the same image with the same limits (sleeping,
 //!    no agent) + `docker exec CONTAINER bash -lc true`. Goal: p50 ratio at most 1.0.
+//!
+//!    **1p, create → first command from a warm pool** (after part 3): the same create and
+//!    command on a second provider of the same template with a pool of one (each round waits,
+//!    untimed, until the pool is ready again), against `docker unpause` + `docker exec bash -lc
+//!    true` of a paused container of the same image and limits (made and paused untimed). Goal:
+//!    p50 at most 50 ms.
 //! 2. **a command in the sandbox**: `POST /v1/computers/:id/sessions {"command":"true"}` until it
 //!    answers the exit, against `docker exec CONTAINER bash -lc true` (the CLI's wall time) in the
 //!    same container. Goal: faster than `docker exec` (p50 ratio below 1). Each round also times
@@ -46,6 +52,7 @@
 mod computers;
 mod docker;
 mod part1_create;
+mod part1p_pool;
 mod part2_exec;
 mod part3_pause;
 mod part4_scheduler;
@@ -77,6 +84,7 @@ use crate::docker::ensure_image;
 use crate::part1_create::Baseline;
 use crate::part1_create::Env;
 use crate::part1_create::part_create;
+use crate::part1p_pool::part_pool;
 use crate::part2_exec::part_exec;
 use crate::part3_pause::part_pause;
 use crate::part4_scheduler::PAUSES_PER_TICK;
@@ -94,6 +102,8 @@ const ERROR_PAUSE: Duration = Duration::from_millis(100);
 const GOAL_CREATE_RATIO: f64 = 1.2;
 /// Part 1c's goal: create → first command at most as slow as `docker run -d` + `docker exec`.
 const GOAL_FIRST_COMMAND_RATIO: f64 = 1.0;
+/// Part 1p's goal: create → first command from a warm pool within 50 ms at p50.
+const GOAL_POOLED_MS: f64 = 50.0;
 /// Goal of part 2: session ÷ docker exec, at p50 (strictly below: faster).
 const GOAL_EXEC_RATIO: f64 = 1.0;
 
@@ -203,7 +213,10 @@ async fn bench(cfg: Config) -> Result<()> {
     eprintln!("starting computerd (1 node)");
     let c = TestCluster::start(1).await;
     let api = Api { http: settings::http_client()?, base: c.url(1, ""), token: c.token.clone() };
-    let provider = docker_provider(&api, &cfg.agent_bin).await?;
+    let provider = docker_provider(&api, &cfg.agent_bin, 0).await?;
+    // A second provider of the same template, with a warm pool of one (part 1p).
+    let pool_provider = docker_provider(&api, &cfg.agent_bin, 1).await?;
+    cleanup.pools.push(pool_provider.clone());
     let env = Env { api: &api, provider, agent: &cfg.agent_bin, run: cleanup.run.clone() };
 
     eprintln!("part 1 warm-up: one sandbox each (kept for parts 2 and 3)");
@@ -216,6 +229,8 @@ async fn bench(cfg: Config) -> Result<()> {
     // One warm-up round, then the measured ones.
     let _ = part_pause(&api, &boxes.computer, &boxes.container, &boxes.raw.container, 1, 0).await;
     let p3 = part_pause(&api, &boxes.computer, &boxes.container, &boxes.raw.container, cfg.samples, 1).await;
+    eprintln!("part 1p: create -> first command from a warm pool vs docker unpause + exec");
+    let p1p = part_pool(&env, &pool_provider, &mut cleanup, cfg.samples).await;
     let node_panics = panics(&c);
     drop(c);
     let (removed, cleanup_errors) = cleanup.remove_all();
@@ -229,7 +244,7 @@ async fn bench(cfg: Config) -> Result<()> {
     };
     let load_end = loadavg();
 
-    let pairs = [&p1.pair, &p1.first, &p2.pair, &p3.total, &p3.pause, &p3.resume];
+    let pairs = [&p1.pair, &p1.first, &p1p, &p2.pair, &p3.total, &p3.pause, &p3.resume];
     // The table: each pair, with the informational rows after the pair they explain.
     let mut rows: Vec<(&str, &Summary)> = Vec::new();
     for p in pairs {
@@ -292,6 +307,7 @@ async fn bench(cfg: Config) -> Result<()> {
         let label = match p.part {
             "1" => "create -> running",
             "1c" => "create -> first command",
+            "1p" => "create -> first command, pooled",
             "2" => "command in the sandbox",
             "3" => "pause + resume",
             "3p" => "  pause",
@@ -306,6 +322,10 @@ async fn bench(cfg: Config) -> Result<()> {
             "1c" => line.push_str(&format!(
                 "  goal p50 <= {GOAL_FIRST_COMMAND_RATIO}: {}",
                 verdict(p.p50_ratio() <= GOAL_FIRST_COMMAND_RATIO)
+            )),
+            "1p" => line.push_str(&format!(
+                "  goal p50 <= {GOAL_POOLED_MS} ms: {}",
+                verdict(p.api.p50_ms <= GOAL_POOLED_MS)
             )),
             "2" => line.push_str(&format!(
                 "  goal p50 < {GOAL_EXEC_RATIO} (faster than docker exec): {}",
