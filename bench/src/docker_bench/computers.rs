@@ -32,7 +32,8 @@ pub async fn docker_provider(api: &Api, agent: &Path, pool: u32) -> Result<Strin
     if pool > 0 {
         config["pool"] = json!({"default": {"size": pool}});
     }
-    let body = json!({"kind": "docker", "name": "docker", "config": config});
+    let name = if pool > 0 { "docker-pooled" } else { "docker" };
+    let body = json!({"kind": "docker", "name": name, "config": config});
     let v = api.post("/v1/computer-providers", body, StatusCode::CREATED).await.context("register the provider")?;
     v["id"].as_str().map(String::from).with_context(|| format!("no provider id in {}", excerpt(&v)))
 }

@@ -25,12 +25,19 @@ use crate::docker::docker;
 use crate::part1_create::Env;
 use crate::part1_create::warn_on;
 
-/// The pool's ready sandboxes of the default template, as the leader's metrics say.
+/// The pool's ready sandboxes of the default template, as the store has them.
 async fn ready(api: &Api, provider: &str) -> Result<u64> {
-    let text = api.http.get(api.url("/metrics")).bearer_auth(&api.token).send().await?.text().await?;
-    let want = format!("computerd_pool_ready{{provider=\"{provider}\",key=\"default\"}} ");
-    Ok(text.lines().find_map(|l| l.strip_prefix(&want)).and_then(|v| v.trim().parse::<f64>().ok()).unwrap_or(0.0)
-        as u64)
+    let v: serde_json::Value =
+        api.http.get(api.url("/v1/computer-providers")).bearer_auth(&api.token).send().await?.json().await?;
+    let p = v["providers"].as_array().and_then(|ps| ps.iter().find(|p| p["id"] == provider));
+    Ok(p.and_then(|p| p["pool"]["default"]["ready"].as_u64()).unwrap_or(0))
+}
+
+/// Whether Computer `id`'s sandbox came from the pool.
+async fn was_pooled(api: &Api, id: &str) -> Result<bool> {
+    let v: serde_json::Value =
+        api.http.get(api.url(&format!("/v1/computers/{id}"))).bearer_auth(&api.token).send().await?.json().await?;
+    Ok(v["pooled"] == true)
 }
 
 /// Waits (untimed) until the pool has a ready sandbox again.
@@ -82,7 +89,11 @@ pub async fn part_pool(env: &Env<'_>, pool_provider: &str, cleanup: &mut Cleanup
         match pooled.api_create(cleanup, &format!("pool-{i}")).await {
             Ok((id, _, d)) => {
                 match pooled.api_first_command(&id).await {
-                    Ok(c) => api.ok(d + c),
+                    Ok(c) => match was_pooled(env.api, &id).await {
+                        Ok(true) => api.ok(d + c),
+                        Ok(false) => api.record(Err(anyhow::anyhow!("the create missed the pool")), ERROR_PAUSE).await,
+                        Err(e) => api.record(Err(e), ERROR_PAUSE).await,
+                    },
                     Err(e) => api.record(Err(e), ERROR_PAUSE).await,
                 }
                 warn_on("delete a Computer", delete(env.api, &id, &format!("pool-{i}-delete")).await);

@@ -48,6 +48,23 @@ pub fn provider_view(p: &Provider) -> Value {
     })
 }
 
+/// A provider's warm pools as the store has them, per template key: sandboxes `ready` (their
+/// agents wait), `starting` (made, their agents not yet waiting) and `claimed` (by a create whose
+/// agent has not linked yet). An object with no keys: no pool.
+fn pool_view(s: &computerd_raft::sm::State, provider: &str) -> Value {
+    let mut keys = serde_json::Map::new();
+    for e in s.pool_of(provider) {
+        let k = keys.entry(e.key.clone()).or_insert_with(|| json!({"ready": 0, "starting": 0, "claimed": 0}));
+        let field = match (&e.claimed_by, e.ready_at) {
+            (Some(_), _) => "claimed",
+            (None, Some(_)) => "ready",
+            (None, None) => "starting",
+        };
+        k[field] = json!(k[field].as_u64().unwrap_or(0) + 1);
+    }
+    Value::Object(keys)
+}
+
 /// `POST /v1/computer-providers` body.
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -135,13 +152,22 @@ pub async fn create(
 
 /// `GET /v1/computer-providers`: every member and bot may list them (not a token limited to
 /// Computers).
-#[utoipa::path(get, path = "/v1/computer-providers", operation_id = "providers_list", tag = "providers", responses((status = 200, description = "`{\"providers\": [...]}`", body = Object)), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/computer-providers", operation_id = "providers_list", tag = "providers", responses((status = 200, description = "`{\"providers\": [...]}`, each with its warm pools' sandboxes per template key (`pool`: `ready`, `starting`, `claimed`)", body = Object)), security(("bearer" = [])))]
 pub async fn list(State(state): State<AppState>, auth: Auth) -> Result<Json<Value>, ApiError> {
     let caller = auth.current(&state).await?;
     let rows: Vec<Value> = if caller.token.computers.is_some() {
         Vec::new()
     } else {
-        state.cluster.state().read(|s| s.providers.values().map(provider_view).collect())
+        state.cluster.state().read(|s| {
+            s.providers
+                .values()
+                .map(|p| {
+                    let mut v = provider_view(p);
+                    v["pool"] = pool_view(s, &p.id);
+                    v
+                })
+                .collect()
+        })
     };
     Ok(Json(json!({ "providers": rows })))
 }
