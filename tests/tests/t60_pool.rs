@@ -96,6 +96,13 @@ async fn t60_pool_serves_two_creates_then_a_cold_one_and_refills() {
     let mut cleanup = Containers::default();
     wait_ready(&c, &provider, 2).await;
     assert_eq!(pooled_names(&provider).len(), 2, "two pooled containers");
+    let (_, v) = c.call(Method::GET, 1, "/v1/computer-providers", &c.token, None).await;
+    let listed = v["providers"].as_array().and_then(|ps| ps.iter().find(|p| p["id"] == provider.as_str()).cloned());
+    assert_eq!(
+        listed.map(|p| p["pool"].clone()),
+        Some(json!({"default": {"ready": 2, "starting": 0, "claimed": 0}})),
+        "the providers' list shows the pool"
+    );
 
     let (a, b, cold) =
         tokio::join!(create(&c, &provider, "pool-a"), create(&c, &provider, "pool-b"), create(&c, &provider, "pool-c"));
