@@ -34,6 +34,8 @@ use tokio::sync::watch;
 
 use crate::factory::ProviderFactory;
 use crate::now_ms;
+use crate::provider::PoolWant;
+use crate::provider::Pooled;
 use crate::provider::Provider;
 
 /// How often the keeper looks.
@@ -143,23 +145,8 @@ async fn pass(cluster: &Cluster, a: &mut Adapter) {
     } else {
         None
     };
-    let now = now_ms();
-    let patience = READY_PATIENCE.as_millis() as u64;
-    // Unclaimed entries to remove: not ready in time, no longer listed, or beyond the size.
-    let mut remove: Vec<&PoolEntry> = Vec::new();
-    let mut kept: HashMap<&str, u32> = HashMap::new();
-    for e in entries.iter().filter(|e| e.claimed_by.is_none()) {
-        let late = e.ready_at.is_none() && now.saturating_sub(e.created_at) > patience;
-        let gone = listed.as_ref().is_some_and(|l| !l.iter().any(|p| p.pool_id == e.id && p.running));
-        let size = wants.iter().find(|w| w.key == e.key).map_or(0, |w| w.size);
-        let n = kept.entry(e.key.as_str()).or_default();
-        if late || gone || *n >= size {
-            remove.push(e);
-        } else {
-            *n += 1;
-        }
-    }
-    for e in remove {
+    let d = decide(&entries, &wants, listed.as_deref(), now_ms());
+    for e in &d.remove {
         tracing::info!(pool_id = %e.id, "removing a pooled sandbox");
         match a.adapter.delete(&e.sandbox, &e.id).await {
             Ok(()) => {
@@ -168,17 +155,10 @@ async fn pass(cluster: &Cluster, a: &mut Adapter) {
             Err(err) => tracing::warn!(pool_id = %e.id, error = %err, "cannot remove a pooled sandbox"),
         }
     }
-    // Sandboxes no entry names, made long enough ago that no fill is still recording them.
-    if let Some(listed) = &listed {
-        let known: HashSet<&str> = entries.iter().map(|e| e.id.as_str()).collect();
-        for p in listed {
-            let unclaimed_name = p.name.starts_with("computerd-pool-");
-            if unclaimed_name && !known.contains(p.pool_id.as_str()) && now.saturating_sub(p.created_ms) > patience {
-                tracing::info!(pool_id = %p.pool_id, "removing a pooled sandbox no entry names");
-                if let Err(err) = a.adapter.delete(&p.sandbox, &p.pool_id).await {
-                    tracing::warn!(pool_id = %p.pool_id, error = %err, "cannot remove a pooled sandbox");
-                }
-            }
+    for p in &d.sweep {
+        tracing::info!(pool_id = %p.pool_id, "removing a pooled sandbox no entry names");
+        if let Err(err) = a.adapter.delete(&p.sandbox, &p.pool_id).await {
+            tracing::warn!(pool_id = %p.pool_id, error = %err, "cannot remove a pooled sandbox");
         }
     }
 
@@ -194,10 +174,52 @@ async fn pass(cluster: &Cluster, a: &mut Adapter) {
     if a.fill.is_some() || a.quiet_until.is_some_and(|t| Instant::now() < t) {
         return;
     }
-    let short = wants.iter().find(|w| kept.get(w.key.as_str()).copied().unwrap_or(0) < w.size);
-    if let Some(w) = short {
-        a.fill = Some(tokio::spawn(fill(cluster.clone(), a.adapter.clone(), provider.clone(), w.key.clone())));
+    if let Some(key) = d.fill {
+        a.fill = Some(tokio::spawn(fill(cluster.clone(), a.adapter.clone(), provider.clone(), key)));
     }
+}
+
+/// What one pass does about a provider's unclaimed pooled sandboxes.
+#[derive(Debug, Default, PartialEq)]
+struct Decision {
+    /// Entries to remove with their sandboxes: not ready within [`READY_PATIENCE`], no longer
+    /// running (when `listed`), or more than their key's size asks (the config shrank).
+    remove: Vec<PoolEntry>,
+    /// Listed sandboxes that no entry names and no claim renamed, older than
+    /// [`READY_PATIENCE`] (younger ones may be a fill's, not yet recorded).
+    sweep: Vec<Pooled>,
+    /// The first key short of its size, to fill.
+    fill: Option<String>,
+}
+
+/// Decides one pass over `entries` (the provider's, from the store), its `wants`, and its
+/// sandboxes as the provider lists them (`None`: not listed this pass) at `now` (Unix ms). Pure.
+fn decide(entries: &[PoolEntry], wants: &[PoolWant], listed: Option<&[Pooled]>, now: u64) -> Decision {
+    let patience = READY_PATIENCE.as_millis() as u64;
+    let mut d = Decision::default();
+    let mut kept: HashMap<&str, u32> = HashMap::new();
+    for e in entries.iter().filter(|e| e.claimed_by.is_none()) {
+        let late = e.ready_at.is_none() && now.saturating_sub(e.created_at) > patience;
+        let gone = listed.is_some_and(|l| !l.iter().any(|p| p.pool_id == e.id && p.running));
+        let size = wants.iter().find(|w| w.key == e.key).map_or(0, |w| w.size);
+        let n = kept.entry(e.key.as_str()).or_default();
+        if late || gone || *n >= size {
+            d.remove.push(e.clone());
+        } else {
+            *n += 1;
+        }
+    }
+    if let Some(listed) = listed {
+        let known: HashSet<&str> = entries.iter().map(|e| e.id.as_str()).collect();
+        d.sweep = listed
+            .iter()
+            .filter(|p| p.name.starts_with("computerd-pool-") && !known.contains(p.pool_id.as_str()))
+            .filter(|p| now.saturating_sub(p.created_ms) > patience)
+            .cloned()
+            .collect();
+    }
+    d.fill = wants.iter().find(|w| kept.get(w.key.as_str()).copied().unwrap_or(0) < w.size).map(|w| w.key.clone());
+    d
 }
 
 /// Makes one pooled sandbox of `key` and records it; answers whether it did.
@@ -246,5 +268,83 @@ async fn propose(cluster: &Cluster, cmd: Command) -> bool {
             tracing::debug!(command = name, error = %e, "the pool keeper cannot reach the store");
             false
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: u64 = 60_000;
+
+    fn entry(id: &str, key: &str, created_at: u64, ready: bool) -> PoolEntry {
+        PoolEntry {
+            id: id.into(),
+            provider: "cpp_d".into(),
+            key: key.into(),
+            sandbox: format!("sbx-{id}"),
+            token_hash: "0".repeat(64),
+            created_at,
+            ready_at: ready.then_some(created_at + 1),
+            claimed_by: None,
+            claim_execution: None,
+        }
+    }
+
+    fn listed(id: &str, name: &str, created_ms: u64, running: bool) -> Pooled {
+        Pooled { pool_id: id.into(), sandbox: format!("sbx-{id}"), name: name.into(), created_ms, running }
+    }
+
+    fn want(key: &str, size: u32) -> PoolWant {
+        PoolWant { key: key.into(), desktop: false, size }
+    }
+
+    /// Issue 42: a pool short of its size is filled; a sandbox that never waited in time, one
+    /// that stopped, and one past a shrunk size are removed; a claimed one is left to its
+    /// Computer.
+    #[test]
+    fn i42_the_keeper_fills_short_pools_and_removes_late_dead_and_surplus_sandboxes() {
+        let now = 10 * MIN;
+        let ready = entry("pool_a", "default", now - 1000, true);
+        let d = decide(std::slice::from_ref(&ready), &[want("default", 2)], None, now);
+        assert_eq!(d, Decision { fill: Some("default".into()), ..Decision::default() });
+
+        let late = entry("pool_late", "default", now - 2 * MIN, false);
+        let young = entry("pool_young", "default", now - 1000, false);
+        let d = decide(&[late.clone(), young.clone()], &[want("default", 2)], None, now);
+        assert_eq!(d.remove, vec![late], "an agent that never waited within a minute");
+        assert_eq!(d.fill, Some("default".into()), "the young one counts; one more is wanted");
+
+        let stopped = [listed("pool_a", "computerd-pool-pool_a", now - 1000, false)];
+        let d = decide(std::slice::from_ref(&ready), &[want("default", 1)], Some(&stopped), now);
+        assert_eq!((d.remove, d.fill), (vec![ready.clone()], Some("default".into())), "a stopped sandbox goes");
+
+        let b = entry("pool_b", "default", now - 1000, true);
+        let d = decide(&[ready.clone(), b.clone()], &[want("default", 1)], None, now);
+        assert_eq!((d.remove, d.fill), (vec![b.clone()], None), "the size shrank to one");
+        let d = decide(&[ready.clone(), b], &[], None, now);
+        assert_eq!(d.remove.len(), 2, "no pool left: every unclaimed sandbox goes");
+
+        let mut claimed = entry("pool_c", "default", now - 5 * MIN, false);
+        claimed.claimed_by = Some("cmp_1".into());
+        let d = decide(&[claimed], &[want("default", 1)], Some(&[]), now);
+        assert_eq!((d.remove.len(), d.fill), (0, Some("default".into())), "a claimed entry is its Computer's");
+    }
+
+    /// Issue 42: pooled sandboxes no entry names (a crash between making and recording one) are
+    /// swept once a minute old; claimed (renamed) ones and a fill's young one are not.
+    #[test]
+    fn i42_the_sweep_removes_old_pooled_sandboxes_no_entry_names() {
+        let now = 10 * MIN;
+        let known = entry("pool_k", "default", now - 5 * MIN, true);
+        let list = [
+            listed("pool_k", "computerd-pool-pool_k", now - 5 * MIN, true),
+            listed("pool_orphan", "computerd-pool-pool_orphan", now - 2 * MIN, true),
+            listed("pool_fresh", "computerd-pool-pool_fresh", now - 1000, true),
+            listed("pool_taken", "computerd-cmp_1", now - 9 * MIN, true),
+        ];
+        let d = decide(&[known], &[want("default", 1)], Some(&list), now);
+        assert_eq!(d.sweep.iter().map(|p| p.pool_id.as_str()).collect::<Vec<_>>(), vec!["pool_orphan"]);
+        assert!(d.remove.is_empty() && d.fill.is_none(), "{d:?}");
     }
 }

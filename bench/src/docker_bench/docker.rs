@@ -115,7 +115,12 @@ pub struct Cleanup {
 impl Cleanup {
     pub fn new() -> Self {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        Cleanup { run: format!("{}-{}", std::process::id(), now.as_millis()), computers: Vec::new(), pools: Vec::new(), done: false }
+        Cleanup {
+            run: format!("{}-{}", std::process::id(), now.as_millis()),
+            computers: Vec::new(),
+            pools: Vec::new(),
+            done: false,
+        }
     }
 
     pub fn track(&mut self, computer: &str) {

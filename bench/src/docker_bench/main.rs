@@ -323,10 +323,8 @@ async fn bench(cfg: Config) -> Result<()> {
                 "  goal p50 <= {GOAL_FIRST_COMMAND_RATIO}: {}",
                 verdict(p.p50_ratio() <= GOAL_FIRST_COMMAND_RATIO)
             )),
-            "1p" => line.push_str(&format!(
-                "  goal p50 <= {GOAL_POOLED_MS} ms: {}",
-                verdict(p.api.p50_ms <= GOAL_POOLED_MS)
-            )),
+            "1p" => line
+                .push_str(&format!("  goal p50 <= {GOAL_POOLED_MS} ms: {}", verdict(p.api.p50_ms <= GOAL_POOLED_MS))),
             "2" => line.push_str(&format!(
                 "  goal p50 < {GOAL_EXEC_RATIO} (faster than docker exec): {}",
                 verdict(p.p50_ratio() < GOAL_EXEC_RATIO)

@@ -59,8 +59,27 @@ async fn raw_unpause_exec(env: &Env<'_>, key: &str) -> Result<(String, Duration)
     let label = format!("{LABEL_BENCH}={}", env.run);
     let (cpus, memory, pids) = (CPUS.to_string(), format!("{MEMORY_MB}m"), PIDS.to_string());
     let container = docker(&[
-        "run", "-d", "--name", &name, "--label", &label, "--init", "--network", "host", "--cpus", &cpus, "--memory",
-        &memory, "--pids-limit", &pids, "--workdir", "/root", "--entrypoint", "sleep", IMAGE, "infinity",
+        "run",
+        "-d",
+        "--name",
+        &name,
+        "--label",
+        &label,
+        "--init",
+        "--network",
+        "host",
+        "--cpus",
+        &cpus,
+        "--memory",
+        &memory,
+        "--pids-limit",
+        &pids,
+        "--workdir",
+        "/root",
+        "--entrypoint",
+        "sleep",
+        IMAGE,
+        "infinity",
     ])
     .await?;
     docker(&["pause", &container]).await?;
