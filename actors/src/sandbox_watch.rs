@@ -6,8 +6,9 @@
 //! Computers. It also reports a running Computer whose sandbox the provider paused or stopped on
 //! its own (E2B's auto-pause, a Daytona runner's stop): `SandboxPausedByProvider` makes it
 //! `paused` and ends its usage span, as a pause we asked for does. Computers with an execution
-//! under way are skipped (a create, pause or delete in flight is neither); the store checks that
-//! again when it applies the report.
+//! under way are skipped (a create, pause or delete in flight is neither), and so are those whose
+//! pooled sandbox the pool keeper has not named for them yet; the store checks the first again
+//! when it applies the report.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -42,10 +43,14 @@ pub async fn pass(cluster: &Cluster, providers: &ProviderFactory) -> usize {
     let watched = cluster.state().read(|s| {
         type Watched = (computerd_raft::sm::Provider, Vec<(String, ComputerState)>);
         let mut by_provider: HashMap<String, Watched> = HashMap::new();
+        // A pooled sandbox claimed moments ago may not carry its Computer's name yet (the provider
+        // lists it under its pool's): its Computer is watched once the pool keeper has named it
+        // and forgotten the entry.
+        let naming: std::collections::HashSet<&str> = s.pool.values().filter_map(|e| e.claimed_by.as_deref()).collect();
         for c in s.computers.values() {
             let Source::Provider { provider, .. } = &c.source else { continue };
             let live = matches!(c.state, ComputerState::Running | ComputerState::Paused | ComputerState::Starting);
-            if !live || c.active_execution.is_some() || c.sandbox.is_none() {
+            if !live || c.active_execution.is_some() || c.sandbox.is_none() || naming.contains(c.id.as_str()) {
                 continue;
             }
             if let Some(p) = s.providers.get(provider) {
