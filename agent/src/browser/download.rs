@@ -65,6 +65,10 @@ pub const MAX_DOWNLOAD: u64 = 256 * 1024 * 1024;
 pub const DIR: &str = "Downloads";
 /// A saved file's name is at most this many bytes (before a ` (n)`).
 const MAX_NAME: usize = 200;
+/// How long a download that is not kept waits for the browser's own file work before it ends
+/// (its files removed meanwhile), and how often it looks.
+const SETTLE_PARTIAL: std::time::Duration = std::time::Duration::from_secs(1);
+const SETTLE_STEP: std::time::Duration = std::time::Duration::from_millis(100);
 /// The downloads remembered per session (the oldest reported ones are forgotten first).
 const KEEP: usize = 256;
 /// Tried before a download is refused for want of a free name.
@@ -342,10 +346,7 @@ impl Downloads {
                     "completed" if !naming => {
                         match refusing {
                             // Finished before the cancel took: removed all the same.
-                            Some(why) => {
-                                self.remove_partial(guid);
-                                self.end(guid, End::Refused(why));
-                            }
+                            Some(why) => self.end_removed(guid, End::Refused(why)),
                             None => {
                                 if let Some(i) = self.state().items.iter_mut().find(|i| i.guid == guid) {
                                     i.naming = true;
@@ -362,14 +363,13 @@ impl Downloads {
                         }
                     }
                     "canceled" if !naming => {
-                        self.remove_partial(guid);
                         let end = match refusing {
                             Some(why) => End::Refused(why),
                             None => End::Failed(
                                 "it was cancelled or interrupted (by the page, the network or the browser)".into(),
                             ),
                         };
-                        self.end(guid, end);
+                        self.end_removed(guid, end);
                     }
                     _ => {}
                 }
@@ -423,6 +423,40 @@ impl Downloads {
             self.inner.stage_name.as_str(),
             nix::unistd::UnlinkatFlags::RemoveDir,
         );
+    }
+
+    /// Ends a download that is not kept once its files are gone from the browser's directory.
+    /// The browser reports a cancel before its own file work is done (it may still make or
+    /// remove the partial file just after), so the files are removed until none is left, for at
+    /// most [`SETTLE_PARTIAL`]; the download ends then. Meanwhile no other report of it counts.
+    fn end_removed(&self, guid: &str, end: End) {
+        if let Some(i) = self.state().items.iter_mut().find(|i| i.guid == guid) {
+            i.naming = true;
+        }
+        let (me, guid) = (self.clone(), guid.to_string());
+        tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + SETTLE_PARTIAL;
+            loop {
+                me.remove_partial(&guid);
+                if tokio::time::Instant::now() >= deadline {
+                    break;
+                }
+                // The browser's late file work shows within a step.
+                tokio::time::sleep(SETTLE_STEP).await;
+                if !me.has_partial(&guid) {
+                    break;
+                }
+            }
+            me.end(&guid, end);
+        });
+    }
+
+    /// Whether a download's files are in the browser's directory.
+    fn has_partial(&self, guid: &str) -> bool {
+        [guid.to_string(), format!("{guid}.crdownload")].iter().any(|n| {
+            nix::sys::stat::fstatat(self.inner.stage.as_fd(), n.as_str(), nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+                .is_ok()
+        })
     }
 
     /// Removes a download's files (`<guid>`, `<guid>.crdownload`) from the browser's directory
