@@ -11,10 +11,13 @@
 //! - the password is in nothing the bot received, in no node's log or data dir (the store's
 //!   log and snapshots: sealed values only), and not in the agent's log.
 
+use std::time::Duration;
+
 use computerd_tests::TestCluster;
 use computerd_tests::browser::desktop_computer;
 use computerd_tests::browser::find;
 use computerd_tests::browser::start_site;
+use computerd_tests::wait_for;
 use reqwest::Method;
 use serde_json::Value;
 use serde_json::json;
@@ -244,7 +247,16 @@ async fn i41_every_voter_seals_from_the_start() {
     let c = TestCluster::start(3).await;
     for node in [3u64, 2, 1] {
         let body = json!({"value": format!("value-of-{node}"), "origins": ["https://site.example"]});
-        let (s, v) = c.call(Method::PUT, node, &format!("/v1/secrets/from-{node}"), &c.token, Some(body)).await;
+        // A node just started may not have recorded the store version it speaks yet: the vault
+        // (version 4) waits for every node's (a refusal that changes nothing), then succeeds.
+        let (s, v) = wait_for("every node to speak the vault's store version", Duration::from_secs(30), || async {
+            let (s, v) =
+                c.call(Method::PUT, node, &format!("/v1/secrets/from-{node}"), &c.token, Some(body.clone())).await;
+            let early =
+                s == 409 && v["error"]["message"].as_str().is_some_and(|m| m.contains("not spoken by every node"));
+            (!early).then_some((s, v))
+        })
+        .await;
         assert_eq!(s, 200, "node {node}: {v}");
     }
     let (s, v) = c.call(Method::GET, 2, "/v1/secrets", &c.token, None).await;
